@@ -1,0 +1,92 @@
+"""One error hierarchy for everything a user can get wrong or the environment can refuse.
+
+Every error that reaches the CLI is a :class:`SeatError`: the CLI prints ``str(err)`` (which
+already says what to change) and exits with ``err.exit_code``; no traceback is shown for these.
+Anything else escaping is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class SeatError(Exception):
+    """Base of every user-facing error. ``fix`` says what to change; ``exit_code`` is the CLI's."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        if self.fix:
+            return f"{self.message}\n  fix: {self.fix}"
+        return self.message
+
+
+class UsageError(SeatError):
+    """Bad command-line input (exit 2, like argparse and click)."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """A seat spec that cannot be loaded or validated; names file, line and field."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        where = path or "<seat spec>"
+        if line is not None:
+            where = f"{where}:{line}"
+        head = f"{where}: {field}: {message}" if field else f"{where}: {message}"
+        super().__init__(head, fix=fix)
+        self.path = path
+        self.line = line
+        self.field = field
+
+
+class TopologyError(UsageError):
+    """Parallel sizes that do not fit the cluster shape."""
+
+
+class CapacityError(UsageError):
+    """A configuration that cannot boot: the numbers that do not fit are in the message."""
+
+
+class PlanError(UsageError):
+    """A plan that cannot be built or filled at apply time."""
+
+
+class NotBuiltYet(SeatError):
+    """A command that exists in the CLI but whose issue has not landed yet."""
+
+    exit_code = 3
+
+
+class ClusterError(SeatError):
+    """Ray could not be reached, placed on, or answered too late."""
+
+
+class PreflightError(SeatError):
+    """A node failed a check before its engine started."""
+
+
+class SeatStateError(SeatError):
+    """The seat is not in a state that allows the request (e.g. already up)."""
+
+
+class EngineError(SeatError):
+    """The engine process failed or answered badly."""
+
+
+class BundleError(SeatError):
+    """A forensic bundle that is missing, damaged, hostile or of an unknown schema."""
+
+    exit_code = 2

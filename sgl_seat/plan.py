@@ -1,0 +1,359 @@
+"""Spec -> LaunchPlan: the exact per-node command, environment and Ray placement, as data.
+
+``build_plan`` is pure: it reads the spec (and the model's config.json for capacity) and returns a
+frozen plan that prints to stable text and JSON. Nothing here touches Ray or starts a process;
+``sgl_seat.launch`` applies a plan. Values only known at apply time (node 0's address, the node's
+Python) are typed placeholders that :meth:`LaunchPlan.fill` replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from sgl_seat.capacity import CapacityReport, plan_capacity, refuse_if_unbootable
+from sgl_seat.errors import PlanError
+from sgl_seat.spec import SeatSpec
+from sgl_seat.topology import RankInfo, Topology, topology_of
+
+PLAN_SCHEMA_VERSION = 1
+
+# Environment the sim engine reads (SGLang ignores them; they never reach a real seat's argv).
+SIM_ENV_KV_TOKENS = "SGL_SEAT_SIM_KV_TOKENS"
+SIM_ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
+SIM_ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"
+SIM_ENV_FAULTS = "SGL_SEAT_SIM_FAULTS"
+SEAT_ENV_NAME = "SGL_SEAT_NAME"
+
+
+class Placeholder(str, Enum):
+    """Late-bound values, written ``${name}`` in argv and env and filled at apply time."""
+
+    NODE0_ADDR = "${node0_addr}"
+    AGENT_PYTHON = "${agent_python}"
+
+
+ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "sgl_seat.sim.launch_server"}
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """What one node runs: its engine command (argv) and its own environment."""
+
+    node_rank: int
+    ranks: tuple[RankInfo, ...]
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    serves_http: bool
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The Ray placement group: bundle i is node rank i; bundle 0 serves HTTP."""
+
+    bundles: tuple[tuple[tuple[str, float], ...], ...]
+    strategy: str = "STRICT_SPREAD"
+
+    def bundle_dicts(self) -> list[dict[str, float]]:
+        return [dict(b) for b in self.bundles]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything `up` needs, serialisable to JSON so a node agent gets nothing but data."""
+
+    seat: str
+    engine: str
+    draft: bool
+    slots: int
+    mem_fraction: float
+    http_port: int
+    dist_init_port: int
+    topology: Topology
+    nodes: tuple[NodePlan, ...]
+    placement: Placement
+    capacity: CapacityReport | None
+    warnings: tuple[str, ...] = field(default=())
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{Placeholder.NODE0_ADDR.value}:{self.http_port}"
+
+    def placeholders(self) -> list[str]:
+        text = json.dumps([[n.command, n.env] for n in self.nodes])
+        return [p.value for p in Placeholder if p.value in text]
+
+    def fill(self, values: dict[Placeholder, str]) -> LaunchPlan:
+        """Replace placeholders in every node's argv and env (apply time)."""
+
+        def sub(s: str) -> str:
+            for ph, val in values.items():
+                s = s.replace(ph.value, val)
+            return s
+
+        nodes = tuple(
+            replace(n, command=tuple(sub(a) for a in n.command), env=tuple((k, sub(v)) for k, v in n.env))
+            for n in self.nodes
+        )
+        return replace(self, nodes=nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "seat": self.seat,
+            "engine": self.engine,
+            "draft": self.draft,
+            "slots": self.slots,
+            "mem_fraction": self.mem_fraction,
+            "endpoint": self.endpoint,
+            "http_port": self.http_port,
+            "dist_init_port": self.dist_init_port,
+            "placeholders": self.placeholders(),
+            "topology": {
+                "nnodes": self.topology.nnodes,
+                "gpus_per_node": self.topology.gpus_per_node,
+                "tp": self.topology.tp,
+                "ep": self.topology.ep,
+                "dp": self.topology.dp,
+                "world_size": self.topology.world_size,
+            },
+            "nodes": [
+                {
+                    "node_rank": n.node_rank,
+                    "serves_http": n.serves_http,
+                    "ranks": [
+                        {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "local_rank": r.local_rank,
+                         "title": r.process_title}
+                        for r in n.ranks
+                    ],
+                    "command": list(n.command),
+                    "env": n.env_dict(),
+                }
+                for n in self.nodes
+            ],
+            "placement": {"strategy": self.placement.strategy, "bundles": self.placement.bundle_dicts(),
+                          "http_bundle": 0},
+            "capacity": self.capacity.to_json() if self.capacity else None,
+            "warnings": list(self.warnings),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> LaunchPlan:
+        """Rebuild a plan from :meth:`to_json` (node agents receive it this way). Capacity is dropped."""
+        if doc.get("schema_version") != PLAN_SCHEMA_VERSION:
+            raise PlanError(f"plan schema_version {doc.get('schema_version')!r} is not {PLAN_SCHEMA_VERSION}",
+                            fix="use the same sgl-seat version on the driver and the nodes")
+        t = doc["topology"]
+        topo = Topology(nnodes=t["nnodes"], gpus_per_node=t["gpus_per_node"], tp=t["tp"], ep=t["ep"], dp=t["dp"])
+        nodes = tuple(
+            NodePlan(
+                node_rank=n["node_rank"],
+                ranks=tuple(topo.ranks_on(n["node_rank"])),
+                command=tuple(n["command"]),
+                env=tuple(sorted(n["env"].items())),
+                serves_http=n["serves_http"],
+            )
+            for n in doc["nodes"]
+        )
+        placement = Placement(
+            bundles=tuple(tuple(sorted(b.items())) for b in doc["placement"]["bundles"]),
+            strategy=doc["placement"]["strategy"],
+        )
+        return cls(
+            seat=doc["seat"], engine=doc["engine"], draft=doc["draft"], slots=doc["slots"],
+            mem_fraction=doc["mem_fraction"], http_port=doc["http_port"], dist_init_port=doc["dist_init_port"],
+            topology=topo, nodes=nodes, placement=placement, capacity=None, warnings=tuple(doc["warnings"]),
+        )
+
+
+def _fmt_float(x: float) -> str:
+    return format(x, "g")
+
+
+def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, slots: int,
+                mem_fraction: float) -> list[str]:
+    """The flags after ``-m <module>``; only flags that exist in SGLang 0.5.23 (tests parse them)."""
+    argv = [
+        "--model-path", spec.model.path,
+        "--served-model-name", spec.model.name,
+        "--tp-size", str(topo.tp),
+        "--ep-size", str(topo.ep),
+        "--nnodes", str(topo.nnodes),
+        "--node-rank", str(node_rank),
+        "--dist-init-addr", f"{Placeholder.NODE0_ADDR.value}:{spec.network.dist_init_port}",
+        "--mem-fraction-static", _fmt_float(mem_fraction),
+        "--max-running-requests", str(slots),
+        "--context-length", str(spec.model.context_length),
+        "--watchdog-timeout", _fmt_float(spec.watchdog.engine_timeout_s),
+        "--enable-metrics",
+        "--host", spec.network.host,
+        "--port", str(spec.network.http_port),
+    ]
+    if draft:
+        d = spec.draft
+        argv += ["--speculative-algorithm", d.algorithm]
+        if d.model_path:
+            argv += ["--speculative-draft-model-path", d.model_path]
+        argv += [
+            "--speculative-num-steps", str(d.steps),
+            "--speculative-eagle-topk", str(d.topk),
+            "--speculative-num-draft-tokens", str(d.draft_tokens),
+        ]
+    return argv
+
+
+def _check_draft_family(spec: SeatSpec, cap: CapacityReport | None) -> None:
+    """DeepSeek-V4 accepts only EAGLE with explicit steps and topk 1 (contracts section 2)."""
+    if cap is None or not cap.model.startswith("DeepseekV4"):
+        return
+    if spec.draft.algorithm != "EAGLE":
+        raise PlanError(
+            f"draft.algorithm {spec.draft.algorithm}: SGLang 0.5.23 refuses it for {cap.model}"
+            " ('Only EAGLE and DSPARK speculative algorithms are supported')",
+            fix="set draft.algorithm: EAGLE (NEXTN is not aliased in time for DeepSeek-V4)",
+        )
+    if spec.draft.topk != 1:
+        raise PlanError(f"draft.topk {spec.draft.topk}: DeepSeek-V4 needs topk 1", fix="set draft.topk: 1")
+
+
+def build_plan(
+    spec: SeatSpec,
+    *,
+    draft: bool | None = None,
+    slots: int | None = None,
+    mem_fraction: float | None = None,
+    faults: tuple[str, ...] = (),
+) -> LaunchPlan:
+    """Pure: spec (+ overrides) -> LaunchPlan. Refuses a configuration that cannot boot."""
+    topo = topology_of(spec)
+    use_draft = spec.draft.enabled if draft is None else draft
+    mf = spec.memory_fraction if mem_fraction is None else mem_fraction
+    if not 0.05 < mf < 1.0:
+        raise PlanError(f"--mem-fraction {mf} is outside (0.05, 1.0)", fix="pass e.g. --mem-fraction 0.85")
+    slots_off = slots if (slots is not None and not use_draft) else spec.slots
+    slots_on = slots if (slots is not None and use_draft) else spec.draft.slots
+    if min(slots_off, slots_on) < 1:
+        raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
+    chosen = slots_on if use_draft else slots_off
+    if faults and spec.engine != "sim":
+        raise PlanError("--fault is only for sim seats; a real SGLang seat refuses fault injection",
+                        fix="drop --fault, or use a seat with engine: sim")
+
+    cap = plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf)
+    if use_draft:
+        _check_draft_family(spec, cap)
+    if cap is not None:
+        refuse_if_unbootable(cap.draft_on if use_draft else cap.draft_off)
+    warnings: list[str] = []
+    if cap is None:
+        warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
+    if topo.nnodes > 1 and not spec.network.node_env and spec.engine == "sglang":
+        warnings.append("network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node")
+
+    module = ENGINE_MODULES[spec.engine]
+    nodes = []
+    for r in range(topo.nnodes):
+        argv = engine_argv(spec, topo, node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
+        env = dict(spec.network.env)
+        if spec.network.node_env:
+            env.update(spec.network.node_env[r])
+        env[SEAT_ENV_NAME] = spec.name
+        if spec.engine == "sim":
+            sim = spec.sim
+            sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
+            if sel is not None:
+                env[SIM_ENV_KV_TOKENS] = str(sel.kv_pool_tokens)
+            if sim is not None:
+                env[SIM_ENV_ACCEPT_RATE] = _fmt_float(sim.accept_rate)
+                env[SIM_ENV_STEP_FLOOR_MS] = _fmt_float(sim.step_floor_ms)
+            all_faults = [*(sim.faults if sim else []), *faults]
+            if all_faults:
+                env[SIM_ENV_FAULTS] = ";".join(all_faults)
+        nodes.append(
+            NodePlan(
+                node_rank=r,
+                ranks=tuple(topo.ranks_on(r)),
+                command=(spec.python, "-m", module, *argv),
+                env=tuple(sorted(env.items())),
+                serves_http=r == 0,
+            )
+        )
+    bundle = (("CPU", float(spec.cluster.cpus_per_node)), ("GPU", float(topo.gpus_per_node)))
+    return LaunchPlan(
+        seat=spec.name,
+        engine=spec.engine,
+        draft=use_draft,
+        slots=chosen,
+        mem_fraction=mf,
+        http_port=spec.network.http_port,
+        dist_init_port=spec.network.dist_init_port,
+        topology=topo,
+        nodes=tuple(nodes),
+        placement=Placement(bundles=tuple(bundle for _ in range(topo.nnodes))),
+        capacity=cap,
+        warnings=tuple(warnings),
+    )
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,}"
+
+
+def render_text(plan: LaunchPlan) -> str:
+    """Stable, readable text of a plan (golden files pin it)."""
+    t = plan.topology
+    out = [
+        f"seat {plan.seat}  engine {plan.engine}  draft {'on' if plan.draft else 'off'}  "
+        f"slots {plan.slots}  mem-fraction {_fmt_float(plan.mem_fraction)}",
+        f"topology: {t.nnodes} nodes x {t.gpus_per_node} GPUs, TP{t.tp}/EP{t.ep}, world size {t.world_size}",
+        f"endpoint: {plan.endpoint}",
+        "",
+        f"placement: {plan.placement.strategy}, {len(plan.placement.bundles)} bundles (bundle 0 serves HTTP)",
+    ]
+    for i, b in enumerate(plan.placement.bundle_dicts()):
+        res = ", ".join(f"{k}: {_fmt_float(v)}" for k, v in b.items())
+        out.append(f"  bundle {i} -> node {i}: {{{res}}}")
+    for n in plan.nodes:
+        ranks = ", ".join(r.process_title.removeprefix("sglang::") for r in n.ranks)
+        out += ["", f"node {n.node_rank}{' (HTTP)' if n.serves_http else ''}: {ranks}"]
+        out.append("  command: " + shlex.join(n.command))
+        for k, v in n.env:
+            out.append(f"  env {k}={v}")
+    out.append("")
+    cap = plan.capacity
+    if cap is None:
+        out.append("capacity: not predicted (model.config not set)")
+    else:
+        off, on = cap.draft_off, cap.draft_on
+        gib = 1 << 30
+        rows = [
+            ("", "draft off", "draft on"),
+            ("weights per GPU", f"{off.weights_bytes_per_gpu / gib:.2f} GiB",
+             f"{(on.weights_bytes_per_gpu + on.draft_weights_bytes_per_gpu) / gib:.2f} GiB"),
+            ("KV bytes per token", _tokens(off.kv_bytes_per_token), _tokens(on.kv_bytes_per_token)),
+            ("per-request pool", f"{off.per_request_bytes / gib:.2f} GiB", f"{on.per_request_bytes / gib:.2f} GiB"),
+            ("slots asked", str(off.requested_slots), str(on.requested_slots)),
+            ("KV pool tokens", _tokens(off.kv_pool_tokens), _tokens(on.kv_pool_tokens)),
+            ("max running requests", str(off.max_running_requests), str(on.max_running_requests)),
+            ("most slots that fit", str(off.max_slots_that_fit), str(on.max_slots_that_fit)),
+            ("boots", "yes" if off.fits else "NO", "yes" if on.fits else "NO"),
+        ]
+        out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, predicted):")
+        for a, b, c in rows:
+            out.append(f"  {a:<22}{b:>16}{c:>16}")
+        for c in (off, on):
+            if c.problem:
+                out.append(f"  draft {'on' if c.draft else 'off'}: {c.problem}")
+    for w in plan.warnings:
+        out.append(f"warning: {w}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,326 @@
+"""The seat spec: one YAML file that says what a seat is, validated before anything runs.
+
+Loading is strict (unknown keys are errors) because a misspelt knob that is silently ignored is
+how a seat boots with the wrong memory fraction. Every error names the file, the line, the field
+and what to change, so :func:`load_spec` turns pydantic's errors into one :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sgl_seat.errors import SpecError
+
+SCHEMA_VERSION = 1
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    """Base for every spec section: unknown keys rejected, values frozen after load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """What is served and, for planning, where its config.json lives."""
+
+    path: str = Field(min_length=1, description="Model directory or hub id as the engine loads it.")
+    served_name: str | None = Field(default=None, description="Name the API reports; default: last path part.")
+    context_length: int = Field(gt=0, le=10_000_000, description="--context-length passed to the engine.")
+    config: str | None = Field(
+        default=None,
+        description="Directory (or config.json path) used for capacity planning; relative to the spec file.",
+    )
+    kv_cache_dtype_bytes: int | None = Field(
+        default=None, ge=1, le=4, description="Bytes per KV element; default from the model family."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.path.rstrip("/").split("/")[-1]
+
+
+class ClusterSpec(_Strict):
+    """Where the seat runs: a Ray address (or ``local`` / ``auto``) and the node shape."""
+
+    address: str = Field(default="local", min_length=1, description="'local', 'auto' or a Ray address.")
+    nodes: int = Field(ge=1, le=64)
+    gpus_per_node: int = Field(ge=1, le=16)
+    gpu_memory_gb: float = Field(gt=0, le=1024, description="Per-GPU memory in GiB, for planning.")
+    cpus_per_node: int = Field(default=4, ge=1, le=1024, description="CPUs asked for in each Ray bundle.")
+    token_env: str | None = Field(
+        default=None, description="Name of the environment variable that holds the Ray auth token, if any."
+    )
+
+
+class ParallelSpec(_Strict):
+    """Parallel sizes as SGLang takes them."""
+
+    tp: int = Field(ge=1, le=1024)
+    ep: int = Field(default=1, ge=1, le=1024)
+    dp: int = Field(default=1, ge=1, le=1024)
+
+
+class DraftSpec(_Strict):
+    """The speculative draft (MTP/EAGLE head) and the slot count it can afford."""
+
+    enabled: bool = False
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"] = "EAGLE"
+    steps: int = Field(default=3, ge=1, le=16)
+    topk: int = Field(default=1, ge=1, le=16)
+    draft_tokens: int = Field(default=4, ge=2, le=64)
+    slots: int = Field(default=8, ge=1, le=4096, description="--max-running-requests with the draft on.")
+    model_path: str | None = Field(default=None, description="Separate draft checkpoint (EAGLE3, STANDALONE).")
+    extra_weights_gb: float = Field(
+        default=2.0, ge=0, le=512, description="Draft weights per GPU in GiB, when config.json does not say."
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> DraftSpec:
+        if self.topk == 1 and self.draft_tokens != self.steps + 1:
+            raise ValueError(
+                f"with topk 1 SGLang forces draft_tokens = steps + 1 = {self.steps + 1}, got {self.draft_tokens}"
+            )
+        return self
+
+
+class NetworkSpec(_Strict):
+    """Ports and the per-node NCCL/Gloo environment (never copied from node 0 to the others)."""
+
+    host: str = Field(default="0.0.0.0", description="--host of the engine's HTTP server on node 0.")
+    http_port: int = Field(default=30000, ge=1024, le=65535)
+    dist_init_port: int = Field(default=5000, ge=1024, le=65535)
+    env: dict[str, str] = Field(default_factory=dict, description="Environment common to every node.")
+    node_env: list[dict[str, str]] = Field(
+        default_factory=list, description="One mapping per node rank, in order; each node's own interfaces."
+    )
+
+    @field_validator("env", "node_env")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        maps = value if isinstance(value, list) else [value]
+        for mapping in maps:
+            for key in mapping:
+                if not _ENV_NAME.match(key):
+                    raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _ports(self) -> NetworkSpec:
+        if self.http_port == self.dist_init_port:
+            raise ValueError(f"http_port and dist_init_port are both {self.http_port}; use two ports")
+        return self
+
+
+class WatchdogSpec(_Strict):
+    """Thresholds of the sidecar watchdog; SGLang's own watchdog timeout is passed through."""
+
+    engine_timeout_s: float = Field(default=300, gt=0, description="SGLang --watchdog-timeout.")
+    enabled: bool = True
+    sample_hz: float = Field(default=1.0, gt=0, le=50)
+    history_s: float = Field(default=120, gt=0, le=86_400)
+    no_progress_s: float = Field(default=5.0, gt=0)
+    stack_unchanged_samples: int = Field(default=5, ge=2)
+    rowfetch_inflight_s: float = Field(default=3.0, gt=0)
+
+
+class BundleSpec(_Strict):
+    """Where forensic bundles go and how much disk they may take."""
+
+    dir: str | None = Field(default=None, description="Default: $SGL_SEAT_HOME/bundles/<seat>.")
+    quota_mb: int = Field(default=2048, ge=1)
+    raw_prompts: bool = Field(default=False, description="Keep raw prompt/output text (off: redacted).")
+
+
+class SimSpec(_Strict):
+    """Knobs of the sim engine (ignored by real SGLang); every figure it makes is synthetic."""
+
+    accept_rate: float = Field(default=0.81, ge=0, le=1)
+    step_floor_ms: float = Field(default=30.0, ge=0)
+    faults: list[str] = Field(default_factory=list, description="KIND:key=value,... as `up --fault` takes.")
+
+
+class SeatSpec(_Strict):
+    """A whole seat. ``source`` is where it was loaded from (not part of the YAML)."""
+
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    engine: Literal["sglang", "sim"]
+    python: str = Field(default="python3", min_length=1, description="Interpreter on the nodes.")
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelSpec
+    memory_fraction: float = Field(gt=0.05, lt=1.0, description="--mem-fraction-static.")
+    slots: int = Field(ge=1, le=4096, description="--max-running-requests with the draft off.")
+    draft: DraftSpec = Field(default_factory=DraftSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
+    bundles: BundleSpec = Field(default_factory=BundleSpec)
+    sim: SimSpec | None = None
+    source: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _cross(self) -> SeatSpec:
+        if self.network.node_env and len(self.network.node_env) != self.cluster.nodes:
+            raise ValueError(
+                f"network.node_env has {len(self.network.node_env)} entries for {self.cluster.nodes} nodes;"
+                " give one mapping per node rank"
+            )
+        if self.sim is not None and self.engine != "sim":
+            raise ValueError("a 'sim' block is only valid with engine: sim")
+        return self
+
+    def model_config_path(self) -> Path | None:
+        """The planning config.json, resolved relative to the spec file."""
+        if self.model.config is None:
+            return None
+        raw = Path(self.model.config).expanduser()
+        if not raw.is_absolute() and self.source:
+            raw = Path(self.source).parent / raw
+        return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
+
+
+def builtin_seats_dir() -> Path:
+    """The shipped profiles: ``launch/seats`` in a checkout, ``sgl_seat/_assets/seats`` in a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "launch" / "seats"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("sgl_seat") / "_assets" / "seats"))
+
+
+def builtin_profiles() -> list[str]:
+    return sorted(p.stem for p in builtin_seats_dir().glob("*.yaml"))
+
+
+def resolve_seat_path(seat: str) -> Path:
+    """``--seat`` takes a path or a built-in profile name."""
+    path = Path(seat).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise SpecError("no such seat file", path=str(path), fix=f"built-in profiles: {builtin_profiles()}")
+        return path
+    builtin = builtin_seats_dir() / f"{seat}.yaml"
+    if builtin.is_file():
+        return builtin
+    raise SpecError(
+        f"{seat!r} is neither a seat file nor a built-in profile",
+        fix=f"pass a path to a .yaml file or one of {builtin_profiles()}",
+    )
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
+    """Walk the composed YAML tree along a pydantic error location; return the deepest line found."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    nxt = value
+                    line = key.start_mark.line + 1
+                    break
+            if nxt is None:
+                return line
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+_FIXES: Mapping[str, str] = {
+    "extra_forbidden": "remove the key, or check its spelling against `sgl-seat schema`",
+    "missing": "add the field (see `sgl-seat schema`)",
+    "literal_error": "use one of the allowed values",
+    "int_parsing": "give a whole number",
+    "int_type": "give a whole number",
+    "float_parsing": "give a number",
+    "bool_parsing": "give true or false",
+    "string_type": "give a string",
+    "dict_type": "give a mapping (key: value lines)",
+    "model_type": "give a mapping (key: value lines)",
+    "list_type": "give a list",
+    "greater_than": "raise the value",
+    "greater_than_equal": "raise the value",
+    "less_than": "lower the value",
+    "less_than_equal": "lower the value",
+    "string_pattern_mismatch": "use lower-case letters, digits and '-' (at most 63)",
+}
+
+
+def parse_spec(text: str, *, path: str | None = None) -> SeatSpec:
+    """Parse and validate seat YAML text; raise :class:`SpecError` naming file, line and field."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(
+            f"YAML syntax error: {problem}",
+            path=path,
+            line=mark.line + 1 if mark is not None else None,
+            fix="fix the indentation or quoting at that line",
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError("the seat spec must be a YAML mapping", path=path, line=1, fix="start with 'schema_version: 1'")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version != SCHEMA_VERSION:
+        raise SpecError(
+            f"unknown schema_version {version}; this sgl-seat reads version {SCHEMA_VERSION}",
+            path=path,
+            line=_line_of(node, ("schema_version",)),
+            field="schema_version",
+            fix="upgrade sgl-seat or rewrite the spec for schema_version 1",
+        )
+    if "source" in data:
+        raise SpecError(
+            "'source' is not a spec key", path=path, line=_line_of(node, ("source",)), field="source",
+            fix="remove the key",
+        )
+    try:
+        return SeatSpec.model_validate({**data, "source": path})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "<spec>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        raise SpecError(
+            msg + more,
+            path=path,
+            line=_line_of(node, loc),
+            field=field,
+            fix=_FIXES.get(err["type"], "change the value as the message says"),
+        ) from None
+
+
+def load_spec(seat: str) -> SeatSpec:
+    """Load ``--seat`` (a path or a built-in profile name)."""
+    path = resolve_seat_path(seat)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read: {exc}", path=str(path)) from None
+    return parse_spec(text, path=str(path))
+
+
+def spec_json_schema() -> str:
+    """The JSON Schema of the seat spec (``sgl-seat schema``)."""
+    schema = SeatSpec.model_json_schema(mode="validation")
+    schema["properties"].pop("source", None)
+    schema["title"] = "sgl-seat seat spec (schema_version 1)"
+    return json.dumps(schema, indent=2, sort_keys=True)
