@@ -349,11 +349,11 @@ def render_text(plan: LaunchPlan) -> str:
             ("boots", "yes" if off.fits else "NO", "yes" if on.fits else "NO"),
         ]
         out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, predicted):")
-        for a, b, c in rows:
-            out.append(f"  {a:<22}{b:>16}{c:>16}")
-        for c in (off, on):
-            if c.problem:
-                out.append(f"  draft {'on' if c.draft else 'off'}: {c.problem}")
+        for label, left, right in rows:
+            out.append(f"  {label:<22}{left:>16}{right:>16}")
+        for state in (off, on):
+            if state.problem:
+                out.append(f"  draft {'on' if state.draft else 'off'}: {state.problem}")
     for w in plan.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"

@@ -1,0 +1,301 @@
+"""Typed records shared by the live watchdog and offline replay.
+
+The sidecar builds these from py-spy, the probe rings, ``/metrics`` and psutil; a bundle stores
+them as JSON lines; ``replay`` reads them back into the very same types and calls the same
+``detect()``. That is what makes a replayed verdict equal the live one, so these types are the
+contract: change them only with a ``RECORD_SCHEMA_VERSION`` bump.
+
+Every record converts with ``to_json()`` / ``from_json()`` (plain dicts; never pickle). ``from_json``
+is strict about types because bundles are untrusted input: it raises :class:`RecordError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+RECORD_SCHEMA_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A record that does not have the shape its type requires."""
+
+
+def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    if not isinstance(d, dict):
+        raise RecordError(f"expected an object, got {type(d).__name__}")
+    if key not in d or d[key] is None:
+        if optional:
+            return None
+        raise RecordError(f"missing field {key!r}")
+    val = d[key]
+    # bool is an int in Python; a bool where a number is wanted is a shape error.
+    if isinstance(val, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+        raise RecordError(f"field {key!r}: expected {typ}, got bool")
+    if not isinstance(val, typ):
+        raise RecordError(f"field {key!r}: expected {typ}, got {type(val).__name__}")
+    return val
+
+
+_NUM = (int, float)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Python (or native) frame as py-spy reports it; ``native`` frames have no line number."""
+
+    name: str
+    filename: str
+    line: int = 0
+    module: str | None = None
+    native: bool = False
+
+    @property
+    def label(self) -> str:
+        short = self.filename.rsplit("/", 1)[-1]
+        return f"{self.name} ({short}:{self.line})" if self.line else f"{self.name} ({short})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "filename": self.filename, "line": self.line, "module": self.module,
+                "native": self.native}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Frame:
+        return cls(
+            name=_get(d, "name", str),
+            filename=_get(d, "filename", str),
+            line=int(_get(d, "line", int, optional=True) or 0),
+            module=_get(d, "module", str, optional=True),
+            native=bool(_get(d, "native", bool, optional=True) or False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    """One thread of one process at one instant; ``frames[0]`` is the innermost (py-spy's order)."""
+
+    thread_id: int
+    name: str | None
+    active: bool
+    owns_gil: bool
+    frames: tuple[Frame, ...]
+
+    @property
+    def top(self) -> Frame | None:
+        return self.frames[0] if self.frames else None
+
+    def signature(self) -> tuple[tuple[str, str, int], ...]:
+        """What "unchanged stack" compares: names, files and lines of every frame."""
+        return tuple((f.name, f.filename, f.line) for f in self.frames)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"thread_id": self.thread_id, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
+                "frames": [f.to_json() for f in self.frames]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ThreadStack:
+        frames = _get(d, "frames", list)
+        return cls(
+            thread_id=_get(d, "thread_id", int),
+            name=_get(d, "name", str, optional=True),
+            active=bool(_get(d, "active", bool, optional=True)),
+            owns_gil=bool(_get(d, "owns_gil", bool, optional=True)),
+            frames=tuple(Frame.from_json(f) for f in frames),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StackSample:
+    """One py-spy dump of one engine process (or the error that prevented it)."""
+
+    t: float
+    node: int
+    pid: int
+    title: str
+    rank: int | None
+    native: bool
+    threads: tuple[ThreadStack, ...]
+    error: str | None = None
+
+    def main_thread(self) -> ThreadStack | None:
+        """The scheduler's work happens on the main thread (py-spy lists it first for CPython)."""
+        for th in self.threads:
+            if th.name == "MainThread":
+                return th
+        return self.threads[0] if self.threads else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
+                "native": self.native, "threads": [t.to_json() for t in self.threads], "error": self.error}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StackSample:
+        return cls(
+            t=float(_get(d, "t", _NUM)),
+            node=_get(d, "node", int),
+            pid=_get(d, "pid", int),
+            title=_get(d, "title", str),
+            rank=_get(d, "rank", int, optional=True),
+            native=bool(_get(d, "native", bool, optional=True)),
+            threads=tuple(ThreadStack.from_json(t) for t in _get(d, "threads", list)),
+            error=_get(d, "error", str, optional=True),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRecord:
+    """One wrapped call (a row fetch): ``end`` is None while it is still in flight."""
+
+    node: int
+    rank: int
+    pid: int
+    thread: int
+    seq: int
+    target: str
+    start: float
+    end: float | None
+    gather_size: int
+
+    def duration(self, now: float) -> float:
+        """Seconds taken, or the age so far for a fetch still in flight."""
+        return (self.end if self.end is not None else now) - self.start
+
+    @property
+    def in_flight(self) -> bool:
+        return self.end is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "pid": self.pid, "thread": self.thread, "seq": self.seq,
+                "target": self.target, "start": self.start, "end": self.end, "gather_size": self.gather_size}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProbeRecord:
+        end = _get(d, "end", _NUM, optional=True)
+        return cls(
+            node=_get(d, "node", int),
+            rank=_get(d, "rank", int),
+            pid=_get(d, "pid", int),
+            thread=_get(d, "thread", int),
+            seq=_get(d, "seq", int),
+            target=_get(d, "target", str),
+            start=float(_get(d, "start", _NUM)),
+            end=None if end is None else float(end),
+            gather_size=_get(d, "gather_size", int),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsPoint:
+    """One scrape of rank 0's ``/metrics``: SGLang metric name (with ``sglang:``) -> summed value."""
+
+    t: float
+    node: int
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        return self.values.get(name, default)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "node": self.node, "values": dict(self.values)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MetricsPoint:
+        vals = _get(d, "values", dict)
+        out: dict[str, float] = {}
+        for k, v in vals.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, _NUM):
+                raise RecordError(f"metrics value {k!r} is not a number")
+            out[k] = float(v)
+        return cls(t=float(_get(d, "t", _NUM)), node=_get(d, "node", int), values=out)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProcess:
+    """An engine process seen on a node (by title), alive or gone with its exit code."""
+
+    node: int
+    pid: int
+    title: str
+    rank: int | None
+    alive: bool
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank, "alive": self.alive,
+                "exit_code": self.exit_code}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EngineProcess:
+        return cls(
+            node=_get(d, "node", int),
+            pid=_get(d, "pid", int),
+            title=_get(d, "title", str),
+            rank=_get(d, "rank", int, optional=True),
+            alive=bool(_get(d, "alive", bool)),
+            exit_code=_get(d, "exit_code", int, optional=True),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of a node's engine log with the time the sidecar read it."""
+
+    t: float
+    node: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "node": self.node, "text": self.text}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LogLine:
+        return cls(t=float(_get(d, "t", _NUM)), node=_get(d, "node", int), text=_get(d, "text", str))
+
+
+class VerdictKind(str, Enum):
+    """What a detector concluded. The values are what bundles and ``--json`` carry."""
+
+    NO_PROGRESS = "no progress"
+    STACK_UNCHANGED = "stack unchanged"
+    ROWFETCH_STALL = "row-fetch stall"
+    ENGINE_WATCHDOG = "engine watchdog"
+    PROCESS_EXITED = "process exited"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A detector's finding: the kind, the lagging rank and its node, its frame, and why."""
+
+    kind: VerdictKind
+    rank: int | None
+    node: int | None
+    frame: str | None
+    t: float
+    evidence: tuple[str, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "rank": self.rank, "node": self.node, "frame": self.frame, "t": self.t,
+                "evidence": list(self.evidence), "waiting_ranks": list(self.waiting_ranks)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Verdict:
+        kind = _get(d, "kind", str)
+        try:
+            vk = VerdictKind(kind)
+        except ValueError:
+            raise RecordError(f"unknown verdict kind {kind!r}") from None
+        ev = _get(d, "evidence", list, optional=True) or []
+        wr = _get(d, "waiting_ranks", list, optional=True) or []
+        if not all(isinstance(e, str) for e in ev) or not all(isinstance(r, int) for r in wr):
+            raise RecordError("verdict evidence must be strings and waiting_ranks integers")
+        return cls(
+            kind=vk,
+            rank=_get(d, "rank", int, optional=True),
+            node=_get(d, "node", int, optional=True),
+            frame=_get(d, "frame", str, optional=True),
+            t=float(_get(d, "t", _NUM)),
+            evidence=tuple(ev),
+            waiting_ranks=tuple(wr),
+        )
