@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat.errors import CapacityError, SpecError
-from sgl_seat.spec import SeatSpec
+from sgl_seat.spec import SeatSpec, spec_location
 
 GIB = 1 << 30
 # APPROX: what the CUDA context and torch take before SGLang profiles ``pre_model_load_memory``.
@@ -242,6 +242,11 @@ def plan_capacity(
     cfg = spec.model_config_path()
     if cfg is None:
         return None
+    if not cfg.is_file():
+        raise SpecError(
+            f"no config.json at {cfg}", fix="point model.config at the model directory (relative to the spec file)",
+            **spec_location(spec, "model.config"),
+        )
     shape = load_model_shape(cfg, kv_dtype_bytes=spec.model.kv_cache_dtype_bytes)
     return CapacityReport(
         model=shape.architecture,
@@ -252,7 +257,7 @@ def plan_capacity(
     )
 
 
-def refuse_if_unbootable(cap: Capacity) -> None:
+def refuse_if_unbootable(spec: SeatSpec, cap: Capacity) -> None:
     """Raise :class:`CapacityError` with the numbers when the selected state cannot boot."""
     if cap.fits:
         return
@@ -262,4 +267,7 @@ def refuse_if_unbootable(cap: Capacity) -> None:
         fix = f"use --slots {cap.max_slots_that_fit} or fewer, or raise --mem-fraction"
     elif cap.problem and "memory fraction" in cap.problem:
         fix = "raise --mem-fraction, or use more GPUs"
-    raise CapacityError(f"draft {state}: cannot boot: {cap.problem}", fix=fix)
+    field = "draft.slots" if cap.draft else "slots"
+    if cap.problem and "memory fraction" in cap.problem:
+        field = "memory_fraction"
+    raise CapacityError(f"draft {state}: cannot boot: {cap.problem}", fix=fix, **spec_location(spec, field))

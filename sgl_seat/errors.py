@@ -52,15 +52,15 @@ class SpecError(UsageError):
         self.field = field
 
 
-class TopologyError(UsageError):
+class TopologyError(SpecError):
     """Parallel sizes that do not fit the cluster shape."""
 
 
-class CapacityError(UsageError):
+class CapacityError(SpecError):
     """A configuration that cannot boot: the numbers that do not fit are in the message."""
 
 
-class PlanError(UsageError):
+class PlanError(SpecError):
     """A plan that cannot be built or filled at apply time."""
 
 

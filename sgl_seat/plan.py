@@ -16,7 +16,7 @@ from typing import Any
 
 from sgl_seat.capacity import CapacityReport, plan_capacity, refuse_if_unbootable
 from sgl_seat.errors import PlanError
-from sgl_seat.spec import SeatSpec
+from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 
 PLAN_SCHEMA_VERSION = 1
@@ -218,12 +218,14 @@ def _check_draft_family(spec: SeatSpec, cap: CapacityReport | None) -> None:
         return
     if spec.draft.algorithm != "EAGLE":
         raise PlanError(
-            f"draft.algorithm {spec.draft.algorithm}: SGLang 0.5.23 refuses it for {cap.model}"
+            f"{spec.draft.algorithm}: SGLang 0.5.23 refuses it for {cap.model}"
             " ('Only EAGLE and DSPARK speculative algorithms are supported')",
             fix="set draft.algorithm: EAGLE (NEXTN is not aliased in time for DeepSeek-V4)",
+            **spec_location(spec, "draft.algorithm"),
         )
     if spec.draft.topk != 1:
-        raise PlanError(f"draft.topk {spec.draft.topk}: DeepSeek-V4 needs topk 1", fix="set draft.topk: 1")
+        raise PlanError(f"{spec.draft.topk}: DeepSeek-V4 needs topk 1", fix="set draft.topk: 1",
+                        **spec_location(spec, "draft.topk"))
 
 
 def build_plan(
@@ -253,7 +255,7 @@ def build_plan(
     if use_draft:
         _check_draft_family(spec, cap)
     if cap is not None:
-        refuse_if_unbootable(cap.draft_on if use_draft else cap.draft_off)
+        refuse_if_unbootable(spec, cap.draft_on if use_draft else cap.draft_off)
     warnings: list[str] = []
     if cap is None:
         warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")

@@ -189,6 +189,22 @@ class SeatSpec(_Strict):
         return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
 
 
+def spec_location(spec: SeatSpec, field: str) -> dict[str, Any]:
+    """``path``/``line``/``field`` keywords for an error about ``field`` (dotted) of a loaded spec.
+
+    Checks that need more than one section (topology, capacity) run after validation; this
+    finds the line again so their errors point at the file like validation errors do.
+    """
+    line = None
+    if spec.source:
+        try:
+            node = yaml.compose(Path(spec.source).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+            line = _line_of(node, tuple(field.split(".")))
+        except (OSError, yaml.YAMLError):
+            line = None
+    return {"path": spec.source or f"<seat {spec.name}>", "line": line, "field": field}
+
+
 def builtin_seats_dir() -> Path:
     """The shipped profiles: ``launch/seats`` in a checkout, ``sgl_seat/_assets/seats`` in a wheel."""
     checkout = Path(__file__).resolve().parent.parent / "launch" / "seats"
@@ -292,7 +308,8 @@ def parse_spec(text: str, *, path: str | None = None) -> SeatSpec:
     try:
         return SeatSpec.model_validate({**data, "source": path})
     except ValidationError as exc:
-        err = exc.errors()[0]
+        # An unknown key usually explains a "missing" one (a misspelling): report it first.
+        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
         loc = tuple(err["loc"])
         field = ".".join(str(p) for p in loc) or "<spec>"
         msg = err["msg"].removeprefix("Value error, ")

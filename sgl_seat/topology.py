@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sgl_seat.errors import TopologyError
-from sgl_seat.spec import SeatSpec
+from sgl_seat.spec import SeatSpec, spec_location
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,19 +73,26 @@ def topology_of(spec: SeatSpec) -> Topology:
     where = f"(seat {spec.name}: {nodes} nodes x {gpn} GPUs = {gpus} GPUs)"
     if dp != 1:
         raise TopologyError(
-            f"parallel.dp = {dp}: sgl-seat plans pure TP(+EP) seats only {where}",
+            f"dp = {dp}: sgl-seat plans pure TP(+EP) seats only {where}",
+            **spec_location(spec, "parallel.dp"),
             fix="set parallel.dp to 1 (DP attention is not planned yet)",
         )
     if tp != gpus:
         raise TopologyError(
-            f"parallel.tp = {tp} but the seat has {gpus} GPUs {where}; a pure-TP seat needs tp = nodes x gpus_per_node",
+            f"tp = {tp} but the seat has {gpus} GPUs {where}; a pure-TP seat needs tp = nodes x gpus_per_node",
+            **spec_location(spec, "parallel.tp"),
             fix=f"set parallel.tp to {gpus}, or change cluster.nodes / cluster.gpus_per_node",
         )
     if tp % nodes:
-        raise TopologyError(f"tp {tp} is not divisible by {nodes} nodes {where}", fix="make tp a multiple of nodes")
+        raise TopologyError(
+            f"tp {tp} is not divisible by {nodes} nodes {where}",
+            fix="make tp a multiple of nodes",
+            **spec_location(spec, "parallel.tp"),
+        )
     if ep > tp or tp % ep:
         raise TopologyError(
-            f"parallel.ep = {ep} does not divide tp = {tp} {where}",
+            f"ep = {ep} does not divide tp = {tp} {where}",
+            **spec_location(spec, "parallel.ep"),
             fix=f"use an ep that divides {tp} (e.g. {tp} or 1)",
         )
     return Topology(nnodes=nodes, gpus_per_node=gpn, tp=tp, ep=ep, dp=dp)
