@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command (README's second command; .ci/run calls exactly this): set up, then lint,
+# type-check and run every test. Integration tests start local Ray clusters and sim engines on
+# 127.0.0.1 only and leave nothing behind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+. .venv/bin/activate
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+echo "== ruff"; ruff check sgl_seat tests bench
+echo "== mypy --strict"; mypy sgl_seat
+echo "== pytest"; python -m pytest -q -p no:cacheprovider "$@"
