@@ -1,0 +1,46 @@
+"""Forensic bundles: format (write, read, verify, redact, scrub), archives, analysis, reports, traffic replay.
+
+The live watchdog writes bundles with :func:`write_bundle` and the ``encode_*`` helpers; ``replay``
+reads them back with :func:`read_bundle` into the same record types (``sgl_seat.watchdog.records``).
+File names and limits live in :mod:`sgl_seat.forensics.layout`.
+"""
+
+from sgl_seat.forensics import layout
+from sgl_seat.forensics.bundle import Bundle, read_bundle, rotate_bundles, verify_bundle, write_bundle
+from sgl_seat.forensics.codec import (
+    ProbeTable,
+    encode_env,
+    encode_json,
+    encode_logs,
+    encode_probe_records,
+    encode_records,
+    encode_stack_samples,
+    encode_text,
+)
+from sgl_seat.forensics.manifest import BundleVersionError, Manifest
+from sgl_seat.forensics.redact import Redactor, RequestShape
+from sgl_seat.forensics.scrub import scrub_env, scrub_json, scrub_text
+
+__all__ = [
+    "Bundle",
+    "BundleVersionError",
+    "Manifest",
+    "ProbeTable",
+    "Redactor",
+    "RequestShape",
+    "encode_env",
+    "encode_json",
+    "encode_logs",
+    "encode_probe_records",
+    "encode_records",
+    "encode_stack_samples",
+    "encode_text",
+    "layout",
+    "read_bundle",
+    "rotate_bundles",
+    "scrub_env",
+    "scrub_json",
+    "scrub_text",
+    "verify_bundle",
+    "write_bundle",
+]

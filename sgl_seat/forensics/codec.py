@@ -1,0 +1,440 @@
+"""JSON-lines encoding of the shared watchdog records, and strict streaming decoding of untrusted lines.
+
+Why not one ``to_json()`` dict per line for everything: a one-hour bundle holds ~30,000 stack samples
+that repeat the same few hundred frames, and ~1,000,000 probe records. Spelled out per line that is
+hundreds of megabytes and tens of seconds to load. So two files use compact encodings that are still
+plain JSON lines, still validated by ``records.py``'s ``from_json``:
+
+- stacks: a *stack table*. ``{"frame_id": N, "frame": {Frame}}`` defines frame N (ids count up from 0,
+  each defined before first use); ``{"sample": {StackSample}}`` is a sample whose threads' ``frames``
+  are lists of frame ids (an inline frame object is accepted too). A plain ``StackSample.to_json()`` line
+  is also accepted, so a bundle written by hand or by an older writer still loads.
+- probe records: *column blocks*, one line per run of records sharing (node, rank, pid, thread,
+  target): ``{"probe_block": {"node":..,"rank":..,"pid":..,"thread":..,"target":..,"seq":[..],
+  "start":[..],"end":[.. or null],"gather_size":[..]}}``; a plain ``ProbeRecord.to_json()`` line is also
+  accepted. They load into :class:`ProbeTable`, a columnar ``Sequence[ProbeRecord]`` that builds a record
+  only when one is asked for.
+
+Every other record file is one ``to_json()`` dict per line. Decoding is strict (unknown shapes, NaN,
+over-long lines, deep nesting): any problem is one :class:`BundleError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import IO, Any, Protocol, TypeVar, overload
+
+from sgl_seat.errors import BundleError
+from sgl_seat.forensics.layout import MAX_LINE_BYTES
+from sgl_seat.forensics.scrub import scrub_env, scrub_json, scrub_text
+from sgl_seat.watchdog.records import Frame, LogLine, ProbeRecord, RecordError, StackSample, ThreadStack
+
+__all__ = [
+    "ProbeTable",
+    "decode_probe_records",
+    "decode_records",
+    "decode_stack_samples",
+    "dumps_line",
+    "encode_env",
+    "encode_json",
+    "encode_logs",
+    "encode_probe_records",
+    "encode_records",
+    "encode_stack_samples",
+    "encode_text",
+    "iter_json_lines",
+    "loads_document",
+]
+
+T = TypeVar("T")
+
+#: Rows per probe column block: big enough to amortise the keys, small enough to keep lines short.
+PROBE_BLOCK_ROWS = 65_536
+
+
+class _ToJson(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a bundle")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def dumps_line(obj: Any) -> str:
+    """Compact, NaN-free JSON for one line (a NaN would not load back strictly)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _loads(text: str | bytes, where: str) -> Any:
+    try:
+        s = text.decode("utf-8") if isinstance(text, bytes) else text
+        return _DECODER.decode(s)
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{where}: not UTF-8 ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise BundleError(f"{where}: JSON nested too deeply") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer too long to convert
+        raise BundleError(f"{where}: {exc}") from None
+
+
+def loads_document(data: bytes, name: str) -> Any:
+    """Parse one whole JSON document (manifest.json, env.json) strictly."""
+    return _loads(data, name)
+
+
+def iter_json_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, parsed value) for each non-blank line, refusing lines over MAX_LINE_BYTES."""
+    lineno = 0
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise BundleError(f"{name}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
+        if raw.strip():
+            yield lineno, _loads(raw, f"{name}:{lineno}")
+
+
+def _fail(name: str, lineno: int, msg: str) -> BundleError:
+    return BundleError(f"{name}:{lineno}: {msg}")
+
+
+# ---- plain record files -------------------------------------------------------------------------
+
+
+def encode_records(records: Iterable[_ToJson]) -> bytes:
+    """One ``to_json()`` object per line (metrics, processes, logs, requests)."""
+    try:
+        return "".join(dumps_line(r.to_json()) + "\n" for r in records).encode("utf-8")
+    except ValueError as exc:
+        raise BundleError(f"a record cannot be written as JSON: {exc}") from None
+
+
+def decode_records(stream: IO[bytes], from_json: Callable[[dict[str, Any]], T], name: str) -> list[T]:
+    """Decode one record per line with the record type's strict ``from_json``."""
+    out: list[T] = []
+    for lineno, obj in iter_json_lines(stream, name):
+        if not isinstance(obj, dict):
+            raise _fail(name, lineno, "expected a JSON object")
+        try:
+            out.append(from_json(obj))
+        except (RecordError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise _fail(name, lineno, str(exc)) from None
+    return out
+
+
+def encode_logs(lines: Iterable[LogLine]) -> bytes:
+    """LogLine records with secrets scrubbed from their text (log lines quote argv, URLs and headers)."""
+    return encode_records(LogLine(t=ln.t, node=ln.node, text=scrub_text(ln.text)) for ln in lines)
+
+
+def encode_env(envs: Mapping[int, Mapping[str, str]]) -> bytes:
+    """``env.json``: each node's engine environment, secrets scrubbed by name and by value."""
+    doc = {str(node): scrub_env(env) for node, env in sorted(envs.items())}
+    return (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def encode_text(text: str) -> bytes:
+    """A text file (log tail, nvidia-smi output) with secret-looking substrings scrubbed, line by line."""
+    return "".join(scrub_text(line) for line in text.splitlines(keepends=True)).encode("utf-8", "replace")
+
+
+def encode_json(doc: Any) -> bytes:
+    """A free-form JSON document (psutil state) with secret-named keys and secret-looking strings scrubbed."""
+    try:
+        return (json.dumps(scrub_json(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise BundleError(f"a document cannot be written as JSON: {exc}") from None
+
+
+# ---- stack samples: the stack table -------------------------------------------------------------
+
+
+def encode_stack_samples(samples: Iterable[StackSample]) -> bytes:
+    """Stack-table JSON lines: each distinct frame once, samples refer to frames by id."""
+    ids: dict[Frame, int] = {}
+    out: list[str] = []
+    for s in samples:
+        threads = []
+        for th in s.threads:
+            refs = []
+            for f in th.frames:
+                fid = ids.get(f)
+                if fid is None:
+                    fid = ids[f] = len(ids)
+                    out.append(dumps_line({"frame_id": fid, "frame": f.to_json()}))
+                refs.append(fid)
+            threads.append({"thread_id": th.thread_id, "name": th.name, "active": th.active,
+                            "owns_gil": th.owns_gil, "frames": refs})
+        d = s.to_json()
+        d["threads"] = threads
+        try:
+            out.append(dumps_line({"sample": d}))
+        except ValueError as exc:
+            raise BundleError(f"a stack sample cannot be written as JSON: {exc}") from None
+    return ("\n".join(out) + "\n").encode("utf-8") if out else b""
+
+
+class _StackDecoder:
+    """Decoding state: the frame table and the interned thread stacks (hung processes repeat them)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.frames: list[Frame] = []
+        self.threads: dict[tuple[Any, ...], ThreadStack] = {}
+
+    def frame(self, ref: Any, lineno: int) -> Frame:
+        if type(ref) is int:
+            if 0 <= ref < len(self.frames):
+                return self.frames[ref]
+            raise _fail(self.name, lineno, f"frame id {ref} is not defined")
+        if isinstance(ref, dict):
+            return Frame.from_json(ref)
+        raise _fail(self.name, lineno, "a frame must be a frame id or an object")
+
+    def thread(self, d: Any, lineno: int) -> ThreadStack:
+        if not isinstance(d, dict):
+            raise _fail(self.name, lineno, "a thread must be an object")
+        refs = d.get("frames")
+        if not isinstance(refs, list):
+            raise _fail(self.name, lineno, "thread field 'frames' must be a list")
+        if all(type(r) is int for r in refs):
+            key = (d.get("thread_id"), d.get("name"), d.get("active"), d.get("owns_gil"), tuple(refs))
+            hit = self.threads.get(key)
+            if hit is not None:
+                return hit
+        else:
+            key = None
+        frames = tuple(self.frame(r, lineno) for r in refs)
+        head = ThreadStack.from_json({**d, "frames": []})
+        ts = ThreadStack(head.thread_id, head.name, head.active, head.owns_gil, frames)
+        if key is not None:
+            self.threads[key] = ts
+        return ts
+
+    def sample(self, d: Any, lineno: int) -> StackSample:
+        if not isinstance(d, dict):
+            raise _fail(self.name, lineno, "a sample must be an object")
+        threads = d.get("threads")
+        if not isinstance(threads, list):
+            raise _fail(self.name, lineno, "sample field 'threads' must be a list")
+        head = StackSample.from_json({**d, "threads": []})
+        return replace(head, threads=tuple(self.thread(t, lineno) for t in threads))
+
+    def line(self, obj: Any, lineno: int) -> StackSample | None:
+        if not isinstance(obj, dict):
+            raise _fail(self.name, lineno, "expected a JSON object")
+        if "frame_id" in obj:
+            fid = obj["frame_id"]
+            if type(fid) is not int or fid != len(self.frames):
+                raise _fail(self.name, lineno, f"frame_id must be {len(self.frames)} (ids count up from 0)")
+            self.frames.append(Frame.from_json(obj.get("frame")))  # type: ignore[arg-type]  # from_json checks
+            return None
+        if "sample" in obj:
+            return self.sample(obj["sample"], lineno)
+        if "threads" in obj:  # a plain StackSample.to_json() line
+            return self.sample(obj, lineno)
+        raise _fail(self.name, lineno, "expected a 'frame_id', 'sample' or stack-sample object")
+
+
+def decode_stack_samples(stream: IO[bytes], name: str) -> list[StackSample]:
+    """Decode a stack-table file into StackSamples (frames and identical thread stacks shared)."""
+    dec = _StackDecoder(name)
+    out: list[StackSample] = []
+    for lineno, obj in iter_json_lines(stream, name):
+        try:
+            s = dec.line(obj, lineno)
+        except RecordError as exc:
+            raise _fail(name, lineno, str(exc)) from None
+        if s is not None:
+            out.append(s)
+    return out
+
+
+# ---- probe records: column blocks ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeGroup:
+    """What every row of a probe column block shares."""
+
+    node: int
+    rank: int
+    pid: int
+    thread: int
+    target: str
+
+
+class ProbeTable(Sequence[ProbeRecord]):
+    """Probe records held as columns (``array``), materialised as ProbeRecord one at a time.
+
+    A million records as objects cost ~200 MB and seconds to build; as columns they cost ~40 MB, and
+    the analysis (latency by gather size) reads the columns directly. ``end`` is NaN while in flight.
+    """
+
+    __slots__ = ("end", "gather_size", "group", "groups", "seq", "start")
+
+    def __init__(self) -> None:
+        self.groups: list[ProbeGroup] = []
+        self.group: array[int] = array("l")
+        self.seq: array[int] = array("q")
+        self.start: array[float] = array("d")
+        self.end: array[float] = array("d")
+        self.gather_size: array[int] = array("q")
+
+    @classmethod
+    def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeTable:
+        table = cls()
+        index: dict[ProbeGroup, int] = {}
+        for r in records:
+            g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
+            gi = index.get(g)
+            if gi is None:
+                gi = index[g] = len(table.groups)
+                table.groups.append(g)
+            table.group.append(gi)
+            table.seq.append(r.seq)
+            table.start.append(r.start)
+            table.end.append(math.nan if r.end is None else r.end)
+            table.gather_size.append(r.gather_size)
+        return table
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def record(self, i: int) -> ProbeRecord:
+        g = self.groups[self.group[i]]
+        end = self.end[i]
+        return ProbeRecord(node=g.node, rank=g.rank, pid=g.pid, thread=g.thread, seq=self.seq[i], target=g.target,
+                           start=self.start[i], end=None if math.isnan(end) else end,
+                           gather_size=self.gather_size[i])
+
+    @overload
+    def __getitem__(self, i: int) -> ProbeRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ProbeRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> ProbeRecord | list[ProbeRecord]:
+        if isinstance(i, slice):
+            return [self.record(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("probe record index out of range")
+        return self.record(i)
+
+    def __iter__(self) -> Iterator[ProbeRecord]:
+        for i in range(len(self)):
+            yield self.record(i)
+
+    def in_flight(self) -> list[ProbeRecord]:
+        """The records whose call had not returned when the ring was read (the stalled fetch among them)."""
+        return [self.record(i) for i, e in enumerate(self.end) if math.isnan(e)]
+
+    def add_block(self, group: ProbeGroup, seq: array[int], start: array[float], end: array[float],
+                  gather: array[int]) -> None:
+        try:
+            gi = self.groups.index(group)
+        except ValueError:
+            gi = len(self.groups)
+            self.groups.append(group)
+        self.group.extend(array("l", [gi]) * len(seq))
+        self.seq.extend(seq)
+        self.start.extend(start)
+        self.end.extend(end)
+        self.gather_size.extend(gather)
+
+
+def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
+    """Column blocks: consecutive records of one (node, rank, pid, thread, target), up to 65,536 a line."""
+    out: list[str] = []
+    cur: ProbeGroup | None = None
+    cols: dict[str, list[Any]] = {}
+
+    def flush() -> None:
+        if cur is not None and cols["seq"]:
+            blk = {"node": cur.node, "rank": cur.rank, "pid": cur.pid, "thread": cur.thread, "target": cur.target,
+                   **cols}
+            try:
+                out.append(dumps_line({"probe_block": blk}))
+            except ValueError as exc:
+                raise BundleError(f"a probe record cannot be written as JSON: {exc}") from None
+
+    for r in records:
+        g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
+        if g != cur or len(cols["seq"]) >= PROBE_BLOCK_ROWS:
+            flush()
+            cur = g
+            cols = {"seq": [], "start": [], "end": [], "gather_size": []}
+        cols["seq"].append(r.seq)
+        cols["start"].append(r.start)
+        cols["end"].append(r.end)
+        cols["gather_size"].append(r.gather_size)
+    flush()
+    return ("\n".join(out) + "\n").encode("utf-8") if out else b""
+
+
+def _int_col(v: Any, what: str) -> array[int]:
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        raise RecordError(f"probe_block {what!r} must be a list of integers")
+    try:
+        return array("q", v)
+    except OverflowError:
+        raise RecordError(f"probe_block {what!r} has an integer out of range") from None
+
+
+def _float_col(v: Any, what: str, *, nullable: bool = False) -> array[float]:
+    if not isinstance(v, list):
+        raise RecordError(f"probe_block {what!r} must be a list of numbers")
+    for x in v:
+        tx = type(x)
+        if tx is not float and tx is not int and not (nullable and x is None):
+            raise RecordError(f"probe_block {what!r} must hold only numbers{' or null' if nullable else ''}")
+    if nullable:
+        return array("d", [math.nan if x is None else x for x in v])
+    return array("d", v)
+
+
+def _block(d: Any) -> tuple[ProbeGroup, array[int], array[float], array[float], array[int]]:
+    if not isinstance(d, dict):
+        raise RecordError("probe_block must be an object")
+    # The shared fields go through ProbeRecord's own validation.
+    head = ProbeRecord.from_json({**d, "seq": 0, "start": 0.0, "end": None, "gather_size": 0})
+    seq = _int_col(d.get("seq"), "seq")
+    start = _float_col(d.get("start"), "start")
+    end = _float_col(d.get("end"), "end", nullable=True)
+    gather = _int_col(d.get("gather_size"), "gather_size")
+    if not len(seq) == len(start) == len(end) == len(gather):
+        raise RecordError("probe_block columns differ in length")
+    return ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather
+
+
+def decode_probe_records(stream: IO[bytes], name: str) -> ProbeTable:
+    """Decode column blocks and/or plain ProbeRecord lines into one ProbeTable."""
+    table = ProbeTable()
+    for lineno, obj in iter_json_lines(stream, name):
+        try:
+            if isinstance(obj, dict) and "probe_block" in obj:
+                table.add_block(*_block(obj["probe_block"]))
+            elif isinstance(obj, dict):
+                r = ProbeRecord.from_json(obj)
+                table.add_block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target), array("q", [r.seq]),
+                                array("d", [r.start]), array("d", [math.nan if r.end is None else r.end]),
+                                array("q", [r.gather_size]))
+            else:
+                raise RecordError("expected a JSON object")
+        except (RecordError, OverflowError) as exc:
+            raise _fail(name, lineno, str(exc)) from None
+    return table

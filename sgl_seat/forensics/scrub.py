@@ -1,0 +1,119 @@
+"""Secrets scrubbing for everything a bundle copies from a node: environment, argv, plan, log text.
+
+A bundle travels (laptops, tickets, chat), so it must not carry the credentials the seat ran with.
+Two nets, because either alone misses things: by *name* (an env var or JSON key that says TOKEN, KEY,
+SECRET, PASSWORD, ...: its whole value goes) and by *value* (text that looks like a bearer token, an AWS
+key, a Hugging Face or GitHub token, a JWT, a private key block, credentials in a URL, a long hex or
+base64 blob). Scrubbing errs towards removing too much: a lost value costs a question, a leaked one
+costs a rotation. The replacement says what was removed and how long it was, never any of its characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["is_secret_name", "scrub_env", "scrub_json", "scrub_text"]
+
+_SECRET_NAME = re.compile(
+    r"(TOKEN|KEY|SECRET|PASSW|PASSWD|PASS|PWD|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|SIGNATURE|CERT|DSN)",
+    re.IGNORECASE,
+)
+# Names that contain a secret-ish word but hold no secret and matter for a diagnosis.
+_NOT_SECRET_NAMES = frozenset({
+    "PASSWORD_STORE_DIR", "SSH_AUTH_SOCK", "KEYTIMEOUT", "XAUTHORITY", "GPG_AGENT_INFO", "TOKENIZERS_PARALLELISM",
+    "SGL_SEAT_TOKENIZER", "MAX_TOKENS",
+})
+
+# (kind, pattern); the first group, where present, is kept (e.g. the "Bearer " or "user:").
+_VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("private-key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+                               re.DOTALL)),
+    ("bearer", re.compile(r"((?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)[A-Za-z0-9._~+/=-]{8,}")),
+    ("url-userinfo", re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+(?=@)")),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")),
+    ("aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b")),
+    ("hf-token", re.compile(r"\bhf_[A-Za-z0-9]{20,}")),
+    ("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ("openai-key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
+    ("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
+    ("google-key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
+    ("assignment", re.compile(
+        r"((?:[A-Za-z0-9_.-]*(?:token(?!izer)|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|auth|credential)"
+        r"[A-Za-z0-9_.-]*)[\"']?\s*[=:]\s*[\"']?)(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)[^\s\"',;&]{4,}", re.IGNORECASE)),
+    ("flag", re.compile(r"(--?[A-Za-z0-9-]*(?:token(?!izer)|secret|passw(?:or)?d|api-key|apikey|access-key|auth)"
+                        r"[A-Za-z0-9-]*[ \t]+)(?!-)\S+", re.IGNORECASE)),
+    ("hex", re.compile(r"(?<![A-Za-z0-9])[0-9a-fA-F]{40,}(?![A-Za-z0-9])")),
+    ("base64", re.compile(r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[a-z])"
+                          r"(?=[A-Za-z0-9+/_-]*[A-Z])[A-Za-z0-9+/_-]{40,}={0,2}(?![A-Za-z0-9+/=_-])")),
+)
+
+#: A cheap test before running every pattern: most log lines carry no candidate at all.
+_CANDIDATE = re.compile(r"[A-Za-z0-9+/_=-]{20,}|BEGIN|://|[=:]|token|secret|passw|key|auth|bearer|basic",
+                        re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or key name says its value is a secret."""
+    return name.upper() not in _NOT_SECRET_NAMES and bool(_SECRET_NAME.search(name))
+
+
+def _mark(kind: str, n: int) -> str:
+    return f"<redacted:{kind}:{n}>"
+
+
+def scrub_text(text: str) -> str:
+    """Replace secret-looking substrings of free text (logs, argv, process titles) with a marker.
+
+    Every pattern runs over the original text and the spans to remove are merged before replacing, so
+    one pattern's marker is never re-matched by another and overlapping matches never leak a tail.
+    """
+    if not text or not _CANDIDATE.search(text):
+        return text
+    spans: list[tuple[int, int, str]] = []
+    for kind, pat in _VALUE_PATTERNS:
+        for m in pat.finditer(text):
+            if kind == "base64" and m.group(0).count("/") >= 2:
+                continue  # a file path (stack frames, log lines), not a blob
+            start = m.end(1) if pat.groups else m.start()
+            if m.end() > start:
+                spans.append((start, m.end(), kind))
+    if not spans:
+        return text
+    spans.sort()
+    out: list[str] = []
+    pos = 0
+    cur_s, cur_e, cur_k = spans[0]
+    for s, e, k in spans[1:]:
+        if s <= cur_e:
+            cur_e = max(cur_e, e)
+            continue
+        out.append(text[pos:cur_s] + _mark(cur_k, cur_e - cur_s))
+        pos = cur_e
+        cur_s, cur_e, cur_k = s, e, k
+    out.append(text[pos:cur_s] + _mark(cur_k, cur_e - cur_s))
+    out.append(text[cur_e:])
+    return "".join(out)
+
+
+def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment with secret-named values removed and secret-looking values scrubbed."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        value = str(value)
+        out[name] = _mark("by-name", len(value)) if is_secret_name(name) and value else scrub_text(value)
+    return out
+
+
+def scrub_json(obj: Any) -> Any:
+    """A JSON value with secret-named keys' values removed and every string scrubbed (plan, manifest)."""
+    if isinstance(obj, dict):
+        return {k: (_mark("by-name", len(str(v))) if isinstance(k, str) and is_secret_name(k)
+                    and isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v) else scrub_json(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_json(v) for v in obj]
+    if isinstance(obj, str):
+        return scrub_text(obj)
+    return obj
