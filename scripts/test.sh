@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 . .venv/bin/activate
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-echo "== ruff"; ruff check sgl_seat tests bench
+echo "== ruff"; ruff check .
 echo "== mypy --strict"; mypy sgl_seat
 echo "== pytest"; python -m pytest -q -p no:cacheprovider "$@"

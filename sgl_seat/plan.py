@@ -347,7 +347,7 @@ def render_text(plan: LaunchPlan) -> str:
             ("slots asked", str(off.requested_slots), str(on.requested_slots)),
             ("KV pool tokens", _tokens(off.kv_pool_tokens), _tokens(on.kv_pool_tokens)),
             ("max running requests", str(off.max_running_requests), str(on.max_running_requests)),
-            ("most slots that fit", str(off.max_slots_that_fit), str(on.max_slots_that_fit)),
+            ("most slots that fit", _tokens(off.max_slots_that_fit), _tokens(on.max_slots_that_fit)),
             ("boots", "yes" if off.fits else "NO", "yes" if on.fits else "NO"),
         ]
         out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, predicted):")
