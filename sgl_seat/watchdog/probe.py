@@ -1,0 +1,547 @@
+"""The in-engine probe: times configured calls (row fetches) into a lock-free shared-memory ring.
+
+Loaded into every engine process through the plan's environment (``SGL_SEAT_PROBE`` names the
+targets, ``SGL_SEAT_PROBE_DIR`` the ring directory; see :mod:`sgl_seat.watchdog.boot` for engines
+that have no hook of ours). Each wrapped call writes one 64-byte slot: start time, end time (0 while
+the call is in flight, so a fetch that never returns is visible with its age), gather size, thread
+and target. The ring is one mmap'd file per process, ``<dir>/probe-<pid>.ring``; the sidecar reads it
+with :func:`read_ring`.
+
+Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
+
+    module:function[@arg[:mode]]        e.g. sgl_seat.sim.rowfetch:fetch_rows@ids
+    module:Class.method[@arg[:mode]]    e.g. sglang.srt.layers.engram:EngramEmbedding.forward@indices:numel
+    module.function[@arg[:mode]]        (dotted: the module is everything before the last dot)
+
+``arg`` is a parameter name or a 0-based position (``self`` counts); ``mode`` is ``len`` (default),
+``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``. Without ``@``, the first
+parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
+
+Writer protocol (no locks): a call claims slot ``c mod N`` from a process-wide counter, writes the
+slot's sequence word odd, the fields, then the sequence word even; the end time is one aligned
+8-byte store, written only if the slot still holds call ``c``. A reader copies sequence words,
+fields, then sequence words again and keeps slots whose sequence is even and unchanged.
+
+This module uses the standard library only and never raises into the engine: a probe that cannot
+install or write warns once on stderr and gets out of the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import itertools
+import mmap
+import os
+import re
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sgl_seat.watchdog.records import ProbeRecord
+
+ENV_TARGETS = "SGL_SEAT_PROBE"
+ENV_DIR = "SGL_SEAT_PROBE_DIR"
+ENV_SLOTS = "SGL_SEAT_PROBE_SLOTS"
+ENV_RANK = "SGL_SEAT_RANK"
+ENV_NODE = "SGL_SEAT_NODE_RANK"
+
+MAGIC = b"SGLPRB01"
+RING_VERSION = 1
+HEADER_BYTES = 4096
+SLOT_WORDS = 8
+SLOT_BYTES = SLOT_WORDS * 8
+DEFAULT_SLOTS = 4096
+MAX_TARGETS = 30
+TARGET_NAME_BYTES = 120
+_TARGETS_OFF = 256
+
+# Header: magic, version, slot_words, nslots, pid, rank, node, created, ntargets.
+_HDR = struct.Struct("<8sIIIIiidI")
+# Slot: seq, call number, start, end, gather size, thread, target index, reserved.
+_SLOT = struct.Struct("<qqddqqqq")
+_SLOT_HEAD = struct.Struct("<qqddqqq")  # what the writer packs at call start (all but the reserved word)
+_W_CALL, _W_END = 1, 3
+
+_TITLE_RANK = re.compile(r"_TP(\d+)(?:_|$)")
+_SIZE_PARAMS = ("ids", "indices", "hash_ids", "input_ids")
+_MODES = ("len", "numel", "dim0", "none")
+
+
+def default_dir() -> str:
+    """Where rings go when ``SGL_SEAT_PROBE_DIR`` is unset: /dev/shm if present, else the temp dir."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108
+    return os.path.join(base, f"sgl-seat-probe-{os.getuid()}")
+
+
+def ring_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"probe-{pid}.ring")
+
+
+# --------------------------------------------------------------------------------------------------
+# Writer state: module globals so the hot path reads them with LOAD_GLOBAL (cheap); rebound on
+# ring creation and reset in a forked child (which must not write its parent's ring).
+
+_MM: mmap.mmap | None = None
+_Q: memoryview[int] | None = None
+_D: memoryview[float] | None = None
+_MASK = 0
+_COUNTER: Any = itertools.count(1)
+_PACK = _SLOT_HEAD.pack_into
+_RING_FAILED = False
+_RING_LOCK = threading.Lock()  # only ring creation takes it (once per process), never the hot path
+_TARGET_NAMES: list[str] = []
+_WARNED: set[str] = set()
+_INSTALLED: dict[str, str] = {}  # target spec -> "installed" | "pending" | "failed: ..."
+_PENDING: dict[str, list[TargetSpec]] = {}
+_FINDER: _ProbeFinder | None = None
+
+
+def _warn(key: str, msg: str) -> None:
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    with contextlib.suppress(Exception):  # stderr may be closed; the engine must not notice
+        sys.stderr.write(f"sgl-seat probe (pid {os.getpid()}): {msg}\n")
+
+
+def _own_rank() -> int:
+    env = os.environ.get(ENV_RANK)
+    if env is not None and env.lstrip("-").isdigit():
+        return int(env)
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            title = fh.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        return -1
+    m = _TITLE_RANK.search(title)
+    return int(m.group(1)) if m else -1
+
+
+def _own_node() -> int:
+    env = os.environ.get(ENV_NODE, "")
+    return int(env) if env.isdigit() else -1
+
+
+def _ensure_ring() -> bool:
+    """Create this process's ring on the first wrapped call. False when it cannot (warned once)."""
+    global _MM, _Q, _D, _MASK, _COUNTER, _RING_FAILED
+    if _MM is not None:
+        return True
+    if _RING_FAILED:
+        return False
+    with _RING_LOCK:
+        if _MM is not None:
+            return True
+        try:
+            nslots = int(os.environ.get(ENV_SLOTS, DEFAULT_SLOTS))
+            if nslots < 2 or nslots & (nslots - 1):
+                raise ValueError(f"{ENV_SLOTS}={nslots} must be a power of two >= 2")
+            directory = os.environ.get(ENV_DIR) or default_dir()
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            path = ring_path(directory, os.getpid())
+            size = HEADER_BYTES + nslots * SLOT_BYTES
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            for i, name in enumerate(_TARGET_NAMES):
+                _write_target_name(mm, i, name)
+            # The magic goes last: a reader never sees a half-written header as valid.
+            _HDR.pack_into(mm, 0, b"\0" * 8, RING_VERSION, SLOT_WORDS, nslots, os.getpid(), _own_rank(),
+                           _own_node(), time.time(), len(_TARGET_NAMES))
+            mm[0:8] = MAGIC
+            _Q = memoryview(mm).cast("q")
+            _D = memoryview(mm).cast("d")
+            _MASK = nslots - 1
+            _COUNTER = itertools.count(1)
+            _MM = mm
+            return True
+        except Exception as exc:
+            _RING_FAILED = True
+            _warn("ring", f"cannot create the probe ring ({exc}); calls run untimed")
+            return False
+
+
+def _write_target_name(mm: mmap.mmap, index: int, name: str) -> None:
+    raw = name.encode("utf-8")[:TARGET_NAME_BYTES].ljust(TARGET_NAME_BYTES, b"\0")
+    off = _TARGETS_OFF + index * TARGET_NAME_BYTES
+    mm[off:off + TARGET_NAME_BYTES] = raw
+
+
+def _register_target(name: str) -> int:
+    """A process-wide target index (the ring's target table); names past the table share the last slot."""
+    if name in _TARGET_NAMES:
+        return _TARGET_NAMES.index(name)
+    if len(_TARGET_NAMES) >= MAX_TARGETS:
+        return MAX_TARGETS - 1
+    _TARGET_NAMES.append(name)
+    idx = len(_TARGET_NAMES) - 1
+    mm = _MM
+    if mm is not None:
+        _write_target_name(mm, idx, name)
+        struct.pack_into("<I", mm, _HDR.size - 4, len(_TARGET_NAMES))
+    return idx
+
+
+def _after_fork_in_child() -> None:
+    global _MM, _Q, _D, _RING_FAILED, _RING_LOCK
+    _MM = _Q = _D = None
+    _RING_FAILED = False
+    _RING_LOCK = threading.Lock()
+
+
+def reset() -> None:
+    """Forget this process's ring (the next wrapped call creates a new one from the environment); tests."""
+    global _MM, _Q, _D, _RING_FAILED
+    with _RING_LOCK:
+        _MM = _Q = _D = None
+        _RING_FAILED = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --------------------------------------------------------------------------------------------------
+# Target specs and wrapping
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One parsed target: where it lives and how to size its gather."""
+
+    raw: str
+    module: str
+    qualname: str
+    size_arg: str | int | None
+    mode: str
+
+    @property
+    def name(self) -> str:
+        """What the ring's target table and the records carry: ``module:qualname``."""
+        return f"{self.module}:{self.qualname}"
+
+
+def parse_target(raw: str) -> TargetSpec:
+    """Parse one target; ValueError with the reason when it is malformed."""
+    text = raw.strip()
+    path, at, size = text.partition("@")
+    if ":" in path:
+        module, _, qual = path.partition(":")
+    else:
+        module, _, qual = path.rpartition(".")
+    ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+    if not module or not qual or not ident.match(module) or not ident.match(qual):
+        raise ValueError(f"probe target {raw!r}: expected module:function or module.function")
+    size_arg: str | int | None = None
+    mode = "len"
+    if size:
+        arg, _, m = size.partition(":")
+        if m:
+            if m not in _MODES:
+                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of {_MODES}")
+            mode = m
+        if arg.isdigit():
+            size_arg = int(arg)
+        elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", arg):
+            size_arg = arg
+        elif arg:
+            raise ValueError(f"probe target {raw!r}: {arg!r} is neither a parameter name nor a position")
+    elif at:
+        mode = "none"  # "target@": time it, no gather size
+    return TargetSpec(raw=text, module=module, qualname=qual, size_arg=size_arg, mode=mode)
+
+
+def parse_targets(value: str) -> list[TargetSpec]:
+    return [parse_target(p) for p in value.split(",") if p.strip()]
+
+
+def _size_position(fn: Callable[..., Any], spec: TargetSpec) -> tuple[int, str | None]:
+    """(position, keyword name) of the sized argument; (-1, None) when there is none."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if spec.mode == "none":
+        return -1, None
+    if isinstance(spec.size_arg, int):
+        return spec.size_arg, names[spec.size_arg] if spec.size_arg < len(names) else None
+    if isinstance(spec.size_arg, str):
+        pos = names.index(spec.size_arg) if spec.size_arg in names else 1 << 30
+        return pos, spec.size_arg
+    for cand in _SIZE_PARAMS:
+        if cand in names:
+            return names.index(cand), cand
+    kw_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+    for cand in _SIZE_PARAMS:
+        if cand in kw_only:
+            return 1 << 30, cand
+    return -1, None
+
+
+def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]:
+    """Wrap ``fn`` so each call is timed into this process's ring. Public for the bench and tests."""
+    tidx = _register_target(spec.name)
+    pos, kw = _size_position(fn, spec)
+    mode = 0 if pos < 0 else _MODES.index(spec.mode) + 1  # 0 none, 1 len, 2 numel, 3 dim0, 4 none
+    now = time.time
+    ident = threading.get_ident
+
+    @functools.wraps(fn)
+    def probe_wrapper(*args: Any, **kwargs: Any) -> Any:
+        q = _Q
+        if q is None:
+            if not _ensure_ring():
+                return fn(*args, **kwargs)
+            q = _Q
+            assert q is not None
+        c = next(_COUNTER)
+        b = ((c & _MASK) + HEADER_BYTES // SLOT_BYTES) * SLOT_WORDS
+        try:
+            if mode == 1:
+                gs = len(args[pos] if len(args) > pos else kwargs[kw])  # type: ignore[index]
+            elif mode == 0 or mode == 4:
+                gs = -1
+            elif mode == 2:
+                gs = int((args[pos] if len(args) > pos else kwargs[kw]).numel())  # type: ignore[index]
+            else:
+                gs = int((args[pos] if len(args) > pos else kwargs[kw]).shape[0])  # type: ignore[index]
+        except Exception:
+            gs = -1
+        try:
+            _PACK(_MM, b * 8, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx)  # type: ignore[arg-type]
+            q[b] = 2 * c + 2
+        except Exception:
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            d = _D
+            if d is not None and q[b + _W_CALL] == c:
+                d[b + _W_END] = now()
+
+    probe_wrapper.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
+    return probe_wrapper
+
+
+def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
+    owner: Any = module
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1]
+
+
+def _wrap_in(module: ModuleType, spec: TargetSpec) -> str:
+    """Replace the target attribute in its owner; returns the install state string."""
+    try:
+        owner, attr = _resolve_owner(module, spec.qualname)
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+        if raw is None:
+            raw = getattr(owner, attr)
+        if isinstance(raw, staticmethod):
+            fn = raw.__func__
+            if getattr(fn, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, staticmethod(make_wrapper(fn, spec)))
+        elif isinstance(raw, classmethod):
+            fn = raw.__func__
+            if getattr(fn, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, classmethod(make_wrapper(fn, spec)))
+        else:
+            if not callable(raw):
+                return f"failed: {spec.name} is not callable"
+            if getattr(raw, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, make_wrapper(raw, spec))
+        return "installed"
+    except Exception as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+
+
+class _ProbeFinder(importlib.abc.MetaPathFinder):
+    """Wraps targets of a module the moment it finishes executing (modules not imported yet)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+
+        def exec_and_wrap(module: ModuleType) -> None:
+            exec_module(module)
+            for t in _PENDING.pop(fullname, []):
+                state = _wrap_in(module, t)
+                _INSTALLED[t.raw] = state
+                if state.startswith("failed"):
+                    _warn(t.raw, f"cannot wrap {t.raw}: {state}")
+
+        try:
+            loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+        except Exception as exc:
+            _warn(fullname, f"cannot hook the import of {fullname}: {exc}")
+        return spec
+
+
+def install(targets: Sequence[str | TargetSpec]) -> dict[str, str]:
+    """Wrap each target now (module already imported) or when its module is imported. Idempotent."""
+    global _FINDER
+    for item in targets:
+        try:
+            spec = item if isinstance(item, TargetSpec) else parse_target(item)
+        except ValueError as exc:
+            _INSTALLED[str(item)] = f"failed: {exc}"
+            _warn(str(item), str(exc))
+            continue
+        if _INSTALLED.get(spec.raw) == "installed":
+            continue
+        module = sys.modules.get(spec.module)
+        if module is not None:
+            state = _wrap_in(module, spec)
+            _INSTALLED[spec.raw] = state
+            if state.startswith("failed"):
+                _warn(spec.raw, f"cannot wrap {spec.raw}: {state}")
+            continue
+        waiting = _PENDING.setdefault(spec.module, [])
+        if all(w.raw != spec.raw for w in waiting):
+            waiting.append(spec)
+        _INSTALLED[spec.raw] = "pending"
+        if _FINDER is None:
+            _FINDER = _ProbeFinder()
+            sys.meta_path.insert(0, _FINDER)
+    return dict(_INSTALLED)
+
+
+def install_from_env() -> dict[str, str]:
+    """Install the targets named in ``SGL_SEAT_PROBE`` (no-op when unset). Never raises."""
+    value = os.environ.get(ENV_TARGETS, "")
+    if not value.strip():
+        return {}
+    try:
+        return install([p for p in value.split(",") if p.strip()])
+    except Exception as exc:
+        _warn("install", f"probe not installed: {exc}")
+        return dict(_INSTALLED)
+
+
+def installed() -> dict[str, str]:
+    """Target spec -> install state, for tests and diagnostics."""
+    return dict(_INSTALLED)
+
+
+def ring_file() -> str | None:
+    """This process's ring path once created."""
+    return ring_path(os.environ.get(ENV_DIR) or default_dir(), os.getpid()) if _MM is not None else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Reader (the sidecar)
+
+
+@dataclass(frozen=True)
+class RingHeader:
+    pid: int
+    rank: int
+    node: int
+    nslots: int
+    created: float
+    targets: tuple[str, ...]
+
+
+class RingError(ValueError):
+    """A file that is not a probe ring of a version this reader knows."""
+
+
+def read_header(buf: bytes | mmap.mmap) -> RingHeader:
+    if len(buf) < HEADER_BYTES or bytes(buf[0:8]) != MAGIC:
+        raise RingError("not a probe ring (bad magic)")
+    _magic, version, slot_words, nslots, pid, rank, node, created, ntargets = _HDR.unpack_from(buf, 0)
+    if version != RING_VERSION or slot_words != SLOT_WORDS:
+        raise RingError(f"probe ring version {version} (slot words {slot_words}) is not {RING_VERSION}")
+    names = []
+    for i in range(min(ntargets, MAX_TARGETS)):
+        off = _TARGETS_OFF + i * TARGET_NAME_BYTES
+        names.append(bytes(buf[off:off + TARGET_NAME_BYTES]).rstrip(b"\0").decode("utf-8", "replace"))
+    return RingHeader(pid=pid, rank=rank, node=node, nslots=nslots, created=created, targets=tuple(names))
+
+
+def read_ring(path: str, *, node: int | None = None, rank: int | None = None) -> list[ProbeRecord]:
+    """Every stable slot of a ring as :class:`ProbeRecord` (in-flight ones have ``end=None``), by call order.
+
+    ``node``/``rank`` override the header's (the sidecar knows them from the process title). A torn
+    slot (being written while read) is skipped, never returned half-updated.
+    """
+    from sgl_seat.watchdog.records import ProbeRecord
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < HEADER_BYTES:
+            raise RingError(f"{path}: too short for a probe ring")
+        mm = mmap.mmap(fh.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
+    try:
+        hdr = read_header(mm)
+        end = HEADER_BYTES + hdr.nslots * SLOT_BYTES
+        if size < end:
+            raise RingError(f"{path}: truncated ({size} bytes, header says {end})")
+        qv = memoryview(mm).cast("q")
+        first = HEADER_BYTES // 8
+        seq_before = qv[first:end // 8:SLOT_WORDS].tolist()
+        body = bytes(mm[HEADER_BYTES:end])
+        seq_after = qv[first:end // 8:SLOT_WORDS].tolist()
+        qv.release()
+    finally:
+        mm.close()
+    out: list[ProbeRecord] = []
+    use_rank = hdr.rank if rank is None else rank
+    use_node = (hdr.node if hdr.node >= 0 else -1) if node is None else node
+    for i in range(hdr.nslots):
+        s0 = seq_before[i]
+        if s0 == 0 or s0 & 1 or s0 != seq_after[i]:
+            continue
+        _seq, call, start, fin, gs, thread, tidx, _r = _SLOT.unpack_from(body, i * SLOT_BYTES)
+        target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
+        out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call, target=target,
+                               start=start, end=fin if fin > 0.0 else None, gather_size=gs))
+    out.sort(key=lambda r: r.seq)
+    return out
+
+
+def list_rings(directory: str) -> dict[int, str]:
+    """pid -> ring path for every ring file in ``directory``."""
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return found
+    for name in names:
+        m = re.fullmatch(r"probe-(\d+)\.ring", name)
+        if m:
+            found[int(m.group(1))] = os.path.join(directory, name)
+    return found
