@@ -358,31 +358,30 @@ class ProbeTable(Sequence[ProbeRecord]):
 
 
 def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
-    """Column blocks: consecutive records of one (node, rank, pid, thread, target), up to 65,536 a line."""
-    out: list[str] = []
-    cur: ProbeGroup | None = None
-    cols: dict[str, list[Any]] = {}
+    """Column blocks: records grouped by (node, rank, pid, thread, target), up to 65,536 rows a line.
 
-    def flush() -> None:
-        if cur is not None and cols["seq"]:
-            blk = {"node": cur.node, "rank": cur.rank, "pid": cur.pid, "thread": cur.thread, "target": cur.target,
-                   **cols}
-            try:
-                out.append(dumps_line({"probe_block": blk}))
-            except ValueError as exc:
-                raise BundleError(f"a probe record cannot be written as JSON: {exc}") from None
-
+    Groups keep the order in which they first appear and rows keep their order within a group; the
+    interleaving across groups is not kept (a reader sorts by ``start`` where order matters).
+    """
+    groups: dict[ProbeGroup, dict[str, list[Any]]] = {}
     for r in records:
         g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
-        if g != cur or len(cols["seq"]) >= PROBE_BLOCK_ROWS:
-            flush()
-            cur = g
-            cols = {"seq": [], "start": [], "end": [], "gather_size": []}
+        cols = groups.get(g)
+        if cols is None:
+            cols = groups[g] = {"seq": [], "start": [], "end": [], "gather_size": []}
         cols["seq"].append(r.seq)
         cols["start"].append(r.start)
         cols["end"].append(r.end)
         cols["gather_size"].append(r.gather_size)
-    flush()
+    out: list[str] = []
+    for g, cols in groups.items():
+        for i in range(0, len(cols["seq"]), PROBE_BLOCK_ROWS):
+            blk = {"node": g.node, "rank": g.rank, "pid": g.pid, "thread": g.thread, "target": g.target,
+                   **{k: v[i:i + PROBE_BLOCK_ROWS] for k, v in cols.items()}}
+            try:
+                out.append(dumps_line({"probe_block": blk}))
+            except ValueError as exc:
+                raise BundleError(f"a probe record cannot be written as JSON: {exc}") from None
     return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 

@@ -39,9 +39,15 @@ _VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("openai-key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
     ("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
     ("google-key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
+    # key=value / key: value where the key names a secret; a bare number after a *token* key is a count
+    # (SGLang logs "#token: 900"), after a password key it is still a password.
     ("assignment", re.compile(
-        r"((?:[A-Za-z0-9_.-]*(?:token(?!izer)|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|auth|credential)"
-        r"[A-Za-z0-9_.-]*)[\"']?\s*[=:]\s*[\"']?)(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)[^\s\"',;&]{4,}", re.IGNORECASE)),
+        r"((?:[A-Za-z0-9_.-]*(?:secret|passw(?:or)?d|api[_-]?key|access[_-]?key|auth|credential)"
+        r"[A-Za-z0-9_.-]*)[\"']?\s*[=:]\s*[\"']?)(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)[^\s\"',;&]{4,}",
+        re.IGNORECASE)),
+    ("assignment", re.compile(
+        r"((?:[A-Za-z0-9_.-]*token(?!izer)[A-Za-z0-9_.-]*)[\"']?\s*[=:]\s*[\"']?)"
+        r"(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)(?![0-9.]+(?:[\s\"',;&]|$))[^\s\"',;&]{4,}", re.IGNORECASE)),
     ("flag", re.compile(r"(--?[A-Za-z0-9-]*(?:token(?!izer)|secret|passw(?:or)?d|api-key|apikey|access-key|auth)"
                         r"[A-Za-z0-9-]*[ \t]+)(?!-)\S+", re.IGNORECASE)),
     ("hex", re.compile(r"(?<![A-Za-z0-9])[0-9a-fA-F]{40,}(?![A-Za-z0-9])")),

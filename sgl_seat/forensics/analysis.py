@@ -1,0 +1,457 @@
+"""Offline diagnosis of a loaded bundle: where each rank was, who lags, and what the row fetches did.
+
+Pure functions over a :class:`~sgl_seat.forensics.bundle.Bundle` (no I/O), so the same analysis runs on
+a golden bundle in a unit test and on a one-hour bundle in the bench. The pieces answer the questions an
+operator asks of a hang, in order: which rank lags and where (divergence: ranks waiting in a collective vs
+one elsewhere), how long each thread had been stuck, what each rank did over time (timeline), whether row
+fetches slowed with gather size (latency by power-of-two bucket, the in-flight fetch highlighted), and what
+the seat was doing before the trigger (running requests, throughput, accept length).
+
+Times in the report are seconds relative to the trigger (negative = before it), so reports compare across
+bundles and golden files stay stable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl_seat.forensics.bundle import Bundle
+from sgl_seat.watchdog.records import Frame, MetricsPoint, StackSample, ThreadStack
+
+__all__ = [
+    "Analysis",
+    "RankState",
+    "analyse",
+    "classify_thread",
+    "gather_bucket",
+    "rowfetch_buckets",
+]
+
+#: Python function names that wait for other ranks (torch.distributed collectives, device syncs, work.wait).
+COLLECTIVE_FUNCS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all",
+    "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv", "reduce", "gather", "scatter",
+    "wait", "_wait", "synchronize", "wait_stream", "_all_reduce", "tensor_model_parallel_all_reduce",
+    "all_reduce_inplace", "custom_all_reduce",
+})
+#: Substrings of native frame names that mean "blocked on the interconnect or the device".
+COLLECTIVE_NATIVE = ("nccl", "gloo", "cuCtxSynchronize", "cudaDeviceSynchronize", "cudaStreamSynchronize",
+                     "cuStreamSynchronize", "cudaEventSynchronize", "c10d", "ProcessGroup")
+#: Row-fetch functions recognised even without probe records naming them.
+ROWFETCH_FUNCS = frozenset({"fetch_rows"})
+#: Top frames of an idle thread (event loops, condition waits, sleeps).
+IDLE_FUNCS = frozenset({"select", "poll", "epoll_wait", "wait", "sleep", "recv_pyobj", "_recv", "recv_multipart",
+                        "accept", "read", "readline", "_wait_for_tstate_lock", "get", "run_forever", "_run_once"})
+
+MAX_STUCK = 20
+STUCK_MIN_SAMPLES = 3
+ACTIVITY_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    """One thread's classification: ``state`` is rowfetch, collective, running, idle or error."""
+
+    state: str
+    frame: str | None
+
+
+def _is_collective(f: Frame) -> bool:
+    if f.native or f.module:
+        return any(s in f.name for s in COLLECTIVE_NATIVE)
+    if f.name in COLLECTIVE_FUNCS:
+        fn = f.filename.replace("\\", "/")
+        # A bare `wait`/`send`/`recv` counts only inside torch (distributed, cuda); elsewhere it is too generic.
+        if f.name in ("wait", "send", "recv", "gather", "scatter", "reduce"):
+            return "torch/" in fn or "distributed" in fn
+        return True
+    return False
+
+
+def classify_thread(th: ThreadStack | None, rowfetch_funcs: frozenset[str] = ROWFETCH_FUNCS) -> RankState:
+    """Where a thread is: in a row fetch, waiting in a collective, idle, or running (and on which frame)."""
+    if th is None or not th.frames:
+        return RankState("error", None)
+    for f in th.frames:
+        if f.name in rowfetch_funcs:
+            return RankState("rowfetch", f.label)
+    py = [f for f in th.frames if not f.native and not f.module]
+    for i, f in enumerate(th.frames):
+        if _is_collective(f):
+            # Name the Python frame that made the call (a native frame's caller is the next Python one).
+            label = next((p.label for p in th.frames[i:] if not p.native and not p.module), f.label)
+            return RankState("collective", label)
+    top = py[0] if py else th.frames[0]
+    if not th.active and th.frames[0].name in IDLE_FUNCS:
+        return RankState("idle", top.label)
+    return RankState("running", top.label)
+
+
+def gather_bucket(g: int) -> tuple[int, int]:
+    """Power-of-two bucket of a gather size: 0 -> [0, 0], 1 -> [1, 1], 5 -> [4, 7], 100 -> [64, 127]."""
+    if g <= 0:
+        return (0, 0)
+    b = g.bit_length()
+    return (1 << (b - 1), (1 << b) - 1)
+
+
+def _pct(sorted_vals: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (deterministic, no interpolation): the value at ceil(q n) - 1."""
+    if not sorted_vals:
+        return 0.0
+    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)]
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return round(float(x), nd)
+
+
+def _latency_stats(vals: list[float]) -> dict[str, float | int]:
+    vals.sort()
+    return {"count": len(vals), "p50_ms": _r(_pct(vals, 0.50)), "p99_ms": _r(_pct(vals, 0.99)),
+            "max_ms": _r(vals[-1] if vals else 0.0)}
+
+
+def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
+    """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
+
+    In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
+    latency "explodes", and leaving it out would hide the hang behind healthy percentiles.
+    """
+    pt = bundle.probes
+    by_bucket: dict[int, list[float]] = defaultdict(list)
+    inflight_by_bucket: dict[int, int] = defaultdict(int)
+    by_rank: dict[int, list[float]] = defaultdict(list)
+    group_rank = [g.rank for g in pt.groups]
+    start, end, gather, group = pt.start, pt.end, pt.gather_size, pt.group
+    inflight: list[int] = []
+    for i in range(len(start)):
+        e = end[i]
+        if e != e:  # NaN: still in flight
+            d = (now - start[i]) * 1000.0
+            inflight.append(i)
+            inflight_by_bucket[gather[i].bit_length()] += 1
+        else:
+            d = (e - start[i]) * 1000.0
+        if d < 0.0:
+            d = 0.0
+        by_bucket[gather[i].bit_length()].append(d)
+        by_rank[group_rank[group[i]]].append(d)
+    stall_ms = stall_s * 1000.0
+    buckets = []
+    for b in sorted(by_bucket):
+        lo, hi = (0, 0) if b == 0 else (1 << (b - 1), (1 << b) - 1)
+        st = _latency_stats(by_bucket[b])
+        buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": inflight_by_bucket[b],
+                        "stalled": st["max_ms"] >= stall_ms and inflight_by_bucket[b] > 0})
+    keyed: list[tuple[tuple[float, int], dict[str, Any]]] = []
+    for i in inflight:
+        r = pt.record(i)
+        age = max(0.0, now - r.start)
+        keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread, "seq": r.seq,
+                         "target": r.target, "gather_size": r.gather_size, "start_s": _r(r.start - now),
+                         "age_ms": _r(age * 1000.0), "stalled": age >= stall_s}))
+    keyed.sort(key=lambda kv: kv[0])
+    stalled = [d for _, d in keyed]
+    worst = max(buckets, key=lambda b: (b["max_ms"], -b["gather_size_min"]), default=None)
+    completed = len(start) - len(inflight)
+    return {
+        "records": len(start),
+        "completed": completed,
+        "in_flight": len(inflight),
+        "stall_threshold_ms": _r(stall_ms),
+        "buckets": buckets,
+        "worst_bucket": None if worst is None else {"gather_size_min": worst["gather_size_min"],
+                                                    "gather_size_max": worst["gather_size_max"],
+                                                    "max_ms": worst["max_ms"], "p99_ms": worst["p99_ms"]},
+        "by_rank": [{"rank": r, **_latency_stats(v)} for r, v in sorted(by_rank.items())],
+        "in_flight_fetches": stalled[:50],
+    }
+
+
+def rowfetch_scatter(bundle: Bundle, now: float, *, limit: int = 4000) -> list[tuple[int, float, bool]]:
+    """(gather size, latency ms, in flight) points for the HTML scatter plot, evenly thinned to ``limit``."""
+    pt = bundle.probes
+    n = len(pt)
+    step = max(1, n // limit)
+    pts: list[tuple[int, float, bool]] = []
+    for i in range(0, n, step):
+        e = pt.end[i]
+        fl = e != e
+        pts.append((pt.gather_size[i], max(0.0, ((now if fl else e) - pt.start[i]) * 1000.0), fl))
+    for i, e in enumerate(pt.end):  # never thin away an in-flight fetch
+        if e != e and i % step:
+            pts.append((pt.gather_size[i], max(0.0, (now - pt.start[i]) * 1000.0), True))
+    return pts
+
+
+# ---- stacks ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Seg:
+    start: float
+    end: float
+    state: str
+    frame: str | None
+    samples: int
+
+
+def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
+    return ROWFETCH_FUNCS | {g.target.rsplit(".", 1)[-1] for g in bundle.probes.groups}
+
+
+def _rank_samples(samples: Iterable[StackSample]) -> dict[int, list[StackSample]]:
+    out: dict[int, list[StackSample]] = defaultdict(list)
+    for s in samples:
+        if s.rank is not None:
+            out[s.rank].append(s)
+    for v in out.values():
+        v.sort(key=lambda s: s.t)
+    return out
+
+
+def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[str, Any]]:
+    """Per rank, consecutive samples in the same state on the same frame merged into segments."""
+    out = []
+    for rank, samples in sorted(_rank_samples(bundle.stacks).items()):
+        segs: list[_Seg] = []
+        cache: dict[int, RankState] = {}
+        for i, s in enumerate(samples):
+            th = s.main_thread()
+            key = id(th)
+            st = cache.get(key)
+            if st is None:
+                st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
+                if th is not None:
+                    cache[key] = st
+            nxt = samples[i + 1].t if i + 1 < len(samples) else max(s.t, trig if trig >= s.t else s.t)
+            if segs and segs[-1].state == st.state and segs[-1].frame == st.frame:
+                segs[-1].end = nxt
+                segs[-1].samples += 1
+            else:
+                segs.append(_Seg(s.t, nxt, st.state, st.frame, 1))
+        last = samples[-1]
+        out.append({"rank": rank, "node": last.node, "pid": last.pid, "title": last.title,
+                    "segments": [{"start_s": _r(g.start - trig), "end_s": _r(g.end - trig), "state": g.state,
+                                  "frame": g.frame, "samples": g.samples} for g in segs]})
+    return out
+
+
+def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[str, Any]]:
+    """Threads whose stack did not change over their last samples, longest first.
+
+    Only a main thread or an active thread counts, and not one parked idle (an event loop in select,
+    a helper in a condition wait): those are "unchanged" forever and say nothing about the hang.
+    """
+    by_thread: dict[tuple[int, int, int], list[tuple[float, ThreadStack, StackSample]]] = defaultdict(list)
+    for s in bundle.stacks:
+        main = s.main_thread()
+        for th in s.threads:
+            if th is main or th.active:
+                by_thread[(s.node, s.pid, th.thread_id)].append((s.t, th, s))
+    out: list[tuple[tuple[float, int, int, int], dict[str, Any]]] = []
+    for (node, pid, tid), rows in by_thread.items():
+        rows.sort(key=lambda r: r[0])
+        last_t, last_th, last_s = rows[-1]
+        sig = last_th.signature()
+        n = 1
+        first_t = last_t
+        for t, th, _s in reversed(rows[:-1]):
+            if th is not last_th and th.signature() != sig:
+                break
+            n += 1
+            first_t = t
+        if n < STUCK_MIN_SAMPLES:
+            continue
+        st = classify_thread(last_th, funcs)
+        if st.state == "idle":
+            continue
+        key = (first_t - last_t, last_s.rank if last_s.rank is not None else 1 << 30, pid, tid)
+        out.append((key, {"rank": last_s.rank, "node": node, "pid": pid, "title": last_s.title, "thread_id": tid,
+                          "thread": last_th.name, "state": st.state, "frame": st.frame,
+                          "since_s": _r(first_t - trig), "duration_s": _r(last_t - first_t), "samples": n}))
+    out.sort(key=lambda kv: kv[0])
+    return [d for _, d in out[:MAX_STUCK]]
+
+
+def divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str, Any]:
+    """Each rank's state at the trigger: who waits in a collective, who is elsewhere (the lagging ranks).
+
+    A rank whose process exited is "exited" (its frame is the last one seen), so a crash reads as the
+    survivors waiting for the dead rank rather than as a rank lagging in its last sampled frame.
+
+    The capture-time native stack is the freshest view of a rank; the last Python sample at or before
+    the trigger stands in where no native stack was captured.
+    """
+    latest: dict[int, tuple[StackSample, str]] = {}
+    for rank, samples in _rank_samples(bundle.stacks).items():
+        before = [s for s in samples if s.t <= trig + 1e-9] or samples
+        latest[rank] = (before[-1], "history")
+    for rank, samples in _rank_samples(bundle.native_stacks).items():
+        best = max(samples, key=lambda s: (s.native and not s.error, s.t))  # a native dump beats a Python one
+        latest[rank] = (best, "native" if best.native else "capture")
+    dead = {p.rank: p for p in bundle.processes if not p.alive and p.rank is not None}
+    ranks: list[dict[str, Any]] = []
+    for rank in sorted(latest.keys() | dead.keys()):
+        if rank not in latest:
+            p = dead[rank]
+            ranks.append({"rank": rank, "node": p.node, "pid": p.pid, "state": "exited", "frame": None,
+                          "source": "processes", "t_s": None})
+            continue
+        s, src = latest[rank]
+        st = RankState("error", None) if s.error and not s.threads else classify_thread(s.main_thread(), funcs)
+        if rank in dead:
+            st, src = RankState("exited", st.frame), f"{src}, then exited"
+        ranks.append({"rank": rank, "node": s.node, "pid": s.pid, "state": st.state, "frame": st.frame,
+                      "source": src, "t_s": _r(s.t - trig)})
+    waiting = [r["rank"] for r in ranks if r["state"] == "collective"]
+    elsewhere = [r["rank"] for r in ranks if r["state"] != "collective"]
+    lagging = elsewhere if waiting and elsewhere else []
+
+    def names(rs: list[int]) -> str:
+        return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+    exited = [r["rank"] for r in ranks if r["state"] == "exited"]
+    if lagging:
+        where = "; ".join(f"rank {r['rank']} {r['state']}" + (f" at {r['frame']}" if r["frame"] else "")
+                          for r in ranks if r["rank"] in lagging)
+        summary = f"{names(waiting)} wait in a collective; lagging: {where}"
+        if exited:
+            summary += f" ({names(exited)} exited: the survivors wait for a peer that is gone)"
+    elif waiting:
+        summary = "every rank waits in a collective: a mismatched or lost collective, not a lagging rank"
+    elif ranks:
+        summary = "no rank waits in a collective"
+    else:
+        summary = "no stack samples in the bundle"
+    return {"ranks": ranks, "waiting": waiting, "elsewhere": elsewhere, "lagging": lagging, "summary": summary}
+
+
+# ---- metrics and requests ----------------------------------------------------------------------
+
+
+def _series(points: Sequence[MetricsPoint], name: str) -> list[tuple[float, float]]:
+    return [(p.t, p.values[name]) for p in points if name in p.values]
+
+
+def activity(bundle: Bundle, trig: float) -> dict[str, Any]:
+    """What the seat was doing in the minute before the trigger, from /metrics and the request shapes."""
+    pts = sorted((p for p in bundle.metrics if p.t <= trig + 1e-9), key=lambda p: p.t)
+    window = [p for p in pts if p.t >= trig - ACTIVITY_WINDOW_S]
+    out: dict[str, Any] = {"window_s": ACTIVITY_WINDOW_S, "metrics_points": len(window)}
+
+    def last(name: str) -> float | None:
+        s = _series(window, name)
+        return _r(s[-1][1]) if s else None
+
+    def peak(name: str) -> float | None:
+        s = _series(window, name)
+        return _r(max(v for _, v in s)) if s else None
+
+    out["running_reqs_last"] = last("sglang:num_running_reqs")
+    out["running_reqs_max"] = peak("sglang:num_running_reqs")
+    out["queue_reqs_last"] = last("sglang:num_queue_reqs")
+    out["token_usage_last"] = last("sglang:token_usage")
+    acc = _series(window, "sglang:spec_accept_length")
+    out["spec_accept_length_mean"] = _r(sum(v for _, v in acc) / len(acc)) if acc else None
+    out["spec_accept_length_last"] = _r(acc[-1][1]) if acc else None
+    gen = _series(pts, "sglang:generation_tokens_total")
+    rates = throughput_series(pts)
+    win_rates = [r for t, r in rates if t >= trig - ACTIVITY_WINDOW_S]
+    out["throughput_tok_s_mean"] = (_r(sum(win_rates) / len(win_rates), 1) if win_rates
+                                    else last("sglang:gen_throughput"))
+    out["throughput_tok_s_last"] = _r(win_rates[-1], 1) if win_rates else None
+    last_progress = None
+    for (_t0, v0), (t1, v1) in itertools.pairwise(gen):
+        if v1 > v0:
+            last_progress = t1
+    out["last_token_progress_s"] = None if last_progress is None else _r(last_progress - trig)
+    reqs = [r for r in bundle.requests if r.t <= trig + 1e-9]
+    open_at = [r for r in reqs if r.finished is None or r.finished > trig]
+    toks = sorted(r.prompt_tokens for r in reqs)
+    out["requests"] = {
+        "recorded": len(bundle.requests),
+        "before_trigger": len(reqs),
+        "open_at_trigger": len(open_at),
+        "prompt_tokens_p50": int(_pct(toks, 0.5)) if toks else None,
+        "prompt_tokens_max": toks[-1] if toks else None,
+        "prefix_groups": len({r.prefix_group for r in reqs}),
+        "redacted": all(r.prompt is None for r in reqs),
+    }
+    return out
+
+
+def throughput_series(points: Sequence[MetricsPoint]) -> list[tuple[float, float]]:
+    """Generated tokens per second between successive scrapes (counter resets clamp to 0)."""
+    gen = _series(sorted(points, key=lambda p: p.t), "sglang:generation_tokens_total")
+    out = []
+    for (t0, v0), (t1, v1) in itertools.pairwise(gen):
+        if t1 > t0:
+            out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))
+    if not out:
+        out = _series(points, "sglang:gen_throughput")
+    return out
+
+
+@dataclass(slots=True)
+class Analysis:
+    """Everything ``replay`` derives from a bundle (the report is its JSON)."""
+
+    trigger_t: float
+    divergence: dict[str, Any]
+    stuck: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    rowfetch: dict[str, Any]
+    activity: dict[str, Any]
+    exited: list[dict[str, Any]]
+    log_tail: dict[str, list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _stall_threshold(bundle: Bundle) -> float:
+    v = bundle.manifest.thresholds.get("rowfetch_inflight_s")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 3.0
+
+
+def analyse(bundle: Bundle) -> Analysis:
+    """Run every analysis over a loaded bundle."""
+    trig = bundle.manifest.trigger_t
+    funcs = _rowfetch_funcs(bundle)
+    notes = []
+    m = bundle.manifest.files
+    for name, what in (("stacks.jsonl", "no stack history: timeline and stuck threads are empty"),
+                       ("native_stacks.jsonl", "no capture-time native stacks: divergence uses the history"),
+                       ("probe.jsonl", "no probe records: no row-fetch latency"),
+                       ("metrics.jsonl", "no metrics history: no throughput before the trigger")):
+        if name not in m:
+            notes.append(f"{name} missing: {what}")
+    exited = [{"rank": p.rank, "node": p.node, "pid": p.pid, "title": p.title, "exit_code": p.exit_code}
+              for p in bundle.processes if not p.alive]
+    exited.sort(key=lambda d: (d["node"], d["pid"]))
+    tail: dict[str, list[str]] = {}
+    by_node: dict[int, list[str]] = defaultdict(list)
+    for ln in sorted(bundle.logs, key=lambda x: x.t):
+        by_node[ln.node].append(ln.text)
+    for node, text in bundle.log_text.items():
+        if node not in by_node:
+            by_node[node] = text.splitlines()
+    for node in sorted(by_node):
+        tail[str(node)] = [line[:500] for line in by_node[node][-20:]]
+    return Analysis(
+        trigger_t=trig,
+        divergence=divergence(bundle, trig, funcs),
+        stuck=stuck_threads(bundle, trig, funcs),
+        timeline=timeline(bundle, trig, funcs),
+        rowfetch=rowfetch_buckets(bundle, trig, stall_s=_stall_threshold(bundle)),
+        activity=activity(bundle, trig),
+        exited=exited,
+        log_tail=tail,
+        notes=notes,
+    )

@@ -1,0 +1,40 @@
+"""Re-running the live watchdog's detectors over a loaded bundle.
+
+The live sidecar and ``replay`` must reach the same verdict from the same records (DESIGN section 3),
+so replay does not judge a hang itself: it rebuilds the observation the capture judged (the bundle holds
+exactly the records the capture merged) and calls the watchdog's own ``detect()`` with the thresholds and
+the evaluation time the manifest recorded. This module is the one place that knows that mapping.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from sgl_seat.forensics.bundle import Bundle
+from sgl_seat.watchdog.detect import Observation, detect, thresholds_from
+from sgl_seat.watchdog.records import Verdict
+
+__all__ = ["observation_of", "rerun_detectors"]
+
+
+def observation_of(bundle: Bundle) -> Observation:
+    """What the detectors saw at capture: the Python stack history (not the capture-time dumps), every probe
+    record, the metrics, the log lines, the processes and the rank -> node map."""
+    b, m = bundle, bundle.manifest
+    return Observation.of(samples=b.stacks, probes=b.probes, metrics=b.metrics, logs=b.logs, processes=b.processes,
+                          rank_nodes=m.rank_nodes)
+
+
+def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
+    """(replayed verdict, None), or (None, why there is none) when the detectors find nothing or cannot run."""
+    m = bundle.manifest
+    now = m.verdict.t if m.verdict is not None else m.trigger_t
+    try:
+        thresholds = thresholds_from(m.thresholds)
+    except ValidationError as exc:
+        return None, f"the manifest's thresholds are not valid watchdog thresholds ({exc.error_count()} errors)"
+    v = detect(observation_of(bundle), thresholds, now)
+    if v is None:
+        return None, "the detectors find no hang in these records (the capture was manual or its trigger came " \
+                     "from outside them)"
+    return v, None

@@ -1,0 +1,111 @@
+"""``replay``: verify and load a bundle, re-run the detectors, analyse, and hold the result for the reports.
+
+:func:`replay_bundle` is the one library call behind ``sgl-seat replay``; the renderers (terminal, JSON,
+HTML, speedscope, Chrome trace) all take its :class:`ReplayResult`, so every output says the same thing.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sgl_seat import __version__
+from sgl_seat.forensics.analysis import Analysis, analyse
+from sgl_seat.forensics.archive import is_archive, unpack_bundle
+from sgl_seat.forensics.bundle import Bundle, read_bundle
+from sgl_seat.forensics.redetect import rerun_detectors
+from sgl_seat.watchdog.records import Verdict
+
+__all__ = ["REPORT_SCHEMA_VERSION", "ReplayResult", "load_any", "replay_bundle"]
+
+#: Version of the ``replay --json`` document.
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """A replayed bundle: the records, the recorded and replayed verdicts, and the analysis."""
+
+    source: Path
+    bundle: Bundle
+    analysis: Analysis
+    recorded: Verdict | None
+    replayed: Verdict | None
+    detector_note: str | None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The replayed verdict where the detectors ran, else the recorded one."""
+        return self.replayed if self.replayed is not None else self.recorded
+
+    @property
+    def verdict_matches(self) -> bool | None:
+        """Whether the replayed verdict names the same kind, rank, node and frame as the live one."""
+        if self.replayed is None or self.recorded is None:
+            return None
+        a, b = self.replayed, self.recorded
+        return (a.kind, a.rank, a.node, a.frame) == (b.kind, b.rank, b.node, b.frame)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``replay --json`` document (times relative to the trigger, in seconds)."""
+        m = self.bundle.manifest
+        trig = self.analysis.trigger_t
+
+        def vj(v: Verdict | None) -> dict[str, Any] | None:
+            if v is None:
+                return None
+            return {"kind": v.kind.value, "rank": v.rank, "node": v.node, "frame": v.frame,
+                    "t_s": round(v.t - trig, 3), "evidence": list(v.evidence), "waiting_ranks": list(v.waiting_ranks)}
+
+        a = self.analysis
+        return {
+            "report_schema_version": REPORT_SCHEMA_VERSION,
+            "bundle": {
+                "id": m.bundle_id,
+                "seat": m.seat,
+                "created": m.created,
+                "trigger": m.trigger,
+                "nodes": list(m.nodes),
+                "ranks": list(m.ranks),
+                "time_range_s": [round(m.time_start - trig, 3), round(m.time_end - trig, 3)],
+                "versions": m.versions,
+                "files": len(m.files),
+                "size_bytes": m.total_size,
+                "redaction": m.redaction,
+            },
+            "verdict": vj(self.verdict),
+            "verdict_source": "replayed" if self.replayed is not None else "recorded",
+            "recorded_verdict": vj(self.recorded),
+            "verdict_matches": self.verdict_matches,
+            "detector_note": self.detector_note,
+            "divergence": a.divergence,
+            "stuck": a.stuck,
+            "rowfetch": a.rowfetch,
+            "activity": a.activity,
+            "exited": a.exited,
+            "log_tail": a.log_tail,
+            "timeline": a.timeline,
+            "notes": a.notes,
+            "tool": f"sgl-seat {__version__}",
+        }
+
+
+def load_any(path: Path) -> Bundle:
+    """Read a bundle directory, or a ``.tar.zst`` (unpacked safely into a temporary directory first)."""
+    path = Path(path)
+    if is_archive(path):
+        with tempfile.TemporaryDirectory(prefix="sgl-seat-replay-") as tmp:
+            inner = unpack_bundle(path, Path(tmp))
+            b = read_bundle(inner)
+        return Bundle(**{**{f: getattr(b, f) for f in b.__dataclass_fields__}, "path": path})
+    return read_bundle(path)
+
+
+def replay_bundle(path: Path) -> ReplayResult:
+    """Verify, load, re-detect and analyse one bundle (directory or .tar.zst)."""
+    bundle = load_any(Path(path))
+    replayed, note = rerun_detectors(bundle)
+    return ReplayResult(source=Path(path), bundle=bundle, analysis=analyse(bundle),
+                        recorded=bundle.manifest.verdict, replayed=replayed, detector_note=note)
