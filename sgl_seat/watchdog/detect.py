@@ -1,0 +1,553 @@
+"""Hang detectors: pure functions from recorded observations to one :class:`Verdict`.
+
+The live sidecar and offline ``replay`` call the same :func:`detect` on the same record types, so a
+replayed bundle reproduces the live verdict. Nothing here touches Ray, psutil, files or the clock:
+``now`` is an argument, and every record later than ``now`` is ignored (a fetch that ended after
+``now`` counts as in flight at ``now``), so ``detect(obs, thresholds, now)`` is a function of its inputs.
+
+Detectors, in priority order when several fire (the first is the verdict; the others are kept in
+the evidence):
+
+1. **process exited**: an engine process seen earlier is gone. Definitive, and it explains every
+   other symptom (ranks waiting on a peer that died, no tokens).
+2. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``. It names the
+   culprit rank directly, the moment the fetch is late, while its peers only look stuck.
+3. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
+   samples while requests run and nothing progresses. Ranks stuck in a collective are victims, so the
+   rank that is *not* in a collective is named; the frame is where it sits.
+4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
+   ``--watchdog-timeout``, but definitive when nothing above fired).
+5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
+   run. The weakest signal (it says *that*, not *where*), so it comes last; its rank is attributed
+   from stacks and probe records when they allow.
+
+"Requests run" comes from ``sglang:num_running_reqs``; where no metrics were recorded, the stack
+detector accepts probe activity just before the window instead (the engine was busy when it froze).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl_seat.spec import WatchdogSpec
+from sgl_seat.watchdog.records import (
+    EngineProcess,
+    Frame,
+    LogLine,
+    MetricsPoint,
+    ProbeRecord,
+    StackSample,
+    ThreadStack,
+    Verdict,
+    VerdictKind,
+)
+
+RUNNING = "sglang:num_running_reqs"
+#: Counters (and slowly moving gauges) whose change means the engine made progress. SGLang bumps
+#: ``generation_tokens_total`` when a request finishes, so with few long requests it can stay flat
+#: while decode runs; ``num_used_tokens`` (KV in use) moves every decode step the scheduler reports.
+PROGRESS_METRICS: tuple[str, ...] = (
+    "sglang:generation_tokens_total",
+    "sglang:num_used_tokens",
+    "sglang:decode_sum_seq_lens",
+    "sglang:forward_execution_seconds_total",
+    "sglang:cuda_graph_passes_total",
+)
+WATCHDOG_LINE = "Scheduler watchdog timeout"
+_LOG_RANK = re.compile(r"\bTP(\d+)\b")
+
+#: Frame names (last dotted part) of collectives and device syncs: a rank whose stack is in one is
+#: waiting for its peers.
+_COLLECTIVE = re.compile(
+    r"^(all_reduce\w*|allreduce\w*|all_gather\w*|allgather\w*|reduce_scatter\w*|broadcast\w*|barrier|"
+    r"monitored_barrier|all_to_all\w*|alltoall\w*|gather|scatter|reduce|wait|synchronize|recv|irecv|send|isend|"
+    r"tensor_model_parallel_all_reduce|inplace_all_reduce)$"
+)
+_NATIVE_COLLECTIVE = re.compile(r"nccl|cuCtxSynchronize|cudaDeviceSynchronize|cudaStreamSynchronize|"
+                                r"cudaEventSynchronize|gloo", re.I)
+#: Generic synchronisation in the standard library: a ``wait`` there is not a collective.
+_STDLIB_SYNC = re.compile(r"(^|/)(threading|queue|selectors|subprocess|socket|ssl)\.py$|/asyncio/|"
+                          r"/concurrent/futures/|/multiprocessing/")
+_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<frozen ")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the detectors look at, for one node or (at capture and in replay) the whole seat.
+
+    ``rank_nodes`` maps each scheduler rank to its node (from the plan's topology); records carry
+    their own node too, the map fills the gaps (e.g. a rank known only from a probe record).
+    """
+
+    samples: tuple[StackSample, ...] = ()
+    probes: tuple[ProbeRecord, ...] = ()
+    metrics: tuple[MetricsPoint, ...] = ()
+    logs: tuple[LogLine, ...] = ()
+    processes: tuple[EngineProcess, ...] = ()
+    rank_nodes: Mapping[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] = (),
+           metrics: Iterable[MetricsPoint] = (), logs: Iterable[LogLine] = (),
+           processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None) -> Observation:
+        """Build from any iterables, in a canonical order (so live and replay see the same sequence)."""
+        return cls(
+            samples=tuple(sorted(samples, key=lambda s: (s.t, s.node, s.pid, s.native))),
+            probes=tuple(sorted(probes, key=lambda p: (p.start, p.node, p.pid, p.seq))),
+            metrics=tuple(sorted(metrics, key=lambda m: (m.t, m.node))),
+            logs=tuple(logs),
+            processes=tuple(sorted(processes, key=lambda p: (p.node, p.pid))),
+            rank_nodes=dict(rank_nodes or {}),
+        )
+
+    def merged(self, other: Observation) -> Observation:
+        return Observation.of(
+            samples=(*self.samples, *other.samples), probes=(*self.probes, *other.probes),
+            metrics=(*self.metrics, *other.metrics), logs=(*self.logs, *other.logs),
+            processes=(*self.processes, *other.processes), rank_nodes={**self.rank_nodes, **other.rank_nodes},
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Small pure helpers (also used by `watch` and reports)
+
+
+def python_frames(thread: ThreadStack | None) -> list[Frame]:
+    return [f for f in thread.frames if not f.native] if thread is not None else []
+
+
+def is_stdlib(frame: Frame) -> bool:
+    return bool(_STDLIB.search(frame.filename)) or frame.filename.startswith("<")
+
+
+def short_name(frame: Frame) -> str:
+    return frame.name.rsplit(".", 1)[-1]
+
+
+def collective_frame(thread: ThreadStack | None, *, depth: int = 8) -> Frame | None:
+    """The collective or device-sync frame a thread waits in, if any (innermost ``depth`` frames)."""
+    if thread is None:
+        return None
+    for f in thread.frames[:depth * 3]:
+        if f.native and _NATIVE_COLLECTIVE.search(f.name):
+            return f
+    for f in python_frames(thread)[:depth]:
+        if _STDLIB_SYNC.search(f.filename):
+            continue
+        if _COLLECTIVE.match(short_name(f)):
+            return f
+    return None
+
+
+def stuck_frame(thread: ThreadStack | None, targets: Sequence[str] = ()) -> Frame | None:
+    """The frame to name: a probe target's frame if the stack holds one, else the innermost frame of
+    engine code (not the standard library), else the innermost Python frame."""
+    frames = python_frames(thread)
+    if not frames:
+        return None
+    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
+    for f in frames:
+        if short_name(f) in names:
+            return f
+    for f in frames:
+        if not is_stdlib(f):
+            return f
+    return frames[0]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (deterministic; no interpolation)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.1f}s"
+
+
+def _py_samples(obs: Observation, now: float) -> list[StackSample]:
+    return [s for s in obs.samples if not s.native and s.t <= now]
+
+
+def _latest_by_pid(samples: Sequence[StackSample]) -> dict[int, StackSample]:
+    out: dict[int, StackSample] = {}
+    for s in samples:
+        if s.error is None and s.threads and (s.pid not in out or s.t >= out[s.pid].t):
+            out[s.pid] = s
+    return out
+
+
+def _node_of(obs: Observation, rank: int | None, fallback: int | None = None) -> int | None:
+    if rank is None:
+        return fallback
+    if rank in obs.rank_nodes:
+        return obs.rank_nodes[rank]
+    for p in obs.processes:
+        if p.rank == rank:
+            return p.node
+    for s in obs.samples:
+        if s.rank == rank:
+            return s.node
+    return fallback
+
+
+def _targets(obs: Observation) -> list[str]:
+    return sorted({p.target for p in obs.probes})
+
+
+def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None] = ()) -> tuple[int, ...]:
+    """Scheduler ranks whose latest stack is in a collective or device sync (victims of a lagging peer)."""
+    skip = set(exclude)
+    targets = _targets(obs)
+    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
+    out = set()
+    for s in _latest_by_pid(_py_samples(obs, now)).values():
+        if s.rank is None or s.rank in skip or not s.title.startswith("sglang::scheduler"):
+            continue
+        th = s.main_thread()
+        if any(short_name(f) in names for f in python_frames(th)):
+            continue  # inside a probed row fetch: the fetcher, not a waiter
+        if collective_frame(th) is not None:
+            out.add(s.rank)
+    return tuple(sorted(out))
+
+
+def _in_flight(p: ProbeRecord, now: float) -> bool:
+    return p.start <= now and (p.end is None or p.end > now)
+
+
+# --------------------------------------------------------------------------------------------------
+# Detectors: each returns a Verdict (without waiting_ranks; detect() fills them) or None.
+
+
+def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    gone = [p for p in obs.processes if not p.alive]
+    if not gone:
+        return None
+    # A scheduler rank is the likeliest culprit of a cascade; then the lowest rank; then the lowest pid.
+    gone.sort(key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
+    first = gone[0]
+    last: StackSample | None = None
+    for s in _py_samples(obs, now):
+        if s.pid == first.pid and s.error is None and s.threads:
+            last = s
+    frame = stuck_frame(last.main_thread(), _targets(obs)) if last else None
+    ev = [f"engine process {first.pid} ({first.title}) on node {first.node} is gone"
+          + (f" (exit code {first.exit_code})" if first.exit_code is not None else "")]
+    for p in gone[1:6]:
+        ev.append(f"also gone: {p.pid} ({p.title}) on node {p.node}")
+    if last is not None and frame is not None:
+        ev.append(f"last sampled at {frame.label}")
+    return Verdict(kind=VerdictKind.PROCESS_EXITED, rank=first.rank, node=first.node,
+                   frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+
+
+def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    late = [p for p in obs.probes if _in_flight(p, now) and now - p.start >= th.rowfetch_inflight_s]
+    if not late:
+        return None
+    late.sort(key=lambda p: (p.start, p.rank, p.pid, p.seq))
+    worst = late[0]
+    rank = worst.rank if worst.rank >= 0 else _rank_of_pid(obs, worst.pid)
+    node = worst.node if worst.node >= 0 else _node_of(obs, rank)
+    func = worst.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    frame_label = f"{func} ({worst.target})"
+    last = _latest_by_pid([s for s in _py_samples(obs, now) if s.pid == worst.pid]).get(worst.pid)
+    if last is not None:
+        for f in python_frames(last.main_thread()) + [f for t in last.threads for f in python_frames(t)]:
+            if short_name(f) == func:
+                frame_label = f.label
+                break
+    done = [p.duration(now) for p in obs.probes
+            if p.pid == worst.pid and p.end is not None and p.end <= now and p.target == worst.target]
+    ev = [f"{worst.target} in flight for {_fmt_s(now - worst.start)} on rank {rank} (pid {worst.pid}, "
+          f"thread {worst.thread}, gather size {worst.gather_size}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
+    if done:
+        ev.append(f"completed fetches of that rank: {len(done)}, p50 {percentile(done, 50) * 1e3:.2f} ms, "
+                  f"p99 {percentile(done, 99) * 1e3:.2f} ms")
+    others = sorted({p.rank for p in late[1:]} - {rank})
+    if others:
+        ev.append(f"also late: ranks {others}")
+    return Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=rank, node=node, frame=frame_label, t=now,
+                   evidence=tuple(ev))
+
+
+def _rank_of_pid(obs: Observation, pid: int) -> int | None:
+    for p in obs.processes:
+        if p.pid == pid:
+            return p.rank
+    for s in obs.samples:
+        if s.pid == pid:
+            return s.rank
+    return None
+
+
+def _progress_sig(m: MetricsPoint) -> tuple[float, ...]:
+    return tuple(m.values.get(k, math.nan) for k in PROGRESS_METRICS if k in m.values)
+
+
+def _metrics_upto(obs: Observation, now: float) -> list[MetricsPoint]:
+    pts = [m for m in obs.metrics if m.t <= now]
+    pts.sort(key=lambda m: (m.t, m.node))
+    return pts
+
+
+def _window_state(pts: Sequence[MetricsPoint], t0: float, t1: float) -> tuple[bool, bool] | None:
+    """(requests ran throughout, progress happened) over [t0, t1], from the points in it plus the one
+    just before; None if no point covers the window."""
+    before = [m for m in pts if m.t <= t0]
+    inside = [m for m in pts if t0 < m.t <= t1]
+    span = ([before[-1]] if before else []) + inside
+    if len(span) < 2 or not any(RUNNING in m.values for m in span):
+        return None
+    ran = all(m.values.get(RUNNING, 0.0) > 0 for m in span)
+    sigs = [_progress_sig(m) for m in span]
+    progressed = any(a != b for a, b in itertools.pairwise(sigs))
+    return ran, progressed
+
+
+def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    k = th.stack_unchanged_samples
+    period = 1.0 / th.sample_hz
+    pts = _metrics_upto(obs, now)
+    targets = _targets(obs)
+    by_pid: dict[int, list[StackSample]] = {}
+    for s in _py_samples(obs, now):
+        if s.rank is not None and s.title.startswith("sglang::scheduler"):
+            by_pid.setdefault(s.pid, []).append(s)
+    cands: list[tuple[float, int, StackSample, int]] = []  # (window start, rank, latest sample, pid)
+    for pid, ss in by_pid.items():
+        ok = [s for s in ss if s.error is None and s.main_thread() is not None]
+        if len(ok) < k:
+            continue
+        last_k = ok[-k:]
+        sigs = {s.main_thread().signature() for s in last_k}  # type: ignore[union-attr]
+        if len(sigs) != 1 or not next(iter(sigs)):
+            continue
+        t0, t1 = last_k[0].t, last_k[-1].t
+        # Fresh (the last sample is recent) and spread out (not a burst of dumps at one instant).
+        if now - t1 > max(3.0 * period, 5.0) or t1 - t0 < 0.5 * (k - 1) * period:
+            continue
+        state = _window_state(pts, t0, t1)
+        if state is not None:
+            ran, progressed = state
+            if not ran or progressed:
+                continue
+        else:
+            # No metrics: accept only if the node's probes were busy just before the window and quiet in it.
+            node = last_k[-1].node
+            probes = [p for p in obs.probes if p.node == node or p.pid in by_pid]
+            busy_before = any(p.end is not None and t0 - 2.0 * period - 2.0 <= p.end <= t0 for p in probes)
+            quiet = not any(p.end is not None and t0 < p.end <= t1 for p in probes)
+            if not (busy_before and quiet):
+                continue
+        rank = last_k[-1].rank
+        assert rank is not None
+        cands.append((t0, rank, last_k[-1], pid))
+    if not cands:
+        return None
+    waiting = {c[1] for c in cands if collective_frame(c[2].main_thread()) is not None
+               and not any(short_name(f) in {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
+                           for f in python_frames(c[2].main_thread()))}
+    lagging = [c for c in cands if c[1] not in waiting]
+    pick = sorted(lagging or cands, key=lambda c: (c[0], c[1]))[0]
+    t0, rank, sample, _pid = pick
+    thread = sample.main_thread()
+    frame = stuck_frame(thread, targets)
+    ev = [f"rank {rank} main-thread stack unchanged for {k} samples over {_fmt_s(sample.t - t0)}"
+          + (f" at {frame.label}" if frame else "")]
+    if not lagging:
+        ev.append(f"every unchanged rank on record ({sorted(c[1] for c in cands)}) waits in a collective; "
+                  "the lagging rank was not sampled")
+        return Verdict(kind=VerdictKind.STACK_UNCHANGED, rank=None, node=None,
+                       frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+    return Verdict(kind=VerdictKind.STACK_UNCHANGED, rank=rank, node=sample.node,
+                   frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+
+
+def detect_engine_watchdog(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    hits = [ln for ln in obs.logs if ln.t <= now and WATCHDOG_LINE in ln.text]
+    if not hits:
+        return None
+    first = hits[0]
+    m = _LOG_RANK.search(first.text)
+    rank = int(m.group(1)) if m else None
+    node = first.node if rank is None else _node_of(obs, rank, first.node)
+    frame = None
+    if rank is not None:
+        latest = [s for s in _py_samples(obs, now) if s.rank == rank and s.error is None and s.threads]
+        if latest:
+            f = stuck_frame(latest[-1].main_thread(), _targets(obs))
+            frame = f.label if f else None
+    ev = [f"node {first.node} log: {first.text.strip()[:300]}"]
+    return Verdict(kind=VerdictKind.ENGINE_WATCHDOG, rank=rank, node=node, frame=frame, t=now, evidence=tuple(ev))
+
+
+def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    pts = _metrics_upto(obs, now)
+    if len(pts) < 2:
+        return None
+    last = pts[-1]
+    if now - last.t > max(th.no_progress_s, 3.0):
+        return None  # metrics went stale: nothing to say from them
+    sig = _progress_sig(last)
+    if not sig:
+        return None
+    flat_since = last.t
+    for m in reversed(pts[:-1]):
+        if _progress_sig(m) != sig:
+            break
+        flat_since = m.t
+    span = [m for m in pts if m.t >= flat_since]
+    if last.t - flat_since < th.no_progress_s or not all(m.values.get(RUNNING, 0.0) > 0 for m in span):
+        return None
+    rank, node, frame, why = _attribute(obs, now)
+    ev = [f"no token progress for {_fmt_s(last.t - flat_since)} while {int(last.get(RUNNING))} requests run "
+          f"(threshold {_fmt_s(th.no_progress_s)})"]
+    if why:
+        ev.append(why)
+    return Verdict(kind=VerdictKind.NO_PROGRESS, rank=rank, node=node, frame=frame, t=now, evidence=tuple(ev))
+
+
+def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, str | None, str | None]:
+    """Who lags, for a verdict that does not say: the oldest in-flight probe, else the one scheduler
+    whose latest stack is not in a collective while the others are."""
+    infl = sorted((p for p in obs.probes if _in_flight(p, now)), key=lambda p: (p.start, p.rank, p.pid))
+    targets = _targets(obs)
+    if infl:
+        p = infl[0]
+        rank = p.rank if p.rank >= 0 else _rank_of_pid(obs, p.pid)
+        return (rank, _node_of(obs, rank, p.node if p.node >= 0 else None),
+                f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
+                f"rank {rank} has a row fetch in flight for {_fmt_s(now - p.start)}")
+    latest = [s for s in _latest_by_pid(_py_samples(obs, now)).values()
+              if s.rank is not None and s.title.startswith("sglang::scheduler")]
+    free = [s for s in latest if collective_frame(s.main_thread()) is None]
+    if latest and len(free) == 1 and len(latest) > 1:
+        s = free[0]
+        f = stuck_frame(s.main_thread(), targets)
+        return (s.rank, s.node, f.label if f else None,
+                f"rank {s.rank} is the only scheduler not waiting in a collective")
+    return None, None, None, None
+
+
+DETECTORS = (
+    detect_process_exited,
+    detect_rowfetch_stall,
+    detect_stack_unchanged,
+    detect_engine_watchdog,
+    detect_no_progress,
+)
+
+
+def detect_all(obs: Observation, thresholds: WatchdogSpec, now: float) -> list[Verdict]:
+    """Every detector that fires, in priority order (without waiting ranks)."""
+    out = []
+    for det in DETECTORS:
+        v = det(obs, thresholds, now)
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def detect(obs: Observation, thresholds: WatchdogSpec, now: float) -> Verdict | None:
+    """The highest-priority finding, with the ranks waiting in a collective; None when all is well.
+
+    Replay: ``detect(Observation.of(samples=b.stacks, probes=b.probes, metrics=b.metrics, logs=b.logs,
+    processes=b.processes, rank_nodes=m.rank_nodes), WatchdogSpec.model_validate(m.thresholds), m.verdict.t)``.
+    """
+    found = detect_all(obs, thresholds, now)
+    if not found:
+        return None
+    top = found[0]
+    ev = list(top.evidence)
+    for v in found[1:]:
+        ev.append(f"also: {v.kind.value}" + (f" (rank {v.rank})" if v.rank is not None else "")
+                  + (f": {v.evidence[0]}" if v.evidence else ""))
+    return Verdict(kind=top.kind, rank=top.rank, node=top.node, frame=top.frame, t=now, evidence=tuple(ev),
+                   waiting_ranks=waiting_ranks(obs, now, exclude=(top.rank,)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-rank summaries for `watch` (pure too)
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    rank: int
+    node: int | None
+    pid: int | None
+    state: str
+    frame: str | None
+    fetch_p50_ms: float | None
+    fetch_p99_ms: float | None
+    inflight_age_s: float | None
+    fetches: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "pid": self.pid, "state": self.state, "frame": self.frame,
+                "rowfetch_p50_ms": self.fetch_p50_ms, "rowfetch_p99_ms": self.fetch_p99_ms,
+                "inflight_age_s": self.inflight_age_s, "fetches": self.fetches}
+
+
+def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[RankView]:
+    """State per scheduler rank: running / waiting (collective) / fetching / exited / unknown."""
+    latest = {s.rank: s for s in _latest_by_pid(_py_samples(obs, now)).values()
+              if s.rank is not None and s.title.startswith("sglang::scheduler")}
+    procs = {p.rank: p for p in obs.processes if p.rank is not None and p.title.startswith("sglang::scheduler")}
+    ranks = sorted(set(latest) | set(procs) | {p.rank for p in obs.probes if p.rank >= 0} | set(obs.rank_nodes))
+    targets = _targets(obs)
+    out = []
+    for r in ranks:
+        s = latest.get(r)
+        proc = procs.get(r)
+        mine = [p for p in obs.probes if p.rank == r and p.start <= now]
+        done = [p.duration(now) for p in mine if p.end is not None and p.end <= now and p.end >= now - window_s]
+        infl = [now - p.start for p in mine if _in_flight(p, now)]
+        thread = s.main_thread() if s else None
+        if proc is not None and not proc.alive:
+            state = "exited"
+        elif infl and max(infl) >= 1.0:
+            state = "fetching"
+        elif s is None:
+            state = "unknown"
+        elif collective_frame(thread) is not None:
+            state = "collective"
+        else:
+            state = "running"
+        f = stuck_frame(thread, targets) if thread else None
+        out.append(RankView(
+            rank=r, node=_node_of(obs, r), pid=(s.pid if s else proc.pid if proc else None), state=state,
+            frame=f.label if f else None,
+            fetch_p50_ms=percentile(done, 50) * 1e3 if done else None,
+            fetch_p99_ms=percentile(done, 99) * 1e3 if done else None,
+            inflight_age_s=max(infl) if infl else None, fetches=len(done)))
+    return out
+
+
+def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, *, window_s: float = 10.0) -> float | None:
+    """Generation tokens per second over the last ``window_s`` of ``/metrics`` points."""
+    pts = [m for m in metrics if m.t <= now and "sglang:generation_tokens_total" in m.values]
+    pts.sort(key=lambda m: m.t)
+    if len(pts) < 2:
+        return None
+    last = pts[-1]
+    first = next((m for m in pts if m.t >= last.t - window_s), pts[0])
+    if last.t <= first.t:
+        return None
+    return (last.values["sglang:generation_tokens_total"] - first.values["sglang:generation_tokens_total"]) / (
+        last.t - first.t)
+
+
+def thresholds_from(doc: Mapping[str, Any] | None) -> WatchdogSpec:
+    """WatchdogSpec from a manifest's ``thresholds`` (unknown keys dropped; missing ones default)."""
+    known = set(WatchdogSpec.model_fields)
+    return WatchdogSpec.model_validate({k: v for k, v in (doc or {}).items() if k in known})
