@@ -1,0 +1,67 @@
+"""Where sgl-seat keeps its local state: ``$SGL_SEAT_HOME`` (default ``~/.sgl-seat``).
+
+Seat records (``seats/<name>.json``), local-cluster records (``clusters/<seat>.json``) and node logs
+(``logs/<seat>/node<r>.log``) live here. Writes go through a temporary file renamed into place so
+a reader never sees half a record, even when ``up`` is interrupted mid-write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HOME_ENV = "SGL_SEAT_HOME"
+
+
+def seat_home() -> Path:
+    """``$SGL_SEAT_HOME`` or ``~/.sgl-seat``; read on every call so tests can point it elsewhere."""
+    raw = os.environ.get(HOME_ENV)
+    return Path(raw).expanduser() if raw else Path.home() / ".sgl-seat"
+
+
+def seats_dir(home: Path | None = None) -> Path:
+    return (home or seat_home()) / "seats"
+
+
+def clusters_dir(home: Path | None = None) -> Path:
+    return (home or seat_home()) / "clusters"
+
+
+def logs_dir(seat: str, home: Path | None = None) -> Path:
+    return (home or seat_home()) / "logs" / seat
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Write JSON to ``path`` all at once (temp file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    with path.open(encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def host_id() -> str:
+    """Identity of this machine's running kernel (hostname + boot id).
+
+    Two processes with the same host id can see each other's files and pids: the driver uses it
+    to tell node agents on its own host to log under the driver's ``$SGL_SEAT_HOME``, and ``down``
+    uses it to re-check recorded pids with psutil.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        boot = "no-boot-id"
+    return f"{os.uname().nodename}/{boot}"

@@ -1,0 +1,185 @@
+"""The local seat record: ``$SGL_SEAT_HOME/seats/<name>.json``, a cache of what Ray knows.
+
+``up`` writes it as it goes (so an interrupted ``up`` or a crashed driver still leaves enough
+behind for ``down``), ``status`` reconciles it with Ray and the engines and writes it back, and
+``down`` removes it once it has verified that nothing of the seat remains. The record can drift
+from reality (a node can die while nobody looks); it is never the authority, only the address
+book and the last thing seen.
+
+Versions: schema 1 (first version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sgl_seat.errors import SeatStateError, UsageError
+from sgl_seat.launch.home import read_json, seats_dir, write_json_atomic
+from sgl_seat.launch.state import SeatState, parse_state, transition
+
+RECORD_SCHEMA_VERSION = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class RankRecord:
+    """One scheduler rank as last seen: found by its process title in the node's engine group."""
+
+    tp_rank: int
+    ep_rank: int
+    title: str
+    pid: int | None = None
+    alive: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeRecord:
+    """One node of the seat: its agent, its engine process group and its log."""
+
+    node_rank: int
+    agent: str
+    ip: str | None = None
+    node_id: str | None = None
+    host_id: str | None = None
+    agent_pid: int | None = None
+    python: str | None = None
+    gpu_ids: list[str] = field(default_factory=list)
+    log_path: str | None = None
+    engine_pid: int | None = None
+    pgid: int | None = None
+    alive: bool | None = None
+    returncode: int | None = None
+    pids: list[int] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankRecord] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeRecord:
+        ranks = [RankRecord(**r) for r in d.get("ranks", [])]
+        return cls(**{**d, "ranks": ranks})
+
+
+@dataclass(kw_only=True, slots=True)
+class SeatRecord:
+    """Everything needed to find, check and take down a seat from any process on this host."""
+
+    name: str
+    state: SeatState
+    engine: str
+    draft: bool
+    cluster_address: str
+    namespace: str
+    pg_name: str
+    reason: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    spec_source: str | None = None
+    gcs_address: str | None = None
+    local_cluster: bool = False
+    token_env: str | None = None
+    endpoint: str | None = None
+    plan: dict[str, Any] | None = None
+    nodes: list[NodeRecord] = field(default_factory=list)
+    kv_predicted: int | None = None
+    kv_actual: int | None = None
+    busy_pid: int | None = None
+    busy_host: str | None = None
+    no_watchdog: bool = False
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    schema_version: int = RECORD_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, path: str = "<record>") -> SeatRecord:
+        version = d.get("schema_version")
+        if version != RECORD_SCHEMA_VERSION:
+            raise SeatStateError(
+                f"{path}: seat record schema_version {version!r} is not {RECORD_SCHEMA_VERSION}",
+                fix="use the sgl-seat version that wrote it, or remove the file once the seat is down",
+            )
+        try:
+            nodes = [NodeRecord.from_dict(n) for n in d.get("nodes", [])]
+            return cls(**{**d, "state": parse_state(d["state"]), "nodes": nodes})
+        except (TypeError, KeyError) as exc:
+            raise SeatStateError(f"{path}: damaged seat record ({exc})",
+                                 fix="take the seat down by hand and remove the file") from None
+
+    def set_state(self, state: SeatState, reason: str | None = None) -> None:
+        """Change state along a documented transition (:data:`sgl_seat.launch.state.TRANSITIONS`)."""
+        self.state = transition(self.state, state)
+        if reason is not None:
+            self.reason = reason
+        self.updated_at = time.time()
+
+
+def record_path(name: str) -> Path:
+    return seats_dir() / f"{name}.json"
+
+
+def load_record(name: str) -> SeatRecord:
+    path = record_path(name)
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        raise SeatStateError(f"no seat named {name!r} is recorded in {seats_dir()}",
+                             fix=f"recorded seats: {list_names() or 'none'}; `sgl-seat up` starts one") from None
+    except (OSError, ValueError) as exc:
+        raise SeatStateError(f"{path}: unreadable seat record ({exc})", fix="remove the file") from None
+    if not isinstance(doc, dict):
+        raise SeatStateError(f"{path}: a seat record must be a JSON object", fix="remove the file")
+    return SeatRecord.from_dict(doc, path=str(path))
+
+
+def save_record(rec: SeatRecord) -> None:
+    rec.updated_at = time.time()
+    write_json_atomic(record_path(rec.name), rec.to_dict())
+
+
+def claim_record(rec: SeatRecord) -> None:
+    """Create the record only if none exists: two `up`s of one seat cannot both proceed."""
+    path = record_path(rec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        old = load_record(rec.name)
+        raise SeatStateError(
+            f"seat {rec.name!r} is already recorded as {old.state.value}"
+            + (f" at {old.endpoint}" if old.endpoint else "")
+            + "; a second `up` is refused",
+            fix=f"run `sgl-seat down {rec.name}` first (or `sgl-seat status {rec.name}` to see it)",
+        ) from None
+    os.close(fd)
+    save_record(rec)
+
+
+def remove_record(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        record_path(name).unlink()
+
+
+def list_names() -> list[str]:
+    d = seats_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
+
+
+def resolve_name(name: str | None) -> str:
+    """NAME if given, else the only recorded seat; anything else is a usage error listing them."""
+    if name:
+        return name
+    names = list_names()
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise UsageError(f"no seat is recorded in {seats_dir()}", fix="start one with `sgl-seat up`")
+    raise UsageError(f"several seats are recorded: {', '.join(names)}", fix="name one, e.g. `sgl-seat status NAME`")

@@ -1,0 +1,83 @@
+"""The seat's life cycle as one enum with its allowed transitions.
+
+::
+
+    (none) -> PLACING -> STARTING -> READY <-> DEGRADED
+                 |          |          |         |
+                 +----------+----------+---------+--> FAILED
+                 +----------+----------+---------+--> STOPPING -> STOPPED
+                                               FAILED --> STOPPING
+                                             STOPPING --> FAILED (a process survived `down`)
+
+- PLACING: the placement group is requested and node agents are being created.
+- STARTING: preflight passed on every node and engines are starting.
+- READY: every engine process on every node is alive and rank 0's ``/health_generate`` answers 200.
+  A rank >= 1 HTTP answer is never trusted (SGLang's dummy health server answers 200 regardless).
+- DEGRADED: every engine process is alive but rank 0's ``/health_generate`` does not answer 200
+  (for example a hung scheduler); it can go back to READY.
+- FAILED: an engine process or node agent is gone, or the cluster cannot be reached; sticky until
+  ``down``. The record keeps the reason and the log tail.
+- STOPPING / STOPPED: ``down`` is tearing down / has verified nothing remains (terminal).
+
+The local record of a seat is a cache of this state; ``status`` reconciles it with Ray.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from sgl_seat.errors import SeatStateError
+
+
+class SeatState(str, Enum):
+    """One seat's state; values are what records and ``status --json`` carry."""
+
+    PLACING = "PLACING"
+    STARTING = "STARTING"
+    READY = "READY"
+    DEGRADED = "DEGRADED"
+    FAILED = "FAILED"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+    def is_terminal(self) -> bool:
+        return self is SeatState.STOPPED
+
+    def is_up(self) -> bool:
+        """Serving or able to serve: what `up` refuses to start over."""
+        return self in (SeatState.READY, SeatState.DEGRADED)
+
+    def can_become(self, new: SeatState) -> bool:
+        return new is self or new in TRANSITIONS[self]
+
+
+TRANSITIONS: dict[SeatState, frozenset[SeatState]] = {
+    SeatState.PLACING: frozenset({SeatState.STARTING, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.STARTING: frozenset({SeatState.READY, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.READY: frozenset({SeatState.DEGRADED, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.FAILED: frozenset({SeatState.STOPPING}),
+    SeatState.STOPPING: frozenset({SeatState.STOPPED, SeatState.FAILED}),
+    SeatState.STOPPED: frozenset(),
+}
+
+
+def transition(old: SeatState, new: SeatState) -> SeatState:
+    """Return ``new`` if ``old -> new`` is allowed, else raise :class:`SeatStateError`."""
+    if not old.can_become(new):
+        raise SeatStateError(
+            f"a seat cannot go from {old.value} to {new.value}",
+            fix="run `sgl-seat status` to refresh the record, or `sgl-seat down` to start over",
+        )
+    return new
+
+
+def parse_state(raw: str) -> SeatState:
+    """A state read from a record; an unknown value is a damaged record, not a new state."""
+    try:
+        return SeatState(raw)
+    except ValueError:
+        raise SeatStateError(
+            f"unknown seat state {raw!r} in a seat record",
+            fix="the record was written by another sgl-seat version; run `sgl-seat down` with that version",
+        ) from None

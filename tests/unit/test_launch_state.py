@@ -1,0 +1,49 @@
+"""Seat states: the documented transitions hold and nothing else is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_seat.errors import SeatStateError
+from sgl_seat.launch.state import TRANSITIONS, SeatState, parse_state, transition
+
+
+def test_every_state_has_a_transition_row() -> None:
+    """GIVEN the enum WHEN the table is read THEN every state is covered (no silent dead ends)."""
+    assert set(TRANSITIONS) == set(SeatState)
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (SeatState.PLACING, SeatState.STARTING),
+    (SeatState.STARTING, SeatState.READY),
+    (SeatState.READY, SeatState.DEGRADED),
+    (SeatState.DEGRADED, SeatState.READY),
+    (SeatState.READY, SeatState.FAILED),
+    (SeatState.FAILED, SeatState.STOPPING),
+    (SeatState.STOPPING, SeatState.STOPPED),
+    (SeatState.STOPPING, SeatState.FAILED),
+])
+def test_documented_transitions_are_allowed(old: SeatState, new: SeatState) -> None:
+    assert transition(old, new) is new
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (SeatState.FAILED, SeatState.READY),      # FAILED is sticky until down
+    (SeatState.STOPPED, SeatState.PLACING),   # terminal
+    (SeatState.PLACING, SeatState.READY),     # no skipping preflight
+    (SeatState.READY, SeatState.STARTING),
+])
+def test_other_transitions_are_refused(old: SeatState, new: SeatState) -> None:
+    with pytest.raises(SeatStateError, match=f"from {old.value} to {new.value}"):
+        transition(old, new)
+
+
+def test_only_stopped_is_terminal_and_up_means_serving() -> None:
+    assert [s for s in SeatState if s.is_terminal()] == [SeatState.STOPPED]
+    assert {s for s in SeatState if s.is_up()} == {SeatState.READY, SeatState.DEGRADED}
+
+
+def test_unknown_state_in_a_record_is_an_error_not_a_new_state() -> None:
+    assert parse_state("READY") is SeatState.READY
+    with pytest.raises(SeatStateError, match="unknown seat state"):
+        parse_state("WARMING")
