@@ -18,6 +18,7 @@ from sgl_seat.capacity import CapacityReport, plan_capacity, refuse_if_unbootabl
 from sgl_seat.errors import PlanError
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
+from sgl_seat.watchdog.targets import SIM_FAMILY, family_targets
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -27,6 +28,10 @@ SIM_ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
 SIM_ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"
 SIM_ENV_FAULTS = "SGL_SEAT_SIM_FAULTS"
 SEAT_ENV_NAME = "SGL_SEAT_NAME"
+# The watchdog probe (sgl_seat.watchdog.probe): targets, ring directory, and for engines without a hook of
+# ours (real SGLang) the directory of its sitecustomize loader, first on PYTHONPATH.
+PROBE_ENV_TARGETS = "SGL_SEAT_PROBE"
+PROBE_ENV_DIR = "SGL_SEAT_PROBE_DIR"
 
 
 class Placeholder(str, Enum):
@@ -34,6 +39,7 @@ class Placeholder(str, Enum):
 
     NODE0_ADDR = "${node0_addr}"
     AGENT_PYTHON = "${agent_python}"
+    WATCHDOG_BOOT = "${watchdog_boot}"
 
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "sgl_seat.sim.launch_server"}
@@ -228,6 +234,26 @@ def _check_draft_family(spec: SeatSpec, cap: CapacityReport | None) -> None:
                         **spec_location(spec, "draft.topk"))
 
 
+def probe_dir(seat: str, node_rank: int) -> str:
+    """Where one node's probe rings live (shared memory; one directory per seat and node)."""
+    # A fixed path in a shared directory: the probe refuses a directory it does not own or that others can
+    # write, and creates its ring files with O_EXCL | O_NOFOLLOW, so a planted link cannot redirect them.
+    return f"/dev/shm/sgl-seat-{seat}/node{node_rank}"  # noqa: S108
+
+
+def _probe_env(spec: SeatSpec, cap: CapacityReport | None, node_rank: int, env: dict[str, str]) -> None:
+    """Add the watchdog probe's environment for one node (nothing when the family has no targets)."""
+    family = SIM_FAMILY if spec.engine == "sim" else (cap.model if cap is not None else None)
+    targets = family_targets(family) if family else ()
+    if not spec.watchdog.enabled or not targets:
+        return
+    env[PROBE_ENV_TARGETS] = ",".join(targets)
+    env[PROBE_ENV_DIR] = probe_dir(spec.name, node_rank)
+    if spec.engine == "sglang":
+        boot = Placeholder.WATCHDOG_BOOT.value
+        env["PYTHONPATH"] = f"{boot}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else boot
+
+
 def build_plan(
     spec: SeatSpec,
     *,
@@ -270,6 +296,7 @@ def build_plan(
         if spec.network.node_env:
             env.update(spec.network.node_env[r])
         env[SEAT_ENV_NAME] = spec.name
+        _probe_env(spec, cap, r, env)
         if spec.engine == "sim":
             sim = spec.sim
             sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None

@@ -38,6 +38,7 @@ import itertools
 import mmap
 import os
 import re
+import stat
 import struct
 import sys
 import tempfile
@@ -150,9 +151,12 @@ def _ensure_ring() -> bool:
                 raise ValueError(f"{ENV_SLOTS}={nslots} must be a power of two >= 2")
             directory = os.environ.get(ENV_DIR) or default_dir()
             os.makedirs(directory, mode=0o700, exist_ok=True)
+            _check_private_dir(directory)
             path = ring_path(directory, os.getpid())
             size = HEADER_BYTES + nslots * SLOT_BYTES
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a dead process's ring with a recycled pid (or a planted link)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 os.ftruncate(fd, size)
                 mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -174,6 +178,15 @@ def _ensure_ring() -> bool:
             _RING_FAILED = True
             _warn("ring", f"cannot create the probe ring ({exc}); calls run untimed")
             return False
+
+
+def _check_private_dir(directory: str) -> None:
+    """Refuse a ring directory that is a link, or that someone else owns or may write into."""
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{directory} is not a directory")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(f"{directory} is not private to uid {os.getuid()} (owner {st.st_uid}, mode {st.st_mode:o})")
 
 
 def _write_target_name(mm: mmap.mmap, index: int, name: str) -> None:
