@@ -1,21 +1,115 @@
-"""`sgl-seat bundle ls|show|verify|pack|unpack` (filled by the forensics issue)."""
+"""`sgl-seat bundle ls|show|verify|pack|unpack`: thin wrappers over sgl_seat.forensics."""
 
 from __future__ import annotations
 
-import typer
+import datetime as _dt
+from pathlib import Path
+from typing import Annotated, Any
 
-from sgl_seat.cli.common import not_built
+import typer
+from rich.table import Table
+
+from sgl_seat.cli.common import console, print_json
+from sgl_seat.forensics.archive import is_archive, pack_bundle, unpack_bundle
+from sgl_seat.forensics.bundle import verify_bundle
+from sgl_seat.forensics.manifest import Manifest
+from sgl_seat.forensics.replay import load_any
+from sgl_seat.forensics.store import list_bundles, resolve_bundle
 
 app = typer.Typer(help="List, show, verify, pack and unpack forensic bundles.", no_args_is_help=True)
 
+BundleArg = Annotated[str, typer.Argument(help="A bundle directory, a .tar.zst, or a bundle id under $SGL_SEAT_HOME.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _verdict_text(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "-"
+    return f"{v['kind']} rank {v.get('rank')} node {v.get('node')}" + (f" {v['frame']}" if v.get("frame") else "")
+
 
 @app.command("ls")
-def ls() -> None:
-    """List bundles with trigger, verdict and size (not built yet)."""
-    not_built("bundle ls", "issue: forensic bundles and offline replay")
+def ls(
+    seat: Annotated[str | None, typer.Option("--seat", "-s", help="Only this seat's bundles.")] = None,
+    root: Annotated[Path | None, typer.Option("--root", help="Bundles root (default $SGL_SEAT_HOME/bundles).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List bundles, newest first, with trigger, verdict and size."""
+    items = list_bundles(root, seat=seat)
+    if json_out:
+        print_json([s.to_json() for s in items])
+        return
+    if not items:
+        console.print("no bundles")
+        return
+    t = Table(show_edge=False)
+    for c in ("created", "seat", "id", "trigger", "verdict", "size"):
+        t.add_column(c)
+    for s in items:
+        trig = str(s.trigger.get("source") or s.trigger.get("detail") or "-") if s.trigger else "-"
+        t.add_row(_when(s.created), s.seat, s.bundle_id, trig,
+                  f"[red]damaged: {s.error}[/]" if s.error else _verdict_text(s.verdict),
+                  f"{s.size_bytes / 1e6:.1f} MB")
+    console.print(t)
+
+
+@app.command("show")
+def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
+    """Show a bundle's manifest: seat, trigger, verdict, versions and files (verifies it first)."""
+    b = load_any(resolve_bundle(bundle))
+    m: Manifest = b.manifest
+    if json_out:
+        print_json(m.to_json())
+        return
+    console.print(f"[bold]bundle {m.bundle_id}[/]  seat {m.seat}  created {_when(m.created)}")
+    console.print(f"trigger: {m.trigger}")
+    console.print(f"verdict: {_verdict_text(None if m.verdict is None else m.verdict.to_json())}")
+    if m.verdict is not None:
+        for e in m.verdict.evidence:
+            console.print(f"  - {e}")
+    console.print(f"nodes {list(m.nodes)}  ranks {list(m.ranks)}  history {m.time_end - m.time_start:.0f} s")
+    console.print(f"versions: {m.versions}")
+    console.print(f"redaction: {m.redaction}")
+    t = Table(show_edge=False)
+    t.add_column("file")
+    t.add_column("bytes", justify="right")
+    t.add_column("sha256")
+    for name, ent in sorted(m.files.items()):
+        t.add_row(name, f"{ent.size:,}", ent.sha256[:16])
+    console.print(t)
 
 
 @app.command("verify")
-def verify() -> None:
-    """Verify a bundle's checksums and schema (not built yet)."""
-    not_built("bundle verify", "issue: forensic bundles and offline replay")
+def verify(bundle: BundleArg) -> None:
+    """Verify a bundle's manifest, file list, sizes and sha256 digests (exit 2 if anything is off)."""
+    path = resolve_bundle(bundle)
+    m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
+    console.print(f"ok: {path} ({len(m.files) + 1} files, {m.total_size:,} bytes, schema_version {m.schema_version})")
+
+
+@app.command("pack")
+def pack(
+    bundle: BundleArg,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Archive path (default <bundle>.tar.zst).")]
+    = None,
+) -> None:
+    """Verify a bundle directory and pack it into a .tar.zst."""
+    out = pack_bundle(resolve_bundle(bundle), output)
+    console.print(f"packed: {out} ({out.stat().st_size:,} bytes)")
+
+
+@app.command("unpack")
+def unpack(
+    archive: Annotated[Path, typer.Argument(help="A .tar.zst made by `sgl-seat bundle pack`.")],
+    into: Annotated[Path, typer.Option("--into", help="Directory to unpack into (default: the current one).")]
+    = Path(),
+) -> None:
+    """Unpack a bundle archive safely (no links, devices, absolute paths or `..`) and verify it."""
+    out = unpack_bundle(archive, into)
+    console.print(f"unpacked and verified: {out}")

@@ -1,4 +1,4 @@
-"""`watch` and `replay` (filled by the watchdog and forensics issues)."""
+"""`watch` (filled by the watchdog issue; `replay` lives in cmd_replay.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,4 @@ def watch() -> None:
     not_built("watch", "issue: the watchdog sidecar")
 
 
-def replay() -> None:
-    """Verify a bundle, re-run the detectors and report the hang offline (not built yet)."""
-    not_built("replay", "issue: forensic bundles and offline replay")
-
-
-COMMANDS: dict[str, Callable[..., Any]] = {"watch": watch, "replay": replay}
+COMMANDS: dict[str, Callable[..., Any]] = {"watch": watch}

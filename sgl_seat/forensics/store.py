@@ -1,0 +1,90 @@
+"""Finding bundles on disk: ``$SGL_SEAT_HOME/bundles/<seat>/<id>/``, listed newest first.
+
+Listing reads only each manifest (a full verify hashes every file, too slow for ``ls`` over many
+bundles); a bundle whose manifest does not parse is still listed, with its error, so a damaged capture
+is visible rather than silently skipped. ``resolve_bundle`` lets commands take a path or a bare id.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sgl_seat.errors import BundleError
+from sgl_seat.forensics import layout
+from sgl_seat.forensics.archive import is_archive
+from sgl_seat.forensics.codec import loads_document
+from sgl_seat.forensics.manifest import Manifest
+
+__all__ = ["BundleSummary", "list_bundles", "resolve_bundle"]
+
+
+@dataclass(frozen=True, slots=True)
+class BundleSummary:
+    """One bundle as ``bundle ls`` shows it."""
+
+    path: Path
+    seat: str
+    bundle_id: str
+    created: float | None
+    trigger: dict[str, Any]
+    verdict: dict[str, Any] | None
+    size_bytes: int
+    files: int
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "seat": self.seat, "id": self.bundle_id, "created": self.created,
+                "trigger": self.trigger, "verdict": self.verdict, "size_bytes": self.size_bytes,
+                "files": self.files, "error": self.error}
+
+
+def _summary(path: Path, seat_dir: str) -> BundleSummary:
+    try:
+        with open(path / layout.MANIFEST, "rb") as f:
+            data = f.read(layout.MAX_MANIFEST_BYTES + 1)
+        if len(data) > layout.MAX_MANIFEST_BYTES:
+            raise BundleError("manifest.json is too large")
+        m = Manifest.from_json(loads_document(data, "manifest.json"))
+    except (OSError, BundleError) as exc:
+        msg = exc.message if isinstance(exc, BundleError) else (exc.strerror or str(exc))
+        return BundleSummary(path, seat_dir, path.name, None, {}, None, 0, 0, error=msg.splitlines()[0])
+    return BundleSummary(path, m.seat, m.bundle_id, m.created, dict(m.trigger),
+                         None if m.verdict is None else m.verdict.to_json(), m.total_size + len(data),
+                         len(m.files) + 1)
+
+
+def list_bundles(root: Path | None = None, *, seat: str | None = None) -> list[BundleSummary]:
+    """Every bundle under ``root`` (default ``$SGL_SEAT_HOME/bundles``), optionally one seat's, newest first."""
+    root = Path(root) if root is not None else layout.bundles_home()
+    if not root.is_dir():
+        return []
+    out: list[BundleSummary] = []
+    seats = [root / seat] if seat else sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for sdir in seats:
+        if not sdir.is_dir():
+            continue
+        for e in sorted(os.scandir(sdir), key=lambda e: e.name):
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            out.append(_summary(Path(e.path), sdir.name))
+    out.sort(key=lambda s: (-(s.created or 0.0), s.seat, s.bundle_id))
+    return out
+
+
+def resolve_bundle(ref: str) -> Path:
+    """A bundle path from a path (directory or .tar.zst) or a bare bundle id under the bundles home."""
+    p = Path(ref).expanduser()
+    if p.exists():
+        return p
+    if layout.BUNDLE_ID_RE.match(ref) and not is_archive(p):
+        hits = [s.path for s in list_bundles() if s.bundle_id == ref or s.path.name == ref]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise BundleError(f"bundle id {ref!r} exists for several seats",
+                              fix="pass the path: " + ", ".join(str(h) for h in hits[:4]))
+    raise BundleError(f"no bundle at {ref}", fix="pass a bundle directory or .tar.zst; `sgl-seat bundle ls` lists "
+                                                 f"the bundles under {layout.bundles_home()}")
