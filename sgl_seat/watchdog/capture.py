@@ -1,0 +1,323 @@
+"""Coordinated capture: each node's part (stacks now, process and GPU state, its rings) and the one bundle.
+
+:func:`node_part` runs on every node when asked and returns plain JSON-able data (it crosses Ray);
+:func:`assemble` merges the parts of all nodes, re-runs :func:`~sgl_seat.watchdog.detect.detect` over
+the merged records (so the bundle's verdict is the seat-wide one that ``replay`` reproduces from the same
+records) and writes one bundle through the forensics writer (atomic, with the disk quota). A full or
+read-only disk is a logged error, never an exception into the sidecar.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import platform
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sgl_seat import __version__
+from sgl_seat.errors import BundleError
+from sgl_seat.spec import WatchdogSpec
+from sgl_seat.watchdog.detect import Observation, detect
+from sgl_seat.watchdog.records import (
+    EngineProcess,
+    LogLine,
+    MetricsPoint,
+    ProbeRecord,
+    StackSample,
+    Verdict,
+)
+from sgl_seat.watchdog.sampler import EngineProc, capture_stacks
+
+log = logging.getLogger("sgl_seat.watchdog")
+
+
+def process_state(pids: Sequence[int]) -> list[dict[str, Any]]:
+    """psutil's view of each engine process: status, threads, CPU, RSS, open connections."""
+    out: list[dict[str, Any]] = []
+    for pid in pids:
+        doc: dict[str, Any] = {"pid": pid}
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                doc.update(
+                    status=p.status(), title=(p.cmdline() or [p.name()])[0][:300], ppid=p.ppid(),
+                    threads=p.num_threads(), cpu_user_s=p.cpu_times().user, cpu_system_s=p.cpu_times().system,
+                    rss_bytes=p.memory_info().rss, create_time=p.create_time(),
+                )
+            with contextlib.suppress(OSError):
+                doc["thread_states"] = _thread_states(pid)
+            try:
+                doc["connections"] = [
+                    {"fd": c.fd, "status": c.status,
+                     "laddr": f"{c.laddr.ip}:{c.laddr.port}" if c.laddr else None,
+                     "raddr": f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else None}
+                    for c in p.net_connections(kind="inet")
+                ]
+            except (psutil.Error, OSError) as exc:
+                doc["connections_error"] = str(exc)
+        except (psutil.Error, OSError) as exc:
+            doc["error"] = f"{type(exc).__name__}: {exc}"
+        out.append(doc)
+    return out
+
+
+def _thread_states(pid: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (tid / "status").read_text(encoding="ascii", errors="replace").splitlines():
+                if line.startswith("State:"):
+                    st = line.split(None, 1)[1].strip()
+                    counts[st] = counts.get(st, 0) + 1
+                    break
+        except OSError:
+            continue
+    return counts
+
+
+def nvidia_smi(timeout_s: float = 10.0) -> tuple[str | None, str]:
+    """``nvidia-smi -q`` text, or (None, why not)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, "nvidia-smi not found"
+    try:
+        res = subprocess.run([exe, "-q"], capture_output=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"nvidia-smi timed out after {timeout_s:g}s"
+    except OSError as exc:
+        return None, str(exc)
+    if res.returncode != 0:
+        return None, res.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {res.returncode}"
+    return res.stdout.decode("utf-8", "replace"), "ok"
+
+
+def _step(node: int, step: str, status: str, detail: str = "") -> dict[str, Any]:
+    return {"node": node, "step": step, "status": status, "detail": detail[:500]}
+
+
+def node_part(
+    *,
+    node: int,
+    procs: Sequence[EngineProc],
+    pyspy: str | None,
+    samples: Sequence[StackSample],
+    probes: Sequence[ProbeRecord],
+    metrics: Sequence[MetricsPoint],
+    logs: Sequence[LogLine],
+    processes: Sequence[EngineProcess],
+    log_text: str,
+    env: Mapping[str, str],
+    dump_timeout_s: float = 5.0,
+    gpu: bool = True,
+) -> dict[str, Any]:
+    """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts)."""
+    t0 = time.time()
+    steps: list[dict[str, Any]] = []
+    now_stacks: list[StackSample] = []
+    py_now: list[StackSample] = []
+
+    def one(ep: EngineProc) -> tuple[EngineProc, Any, Any]:
+        py, nat = capture_stacks(ep.pid, exe=pyspy, timeout_s=dump_timeout_s)
+        return ep, py, nat
+
+    if procs:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(procs))) as pool:
+            results = list(pool.map(one, procs))
+    else:
+        results = []
+        steps.append(_step(node, "discover", "error", "no engine process found on this node"))
+    for ep, py, nat in results:
+        t = time.time()
+        py_sample = StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=False,
+                                threads=py.threads, error=py.error)
+        py_now.append(py_sample)
+        steps.append(_step(node, f"py-spy {ep.pid}", "ok" if py.error is None else "error",
+                           py.error or f"{py.duration_s:.2f}s"))
+        if nat is not None and nat.error is None:
+            now_stacks.append(StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=True,
+                                          threads=nat.threads))
+            steps.append(_step(node, f"py-spy --native {ep.pid}", "ok", f"{nat.duration_s:.2f}s"))
+        else:
+            why = "target gone" if nat is None else (nat.error or "failed")
+            steps.append(_step(node, f"py-spy --native {ep.pid}", "fallback", f"Python-only stack kept: {why}"))
+            # The Python-only dump stands in for the native one, so every process has a capture-time stack.
+            now_stacks.append(py_sample)
+        if (nat is not None and nat.resumed) or py.resumed:
+            steps.append(_step(node, f"resume {ep.pid}", "warn", "target was left stopped by py-spy; sent SIGCONT"))
+    pstate = process_state([ep.pid for ep in procs])
+    gpu_text: str | None = None
+    if gpu:
+        gpu_text, why = nvidia_smi()
+        steps.append(_step(node, "nvidia-smi -q", "ok" if gpu_text is not None else "skipped", why))
+    steps.append(_step(node, "capture", "ok", f"{time.time() - t0:.2f}s"))
+    return {
+        "node": node,
+        "t": t0,
+        "samples": [s.to_json() for s in [*samples, *py_now]],
+        "native": [s.to_json() for s in now_stacks],
+        "probes": [p.to_json() for p in probes],
+        "metrics": [m.to_json() for m in metrics],
+        "logs": [ln.to_json() for ln in logs],
+        "processes": [p.to_json() for p in processes],
+        "process_state": {"node": node, "processes": pstate},
+        "gpu": gpu_text,
+        "log_text": log_text,
+        "env": dict(env),
+        "capture": steps,
+        "versions": {"python": platform.python_version(), "py_spy": _pyspy_version(pyspy)},
+    }
+
+
+_PYSPY_VERSION: dict[str, str] = {}
+
+
+def _pyspy_version(exe: str | None) -> str:
+    if exe is None:
+        return "missing"
+    if exe not in _PYSPY_VERSION:
+        try:
+            out = subprocess.run([exe, "--version"], capture_output=True, timeout=5, check=False).stdout
+            _PYSPY_VERSION[exe] = out.decode("utf-8", "replace").strip().removeprefix("py-spy ") or "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            _PYSPY_VERSION[exe] = "unknown"
+    return _PYSPY_VERSION[exe]
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Node parts decoded back into records."""
+
+    samples: list[StackSample]
+    native: list[StackSample]
+    probes: list[ProbeRecord]
+    metrics: list[MetricsPoint]
+    logs: list[LogLine]
+    processes: list[EngineProcess]
+
+
+def decode_parts(parts: Sequence[Mapping[str, Any]]) -> Parts:
+    return Parts(
+        samples=[StackSample.from_json(d) for p in parts for d in p.get("samples", [])],
+        native=[StackSample.from_json(d) for p in parts for d in p.get("native", [])],
+        probes=[ProbeRecord.from_json(d) for p in parts for d in p.get("probes", [])],
+        metrics=[MetricsPoint.from_json(d) for p in parts for d in p.get("metrics", [])],
+        logs=[LogLine.from_json(d) for p in parts for d in p.get("logs", [])],
+        processes=[EngineProcess.from_json(d) for p in parts for d in p.get("processes", [])],
+    )
+
+
+def bundle_id_for(verdict: Verdict | None, t: float) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(t)) + f"{t % 1:.3f}"[1:]
+    if verdict is None:
+        return f"{stamp}-manual"
+    slug = verdict.kind.value.replace(" ", "-")
+    return f"{stamp}-{slug}" + (f"-r{verdict.rank}" if verdict.rank is not None else "")
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureResult:
+    path: str | None
+    bundle_id: str
+    verdict: Verdict | None
+    error: str | None
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "bundle_id": self.bundle_id, "error": self.error, "seconds": self.seconds,
+                "verdict": self.verdict.to_json() if self.verdict else None}
+
+
+def assemble(
+    *,
+    seat: str,
+    parts: Sequence[Mapping[str, Any]],
+    trigger: Mapping[str, Any],
+    trigger_verdict: Verdict | None,
+    thresholds: WatchdogSpec,
+    rank_nodes: Mapping[int, int],
+    plan: Mapping[str, Any] | None,
+    dest_root: Path,
+    quota_mb: int,
+    missing: Sequence[dict[str, Any]] = (),
+    now: float | None = None,
+) -> CaptureResult:
+    """Merge node parts, decide the seat-wide verdict and write one bundle. Never raises for disk trouble."""
+    from sgl_seat.forensics import (
+        encode_env,
+        encode_json,
+        encode_logs,
+        encode_probe_records,
+        encode_records,
+        encode_stack_samples,
+        encode_text,
+        layout,
+        write_bundle,
+    )
+
+    t_start = time.time()
+    dec = decode_parts(parts)
+    obs = Observation.of(samples=dec.samples, probes=dec.probes, metrics=dec.metrics, logs=dec.logs,
+                         processes=dec.processes, rank_nodes=rank_nodes)
+    t_eval = now if now is not None else time.time()
+    verdict = detect(obs, thresholds, t_eval)
+    reproducible = verdict is not None
+    if verdict is None:
+        verdict = trigger_verdict
+    bid = bundle_id_for(verdict, float(trigger.get("t") or t_eval))
+    steps = [dict(s) for p in parts for s in p.get("capture", [])] + [dict(m) for m in missing]
+    nodes = sorted({int(p["node"]) for p in parts})
+    files: dict[str, bytes] = {
+        layout.STACKS: encode_stack_samples(obs.samples),
+        layout.NATIVE_STACKS: encode_stack_samples(sorted(dec.native, key=lambda s: (s.node, s.pid))),
+        layout.PROBE: encode_probe_records(obs.probes),
+        layout.METRICS: encode_records(obs.metrics),
+        layout.PROCESSES: encode_records(obs.processes),
+        layout.LOGS: encode_logs(obs.logs),
+        layout.ENV: encode_env({int(p["node"]): dict(p.get("env") or {}) for p in parts}),
+    }
+    for p in parts:
+        n = int(p["node"])
+        files[layout.log_file(n)] = encode_text(str(p.get("log_text") or ""))
+        files[layout.process_state_file(n)] = encode_json(p.get("process_state") or {})
+        if p.get("gpu"):
+            files[layout.gpu_file(n)] = encode_text(str(p["gpu"]))
+    starts = [s.t for s in obs.samples] + [m.t for m in obs.metrics] + [p.start for p in obs.probes]
+    t_end = max([t_eval, *(float(p.get("t") or 0) for p in parts)])
+    versions: dict[str, Any] = {"sgl_seat": __version__, "python": platform.python_version()}
+    for p in parts:
+        for k, v in (p.get("versions") or {}).items():
+            versions.setdefault(k, v)
+    trig = {k: v for k, v in trigger.items() if v is None or isinstance(v, (bool, int, float, str))}
+    trig["reproduced"] = reproducible
+    fields: dict[str, Any] = {
+        "seat": seat,
+        "plan": dict(plan) if plan is not None else None,
+        "trigger": trig,
+        "verdict": verdict.to_json() if verdict else None,
+        "nodes": nodes,
+        "ranks": sorted(rank_nodes),
+        "rank_nodes": {str(r): n for r, n in sorted(rank_nodes.items())},
+        "time_range": {"start": min(starts) if starts else t_end, "end": t_end},
+        "thresholds": thresholds.model_dump(),
+        "versions": versions,
+        "redaction": {"prompts": "not captured", "locals": False},
+        "capture": steps,
+    }
+    try:
+        path = write_bundle(dest_root, bid, fields, files, quota_mb=quota_mb)
+    except (BundleError, OSError) as exc:
+        msg = str(exc).splitlines()[0]
+        log.error("capture of seat %s failed, the seat keeps serving: %s", seat, msg)
+        return CaptureResult(None, bid, verdict, msg, time.time() - t_start)
+    log.warning("seat %s: hang bundle %s (%s)", seat, path,
+                f"{verdict.kind.value}, rank {verdict.rank}, node {verdict.node}, {verdict.frame}" if verdict else "")
+    return CaptureResult(str(path), bid, verdict, None, time.time() - t_start)

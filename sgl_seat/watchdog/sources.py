@@ -1,0 +1,214 @@
+"""What a sidecar reads besides stacks: the probe rings, rank 0's ``/metrics`` and the engine log.
+
+Each source keeps a bounded, time-pruned history of typed records (``records.py``) and never raises
+for trouble on the other side (an engine that is gone, a port that refuses, a log being rotated):
+it records an error count and carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from sgl_seat.watchdog import probe
+from sgl_seat.watchdog.records import LogLine, MetricsPoint, ProbeRecord
+
+log = logging.getLogger("sgl_seat.watchdog")
+
+
+class ProbeReader:
+    """Reads the node's probe rings and keeps their records for ``history_s`` (in-flight ones always)."""
+
+    def __init__(self, directory: str, *, node: int, history_s: float = 120.0) -> None:
+        self.directory = directory
+        self.node = node
+        self.history_s = history_s
+        self._lock = threading.Lock()
+        self._records: dict[tuple[int, int], ProbeRecord] = {}
+        self.errors = 0
+        self.on_complete: Callable[[ProbeRecord], None] | None = None
+
+    def read(self, pid_ranks: Mapping[int, int | None], now: float) -> list[ProbeRecord]:
+        """Read the rings of ``pid_ranks`` (pid -> rank); returns records that completed since last read."""
+        rings = probe.list_rings(self.directory)
+        fresh_done: list[ProbeRecord] = []
+        for pid, rank in pid_ranks.items():
+            path = rings.get(pid)
+            if path is None:
+                continue
+            try:
+                recs = probe.read_ring(path, node=self.node, rank=rank if rank is not None else None)
+            except (OSError, ValueError) as exc:
+                self.errors += 1
+                log.debug("probe ring %s unreadable: %s", path, exc)
+                continue
+            with self._lock:
+                for r in recs:
+                    key = (r.pid, r.seq)
+                    old = self._records.get(key)
+                    if r.rank < 0 and rank is not None:
+                        r = ProbeRecord(node=r.node, rank=rank, pid=r.pid, thread=r.thread, seq=r.seq,
+                                        target=r.target, start=r.start, end=r.end, gather_size=r.gather_size)
+                    if old is None or (old.end is None and r.end is not None):
+                        self._records[key] = r
+                        if r.end is not None:
+                            fresh_done.append(r)
+        self._prune(now)
+        cb = self.on_complete
+        if cb is not None:
+            for r in fresh_done:
+                with contextlib.suppress(Exception):  # metrics export must not stop reading
+                    cb(r)
+        return fresh_done
+
+    def _prune(self, now: float) -> None:
+        cutoff = now - self.history_s
+        with self._lock:
+            for key in [k for k, r in self._records.items() if r.end is not None and r.end < cutoff]:
+                del self._records[key]
+
+    def records(self) -> list[ProbeRecord]:
+        with self._lock:
+            return sorted(self._records.values(), key=lambda r: (r.start, r.pid, r.seq))
+
+    def cleanup(self, keep_pids: set[int]) -> list[str]:
+        """Delete ring files of processes that no longer exist (and are not in ``keep_pids``)."""
+        removed = []
+        for pid, path in probe.list_rings(self.directory).items():
+            if pid in keep_pids or _pid_alive(pid):
+                continue
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                continue
+        return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def parse_metrics_text(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over labels}, ``sglang:*`` only, without buckets."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name
+            if not name.startswith("sglang:") or name.endswith(("_bucket", "_created")):
+                continue
+            out[name] = out.get(name, 0.0) + float(s.value)
+    return out
+
+
+class MetricsPoller:
+    """Scrapes one ``/metrics`` URL into a history of :class:`MetricsPoint`."""
+
+    def __init__(self, url: str, *, node: int, history_s: float = 120.0, timeout_s: float = 1.0) -> None:
+        self.url = url
+        self.node = node
+        self.history_s = history_s
+        self.timeout_s = timeout_s
+        self._points: deque[MetricsPoint] = deque()
+        self._lock = threading.Lock()
+        self._client = httpx.Client(timeout=timeout_s, trust_env=False)
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def poll(self, now: float) -> MetricsPoint | None:
+        try:
+            resp = self._client.get(self.url)
+            resp.raise_for_status()
+            values = parse_metrics_text(resp.text)
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            return None
+        point = MetricsPoint(t=now, node=self.node, values=values)
+        with self._lock:
+            self._points.append(point)
+            while self._points and self._points[0].t < now - self.history_s:
+                self._points.popleft()
+        return point
+
+    def points(self) -> list[MetricsPoint]:
+        with self._lock:
+            return list(self._points)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class LogTailer:
+    """Follows the node's engine log from where it was when the sidecar started (rotation-safe)."""
+
+    def __init__(self, path: str | None, *, node: int, max_lines: int = 2000, from_start: bool = False) -> None:
+        self.path = path
+        self.node = node
+        self._lines: deque[LogLine] = deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+        self._ino: int | None = None
+        self._pos = 0
+        self._partial = b""
+        if path and not from_start:
+            try:
+                st = os.stat(path)
+                self._ino, self._pos = st.st_ino, st.st_size
+            except OSError:
+                pass
+
+    def poll(self, now: float) -> list[LogLine]:
+        if not self.path:
+            return []
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []
+        if self._ino != st.st_ino or st.st_size < self._pos:
+            self._ino, self._pos, self._partial = st.st_ino, 0, b""
+        if st.st_size == self._pos:
+            return []
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                data = fh.read(min(st.st_size - self._pos, 4 << 20))
+        except OSError:
+            return []
+        self._pos += len(data)
+        chunks = (self._partial + data).split(b"\n")
+        self._partial = chunks.pop()
+        new = [LogLine(t=now, node=self.node, text=c.decode("utf-8", "replace").rstrip("\r")) for c in chunks]
+        with self._lock:
+            self._lines.extend(new)
+        return new
+
+    def lines(self) -> list[LogLine]:
+        with self._lock:
+            return list(self._lines)
+
+    def tail_text(self, max_bytes: int = 256 * 1024) -> str:
+        """The raw last ``max_bytes`` of the log file (also what was written before the sidecar started)."""
+        if not self.path:
+            return ""
+        try:
+            p = Path(self.path)
+            size = p.stat().st_size
+            with p.open("rb") as fh:
+                fh.seek(max(0, size - max_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
