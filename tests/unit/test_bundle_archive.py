@@ -1,0 +1,197 @@
+"""`.tar.zst` bundle archives: a packed bundle unpacks to the same bytes; a crafted one is refused cleanly.
+
+Archives come from strangers, so each hostile member kind (absolute path, `..`, symlink, hardlink,
+device, FIFO, oversize, unlisted, duplicate, zstd garbage) must end in one BundleError, with nothing
+written outside the target directory and nothing left inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from sgl_seat.cli.main import main
+from sgl_seat.errors import BundleError
+from sgl_seat.forensics.archive import pack_bundle, unpack_bundle
+from sgl_seat.forensics.bundle import verify_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+STALL = ROOT / "tests" / "fixtures" / "bundles" / "stall"
+
+
+def _tree(p: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(p)): f.read_bytes() for f in sorted(p.rglob("*")) if f.is_file()}
+
+
+def _manifest(files: dict[str, bytes], bundle_id: str = "evil") -> bytes:
+    doc = {"schema_version": 1, "bundle_id": bundle_id, "seat": "s", "created": 1.0, "trigger": {"t": 1.0},
+           "verdict": None, "nodes": [0], "ranks": [0], "time_range": {"start": 0.0, "end": 1.0},
+           "files": {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()}}
+    return json.dumps(doc).encode()
+
+
+def make_tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    """A .tar.zst of exactly these members (headers as given, so they can lie)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return zstandard.ZstdCompressor().compress(buf.getvalue())
+
+
+def reg(name: str, data: bytes, size: int | None = None) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if size is None else size
+    return info, data
+
+
+def special(name: str, kind: bytes, link: str = "") -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info, None
+
+
+def test_pack_unpack_roundtrip_is_identical(tmp_path: Path) -> None:
+    arc = pack_bundle(STALL, tmp_path / "stall.tar.zst")
+    again = pack_bundle(STALL, tmp_path / "again.tar.zst")
+    assert arc.read_bytes() == again.read_bytes()  # deterministic archives
+    out = unpack_bundle(arc, tmp_path / "into")
+    assert out == tmp_path / "into" / "stall"
+    assert _tree(out) == _tree(STALL)
+    verify_bundle(out)
+    with pytest.raises(BundleError, match="already exists"):
+        unpack_bundle(arc, tmp_path / "into")
+    with pytest.raises(BundleError, match="already exists"):
+        pack_bundle(STALL, arc)
+
+
+GOOD = b'{"t":1.0,"node":0,"values":{}}\n'
+
+
+def _hostile_cases() -> dict[str, list[tuple[tarfile.TarInfo, bytes | None]]]:
+    files = {"metrics.jsonl": GOOD}
+    man = _manifest(files)
+    ok = reg("evil/manifest.json", man)
+    return {
+        "absolute path": [reg("/tmp/evil/manifest.json", man)],
+        "dotdot": [ok, reg("evil/../../escape.txt", b"x")],
+        "dotdot first": [reg("../evil/manifest.json", man)],
+        "symlink": [ok, special("evil/metrics.jsonl", tarfile.SYMTYPE, "/etc/passwd")],
+        "hardlink": [ok, special("evil/metrics.jsonl", tarfile.LNKTYPE, "evil/manifest.json")],
+        "char device": [ok, special("evil/metrics.jsonl", tarfile.CHRTYPE)],
+        "block device": [ok, special("evil/metrics.jsonl", tarfile.BLKTYPE)],
+        "fifo": [ok, special("evil/metrics.jsonl", tarfile.FIFOTYPE)],
+        "oversize member": [ok, reg("evil/metrics.jsonl", GOOD + b"x" * 100)],
+        "unlisted member": [ok, reg("evil/metrics.jsonl", GOOD), reg("evil/other.txt", b"x")],
+        "duplicate member": [ok, reg("evil/metrics.jsonl", GOOD), reg("evil/metrics.jsonl", GOOD)],
+        "second top dir": [ok, reg("other/metrics.jsonl", GOOD)],
+        "manifest not first": [reg("evil/metrics.jsonl", GOOD), ok],
+        "missing member": [ok],
+        "wrong content": [ok, reg("evil/metrics.jsonl", GOOD.replace(b"1.0", b"2.0"))],
+        "id mismatch": [reg("evil/manifest.json", _manifest(files, "other")), reg("evil/metrics.jsonl", GOOD)],
+        "backslash": [reg("evil\\..\\x", b"x")],
+        "bad manifest": [reg("evil/manifest.json", b"{not json"), reg("evil/metrics.jsonl", GOOD)],
+        "empty": [],
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_hostile_cases()))
+def test_hostile_archives_are_refused_without_side_effects(case: str, tmp_path: Path) -> None:
+    """GIVEN a crafted archive WHEN unpacking THEN one BundleError and no file anywhere but the sentinel."""
+    arc = tmp_path / "evil.tar.zst"
+    arc.write_bytes(make_tar(_hostile_cases()[case]))
+    into = tmp_path / "a" / "b" / "into"
+    before = _tree(tmp_path)
+    with pytest.raises(BundleError):
+        unpack_bundle(arc, into)
+    assert _tree(tmp_path) == before
+    assert list(into.iterdir()) == []
+    assert not Path("/tmp/evil/manifest.json").exists()
+
+
+def test_corrupt_zstd_and_truncated_archive(tmp_path: Path) -> None:
+    arc = pack_bundle(STALL, tmp_path / "s.tar.zst")
+    data = arc.read_bytes()
+    bads = (b"", b"garbage" * 10, data[: len(data) // 2], data[:-7], b"\x28\xb5\x2f\xfd" + data[4:40])
+    for i, bad in enumerate(bads):
+        p = tmp_path / f"bad{i}.tar.zst"
+        p.write_bytes(bad)
+        with pytest.raises(BundleError):
+            unpack_bundle(p, tmp_path / f"out{i}")
+        assert list((tmp_path / f"out{i}").iterdir()) == []
+
+
+def test_zstd_bomb_is_capped(tmp_path: Path) -> None:
+    """A tiny archive whose tar headers decompress to 64 MB is refused once past what the manifest allows."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info, data = reg("evil/manifest.json", _manifest({}))
+        info.pax_headers = {"comment": "A" * (64 << 20)}
+        tar.addfile(info, io.BytesIO(data))
+    arc = tmp_path / "bomb.tar.zst"
+    arc.write_bytes(zstandard.ZstdCompressor(level=3).compress(raw.getvalue()))
+    assert arc.stat().st_size < 1 << 20
+    with pytest.raises(BundleError, match="decompresses to more"):
+        unpack_bundle(arc, tmp_path / "into")
+
+
+def _cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_cli_unpack_refuses_hostile_archive_without_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    arc = tmp_path / "evil.tar.zst"
+    arc.write_bytes(make_tar(_hostile_cases()["symlink"]))
+    rc = _cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "into")], monkeypatch)
+    err = capsys.readouterr().err
+    assert rc == 2 and "link" in err and "Traceback" not in err
+    assert list((tmp_path / "into").iterdir()) == []
+
+
+def test_cli_bundle_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """ls/show/verify/pack/unpack over $SGL_SEAT_HOME/bundles/<seat>/<id>/."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("SGL_SEAT_HOME", str(home))
+    shutil.copytree(STALL, home / "bundles" / "local-sim" / "stall")
+    (home / "bundles" / "local-sim" / "damaged").mkdir()
+    (home / "bundles" / "local-sim" / "damaged" / "manifest.json").write_text("{")
+    assert _cli(["bundle", "ls", "--json"], monkeypatch) == 0
+    items = json.loads(capsys.readouterr().out)
+    assert {i["id"] for i in items} == {"stall", "damaged"}
+    stall = next(i for i in items if i["id"] == "stall")
+    assert stall["seat"] == "local-sim" and stall["verdict"]["rank"] == 3 and stall["created"] > 0
+    assert stall["path"].endswith("bundles/local-sim/stall")
+    assert next(i for i in items if i["id"] == "damaged")["error"]
+    assert _cli(["bundle", "ls"], monkeypatch) == 0
+    assert "row-fetch stall" in capsys.readouterr().out
+    assert _cli(["bundle", "verify", "stall"], monkeypatch) == 0
+    assert _cli(["bundle", "show", "stall"], monkeypatch) == 0
+    assert "probe.jsonl" in capsys.readouterr().out
+    assert _cli(["bundle", "show", "stall", "--json"], monkeypatch) == 0
+    assert json.loads(capsys.readouterr().out)["bundle_id"] == "stall"
+    arc = tmp_path / "s.tar.zst"
+    assert _cli(["bundle", "pack", "stall", "-o", str(arc)], monkeypatch) == 0
+    assert _cli(["bundle", "verify", str(arc)], monkeypatch) == 0
+    assert _cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "u")], monkeypatch) == 0
+    assert _tree(tmp_path / "u" / "stall") == _tree(STALL)
+    capsys.readouterr()
+    assert _cli(["bundle", "verify", "damaged"], monkeypatch) == 2
+    assert _cli(["bundle", "show", "no-such-bundle"], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "no bundle at no-such-bundle" in err
