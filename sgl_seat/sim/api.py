@@ -6,8 +6,9 @@ request must get one clear 4xx JSON error (OpenAI routes: SGLang's ``ErrorRespon
 refused rather than ignored (``n`` > 1); sampling knobs that do not change a greedy stand-in
 (``temperature``, ``top_p``, ...) are accepted and ignored.
 
-The sim's model never emits EOS, so a request without a token limit gets SGLang's ``/generate`` default
-of 128 new tokens (SGLang itself would run to the context length).
+Token limits when a request gives none: ``/v1/completions`` 16 (SGLang's ``CompletionRequest.max_tokens``
+default), ``/generate`` 128 (``SamplingParams.max_new_tokens``). Chat has no default in SGLang (it runs to
+EOS or the context length); the sim's model never emits EOS, so chat gets 128 too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sgl_seat.sim import tokens
 from sgl_seat.sim.contract import OPENAI_OBJECTS
 
 DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
 class ApiError(Exception):
@@ -133,7 +135,7 @@ def parse_completion(obj: dict[str, Any]) -> GenParams:
     if not ids:
         raise ApiError("prompt is empty.")
     _n(obj)
-    max_new = _int(obj, "max_tokens", DEFAULT_MAX_NEW_TOKENS)
+    max_new = _int(obj, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
     assert max_new is not None
     return GenParams(
         input_ids=ids, max_new_tokens=max_new, stream=_bool(obj, "stream"), stop=_stop(obj.get("stop")),
