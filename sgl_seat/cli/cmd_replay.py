@@ -48,6 +48,8 @@ def replay(
     = 300.0,
     target_seat: Annotated[str | None, typer.Option("--target-seat", help="Seat whose new bundles mean 'reproduced' "
                                                     "(default: the bundle's seat).")] = None,
+    watch_grace: Annotated[float, typer.Option("--watch-grace", min=0, help="Seconds to keep looking for a new "
+                                               "bundle after the traffic ends.")] = 10.0,
 ) -> None:
     """Verify a bundle, re-run the watchdog's detectors and report the hang: which rank lags and where,
     row-fetch latency by gather size, and what the seat was doing. With --traffic, re-send its requests."""
@@ -64,7 +66,7 @@ def replay(
     if traffic and target:
         seat = target_seat or result.bundle.manifest.seat
         tr = replay_traffic(result.bundle.requests, target, speed=speed, max_requests=max_requests,
-                            max_seconds=max_seconds, watch_dir=seat_bundles_dir(seat))
+                            max_seconds=max_seconds, watch_dir=seat_bundles_dir(seat), watch_grace_s=watch_grace)
         doc["traffic"] = tr.to_json()
     if json_out:
         print_json(doc)
