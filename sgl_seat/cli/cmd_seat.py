@@ -1,36 +1,180 @@
-"""`up`, `down`, `status`, `logs`, `demo`: the seat's life cycle (filled by the up/down issue)."""
+"""`up`, `down`, `status`, `logs`, `demo`: the seat's life cycle (logic in ``sgl_seat.launch``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from sgl_seat.cli.common import not_built
+import typer
+from rich.status import Status
+
+from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
+from sgl_seat.cli.common import console, err_console, print_json
+from sgl_seat.engines import backend_for
+from sgl_seat.launch import apply
+from sgl_seat.launch.demo import run_demo
+from sgl_seat.launch.record import SeatRecord, resolve_name
+from sgl_seat.launch.state import SeatState
+from sgl_seat.plan import build_plan, render_text
+from sgl_seat.spec import load_spec
+
+DEFAULT_PROFILE = "local-sim"
+LOCAL_SEAT_FILE = "seat.yaml"
+
+SeatOrDefault = Annotated[
+    str | None,
+    typer.Option("--seat", "-s", help="Seat spec: a .yaml path or a built-in profile (default: ./seat.yaml, "
+                                      "else the built-in local-sim)."),
+]
+NameArg = Annotated[str | None, typer.Argument(help="Seat name (default: the only recorded seat).")]
 
 
-def up() -> None:
-    """Bring a seat up across its nodes through a Ray placement group (not built yet)."""
-    not_built("up", "issue: up / down / status / logs")
+def choose_seat(seat: str | None) -> tuple[str, str | None]:
+    """``--seat``, else ./seat.yaml, else the built-in local-sim (with a note saying so)."""
+    if seat:
+        return seat, None
+    if Path(LOCAL_SEAT_FILE).is_file():
+        return LOCAL_SEAT_FILE, f"no --seat: using ./{LOCAL_SEAT_FILE}"
+    return DEFAULT_PROFILE, f"no --seat and no ./{LOCAL_SEAT_FILE}: using the built-in {DEFAULT_PROFILE} profile"
 
 
-def down() -> None:
-    """Take a seat down on every node and check nothing is left (not built yet)."""
-    not_built("down", "issue: up / down / status / logs")
+class ConsoleReporter:
+    """Prints each stage with its elapsed time; a spinner shows the running stage on a terminal."""
+
+    def __init__(self) -> None:
+        self._status: Status | None = None
+
+    def start(self, stage: str, detail: str) -> None:
+        self._status = console.status(f"{stage}: {detail}")
+        self._status.start()
+
+    def finish(self, stage: str, seconds: float, detail: str) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+        console.print(f"  [green]ok[/] {stage:<13} {seconds:7.2f} s  {detail}")
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
 
-def status() -> None:
-    """Show a seat's state, nodes, ranks and endpoint (not built yet)."""
-    not_built("status", "issue: up / down / status / logs")
+def up(
+    seat: SeatOrDefault = None,
+    draft: DraftOpt = None,
+    slots: SlotsOpt = None,
+    mem_fraction: MemOpt = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds for the whole `up`.")] = 600.0,
+    fault: Annotated[list[str] | None, typer.Option(
+        "--fault", help="Sim seats only: inject KIND:key=value,... (repeatable), e.g. crash:rank=2,after_s=30.",
+    )] = None,
+    no_watchdog: Annotated[bool, typer.Option("--no-watchdog", help="Do not start the watchdog sidecars.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.")] = False,
+) -> None:
+    """Bring a seat up across its nodes (Ray placement group), wait until READY, print the endpoint.
+
+    Stages are shown with their elapsed time. The seat stays up after the command returns;
+    Ctrl-C during `up` takes down everything it started.
+    """
+    path, note = choose_seat(seat)
+    if note:
+        err_console.print(note)
+    spec = load_spec(path)
+    faults = tuple(fault or ())
+    if dry_run:
+        checked = backend_for(spec.engine).validate_faults(faults)
+        p = build_plan(spec, draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction, faults=checked)
+        sys.stdout.write(render_text(p))
+        return
+    console.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}")
+    rep = ConsoleReporter()
+    try:
+        rec, times = apply.up(spec, apply.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction,
+                                                    timeout=timeout, faults=faults, no_watchdog=no_watchdog), rep)
+    except KeyboardInterrupt:
+        rep.close()
+        err_console.print("interrupted: everything `up` started was taken down")
+        raise
+    finally:
+        rep.close()
+    console.print(f"[bold green]READY[/] seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}")
 
 
-def logs() -> None:
-    """Show or follow a node's engine log (not built yet)."""
-    not_built("logs", "issue: up / down / status / logs")
+def down(name: NameArg = None) -> None:
+    """Take a seat down on every node, then check that no engine process remains (non-zero if one does)."""
+    seat = resolve_name(name)
+    console.print(f"down: seat {seat}")
+    rep = ConsoleReporter()
+    try:
+        times = apply.down(seat, rep)
+    finally:
+        rep.close()
+    console.print(f"seat {seat} is down in {times.total():.1f} s; no engine process remains")
 
 
-def demo() -> None:
-    """Bring up the local-sim seat, send a few requests, print the answers, take it down (not built yet)."""
-    not_built("demo", "issue: up / down / status / logs")
+def _print_status(rec: SeatRecord) -> None:
+    color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.FAILED: "red"}.get(rec.state, "cyan")
+    console.print(f"seat {rec.name}  [bold {color}]{rec.state.value}[/]  endpoint {rec.endpoint or '-'}  "
+                  f"({rec.engine}, draft {'on' if rec.draft else 'off'})")
+    if rec.reason:
+        console.print(f"reason: {rec.reason}")
+
+    def tok(n: int | None) -> str:
+        return f"{n:,}" if n is not None else "unknown"
+
+    console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens"
+                  + (" (synthetic: sim engine)" if rec.engine == "sim" else ""))
+    for n in rec.nodes:
+        alive = {True: "alive", False: "DEAD", None: "-"}[n.alive]
+        console.print(f"node {n.node_rank}  {n.ip or '?'}  agent pid {n.agent_pid or '-'}  engine pid "
+                      f"{n.engine_pid or '-'} ({alive})  GPUs {','.join(n.gpu_ids) or '-'}  log {n.log_path or '-'}")
+        for r in n.ranks:
+            console.print(f"    {r.title:<28} pid {r.pid or '-':<8} {'alive' if r.alive else 'not running'}")
+    for ln in rec.log_tail:
+        console.print(f"  | {ln}", markup=False)
+
+
+def status(
+    name: NameArg = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+) -> None:
+    """Show a seat's state (reconciled with Ray now), nodes, ranks with pids, endpoint, KV pool."""
+    rec = apply.status(resolve_name(name))
+    if json_out:
+        print_json(apply.status_json(rec))
+    else:
+        _print_status(rec)
+
+
+def logs(
+    name: NameArg = None,
+    node: Annotated[int | None, typer.Option("--node", "-n", min=0, help="Only this node rank.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C stops).")] = False,
+    lines: Annotated[int, typer.Option("--lines", min=0, help="Lines of history to show first.")] = 100,
+) -> None:
+    """Show (or follow) the engine log of every node, or of one node, streamed by its node agent."""
+
+    def write(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        apply.logs(resolve_name(name), node=node, follow=follow, lines=lines, write=write)
+    except KeyboardInterrupt:
+        return
+
+
+def demo(seat: SeatOrDefault = None) -> None:
+    """Bring up the local-sim seat with the draft on, ask it a few questions, print the answers, take it down."""
+    spec = load_spec(seat or DEFAULT_PROFILE)
+    rep = ConsoleReporter()
+    try:
+        run_demo(spec, reporter=rep, say=lambda s: console.print(s, markup=False))
+    finally:
+        rep.close()
 
 
 COMMANDS: dict[str, Callable[..., Any]] = {"up": up, "down": down, "status": status, "logs": logs, "demo": demo}

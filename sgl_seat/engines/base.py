@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sgl_seat.launch.preflight import Check
+from sgl_seat.plan import LaunchPlan, NodePlan
 
 # SGLang 0.5.23 memory_pool.py: "KV Cache is allocated. dtype: ..., #tokens: N, ..."; the name may carry a
 # label and "VA upper bound" may replace "is allocated" (contracts section 6).
@@ -43,3 +44,22 @@ class EngineBackend(ABC):
 
     def parse_kv_tokens(self, log_text: str) -> int | None:
         return parse_kv_tokens(log_text)
+
+    def listen_ports(self, plan: LaunchPlan, node: NodePlan) -> dict[str, int]:
+        """Ports this node's engine binds, by name, for the ports-free check.
+
+        SGLang binds ``--port`` on every node (rank >= 1 runs its dummy health server there) and
+        node 0's scheduler listens on the dist-init port.
+        """
+        ports = {"http": plan.http_port}
+        if node.node_rank == 0:
+            ports["dist_init"] = plan.dist_init_port
+        return ports
+
+    def colocated_env(self, plan: LaunchPlan, node_rank: int) -> dict[str, str] | None:
+        """Environment for node ``node_rank`` when it shares a host with a lower node of the seat.
+
+        That happens only with simulated nodes (a local cluster on one machine). ``None`` means the
+        engine cannot run two nodes on one host (their ports would collide).
+        """
+        return None

@@ -15,8 +15,16 @@ from typing import ClassVar
 from sgl_seat.engines.base import EngineBackend
 from sgl_seat.errors import UsageError
 from sgl_seat.launch.preflight import Check
+from sgl_seat.plan import LaunchPlan, NodePlan
 
 log = logging.getLogger(__name__)
+
+# The sim's own knobs (sgl_seat.sim.args.ENV_NODE_PORT, sgl_seat.sim.contract.ADMIN_PORT_OFFSET; a unit
+# test pins them): a node's listen port instead of --port, and its loopback admin port's offset.
+NODE_PORT_ENV = "SGL_SEAT_SIM_NODE_PORT"
+ADMIN_PORT_OFFSET = 2
+# Simulated node r > 0 that shares node 0's host listens on --port + 10 * r (admin on that + 2).
+COLOCATED_PORT_STEP = 10
 
 
 class SimBackend(EngineBackend):
@@ -46,3 +54,13 @@ class SimBackend(EngineBackend):
 
     def visible_gpus(self) -> list[str] | None:
         return None
+
+    def listen_ports(self, plan: LaunchPlan, node: NodePlan) -> dict[str, int]:
+        port = int(node.env_dict().get(NODE_PORT_ENV, plan.http_port))
+        ports = {"http": port, "sim admin": port + ADMIN_PORT_OFFSET}
+        if node.node_rank == 0:
+            ports["dist_init"] = plan.dist_init_port
+        return ports
+
+    def colocated_env(self, plan: LaunchPlan, node_rank: int) -> dict[str, str] | None:
+        return {NODE_PORT_ENV: str(plan.http_port + COLOCATED_PORT_STEP * node_rank)}

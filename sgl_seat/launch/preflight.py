@@ -27,6 +27,7 @@ class Check(str, Enum):
     MODEL_PATH = "model-path"
     PORTS = "ports-free"
     DIST_INIT_REACHABLE = "dist-init-reachable"
+    OWN_HOST = "own-host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,8 @@ def check_ports_free(node_rank: int, ports: Mapping[str, int], holders: Mapping[
         if why:
             out.append(Failure(
                 node_rank, Check.PORTS.value, f"{what} port {port} is in use ({why})",
-                f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'`), or change network.{what}_port",
+                f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'`), or move the seat's ports"
+                " (network.http_port, network.dist_init_port)",
             ))
     return out
 
@@ -215,3 +217,12 @@ def check_dist_init_reachable(node_rank: int, addr: str, port: int, error: str |
     return [Failure(node_rank, Check.DIST_INIT_REACHABLE.value,
                     f"node 0's dist-init address {addr}:{port} is not reachable from here ({error})",
                     f"open TCP port {port} between the nodes (firewall, routing), and check node 0's address")]
+
+
+def check_own_host(node_rank: int, first_rank: int, host: str, supported: bool) -> list[Failure]:
+    """Two nodes of a seat on one host: fine for simulated nodes, a port clash for a real engine."""
+    if supported:
+        return []
+    return [Failure(node_rank, Check.OWN_HOST.value,
+                    f"node {node_rank} is on the same host as node {first_rank} ({host}); their ports would collide",
+                    "run one Ray node per machine for a real seat (STRICT_SPREAD then puts each node on its own)")]

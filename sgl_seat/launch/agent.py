@@ -1,0 +1,298 @@
+"""The node agent: one detached Ray actor per bundle that owns its node's engine.
+
+Only data crosses into and out of it: the plan arrives as a JSON string (``LaunchPlan.to_json``)
+and every answer is a JSON string, so nothing sgl-seat defines is pickled between processes. The
+class is plain Python (wrapped with ``ray.remote`` by the driver), so it imports without Ray and
+its logic is testable on its own. Ray is imported lazily, only for the node's address and GPU ids.
+
+What it does on its node: resolves its address, runs the preflight checks its engine backend asks
+for, starts the engine for its node rank in a new process group with the plan's environment and
+``CUDA_VISIBLE_DEVICES`` set from Ray's GPU ids, writes the engine's output to
+``$SGL_SEAT_HOME/logs/<seat>/node<r>.log``, reports the engine's processes and exit, hands out log
+tails and new log bytes, and kills the process group on request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sgl_seat.engines import backend_for
+from sgl_seat.launch import preflight, probes, procs
+from sgl_seat.launch.home import host_id, logs_dir, seat_home
+from sgl_seat.launch.preflight import Check, Failure
+from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
+from sgl_seat.watchdog import boot_dir
+
+LOG_SCAN_BYTES = 4 << 20
+
+
+def argv_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value after ``flag`` in an argv, if present."""
+    for i, a in enumerate(argv[:-1]):
+        if a == flag:
+            return argv[i + 1]
+    return None
+
+
+def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
+    """The last ``n`` lines of a file (reads at most ``max_bytes`` from its end)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
+
+
+def engine_env(node: NodePlan, base: dict[str, str], gpu_ids: list[str]) -> dict[str, str]:
+    """The engine's environment: the agent's, then the plan's per-node env, then Ray's GPUs explicitly.
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` in the actor's own environment, but whether it does depends
+    on flags that changed across Ray versions (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``,
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``), so the mapping is written out here.
+    """
+    env = dict(base)
+    env.update(node.env_dict())
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class NodeAgent:
+    """Runs on bundle ``node_rank``; methods take and return JSON strings (see the module doc)."""
+
+    def __init__(self, seat: str, node_rank: int, engine: str, driver_home: str | None = None,
+                 driver_host: str | None = None) -> None:
+        self.seat = seat
+        self.node_rank = node_rank
+        self.backend = backend_for(engine)
+        # On the driver's own host the log goes under the driver's $SGL_SEAT_HOME (tests give each
+        # run its own home); on another host the node's own home is used.
+        home = Path(driver_home) if driver_home and driver_host == host_id() else seat_home()
+        self.log_path = logs_dir(seat, home) / f"node{node_rank}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.node: NodePlan | None = None
+        self.known: dict[int, float] = {}
+        self.rank_pids: dict[str, tuple[int, float]] = {}
+        self.kv_tokens: int | None = None
+        self.started_at: float | None = None
+        self.exited_at: float | None = None
+
+    # -- facts ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _gpu_ids() -> list[str]:
+        import ray
+
+        ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+        return [str(i) for i in ids]
+
+    def node_info(self) -> str:
+        import ray
+
+        node_ip: Callable[[], str] = ray.util.get_node_ip_address  # unannotated in Ray
+        return json.dumps({
+            "node_rank": self.node_rank,
+            "ip": node_ip(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host_id": host_id(),
+            "python": sys.executable,
+            "pid": os.getpid(),
+            "gpu_ids": self._gpu_ids(),
+            "log_path": str(self.log_path),
+        })
+
+    # -- preflight ----------------------------------------------------------------------------
+
+    def _node_of(self, plan_json: str) -> tuple[LaunchPlan, NodePlan]:
+        plan = LaunchPlan.from_json(json.loads(plan_json))
+        # ${watchdog_boot}: this node's directory of the probe loader (sgl_seat.watchdog.boot_dir, issue 5).
+        plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir()})
+        return plan, plan.nodes[self.node_rank]
+
+    def preflight(self, plan_json: str) -> str:
+        """Every local check that applies to this node's engine; a JSON list of failures."""
+        plan, node = self._node_of(plan_json)
+        return json.dumps([f.to_dict() for f in self.local_checks(plan, node, self._gpu_ids())])
+
+    def local_checks(self, plan: LaunchPlan, node: NodePlan, gpu_ids: list[str]) -> list[Failure]:
+        r = self.node_rank
+        checks = self.backend.checks
+        env = {**os.environ, **node.env_dict()}
+        out: list[Failure] = []
+        if Check.GPUS in checks:
+            out += preflight.check_gpus(r, plan.topology.gpus_per_node, gpu_ids, self.backend.visible_gpus())
+        if Check.SOCKET_IFNAME in checks:
+            out += preflight.check_socket_ifnames(r, env, probes.interfaces())
+        if Check.IB_HCA in checks:
+            out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), probes.ib_devices())
+        if Check.MODEL_PATH in checks:
+            model = argv_value(node.command, "--model-path")
+            if model is not None:
+                out += preflight.check_model_path(r, model, probes.path_exists(model))
+        if Check.PORTS in checks:
+            ports = self.backend.listen_ports(plan, node)
+            out += preflight.check_ports_free(r, ports, {p: probes.port_holder(p) for p in ports.values()})
+        return out
+
+    def check_dist_init(self, addr: str, port: int, timeout: float) -> str:
+        """From a rank >= 1 node: can node 0's dist-init port be reached (TCP, with a timeout)?"""
+        if Check.DIST_INIT_REACHABLE not in self.backend.checks:
+            return "[]"
+        err = probes.wait_connectable(addr, port, time.monotonic() + timeout)
+        return json.dumps([f.to_dict() for f in preflight.check_dist_init_reachable(self.node_rank, addr, port, err)])
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    def start_engine(self, plan_json: str) -> str:
+        """Start this node's engine in its own process group; returns pid, pgid, log path and argv."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"node {self.node_rank}: an engine is already running (pid {self.proc.pid})")
+        _, node = self._node_of(plan_json)
+        left = [p.value for p in Placeholder if any(p.value in a for a in (*node.command, *dict(node.env).values()))]
+        if left:
+            raise RuntimeError(f"node {self.node_rank}: plan still has placeholders {left}")
+        env = engine_env(node, dict(os.environ), self._gpu_ids())
+        self.node = node
+        self.kv_tokens = None
+        self.known.clear()
+        self.rank_pids.clear()
+        self.proc = procs.spawn(node.command, env, self.log_path)
+        self.started_at = time.time()
+        self.exited_at = None
+        threading.Thread(target=self._watch, args=(self.proc,), name="engine-watch", daemon=True).start()
+        return json.dumps({"pid": self.proc.pid, "pgid": self.proc.pid, "log_path": str(self.log_path),
+                           "argv": list(node.command), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"]})
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Note when the engine exits, so the first node to die can be told from those that followed.
+
+        Polls instead of ``wait()``: a thread blocked in ``wait()`` makes every other ``poll()`` answer None.
+        """
+        while proc.poll() is None:
+            time.sleep(0.05)
+        if proc is self.proc and self.exited_at is None:
+            self.exited_at = time.time()
+
+    def _scan_kv(self) -> int | None:
+        if self.kv_tokens is None:
+            try:
+                with self.log_path.open("rb") as fh:
+                    text = fh.read(LOG_SCAN_BYTES).decode("utf-8", errors="replace")
+            except OSError:
+                return None
+            self.kv_tokens = self.backend.parse_kv_tokens(text)
+        return self.kv_tokens
+
+    def state(self) -> dict[str, Any]:
+        """The engine as it is now (a dict; :meth:`engine_state` is its JSON)."""
+        if self.proc is None:
+            return {"node_rank": self.node_rank, "started": False, "alive": False, "log_path": str(self.log_path)}
+        rc = self.proc.poll()
+        pgid = self.proc.pid
+        live = procs.members(pgid, [self.proc.pid], self.known.items())
+        infos = [i for i in (procs.info(p) for p in live) if i is not None]
+        for i in infos:
+            self.known[i.pid] = i.create_time
+            if i.title.startswith("sglang::"):
+                self.rank_pids.setdefault(i.title, (i.pid, i.create_time))
+        live_pids = {i.pid for i in infos}
+        ranks = []
+        lost = []
+        for r in self.node.ranks if self.node else ():
+            seen = self.rank_pids.get(r.process_title)
+            alive = seen is not None and seen[0] in live_pids
+            if seen is not None and not alive:
+                lost.append(f"{r.process_title} (pid {seen[0]})")
+            ranks.append({"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "title": r.process_title,
+                          "pid": seen[0] if seen else None, "alive": alive})
+        reason = None
+        if rc is not None:
+            reason = f"node {self.node_rank} engine (pid {self.proc.pid}) {procs.describe_exit(rc)}"
+        elif lost:
+            reason = f"node {self.node_rank}: scheduler process gone: {', '.join(lost)}"
+        dead = reason is not None
+        return {
+            "node_rank": self.node_rank,
+            "started": True,
+            "pid": self.proc.pid,
+            "pgid": pgid,
+            "alive": not dead,
+            "all_ranks_seen": all(r["pid"] is not None for r in ranks),
+            "returncode": rc,
+            "reason": reason,
+            "processes": [i.to_dict() for i in infos],
+            "ranks": ranks,
+            "log_path": str(self.log_path),
+            "kv_tokens": self._scan_kv(),
+            "log_tail": tail_lines(self.log_path, 40) if dead else [],
+            "started_at": self.started_at,
+            "exited_at": self.exited_at if rc is not None else None,
+        }
+
+    def engine_state(self) -> str:
+        return json.dumps(self.state())
+
+    def wait_listening(self, addr: str, port: int, timeout: float) -> str:
+        """Node 0: wait until the engine listens on its dist-init port; stop early if it dies."""
+        deadline = time.monotonic() + timeout
+        err: str | None = "not tried"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return json.dumps({"error": "the engine exited before listening", **self.state()})
+            err = probes.tcp_connect(addr, port, 1.0)
+            if err is None:
+                return json.dumps({"error": None})
+            time.sleep(0.2)
+        return json.dumps({"error": f"nothing listens on {addr}:{port} after {timeout:.0f} s ({err})"})
+
+    def kill_engine(self, timeout: float = 10.0) -> str:
+        """SIGTERM the engine's process group, SIGKILL after ``timeout``, verify; JSON with survivors."""
+        if self.proc is None:
+            return json.dumps({"survivors": [], "returncode": None})
+        self.state()  # refresh the known pids before they disappear
+        survivors = procs.kill_group(self.proc.pid, [self.proc.pid], self.known.items(), timeout=timeout,
+                                     reap=self.proc)
+        return json.dumps({"survivors": [s.to_dict() for s in survivors], "returncode": self.proc.poll()})
+
+    def survivors(self) -> str:
+        """What of the engine's group is still alive (down's final check on this node)."""
+        if self.proc is None:
+            return "[]"
+        live = procs.members(self.proc.pid, [self.proc.pid], self.known.items())
+        return json.dumps([i.to_dict() for i in (procs.info(p) for p in live) if i is not None])
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def log_tail(self, n: int = 100) -> str:
+        """The last ``n`` lines and the log's size (where ``read_log`` continues from)."""
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            size = 0
+        return json.dumps({"path": str(self.log_path), "lines": tail_lines(self.log_path, n), "size": size})
+
+    def read_log(self, offset: int, max_bytes: int = 1 << 16) -> str:
+        """New bytes from ``offset`` (for ``logs -f``); the offset to ask from next time."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                if offset > size:  # the log was restarted
+                    offset = 0
+                fh.seek(offset)
+                data = fh.read(max_bytes)
+        except OSError:
+            return json.dumps({"data": "", "offset": offset})
+        return json.dumps({"data": data.decode("utf-8", errors="replace"), "offset": offset + len(data)})

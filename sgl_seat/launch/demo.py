@@ -1,0 +1,61 @@
+"""The README's first command: bring a seat up with the draft on, ask it a few questions, take it down.
+
+`down` runs in ``finally``: the demo never leaves a seat behind, even when a request fails or
+the user presses Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from sgl_seat.errors import EngineError
+from sgl_seat.launch.apply import Reporter, UpOptions, down, up
+from sgl_seat.spec import SeatSpec
+
+PROMPTS = (
+    "In one sentence, what is a KV cache?",
+    "Why can speculative decoding lower throughput on a shared server?",
+    "Name one reason a multi-node launch hangs at startup.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    prompt: str
+    text: str
+    completion_tokens: int | None
+
+
+def ask(endpoint: str, model: str, prompt: str, *, max_tokens: int = 48, timeout: float = 60.0) -> Answer:
+    """One non-streaming chat completion against ``endpoint``."""
+    r = httpx.post(f"{endpoint}/v1/chat/completions", timeout=timeout, json={
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+    if r.status_code != 200:
+        raise EngineError(f"chat request to {endpoint} failed: HTTP {r.status_code} {r.text[:200]}",
+                          fix="see `sgl-seat logs --node 0`")
+    doc = r.json()
+    usage = doc.get("usage") or {}
+    return Answer(prompt, str(doc["choices"][0]["message"]["content"]), usage.get("completion_tokens"))
+
+
+def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], None],
+             prompts: Sequence[str] = PROMPTS, timeout: float = 600.0) -> list[Answer]:
+    """`up --draft on`, ask ``prompts``, print the answers through ``say``, and always `down`."""
+    answers: list[Answer] = []
+    rec, _ = up(spec, UpOptions(draft=True, timeout=timeout), reporter)
+    try:
+        endpoint = rec.endpoint or ""
+        say(f"seat {rec.name} is READY at {endpoint} (draft on)")
+        for p in prompts:
+            a = ask(endpoint, spec.model.name, p)
+            answers.append(a)
+            say(f"\n> {a.prompt}\n{a.text}  [{a.completion_tokens} tokens]")
+    finally:
+        say("\ntaking the seat down")
+        down(rec.name, reporter)
+    return answers

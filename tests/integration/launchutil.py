@@ -1,0 +1,214 @@
+"""Helpers for the launch integration tests: seat specs in our port range, the CLI as a subprocess,
+a shared two-node local cluster, Ray inspection from a separate process, and process-tree checks.
+
+Ports: the launch tests own 33000-33999 (other suites test concurrently in other ranges). Every
+process check is by pid (with create time) or by process group of processes these tests started,
+never by name across the host: other engineers' sim engines carry the same ``sglang::`` titles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_SIM = REPO / "launch" / "seats" / "local-sim.yaml"
+MODEL_CONFIG = REPO / "launch" / "models" / "dsv41-flash-class"
+PORT_BASE = 33000
+ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+_taken: set[int] = set()
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def ports(slot: int) -> tuple[int, int]:
+    """(http_port, dist_init_port) for test slot ``slot``: a free block of 20 from 33000 + 20*slot on.
+
+    Our range lies inside Linux's ephemeral range, so Ray's workers and any outgoing connection can
+    hold one of its ports for a while; a block whose ports are all free right now is chosen (the
+    seat uses http, http+2, +5, +10, +12), and never twice in one test session.
+    """
+    for base in range(PORT_BASE + 20 * slot, 33980, 20):
+        if base in _taken:
+            continue
+        if all(_free(base + off) for off in (0, 2, 5, 10, 12)):
+            _taken.add(base)
+            return base, base + 5
+    raise RuntimeError(f"no free port block in {PORT_BASE}-33999 from slot {slot}")
+
+
+def write_spec(directory: Path, name: str, *, address: str, slot: int, nodes: int = 2,
+               python: str | None = None) -> Path:
+    """local-sim with another name, our ports, a cluster address and (for the 3-node test) another size."""
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
+    http, dist = ports(slot)
+    doc["name"] = name
+    doc["python"] = python or os.environ.get("SGL_SEAT_TEST_ENGINE_PYTHON", "${agent_python}")
+    doc["cluster"]["address"] = address
+    doc["network"]["http_port"] = http
+    doc["network"]["dist_init_port"] = dist
+    doc["model"]["config"] = str(MODEL_CONFIG)
+    if nodes != doc["cluster"]["nodes"]:
+        gpus = nodes * doc["cluster"]["gpus_per_node"]
+        doc["cluster"]["nodes"] = nodes
+        doc["parallel"] = {"tp": gpus, "ep": gpus}
+        doc["network"]["node_env"] = [{} for _ in range(nodes)]
+        del doc["model"]["config"]  # capacity is not the point of that seat
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def cli_argv() -> list[str]:
+    exe = shutil.which("sgl-seat", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "sgl_seat.cli.main"]
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    return {**os.environ, **ONE_HOST, "SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
+
+
+def run_cli(args: list[str], home: Path, *, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*cli_argv(), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout,
+                          check=False, cwd=home.parent)
+
+
+def status_json(name: str, home: Path) -> dict[str, Any]:
+    res = run_cli(["status", name, "--json"], home, timeout=60)
+    assert res.returncode == 0, res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def endpoint_of(up_stdout: str) -> str:
+    for line in up_stdout.splitlines():
+        if "endpoint: " in line:
+            return line.split("endpoint: ", 1)[1].strip()
+    raise AssertionError(f"no endpoint printed:\n{up_stdout}")
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ctime: float
+    pgid: int | None
+    title: str
+
+
+def _proc(p: psutil.Process) -> Proc | None:
+    try:
+        with p.oneshot():
+            cmd = p.cmdline()
+            title = cmd[0] if cmd and cmd[0].startswith("sglang::") else " ".join(cmd)[:160]
+            try:
+                pgid: int | None = os.getpgid(p.pid)
+            except OSError:
+                pgid = None
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return Proc(p.pid, p.create_time(), pgid, title)
+    except psutil.Error:
+        return None
+
+
+def descendants(pid: int) -> list[Proc]:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [x for x in (_proc(k) for k in kids) if x is not None]
+
+
+def alive(procs: Iterable[Proc]) -> list[Proc]:
+    """Those of ``procs`` still running (same pid and create time, not a zombie)."""
+    out = []
+    for p in procs:
+        try:
+            q = psutil.Process(p.pid)
+            if abs(q.create_time() - p.ctime) < 0.05 and q.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def in_groups(pgids: Iterable[int]) -> list[Proc]:
+    """Live processes whose process group is one of ``pgids`` (engine groups these tests started)."""
+    want = set(pgids)
+    out = []
+    for q in psutil.process_iter():
+        try:
+            if os.getpgid(q.pid) in want:
+                p = _proc(q)
+                if p is not None:
+                    out.append(p)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def engine_pgids(status: dict[str, Any]) -> list[int]:
+    return [n["pgid"] for n in status["nodes"] if n.get("pgid")]
+
+
+def wait_until(pred: Any, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+# -- Ray, inspected from another process (the test process never becomes a Ray driver) -------------
+
+_INSPECT = textwrap.dedent("""
+    import json, logging, sys
+    import ray
+    from ray.util import placement_group_table
+    ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level=logging.ERROR, log_to_driver=False)
+    pgs = [{"name": v.get("name"), "state": v.get("state")} for v in placement_group_table().values()]
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == sys.argv[2]]
+    print(json.dumps({"pgs": pgs, "actors": actors}))
+    ray.shutdown()
+""")
+
+
+def ray_inspect(address: str, namespace: str) -> dict[str, Any]:
+    """Placement groups (all, with state) and the named actors of ``namespace`` on the cluster."""
+    res = subprocess.run([sys.executable, "-c", _INSPECT, address, namespace], env={**os.environ, **ONE_HOST},
+                         capture_output=True, text=True, timeout=90, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def live_groups(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [g for g in doc["pgs"] if g["name"] == name and g["state"] != "REMOVED"]

@@ -1,0 +1,193 @@
+"""Launch faults on one shared two-node local cluster (started once: Ray startup is the slow part).
+
+The seats here use ``cluster.address: 127.0.0.1:<gcs port>`` of that cluster, i.e. the "existing
+cluster" path; that is also how a 3-node seat is asked of a 2-node cluster. After each test no
+process of the engines' groups may remain under the cluster, no placement group of the seat may be
+left, and no node agent of the seat may be alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from launchutil import (
+    Proc,
+    alive,
+    cli_argv,
+    cli_env,
+    descendants,
+    endpoint_of,
+    engine_pgids,
+    in_groups,
+    live_groups,
+    ray_inspect,
+    run_cli,
+    status_json,
+    wait_until,
+    write_spec,
+)
+
+from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Shared:
+    address: str
+    holder: int
+    holder_pgid: int
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """A 2-node simulated cluster (2 fake GPUs each) held by our background process for this module."""
+    home = tmp_path_factory.mktemp("shared-cluster")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    rec = start_local_cluster("launch-tests", nodes=2, gpus_per_node=2, cpus_per_node=3, timeout=180,
+                              record=home / "cluster.json")
+    assert rec.gcs_address
+    try:
+        yield Shared(rec.gcs_address, rec.pid, os.getpgid(rec.pid))
+    finally:
+        survivors = stop_local_cluster(pid=rec.pid, create_time=rec.create_time, known=rec.processes)
+        assert survivors == []
+
+
+@pytest.fixture
+def clean(shared: Shared) -> Iterator[None]:
+    """After the test: nothing under the cluster outside Ray's own process group (i.e. no engine)."""
+    yield
+    strays = [p for p in descendants(shared.holder) if p.pgid != shared.holder_pgid]
+    assert strays == [], strays
+
+
+def _assert_seat_gone(shared: Shared, name: str, home: Path, pgids: Sequence[int] = (),
+                      agents: Sequence[Proc] = ()) -> None:
+    doc = ray_inspect(shared.address, f"sgl-seat-{name}")
+    assert live_groups(doc, f"sgl-seat-{name}-pg") == [], doc["pgs"]
+    assert doc["actors"] == []
+    assert in_groups(pgids) == []
+    assert wait_until(lambda: alive(agents) == [], 10), alive(agents)
+    assert not (home / "seats" / f"{name}.json").exists()
+
+
+def _agent_procs(st: dict[str, Any]) -> list[Proc]:
+    out = []
+    for n in st["nodes"]:
+        if n["agent_pid"]:
+            out.append(Proc(n["agent_pid"], psutil.Process(n["agent_pid"]).create_time(), None, "agent"))
+    return out
+
+
+def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: Shared, clean: None,
+                                                                      tmp_path: Path) -> None:
+    """GIVEN a READY seat WHEN `up` runs again THEN it is refused and the seat is untouched; WHEN node 1's
+    engine is SIGKILLed THEN `status` says FAILED within 10 s naming node 1; `down` then cleans up."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-fail", address=shared.address, slot=1)
+    up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--timeout", "180"], home)
+    assert up.returncode == 0, up.stdout + up.stderr
+    endpoint = endpoint_of(up.stdout)
+
+    again = run_cli(["up", "--seat", str(spec)], home, timeout=120)
+    assert again.returncode != 0
+    assert "already recorded as READY" in again.stderr and "second `up` is refused" in again.stderr
+    st = status_json("lt-fail", home)
+    assert st["state"] == "READY" and st["endpoint"] == endpoint
+
+    pgids, agents = engine_pgids(st), _agent_procs(st)
+    node1 = st["nodes"][1]["engine_pid"]
+    try:
+        t0 = time.monotonic()
+        os.kill(node1, signal.SIGKILL)
+        state, reason = "", ""
+        while time.monotonic() - t0 < 10.0:
+            st = status_json("lt-fail", home)
+            state, reason = st["state"], st["reason"] or ""
+            if state == "FAILED":
+                break
+        elapsed = time.monotonic() - t0
+        assert state == "FAILED" and elapsed < 10.0, (state, elapsed)
+        assert reason.startswith(f"node 1 engine (pid {node1}) killed by SIGKILL"), reason
+        assert st["log_tail"], "a FAILED seat keeps the log tail"
+    finally:
+        down = run_cli(["down", "lt-fail"], home, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    _assert_seat_gone(shared, "lt-fail", home, pgids, agents)
+
+
+def test_three_nodes_on_a_two_node_cluster_fail_in_time_with_resources(shared: Shared, clean: None,
+                                                                       tmp_path: Path) -> None:
+    """GIVEN a 2-node cluster WHEN a 3-node seat is brought up with --timeout 8 THEN `up` fails soon after
+    8 s, shows the cluster's available and total resources beside the request, and leaves no group."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-three", address=shared.address, slot=2, nodes=3)
+    t0 = time.monotonic()
+    up = run_cli(["up", "--seat", str(spec), "--timeout", "8"], home, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert up.returncode != 0
+    err = up.stderr
+    assert "could not be placed within the 8 s timeout" in err, err
+    assert "3 bundles" in err and "cluster available:" in err and "cluster total:" in err and "GPU: 4" in err
+    assert elapsed < 8 + 20, elapsed  # CLI start + connect + removal on a 2-core machine
+    _assert_seat_gone(shared, "lt-three", home)
+
+
+def test_port_in_use_fails_preflight_naming_node_and_port(shared: Shared, clean: None, tmp_path: Path) -> None:
+    """GIVEN something listening on the seat's HTTP port WHEN `up` THEN preflight fails naming the node and
+    the port, before any engine starts, and nothing of the seat is left."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-port", address=shared.address, slot=3)
+    http = yaml.safe_load(spec.read_text())["network"]["http_port"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", http))
+        s.listen(1)
+        up = run_cli(["up", "--seat", str(spec), "--timeout", "120"], home, timeout=180)
+    assert up.returncode != 0
+    assert "preflight failed" in up.stderr, up.stderr
+    assert f"node 0: ports-free: http port {http} is in use" in up.stderr
+    assert "ok engine-node0" not in up.stdout
+    _assert_seat_gone(shared, "lt-port", home)
+
+
+def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp_path: Path) -> None:
+    """GIVEN `up` with node 0's engine already running WHEN it gets SIGINT (Ctrl-C) THEN it takes down
+    everything it started: engines' groups, agents, the placement group and the record."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-int", address=shared.address, slot=4)
+    before = {p.pid for p in descendants(shared.holder)}
+    proc = subprocess.Popen([*cli_argv(), "up", "--seat", str(spec), "--timeout", "180"], env=cli_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "ok engine-node0" in line:
+                break
+        assert any("ok engine-node0" in ln for ln in seen), "".join(seen) + (proc.stderr.read() if proc.stderr else "")
+        started = [p for p in descendants(shared.holder) if p.pid not in before]
+        assert any(p.pgid != shared.holder_pgid for p in started), "node 0's engine should be running"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "interrupted" in err, err
+    assert alive([p for p in started if p.pgid != shared.holder_pgid]) == []
+    engine_groups = sorted({p.pgid for p in started if p.pgid and p.pgid != shared.holder_pgid})
+    _assert_seat_gone(shared, "lt-int", home, engine_groups)

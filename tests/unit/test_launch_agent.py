@@ -1,0 +1,89 @@
+"""Node agent logic that needs no Ray: the engine's environment, placeholders, checks per backend, logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sgl_seat.engines import backend_for, parse_kv_tokens
+from sgl_seat.errors import UsageError
+from sgl_seat.launch import probes
+from sgl_seat.launch.agent import NodeAgent, argv_value, engine_env, tail_lines
+from sgl_seat.launch.home import HOME_ENV
+from sgl_seat.launch.names import agent_name, namespace_of, pg_name
+from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
+from sgl_seat.spec import load_spec
+
+
+@pytest.fixture
+def plan() -> LaunchPlan:
+    return build_plan(load_spec("local-sim"), draft=True)
+
+
+def test_plan_crosses_to_the_agent_as_json_and_fills(plan: LaunchPlan) -> None:
+    """GIVEN the driver fills node 0's address WHEN the agent rebuilds the plan from JSON and fills its
+    Python THEN no placeholder is left in any argv or env."""
+    filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
+    back = LaunchPlan.from_json(json.loads(json.dumps(filled.to_json())))
+    back = back.fill({Placeholder.AGENT_PYTHON: "/venv/bin/python"})
+    assert back.placeholders() == []
+    assert back.nodes[1].command[0] == "/venv/bin/python"
+    assert argv_value(back.nodes[1].command, "--dist-init-addr") == f"127.0.0.1:{plan.dist_init_port}"
+    assert argv_value(back.nodes[1].command, "--nope") is None
+
+
+def test_engine_env_layers_plan_env_and_rays_gpus(plan: LaunchPlan) -> None:
+    env = engine_env(plan.nodes[1], {"PATH": "/bin", "GLOO_SOCKET_IFNAME": "eth9", "CUDA_VISIBLE_DEVICES": "7"},
+                     ["0", "1"])
+    assert env["PATH"] == "/bin"
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"          # the plan's per-node env wins over the node's
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"       # Ray's assignment, written out explicitly
+    assert env["SGL_SEAT_NAME"] == "local-sim"
+
+
+def test_names_are_per_seat() -> None:
+    assert namespace_of("a") != namespace_of("b")
+    assert agent_name("a", 1) == "sgl-seat-a-node1" and pg_name("a") == "sgl-seat-a-pg"
+
+
+def test_sim_agent_runs_only_the_checks_that_apply(plan: LaunchPlan, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """A busy HTTP port fails on every node, dist-init only on node 0; the sim skips model and HCA checks."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    busy = {plan.http_port, plan.dist_init_port}
+    monkeypatch.setattr(probes, "port_holder", lambda port, host="0.0.0.0": "bound" if port in busy else None)
+    monkeypatch.setattr(probes, "interfaces", lambda: ["lo", "eth0"])
+    monkeypatch.setattr(probes, "ib_devices", lambda: pytest.fail("sim seats do not check HCAs"))
+    monkeypatch.setattr(probes, "path_exists", lambda p: pytest.fail("sim seats do not check the model path"))
+    for r in (0, 1):
+        agent = NodeAgent("local-sim", r, "sim")
+        fs = agent.local_checks(plan, plan.nodes[r], ["0", "1"])
+        assert {f.node_rank for f in fs} == {r}
+        ports = sorted(f.problem.split()[0] for f in fs)
+        assert ports == (["dist_init", "http"] if r == 0 else ["http"])
+    assert agent.log_path == tmp_path / "logs" / "local-sim" / "node1.log"
+
+
+def test_tail_lines(tmp_path: Path) -> None:
+    p = tmp_path / "x.log"
+    p.write_text("".join(f"line {i}\n" for i in range(500)))
+    assert tail_lines(p, 3) == ["line 497", "line 498", "line 499"]
+    assert tail_lines(tmp_path / "missing", 3) == []
+
+
+def test_kv_line_is_parsed_as_sglang_prints_it() -> None:
+    text = ("[2026 TP0 EP0] Load weight end.\n[2026 TP0 EP0] KV Cache is allocated. dtype: torch.bfloat16, "
+            "#tokens: 260352, KV size: 12.31 GB\n")
+    assert parse_kv_tokens(text) == 260352
+    assert parse_kv_tokens("SWA KV Cache VA upper bound. #tokens: 1,024, K size: 1 GB") == 1024
+    assert parse_kv_tokens("nothing here") is None
+
+
+def test_sglang_refuses_faults_and_sim_accepts_them() -> None:
+    with pytest.raises(UsageError, match="only for sim seats"):
+        backend_for("sglang").validate_faults(["crash:rank=2"])
+    assert backend_for("sglang").validate_faults([]) == ()
+    with pytest.raises(UsageError):
+        backend_for("tgi")
