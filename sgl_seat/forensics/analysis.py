@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgl_seat.forensics.bundle import Bundle
-from sgl_seat.watchdog.records import Frame, MetricsPoint, StackSample, ThreadStack
+from sgl_seat.watchdog.detect import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
+from sgl_seat.watchdog.records import MetricsPoint, StackSample, ThreadStack
 
 __all__ = [
     "Analysis",
@@ -32,22 +33,8 @@ __all__ = [
     "rowfetch_buckets",
 ]
 
-#: Python function names that wait for other ranks (torch.distributed collectives, device syncs, work.wait).
-COLLECTIVE_FUNCS = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all",
-    "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv", "reduce", "gather", "scatter",
-    "wait", "_wait", "synchronize", "wait_stream", "_all_reduce", "tensor_model_parallel_all_reduce",
-    "all_reduce_inplace", "custom_all_reduce",
-})
-#: Substrings of native frame names that mean "blocked on the interconnect or the device".
-COLLECTIVE_NATIVE = ("nccl", "gloo", "cuCtxSynchronize", "cudaDeviceSynchronize", "cudaStreamSynchronize",
-                     "cuStreamSynchronize", "cudaEventSynchronize", "c10d", "ProcessGroup")
 #: Row-fetch functions recognised even without probe records naming them.
 ROWFETCH_FUNCS = frozenset({"fetch_rows"})
-#: Top frames of an idle thread (event loops, condition waits, sleeps).
-IDLE_FUNCS = frozenset({"select", "poll", "epoll_wait", "wait", "sleep", "recv_pyobj", "_recv", "recv_multipart",
-                        "accept", "read", "readline", "_wait_for_tstate_lock", "get", "run_forever", "_run_once"})
 
 MAX_STUCK = 20
 STUCK_MIN_SAMPLES = 3
@@ -56,41 +43,40 @@ ACTIVITY_WINDOW_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class RankState:
-    """One thread's classification: ``state`` is rowfetch, collective, running, idle or error."""
+    """One thread's classification: ``state`` is rowfetch, collective, running, idle, exited or error."""
 
     state: str
     frame: str | None
 
 
-def _is_collective(f: Frame) -> bool:
-    if f.native or f.module:
-        return any(s in f.name for s in COLLECTIVE_NATIVE)
-    if f.name in COLLECTIVE_FUNCS:
-        fn = f.filename.replace("\\", "/")
-        # A bare `wait`/`send`/`recv` counts only inside torch (distributed, cuda); elsewhere it is too generic.
-        if f.name in ("wait", "send", "recv", "gather", "scatter", "reduce"):
-            return "torch/" in fn or "distributed" in fn
-        return True
-    return False
-
-
 def classify_thread(th: ThreadStack | None, rowfetch_funcs: frozenset[str] = ROWFETCH_FUNCS) -> RankState:
-    """Where a thread is: in a row fetch, waiting in a collective, idle, or running (and on which frame)."""
+    """Where a thread is: in a row fetch, waiting in a collective, idle, or running, and on which frame.
+
+    Built on the watchdog's own frame helpers (``collective_frame``, ``stuck_frame``), so "waiting in a
+    collective" and "the frame to name" mean here exactly what they mean to the live detectors. "Idle" is
+    a thread whose innermost engine-relevant frame is standard library (an event loop in ``select``): such
+    a thread says nothing about a hang. A scheduler blocked in ``Condition.wait`` inside engine code is not
+    idle: it is named at its engine frame, which is where it is stuck.
+    """
     if th is None or not th.frames:
         return RankState("error", None)
-    for f in th.frames:
-        if f.name in rowfetch_funcs:
+    py = python_frames(th)
+    for f in py:
+        if short_name(f) in rowfetch_funcs:
             return RankState("rowfetch", f.label)
-    py = [f for f in th.frames if not f.native and not f.module]
-    for i, f in enumerate(th.frames):
-        if _is_collective(f):
-            # Name the Python frame that made the call (a native frame's caller is the next Python one).
-            label = next((p.label for p in th.frames[i:] if not p.native and not p.module), f.label)
-            return RankState("collective", label)
-    top = py[0] if py else th.frames[0]
-    if not th.active and th.frames[0].name in IDLE_FUNCS:
-        return RankState("idle", top.label)
-    return RankState("running", top.label)
+    coll = collective_frame(th)
+    if coll is not None:
+        # Name the Python call site: the collective itself where it is a Python frame, else its nearest caller.
+        py_coll = collective_frame(ThreadStack(th.thread_id, th.name, th.active, th.owns_gil, tuple(py)))
+        label = py_coll.label if py_coll is not None else next(
+            (p.label for p in th.frames[th.frames.index(coll):] if not p.native), coll.label)
+        return RankState("collective", label)
+    frame = stuck_frame(th)
+    if frame is None:
+        return RankState("running" if th.active else "idle", th.frames[0].label)
+    if is_stdlib(frame):
+        return RankState("idle", frame.label)
+    return RankState("running", frame.label)
 
 
 def gather_bucket(g: int) -> tuple[int, int]:
@@ -204,7 +190,8 @@ class _Seg:
 
 
 def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
-    return ROWFETCH_FUNCS | {g.target.rsplit(".", 1)[-1] for g in bundle.probes.groups}
+    """Function names of the probe targets (``pkg.mod:func`` or ``pkg.mod.func``), as the detectors derive them."""
+    return ROWFETCH_FUNCS | {g.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for g in bundle.probes.groups}
 
 
 def _rank_samples(samples: Iterable[StackSample]) -> dict[int, list[StackSample]]:
@@ -245,7 +232,7 @@ def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[st
 
 
 def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[str, Any]]:
-    """Threads whose stack did not change over their last samples, longest first.
+    """Threads whose stack did not change over their last samples: scheduler ranks first, longest first.
 
     Only a main thread or an active thread counts, and not one parked idle (an event loop in select,
     a helper in a condition wait): those are "unchanged" forever and say nothing about the hang.
@@ -256,7 +243,7 @@ def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[di
         for th in s.threads:
             if th is main or th.active:
                 by_thread[(s.node, s.pid, th.thread_id)].append((s.t, th, s))
-    out: list[tuple[tuple[float, int, int, int], dict[str, Any]]] = []
+    out: list[tuple[tuple[bool, float, int, int, int], dict[str, Any]]] = []
     for (node, pid, tid), rows in by_thread.items():
         rows.sort(key=lambda r: r[0])
         last_t, last_th, last_s = rows[-1]
@@ -273,7 +260,9 @@ def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[di
         st = classify_thread(last_th, funcs)
         if st.state == "idle":
             continue
-        key = (first_t - last_t, last_s.rank if last_s.rank is not None else 1 << 30, pid, tid)
+        if last_s.rank is None and st.state == "collective":
+            st = RankState("waiting", st.frame)  # a detokenizer or server in recv(): waiting for work, not peers
+        key = (last_s.rank is None, first_t - last_t, last_s.rank if last_s.rank is not None else 1 << 30, pid, tid)
         out.append((key, {"rank": last_s.rank, "node": node, "pid": pid, "title": last_s.title, "thread_id": tid,
                           "thread": last_th.name, "state": st.state, "frame": st.frame,
                           "since_s": _r(first_t - trig), "duration_s": _r(last_t - first_t), "samples": n}))

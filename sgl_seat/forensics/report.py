@@ -20,7 +20,8 @@ from sgl_seat.forensics.replay import ReplayResult
 __all__ = ["STATE_GLYPH", "render_report", "timeline_strip"]
 
 #: One character per sample in the timeline strip.
-STATE_GLYPH = {"rowfetch": "R", "collective": "C", "running": ".", "idle": "_", "error": "x", "exited": "X"}
+STATE_GLYPH = {"rowfetch": "R", "collective": "C", "running": ".", "idle": "_", "error": "x", "exited": "X",
+               "waiting": "w"}
 _STATE_STYLE = {"rowfetch": "bold red", "collective": "yellow", "running": "green", "idle": "dim", "error": "magenta",
                 "exited": "bold magenta"}
 
@@ -136,8 +137,10 @@ def _activity(doc: dict[str, Any]) -> RenderableType:
 
 def _exited(doc: dict[str, Any]) -> Iterator[RenderableType]:
     for p in doc["exited"]:
-        yield Text(f"exited: {p['title']} (rank {_fmt(p['rank'])}, node {p['node']}, pid {p['pid']}) "
-                   f"code {_fmt(p['exit_code'])}", style="bold red")
+        title = p["title"] if len(p["title"]) <= 80 else p["title"][:77] + "..."
+        code = "unknown" if p["exit_code"] is None else p["exit_code"]
+        yield Text(f"exited: {title} (rank {_fmt(p['rank'])}, node {p['node']}, pid {p['pid']}) exit code {code}",
+                   style="bold red")
     for node, lines in doc["log_tail"].items():
         if doc["exited"] or (doc["verdict"] and doc["verdict"]["kind"] in ("process exited", "engine watchdog")):
             body = Text("\n".join(lines[-12:]))
