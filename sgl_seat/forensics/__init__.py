@@ -18,6 +18,7 @@ from sgl_seat.forensics.codec import (
     encode_text,
 )
 from sgl_seat.forensics.manifest import BundleVersionError, Manifest
+from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.redact import Redactor, RequestShape
 from sgl_seat.forensics.scrub import scrub_env, scrub_json, scrub_text
 
@@ -27,6 +28,7 @@ __all__ = [
     "Manifest",
     "ProbeTable",
     "Redactor",
+    "RequestRecorder",
     "RequestShape",
     "encode_env",
     "encode_json",

@@ -288,3 +288,34 @@ def test_redaction_keeps_shape_and_prefix_structure() -> None:
     raw = Redactor(raw_prompts=True, salt=b"s").shape(t=1.0, route="/generate", prompt="hello", prompt_tokens=1,
                                                       max_tokens=1)
     assert raw.prompt == "hello"
+
+
+def test_request_recorder_redacts_and_bounds() -> None:
+    """The seat-side recorder keeps shapes (lengths, prefix groups, max_tokens, sampling), not prompts."""
+    import io
+
+    from sgl_seat.forensics.codec import decode_records
+    from sgl_seat.forensics.recorder import RequestRecorder
+
+    rec = RequestRecorder(salt=b"s", capacity=3, history_s=100)
+    system = "system prompt shared by all " * 5
+    h0 = rec.observe("/v1/chat/completions", {"messages": [{"role": "system", "content": system},
+                                                           {"role": "user", "content": "one"}],
+                                              "max_completion_tokens": 64, "temperature": 0.2, "stream": True}, t=10.0)
+    rec.observe("/v1/chat/completions", {"messages": [{"role": "system", "content": system},
+                                                      {"role": "user", "content": [{"type": "text", "text": "two"}]}],
+                                         "max_tokens": 32}, t=11.0)
+    rec.observe("/generate", {"text": "hello there", "sampling_params": {"max_new_tokens": 8, "top_k": 5}}, t=12.0)
+    rec.finish(h0, output_tokens=40, prompt_tokens=55, t=13.0)
+    shapes = rec.snapshot(now=20.0)
+    a, b, c = shapes
+    assert a.prompt is None and a.prompt_tokens == 55 and not a.tokens_estimated and a.output_tokens == 40
+    assert a.max_tokens == 64 and a.stream and a.sampling == {"temperature": 0.2}
+    assert a.prefix_group == b.prefix_group and b.shared_prefix_chars > 0
+    assert c.route == "/generate" and c.max_tokens == 8 and c.sampling == {"top_k": 5}
+    rec.observe("/v1/completions", {"prompt": "x"}, t=13.0)
+    assert len(rec.snapshot(now=20.0)) == 3  # bounded
+    assert len(rec.snapshot(now=112.5)) == 1  # history window
+    back = decode_records(io.BytesIO(rec.encode(now=20.0)), RequestShape.from_json, "requests.jsonl")
+    assert back == rec.snapshot(now=20.0)
+    assert rec.redaction["prompts"] == "redacted"
