@@ -555,7 +555,7 @@ def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) 
     save_record(rec)
     connected = False
     with _sigint_ignored():
-        if rec.gcs_address:
+        if rec.gcs_address and (not rec.local_cluster or _holder_alive(rec)):
             with stages.stage("connect", rec.gcs_address):
                 try:
                     cluster.connect(rec.gcs_address, rec.namespace, token_env=rec.token_env, timeout=min(timeout, 30.0))
@@ -585,6 +585,10 @@ def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
         what = "`down`" if rec.state is SeatState.STOPPING else "`up`"
         _fail(rec, f"{what} (pid {rec.busy_pid}) ended before finishing ({rec.state.value}); run `sgl-seat down`")
     if not rec.gcs_address:
+        save_record(rec)
+        return rec
+    if rec.local_cluster and not _holder_alive(rec):
+        _fail(rec, "the local Ray cluster `up` started is gone (its holder process exited)")
         save_record(rec)
         return rec
     try:
@@ -684,6 +688,11 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
         "log_tail": rec.log_tail,
         "updated_at": rec.updated_at,
     }
+
+
+def _holder_alive(rec: SeatRecord) -> bool:
+    lc = local_cluster_info(rec)
+    return lc is not None and procs.find(lc.pid, lc.create_time) is not None
 
 
 def local_cluster_info(rec: SeatRecord) -> localcluster.LocalClusterRecord | None:

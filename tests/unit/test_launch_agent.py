@@ -87,3 +87,19 @@ def test_sglang_refuses_faults_and_sim_accepts_them() -> None:
     assert backend_for("sglang").validate_faults([]) == ()
     with pytest.raises(UsageError):
         backend_for("tgi")
+
+
+def test_sim_backend_constants_match_the_sim() -> None:
+    """The launcher's copy of the sim's knobs must spell them as the sim reads them."""
+    from sgl_seat.engines import sim as sim_backend
+    from sgl_seat.sim import args, contract
+
+    assert sim_backend.NODE_PORT_ENV == args.ENV_NODE_PORT
+    assert sim_backend.ADMIN_PORT_OFFSET == contract.ADMIN_PORT_OFFSET
+
+
+def test_sim_faults_are_checked_with_the_sims_parser() -> None:
+    sim = backend_for("sim")
+    assert sim.validate_faults(["crash:rank=2,after_s=30"]) == ("crash:rank=2,after_s=30",)
+    with pytest.raises(UsageError):
+        sim.validate_faults(["explode:rank=1"])

@@ -1,0 +1,92 @@
+"""Driver-side pieces of `up`/`status` that need no Ray: co-located nodes, the endpoint, who died first,
+the `status --json` shape, and the environment Ray reads (one-host mode, token auth)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from sgl_seat.engines import backend_for
+from sgl_seat.errors import ClusterError, PreflightError
+from sgl_seat.launch import cluster
+from sgl_seat.launch.apply import _colocate, _dead_reason, endpoint_of, status_json
+from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
+from sgl_seat.launch.state import SeatState
+from sgl_seat.plan import build_plan
+from sgl_seat.spec import load_spec
+
+
+def _nodes(*hosts: str) -> list[NodeRecord]:
+    return [NodeRecord(node_rank=i, agent=f"a{i}", host_id=h, ip="127.0.0.1") for i, h in enumerate(hosts)]
+
+
+def test_simulated_nodes_on_one_host_get_their_own_listen_port() -> None:
+    """GIVEN two sim nodes on one host WHEN the plan is adjusted THEN node 1 listens elsewhere (SGLang's dummy
+    health server would otherwise collide with node 0's HTTP port) and its preflight checks that port."""
+    plan = build_plan(load_spec("local-sim"))
+    sim = backend_for("sim")
+    out = _colocate(plan, sim, _nodes("h/1", "h/1"))
+    assert "SGL_SEAT_SIM_NODE_PORT" not in out.nodes[0].env_dict()
+    assert out.nodes[1].env_dict()["SGL_SEAT_SIM_NODE_PORT"] == str(plan.http_port + 10)
+    assert sim.listen_ports(out, out.nodes[1]) == {"http": plan.http_port + 10, "sim admin": plan.http_port + 12}
+    assert sim.listen_ports(out, out.nodes[0])["dist_init"] == plan.dist_init_port
+    assert _colocate(plan, sim, _nodes("h/1", "h/2")) is plan
+
+
+def test_real_engine_nodes_on_one_host_fail_preflight() -> None:
+    plan = build_plan(load_spec("large"))
+    with pytest.raises(PreflightError, match="node 1: own-host"):
+        _colocate(plan, backend_for("sglang"), _nodes("h/1", "h/1"))
+
+
+def test_endpoint_is_node0_unless_the_engine_binds_one_address() -> None:
+    plan = build_plan(load_spec("local-sim"))
+    assert endpoint_of(plan, "10.0.0.5", "0.0.0.0") == f"http://10.0.0.5:{plan.http_port}"
+    assert endpoint_of(plan, "10.0.0.5", "127.0.0.1") == f"http://127.0.0.1:{plan.http_port}"
+    assert endpoint_of(plan, "fe80::1", "::") == f"http://[fe80::1]:{plan.http_port}"
+
+
+def _st(rank: int, alive: bool, exited_at: float | None = None, reason: str | None = None) -> dict[str, Any]:
+    return {"node_rank": rank, "started": True, "alive": alive, "exited_at": exited_at, "reason": reason,
+            "log_tail": [f"tail {rank}"]}
+
+
+def test_the_node_that_died_first_is_the_reason() -> None:
+    """Node 0's engine kills itself when node 1's ranks vanish; the reason must name node 1."""
+    assert _dead_reason([_st(0, True), _st(1, True)]) is None
+    got = _dead_reason([_st(0, False, 10.2, "node 0 engine killed by SIGKILL"),
+                        _st(1, False, 10.0, "node 1 engine killed by SIGKILL")])
+    assert got is not None
+    reason, tail = got
+    assert reason.startswith("node 1 engine killed by SIGKILL; then node 0") and tail == ["[node 1] tail 1"]
+
+
+def test_status_json_has_the_documented_keys() -> None:
+    rec = SeatRecord(name="s", state=SeatState.READY, engine="sim", draft=True, cluster_address="local",
+                     namespace="n", pg_name="p", endpoint="http://127.0.0.1:1",
+                     nodes=[NodeRecord(node_rank=0, agent="a", ranks=[RankRecord(tp_rank=0, ep_rank=0, title="t",
+                                                                                 pid=5, alive=True)])])
+    doc = status_json(rec)
+    assert {"name", "state", "endpoint", "nodes", "kv_pool", "reason"} <= set(doc)
+    assert doc["nodes"][0]["node_rank"] == 0 and doc["nodes"][0]["ranks"][0]["pid"] == 5
+
+
+def test_token_auth_is_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_RAY_TOKEN", "s3cret")
+    monkeypatch.setenv("RAY_AUTH_MODE", "unset-by-test")  # recorded, so the test's changes are undone
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "unset-by-test")
+    cluster.prepare_env("10.1.2.3:6379", "MY_RAY_TOKEN")
+    assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_AUTH_TOKEN"] == "s3cret"
+    monkeypatch.delenv("NOT_SET_TOKEN", raising=False)
+    with pytest.raises(ClusterError, match="NOT_SET_TOKEN is not set"):
+        cluster.prepare_env("10.1.2.3:6379", "NOT_SET_TOKEN")
+
+
+def test_addresses() -> None:
+    assert cluster.is_loopback("local") and cluster.is_loopback("127.0.0.1:6379")
+    assert not cluster.is_loopback("10.0.0.1:6379") and not cluster.is_loopback("auto")
+    assert cluster.split_address("[::1]:6379") == ("::1", 6379)
+    with pytest.raises(ClusterError, match="not host:port"):
+        cluster.split_address("head-node")
