@@ -78,12 +78,17 @@ def _handler(seat: Seat) -> type[BaseHTTPRequestHandler]:
     return H
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the default backlog of 5 drops connections when the replay opens many at once
+    daemon_threads = True
+
+
 @pytest.fixture
 def serve() -> Iterator[Any]:
     servers: list[ThreadingHTTPServer] = []
 
     def start(seat: Seat) -> str:
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), _handler(seat))
+        srv = _Server(("127.0.0.1", 0), _handler(seat))
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"
@@ -101,7 +106,7 @@ def test_replay_keeps_request_shapes_and_sees_the_new_bundle(serve: Any, tmp_pat
     seat = Seat(bundle_after=5, bundles_dir=watch)
     res = replay_traffic(reqs, serve(seat), speed=200.0, max_requests=25, max_seconds=20, watch_dir=watch,
                          watch_grace_s=2.0)
-    assert res.planned == 25 and res.sent == 25 and res.ok == 25 and res.failed == 0
+    assert res.planned == 25 and res.sent == 25 and res.ok == 25 and res.failed == 0, res.statuses
     assert res.reproduced is True and res.new_bundles == [str(watch / "captured-during-replay")]
     shapes = sorted(reqs, key=lambda r: r.t)[:25]
     by_prompt = {b["prompt"]: b for b in seat.bodies}
