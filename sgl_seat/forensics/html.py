@@ -188,6 +188,31 @@ def _rowfetch_plot(result: ReplayResult) -> str:
     return p.svg()
 
 
+#: Rectangles per rank in the timeline plot: more than the plot has pixels only bloats the page.
+TIMELINE_MAX_RECTS = 1000
+
+
+def _fit_segments(segs: list[dict[str, Any]], p: _Plot, *, max_rects: int) -> list[dict[str, Any]]:
+    """Segments narrower than a pixel column merged into that column's dominant state (long histories)."""
+    if len(segs) <= max_rects:
+        return segs
+    lo, hi = segs[0]["start_s"], segs[-1]["end_s"]
+    width = (hi - lo) / max_rects or 1.0
+    cols: dict[int, dict[str, float]] = {}
+    frames: dict[tuple[int, str], str | None] = {}
+    for s in segs:
+        c = min(max_rects - 1, int((s["start_s"] - lo) / width))
+        cols.setdefault(c, {})
+        cols[c][s["state"]] = cols[c].get(s["state"], 0.0) + (s["end_s"] - s["start_s"])
+        frames.setdefault((c, s["state"]), s["frame"])
+    out = []
+    for c in sorted(cols):
+        state = max(cols[c].items(), key=lambda kv: kv[1])[0]
+        out.append({"start_s": round(lo + c * width, 3), "end_s": round(lo + (c + 1) * width, 3), "state": state,
+                    "frame": frames[(c, state)], "samples": len(cols[c])})
+    return out
+
+
 def _timeline_plot(result: ReplayResult) -> str:
     tl = result.analysis.timeline
     if not tl:
@@ -207,7 +232,7 @@ def _timeline_plot(result: ReplayResult) -> str:
         y = top + i * row_h
         p.parts.append(f'<text x="{p.ml - 8}" y="{y + row_h / 2 + 2:.1f}" text-anchor="end">rank {r["rank"]} '
                        f'(node {r["node"]})</text>')
-        for s in r["segments"]:
+        for s in _fit_segments(r["segments"], p, max_rects=TIMELINE_MAX_RECTS):
             x0, x1 = p.px(s["start_s"]), p.px(s["end_s"])
             color = STATE_COLOR.get(s["state"], "#888")
             p.parts.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(1.0, x1 - x0):.1f}" height="{row_h - 6}" '
