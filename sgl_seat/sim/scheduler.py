@@ -103,6 +103,7 @@ class Scheduler:
         self._last_gen_throughput = 0.0
         self._last_stats_t = 0.0
         self._last_prefill_t = time.monotonic()
+        self._timeline: float | None = None
 
     # --- start-up -------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -231,13 +232,28 @@ class Scheduler:
         h = self.header
         h.zero_()
         h[0] = kind
-        if plan is not None:
-            h[1] = plan.step_no
-            h[2] = len(plan.reqs)
-            h[3] = min(plan.gather, MAX_GATHER, self.cfg.table_rows)
-            h[4] = plan.step_no * 7919 + 17
-            h[5] = int(plan.step_ms * 1000)
-            h[6] = len(self.batcher.waiting)
+        if plan is None:
+            self._timeline = None
+            return
+        h[1] = plan.step_no
+        h[2] = len(plan.reqs)
+        h[3] = min(plan.gather, MAX_GATHER, self.cfg.table_rows)
+        h[4] = plan.step_no * 7919 + 17
+        h[5] = int(self._step_budget_s(plan.step_ms / 1000.0) * 1e6)
+        h[6] = len(self.batcher.waiting)
+
+    def _step_budget_s(self, step_s: float) -> float:
+        """How long this step should last from now, so that back-to-back steps follow the cost model.
+
+        Rank 0 keeps a timeline of modelled step ends. The real work between steps (outputs, the broadcast,
+        the collective) eats into the next step's sleep instead of adding to it, up to one step of debt;
+        a seat that falls further behind (an overloaded host) restarts the timeline from now.
+        """
+        now = time.monotonic()
+        if self._timeline is None or now - self._timeline > step_s:
+            self._timeline = now
+        self._timeline = max(self._timeline, now - step_s) + step_s
+        return max(0.0, self._timeline - now)
 
     def _step(self, *, gather: int, seed: int, step_s: float) -> None:
         t0 = time.monotonic()

@@ -105,16 +105,20 @@ class SimNode:
             return None
 
     def kill(self) -> None:
-        """Kill our process group and every pid we ever saw in this tree."""
+        """Kill our process group and every pid we ever saw in this tree; wait until they are gone."""
         self.children()
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        procs = []
         for pid in self.seen:
             with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
+                p = psutil.Process(pid)
+                p.kill()
+                procs.append(p)
         if self.proc is not None:
             self.proc.wait(timeout=10)
+        psutil.wait_procs(procs, timeout=10)
 
     def leftovers(self) -> list[int]:
         """Pids of this tree still alive (zombies reaped by us do not count)."""
