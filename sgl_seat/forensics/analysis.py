@@ -210,6 +210,8 @@ def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[st
     for rank, samples in sorted(_rank_samples(bundle.stacks).items()):
         segs: list[_Seg] = []
         cache: dict[int, RankState] = {}
+        gaps = sorted(b.t - a.t for a, b in itertools.pairwise(samples) if b.t > a.t)
+        period = gaps[len(gaps) // 2] if gaps else 1.0
         for i, s in enumerate(samples):
             th = s.main_thread()
             key = id(th)
@@ -218,7 +220,8 @@ def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[st
                 st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
                 if th is not None:
                     cache[key] = st
-            nxt = samples[i + 1].t if i + 1 < len(samples) else max(s.t, trig if trig >= s.t else s.t)
+            # The last sample lasts one sampling period, up to the trigger (a rank that died stops there).
+            nxt = samples[i + 1].t if i + 1 < len(samples) else max(s.t, min(trig, s.t + period))
             if segs and segs[-1].state == st.state and segs[-1].frame == st.frame:
                 segs[-1].end = nxt
                 segs[-1].samples += 1
