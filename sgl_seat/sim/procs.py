@@ -49,11 +49,12 @@ class Child:
 
 def spawn(
     role: str, name: str, config: Mapping[str, Any], channels: list[str],
-    direct: Mapping[str, socket.socket] | None = None,
+    direct: Mapping[str, socket.socket] | None = None, env: Mapping[str, str] | None = None,
 ) -> Child:
     """Start ``python -m sgl_seat.sim.worker role``: one socketpair to the parent per name in ``channels``,
     plus ``direct`` sockets handed over as they are (e.g. rank 0's end of its pipe to the detokenizer).
-    The parent closes its copies of every child end once the child has started."""
+    The parent closes its copies of every child end once the child has started. ``env`` is added to
+    the parent's environment for this child."""
     parent_ends: dict[str, socket.socket] = {}
     child_ends: dict[str, socket.socket] = dict(direct or {})
     for ch in channels:
@@ -67,6 +68,7 @@ def spawn(
             pass_fds=tuple(fds.values()),
             stdin=subprocess.DEVNULL,
             close_fds=True,
+            env={**os.environ, **env} if env else None,
         )
     finally:
         for s in child_ends.values():

@@ -7,6 +7,7 @@ tears the tree down the way SGLang does.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -217,3 +218,32 @@ def test_injected_crash_tears_the_tree_down(tmp_path: Path) -> None:
     finally:
         node.kill()
     assert not node.leftovers()
+
+
+def test_sigterm_stops_cleanly_and_children_die_with_their_parent(tmp_path: Path) -> None:
+    """SIGTERM on node 0: drain, stop every rank, exit 0. SIGKILL of a main process: PR_SET_PDEATHSIG
+    takes its children with it (nobody else cleans up)."""
+    ports: list[int] = []
+    nodes: list[SimNode] = []
+    for i in range(2):
+        ports.append(free_port(span=3, avoid={q for p in ports for q in range(p, p + 3)}))
+        nodes.append(SimNode(["--model-path", "m", "--tp-size", "2", "--host", HOST, "--port", str(ports[i])],
+                             sim_env(), tmp_path / f"n{i}.log").start())
+    try:
+        for port, n in zip(ports, nodes, strict=True):
+            wait_http(f"http://{HOST}:{port}/health", timeout=90, node=n)
+            assert len(n.children()) == 3
+        graceful, orphaned = nodes
+        assert graceful.proc is not None and orphaned.proc is not None
+        graceful.proc.send_signal(signal.SIGTERM)
+        assert graceful.wait_exit(timeout=30) == 0, graceful.log()
+        assert "Draining requests and shutting down" in graceful.log()
+        kids = orphaned.children()
+        orphaned.proc.kill()  # the main process only, not its group
+        orphaned.wait_exit(timeout=10)
+        _, alive = psutil.wait_procs(kids, timeout=10)
+        assert not alive, f"children outlived their parent: {[p.pid for p in alive]}"
+    finally:
+        for n in nodes:
+            n.kill()
+    assert not any(n.leftovers() for n in nodes)
