@@ -1,4 +1,6 @@
-"""Launch faults on one shared two-node local cluster (started once: Ray startup is the slow part).
+"""Everything but the local-cluster path, on one shared two-node local cluster (Ray startup is the slow part):
+faults (a killed node-1 engine, 3 nodes on 2, SIGINT during `up`, a busy port, a second `up`), a rank-0 hang
+that makes the seat DEGRADED, `logs -f`, and `demo`.
 
 The seats here use ``cluster.address: 127.0.0.1:<gcs port>`` of that cluster, i.e. the "existing
 cluster" path; that is also how a 3-node seat is asked of a 2-node cluster. After each test no
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -107,6 +110,19 @@ def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: S
     st = status_json("lt-fail", home)
     assert st["state"] == "READY" and st["endpoint"] == endpoint
 
+    # `logs -f` streams lines written after it started (a request makes node 0 log one).
+    follower = subprocess.Popen([*cli_argv(), "logs", "lt-fail", "--node", "0", "-f", "--lines", "0"],
+                                env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path)
+    time.sleep(4.0)
+    r = httpx.post(f"{endpoint}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}},
+                   timeout=60)
+    assert r.status_code == 200
+    time.sleep(3.0)
+    follower.send_signal(signal.SIGINT)
+    followed, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 0 and followed.strip(), followed
+
     pgids, agents = engine_pgids(st), _agent_procs(st)
     node1 = st["nodes"][1]["engine_pid"]
     try:
@@ -191,3 +207,50 @@ def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp
     assert alive([p for p in started if p.pgid != shared.holder_pgid]) == []
     engine_groups = sorted({p.pgid for p in started if p.pgid and p.pgid != shared.holder_pgid})
     _assert_seat_gone(shared, "lt-int", home, engine_groups)
+
+
+def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: None, tmp_path: Path) -> None:
+    """GIVEN `up --fault rowfetch-stall` on rank 3 (fires 12 s after start) WHEN it fires THEN every process is
+    still alive but rank 0's /health_generate cannot finish, so `status` says DEGRADED (never READY from a
+    rank >= 1 answer); `down` takes the hung seat down."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-hang", address=shared.address, slot=5)
+    up = run_cli(["up", "--seat", str(spec), "--fault", "rowfetch-stall:rank=3,after_s=12", "--timeout", "120"],
+                 home, timeout=180)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        st = status_json("lt-hang", home)
+        pgids = engine_pgids(st)
+        state = st["state"]
+        deadline = time.monotonic() + 40
+        while state != "DEGRADED" and time.monotonic() < deadline:
+            time.sleep(1.0)
+            st = status_json("lt-hang", home)
+            state = st["state"]
+        assert state == "DEGRADED", st
+        assert "/health_generate" in (st["reason"] or "")
+        assert all(r["alive"] for n in st["nodes"] for r in n["ranks"])
+    finally:
+        down = run_cli(["down", "lt-hang"], home, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    _assert_seat_gone(shared, "lt-hang", home, pgids)
+
+
+def test_bad_fault_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-badfault", address="127.0.0.1:1", slot=6)
+    res = run_cli(["up", "--seat", str(spec), "--fault", "explode:rank=1"], home, timeout=60)
+    assert res.returncode == 2 and "unknown kind 'explode'" in res.stderr, res.stderr
+    assert not (home / "seats").exists() or not any((home / "seats").iterdir())
+
+
+def test_demo_answers_and_leaves_nothing(shared: Shared, clean: None, tmp_path: Path) -> None:
+    """`demo` brings the seat up with the draft on, prints answers to its questions, and always takes it down."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-demo", address=shared.address, slot=7)
+    res = run_cli(["demo", "--seat", str(spec)], home, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "is READY at http://127.0.0.1:" in res.stdout and "(draft on)" in res.stdout
+    assert res.stdout.count("\n> ") == 3 and "tokens]" in res.stdout
+    assert "taking the seat down" in res.stdout
+    _assert_seat_gone(shared, "lt-demo", home)
