@@ -284,7 +284,10 @@ class NodeAgent:
         return json.dumps({"path": str(self.log_path), "lines": tail_lines(self.log_path, n), "size": size})
 
     def read_log(self, offset: int, max_bytes: int = 1 << 16) -> str:
-        """New bytes from ``offset`` (for ``logs -f``); the offset to ask from next time."""
+        """Whole new lines from ``offset`` (for ``logs -f``) and the offset to ask from next time.
+
+        Stops at the last newline so a line (or a UTF-8 character) is never cut in two across calls.
+        """
         try:
             with self.log_path.open("rb") as fh:
                 fh.seek(0, os.SEEK_END)
@@ -295,4 +298,9 @@ class NodeAgent:
                 data = fh.read(max_bytes)
         except OSError:
             return json.dumps({"data": "", "offset": offset})
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < max_bytes:
+            data = b""  # an unfinished line: wait for the rest
+        elif cut > 0:
+            data = data[:cut]
         return json.dumps({"data": data.decode("utf-8", errors="replace"), "offset": offset + len(data)})

@@ -103,3 +103,18 @@ def test_sim_faults_are_checked_with_the_sims_parser() -> None:
     assert sim.validate_faults(["crash:rank=2,after_s=30"]) == ("crash:rank=2,after_s=30",)
     with pytest.raises(UsageError):
         sim.validate_faults(["explode:rank=1"])
+
+
+def test_read_log_returns_whole_lines_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs -f` never prints half a line: an unfinished line waits for its newline."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    agent = NodeAgent("s", 0, "sim")
+    agent.log_path.parent.mkdir(parents=True)
+    agent.log_path.write_bytes("one\ntwo é".encode())
+    first = json.loads(agent.read_log(0))
+    assert first["data"] == "one\n" and first["offset"] == 4
+    with agent.log_path.open("ab") as fh:
+        fh.write(b" done\n")
+    second = json.loads(agent.read_log(first["offset"]))
+    assert second["data"] == "two é done\n"
+    assert json.loads(agent.read_log(second["offset"]))["data"] == ""
