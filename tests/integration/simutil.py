@@ -8,6 +8,7 @@ on this host at the same time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -26,6 +27,12 @@ import psutil
 
 PORT_LO, PORT_HI = 32000, 32999
 HOST = "127.0.0.1"
+
+# Loopback only: never let a proxy from the environment see test traffic.
+hget = functools.partial(httpx.get, trust_env=False)
+hpost = functools.partial(httpx.post, trust_env=False)
+hdelete = functools.partial(httpx.delete, trust_env=False)
+hstream = functools.partial(httpx.stream, trust_env=False)
 
 
 def _free(port: int) -> bool:
@@ -140,7 +147,7 @@ def wait_http(url: str, *, timeout: float, node: SimNode | None = None, status: 
         if node is not None and not node.alive():
             raise AssertionError(f"{url}: the node exited early:\n{node.log()[-3000:]}")
         try:
-            r = httpx.get(url, timeout=25)
+            r = hget(url, timeout=25)
             if r.status_code == status:
                 return
             last = f"HTTP {r.status_code}"

@@ -21,6 +21,9 @@ from simutil import (
     HOST,
     SimNode,
     free_port,
+    hget,
+    hpost,
+    hstream,
     main_thread_top,
     pyspy_dump,
     sim_env,
@@ -34,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 KV = 260_352
 SLOTS = 8
-WATCHDOG_S = 8
+WATCHDOG_S = 10
 
 
 class Seat:
@@ -80,7 +83,7 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
-    with httpx.stream("POST", url, json=body, timeout=60) as r:
+    with hstream("POST", url, json=body, timeout=60) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         return list(sse_events(r))
@@ -115,9 +118,9 @@ def test_traffic_info_metrics_titles_and_logs(seat: Seat) -> None:
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert chunks[-1]["usage"]["completion_tokens"] == 24
     assert chunks[-1]["usage"]["prompt_tokens"] == len(tokens.encode(prompt))
-    r = httpx.post(f"{seat.url0}/v1/completions", json={"prompt": prompt, "max_tokens": 24}, timeout=60)
+    r = hpost(f"{seat.url0}/v1/completions", json={"prompt": prompt, "max_tokens": 24}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == streamed
-    r = httpx.post(f"{seat.url0}/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 24}},
+    r = hpost(f"{seat.url0}/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 24}},
                    timeout=60)
     meta = r.json()["meta_info"]
     assert r.json()["text"] == streamed and meta["completion_tokens"] == 24
@@ -125,12 +128,12 @@ def test_traffic_info_metrics_titles_and_logs(seat: Seat) -> None:
     assert meta["finish_reason"] == {"type": "length", "length": 24}
     assert meta["spec_verify_ct"] >= 1 and 1.0 <= meta["spec_accept_length"] <= 4.0
     # Enough decode steps for a few "Decode batch" lines.
-    r = httpx.post(f"{seat.url0}/generate", json={"text": "long", "sampling_params": {"max_new_tokens": 200}},
+    r = hpost(f"{seat.url0}/generate", json={"text": "long", "sampling_params": {"max_new_tokens": 200}},
                    timeout=60)
     assert r.json()["meta_info"]["completion_tokens"] == 200
 
     # --- /server_info, /model_info, /v1/models ----------------------------------------------------------------
-    info = httpx.get(f"{seat.url0}/server_info", timeout=10).json()
+    info = hget(f"{seat.url0}/server_info", timeout=10).json()
     for key in (*contract.SERVER_INFO_FIELDS, *contract.SERVER_ARGS_FIELDS):
         assert key in info, key
     assert info["max_total_num_tokens"] == KV and info["max_running_requests"] == SLOTS
@@ -141,17 +144,17 @@ def test_traffic_info_metrics_titles_and_logs(seat: Seat) -> None:
     assert 2.0 < state["avg_spec_accept_length"] < 4.0
     assert state["memory_usage"]["token_capacity"] == KV
     assert info[contract.SIM_ONLY_SERVER_INFO_KEY]["synthetic"] is True
-    assert httpx.get(f"{seat.url0}/get_server_info", timeout=10).json()["max_total_num_tokens"] == KV
-    assert httpx.get(f"{seat.url0}/model_info", timeout=10).json()["served_model_name"] == "sim-dsv41"
-    models = httpx.get(f"{seat.url0}/v1/models", timeout=10).json()
+    assert hget(f"{seat.url0}/get_server_info", timeout=10).json()["max_total_num_tokens"] == KV
+    assert hget(f"{seat.url0}/model_info", timeout=10).json()["served_model_name"] == "sim-dsv41"
+    models = hget(f"{seat.url0}/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == "sim-dsv41" and models["data"][0]["max_model_len"] == 409600
-    assert httpx.get(f"{seat.url0}/ready", timeout=10).status_code == 200
-    assert httpx.get(f"{seat.url1}/ping", timeout=10).status_code == 200
-    assert httpx.get(f"{seat.url1}/health_generate", timeout=10).status_code == 200
+    assert hget(f"{seat.url0}/ready", timeout=10).status_code == 200
+    assert hget(f"{seat.url1}/ping", timeout=10).status_code == 200
+    assert hget(f"{seat.url1}/health_generate", timeout=10).status_code == 200
 
     # --- /metrics (rank 0 pushes its gauges every 0.5 s) ---------------------------------------------------------
     time.sleep(0.7)
-    text = httpx.get(f"{seat.url0}/metrics", timeout=10).text
+    text = hget(f"{seat.url0}/metrics", timeout=10).text
     for name in contract.METRIC_NAMES:
         assert name in text, name
     assert f'sglang:max_total_num_tokens{{engine_type="unified",model_name="sim-dsv41",moe_ep_rank="0",' \
@@ -159,7 +162,7 @@ def test_traffic_info_metrics_titles_and_logs(seat: Seat) -> None:
     assert 'sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_name="sim-dsv41"} 40.0' \
         in text
     assert 'cache_source="device"' in text and "sgl_seat_sim_synthetic" in text
-    assert "sglang:" not in "".join(ln for ln in httpx.get(f"{seat.url1}/metrics", timeout=10).text.splitlines()
+    assert "sglang:" not in "".join(ln for ln in hget(f"{seat.url1}/metrics", timeout=10).text.splitlines()
                                     if not ln.startswith("#"))
 
     # --- titles ---------------------------------------------------------------------------------------------------
@@ -189,7 +192,7 @@ def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat:
 
     def reader() -> None:
         try:
-            with httpx.stream("POST", f"{seat.url0}/generate", timeout=120, json={
+            with hstream("POST", f"{seat.url0}/generate", timeout=120, json={
                 "text": "keep going", "sampling_params": {"max_new_tokens": 100_000}, "stream": True,
             }) as r:
                 for _ in sse_events(r):
@@ -205,9 +208,9 @@ def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat:
         time.sleep(0.05)
 
     # A fault for rank 3 is refused on node 0 (wrong node), accepted on node 1.
-    r = httpx.post(f"{seat.admin0}/sim/faults", json={"fault": "rowfetch-stall:rank=3"}, timeout=10)
+    r = hpost(f"{seat.admin0}/sim/faults", json={"fault": "rowfetch-stall:rank=3"}, timeout=10)
     assert r.status_code == 400 and "node_rank 1" in r.json()["error"]["message"]
-    r = httpx.post(f"{seat.admin1}/sim/faults", json={"fault": "rowfetch-stall:rank=3"}, timeout=10)
+    r = hpost(f"{seat.admin1}/sim/faults", json={"fault": "rowfetch-stall:rank=3"}, timeout=10)
     assert r.status_code == 200, r.text
     t_stall = time.monotonic()
 
@@ -217,7 +220,7 @@ def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat:
     def forward_cts() -> dict[int, dict[str, Any]]:
         out = {}
         for admin in (seat.admin0, seat.admin1):
-            for rk in httpx.get(f"{admin}/sim/ranks", timeout=10).json()["ranks"]:
+            for rk in hget(f"{admin}/sim/ranks", timeout=10).json()["ranks"]:
                 out[rk["tp_rank"]] = rk
         return out
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from simutil import HOST, SimNode, free_port, sim_env, wait_http
+from simutil import HOST, SimNode, free_port, hdelete, hget, hpost, sim_env, wait_http
 
 pytestmark = pytest.mark.integration
 
@@ -141,18 +141,18 @@ def _openai_error(r: httpx.Response, status: int, needle: str) -> None:
 )
 def test_malformed_openai_requests_get_clear_400s(one: One, path: str, body: bytes, status: int,
                                                   needle: str) -> None:
-    r = httpx.post(one.url + path, content=body, headers={"content-type": "application/json"}, timeout=15)
+    r = hpost(one.url + path, content=body, headers={"content-type": "application/json"}, timeout=15)
     _openai_error(r, status, needle)
 
 
 def test_wrong_content_type_unknown_route_wrong_method(one: One) -> None:
-    r = httpx.post(f"{one.url}/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"},
+    r = hpost(f"{one.url}/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"},
                    timeout=15)
     _openai_error(r, 400, "Only 'application/json' is allowed")
-    _openai_error(httpx.get(f"{one.url}/v2/nothing", timeout=15), 404, "no route GET /v2/nothing")
-    _openai_error(httpx.delete(f"{one.url}/generate", timeout=15), 405, "Method Not Allowed")
+    _openai_error(hget(f"{one.url}/v2/nothing", timeout=15), 404, "no route GET /v2/nothing")
+    _openai_error(hdelete(f"{one.url}/generate", timeout=15), 405, "Method Not Allowed")
     # /metrics exists only with --enable-metrics (as in SGLang); this seat has none.
-    _openai_error(httpx.get(f"{one.url}/metrics", timeout=15), 404, "no route")
+    _openai_error(hget(f"{one.url}/metrics", timeout=15), 404, "no route")
 
 
 @pytest.mark.parametrize(
@@ -167,34 +167,34 @@ def test_wrong_content_type_unknown_route_wrong_method(one: One) -> None:
     ],
 )
 def test_malformed_generate_requests(one: One, body: bytes, needle: str) -> None:
-    r = httpx.post(f"{one.url}/generate", content=body, timeout=15)
+    r = hpost(f"{one.url}/generate", content=body, timeout=15)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]["message"]
 
 
 def test_still_serving_after_bad_requests_and_zero_tokens(one: One) -> None:
-    r = httpx.post(f"{one.url}/v1/completions", json={"prompt": "a b", "max_tokens": 0}, timeout=30)
+    r = hpost(f"{one.url}/v1/completions", json={"prompt": "a b", "max_tokens": 0}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0
-    r = httpx.post(f"{one.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+    r = hpost(f"{one.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                            "max_tokens": 3}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    assert httpx.get(f"{one.url}/health", timeout=30).status_code == 200
-    assert httpx.post(f"{one.url}/flush_cache", timeout=30).status_code == 200
+    assert hget(f"{one.url}/health", timeout=30).status_code == 200
+    assert hpost(f"{one.url}/flush_cache", timeout=30).status_code == 200
 
 
 def test_admin_route_errors_and_loopback_binding(one: One) -> None:
-    r = httpx.post(f"{one.admin}/sim/faults", json={"fault": "explode:rank=0"}, timeout=15)
+    r = hpost(f"{one.admin}/sim/faults", json={"fault": "explode:rank=0"}, timeout=15)
     assert r.status_code == 400 and "unknown kind 'explode'" in r.json()["error"]["message"]
-    r = httpx.post(f"{one.admin}/sim/faults", json={"fault": "crash:rank=5"}, timeout=15)
+    r = hpost(f"{one.admin}/sim/faults", json={"fault": "crash:rank=5"}, timeout=15)
     assert r.status_code == 400 and "ranks 0..0" in r.json()["error"]["message"]
-    r = httpx.post(f"{one.admin}/sim/faults", content=b"nope", timeout=15)
+    r = hpost(f"{one.admin}/sim/faults", content=b"nope", timeout=15)
     assert r.status_code == 400
-    r = httpx.post(f"{one.admin}/sim/faults", json={"fault": "slow:rank=0,ms=1,for_s=0.5"}, timeout=15)
+    r = hpost(f"{one.admin}/sim/faults", json={"fault": "slow:rank=0,ms=1,for_s=0.5"}, timeout=15)
     assert r.status_code == 200 and r.json()["armed"] == "slow:rank=0,ms=1,for_s=0.5"
-    assert httpx.get(f"{one.admin}/sim/faults", timeout=15).json()["faults"]["0"] == ["slow:rank=0,ms=1,for_s=0.5"]
-    assert httpx.delete(f"{one.admin}/sim/faults", timeout=15).status_code == 200
-    assert httpx.get(f"{one.admin}/sim/faults", timeout=15).json()["faults"]["0"] == []
-    assert httpx.get(f"{one.admin}/sim/nothing", timeout=15).status_code == 404
+    assert hget(f"{one.admin}/sim/faults", timeout=15).json()["faults"]["0"] == ["slow:rank=0,ms=1,for_s=0.5"]
+    assert hdelete(f"{one.admin}/sim/faults", timeout=15).status_code == 200
+    assert hget(f"{one.admin}/sim/faults", timeout=15).json()["faults"]["0"] == []
+    assert hget(f"{one.admin}/sim/nothing", timeout=15).status_code == 404
     listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(one.node.pid).net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN}
     assert listening == {(HOST, one.port), ("127.0.0.1", one.port + 2)}
@@ -209,7 +209,7 @@ def test_injected_crash_tears_the_tree_down(tmp_path: Path) -> None:
         wait_http(f"http://{HOST}:{port}/health", timeout=90, node=node)
         node.children()
         with pytest.raises(httpx.HTTPError):
-            httpx.post(f"http://{HOST}:{port}/generate",
+            hpost(f"http://{HOST}:{port}/generate",
                        json={"text": "x", "sampling_params": {"max_new_tokens": 1000}}, timeout=30)
         assert node.wait_exit(timeout=30) is not None
         log = node.log()
