@@ -209,7 +209,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         rem = deadline - time.monotonic()
         if rem <= 0:
             raise EngineError(f"`up` did not finish within --timeout {opts.timeout:.0f} s",
-                              fix="raise --timeout, or look at `sgl-seat logs` from a new `up`")
+                              fix="raise --timeout; the node logs stay under $SGL_SEAT_HOME/logs/<seat>/")
         return rem
 
     rec = SeatRecord(
@@ -311,8 +311,8 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
         if res.get("error"):
             dead = _dead_reason([res]) if "started" in res else None
             if dead:
-                raise EngineError(_failure_text(*dead), fix=f"see `sgl-seat logs --node 0` ({started['log_path']})")
-            raise EngineError(f"node 0: {res['error']}", fix="see the node 0 log: " + started["log_path"])
+                raise EngineError(_failure_text(*dead), fix=_logs_fix(rec))
+            raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
         note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
 
     others = clients[1:]
@@ -402,7 +402,7 @@ def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left:
         save_record(rec)
         dead = _dead_reason(states)
         if dead:
-            raise EngineError(_failure_text(*dead), fix="see `sgl-seat logs --node <r>`; the seat was taken down")
+            raise EngineError(_failure_text(*dead), fix=_logs_fix(rec))
         unseen = [r["title"] for st in states for r in st.get("ranks", []) if r["pid"] is None]
         if unseen:
             last = f"ranks not running yet: {', '.join(unseen)}"
@@ -413,8 +413,14 @@ def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left:
             last = f"{url}: {err}"
         if deadline_passed(left):
             raise EngineError(f"the seat was not READY in time; last check: {last}",
-                              fix="raise --timeout, or read `sgl-seat logs` of a new `up`")
+                              fix="raise --timeout if it was still starting; " + _logs_fix(rec))
         time.sleep(POLL_INTERVAL)
+
+
+def _logs_fix(rec: SeatRecord) -> str:
+    """Where to read more once `up` has taken the seat down (the record is gone, the logs are not)."""
+    paths = [f"node {n.node_rank}: {n.log_path}" for n in rec.nodes if n.log_path]
+    return "the seat was taken down; its engine logs are kept: " + ("; ".join(paths) or "$SGL_SEAT_HOME/logs")
 
 
 def deadline_passed(left: Callable[[], float]) -> bool:
