@@ -8,6 +8,20 @@ faults to inject; the planner writes it (``sgl_seat.plan.SIM_ENV_*``).
 
 Everything resolves into one :class:`SimConfig`, a plain JSON-able record that is also what the child
 processes receive.
+
+Environment (the first four are written by the planner, ``sgl_seat.plan.SIM_ENV_*``):
+
+- ``SGL_SEAT_SIM_KV_TOKENS``: KV pool in tokens (``max_total_num_tokens``); default 890,368 draft off,
+  260,352 draft on (the paper's large seat).
+- ``SGL_SEAT_SIM_ACCEPT_RATE``: accepted / proposed draft tokens, default 0.81.
+- ``SGL_SEAT_SIM_STEP_FLOOR_MS``: the per-step floor of the cost model, default 30.
+- ``SGL_SEAT_SIM_FAULTS``: ``;``-separated fault specs (see :mod:`sgl_seat.sim.faults`).
+- ``SGL_SEAT_SIM_NODE_PORT``: the port this node listens on instead of ``--port`` (and its admin port is
+  this + 2), so several simulated nodes can share one host; SGLang itself uses ``--port`` on every node.
+- ``SGL_SEAT_SIM_TABLE_ROWS``: rows of each rank's host embedding table (default 4096 x 7168 bf16).
+- ``SGL_SEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
+- ``SGL_SEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
+- ``SGL_SEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
 """
 
 from __future__ import annotations
