@@ -59,6 +59,9 @@ PROGRESS_METRICS: tuple[str, ...] = (
     "sglang:cuda_graph_passes_total",
 )
 WATCHDOG_LINE = "Scheduler watchdog timeout"
+#: Completed fetches summarised in a stall's evidence: a fixed window, so the evidence does not depend on
+#: how much history the caller passes (the live sidecar passes about a minute, a bundle two).
+EVIDENCE_WINDOW_S = 60.0
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 
 #: Frame names (last dotted part) of collectives and device syncs: a rank whose stack is in one is
@@ -266,13 +269,13 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
             if short_name(f) == func:
                 frame_label = f.label
                 break
-    done = [p.duration(now) for p in obs.probes
-            if p.pid == worst.pid and p.end is not None and p.end <= now and p.target == worst.target]
+    done = [p.duration(now) for p in obs.probes if p.pid == worst.pid and p.end is not None
+            and now - EVIDENCE_WINDOW_S <= p.end <= now and p.target == worst.target]
     ev = [f"{worst.target} in flight for {_fmt_s(now - worst.start)} on rank {rank} (pid {worst.pid}, "
           f"thread {worst.thread}, gather size {worst.gather_size}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
     if done:
-        ev.append(f"completed fetches of that rank: {len(done)}, p50 {percentile(done, 50) * 1e3:.2f} ms, "
-                  f"p99 {percentile(done, 99) * 1e3:.2f} ms")
+        ev.append(f"its fetches in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
+                  f"p50 {percentile(done, 50) * 1e3:.2f} ms, p99 {percentile(done, 99) * 1e3:.2f} ms")
     others = sorted({p.rank for p in late[1:]} - {rank})
     if others:
         ev.append(f"also late: ranks {others}")

@@ -28,6 +28,7 @@ install or write warns once on stderr and gets out of the way.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -168,6 +169,7 @@ def _ensure_ring() -> bool:
             _HDR.pack_into(mm, 0, b"\0" * 8, RING_VERSION, SLOT_WORDS, nslots, os.getpid(), _own_rank(),
                            _own_node(), time.time(), len(_TARGET_NAMES))
             mm[0:8] = MAGIC
+            atexit.register(_unlink_ring, path, os.getpid())
             _Q = memoryview(mm).cast("q")
             _D = memoryview(mm).cast("d")
             _MASK = nslots - 1
@@ -178,6 +180,13 @@ def _ensure_ring() -> bool:
             _RING_FAILED = True
             _warn("ring", f"cannot create the probe ring ({exc}); calls run untimed")
             return False
+
+
+def _unlink_ring(path: str, pid: int) -> None:
+    """At a normal exit the ring goes (a killed process leaves it for the sidecar's post-mortem)."""
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _check_private_dir(directory: str) -> None:
@@ -511,39 +520,67 @@ def read_ring(path: str, *, node: int | None = None, rank: int | None = None) ->
     ``node``/``rank`` override the header's (the sidecar knows them from the process title). A torn
     slot (being written while read) is skipped, never returned half-updated.
     """
-    from sgl_seat.watchdog.records import ProbeRecord
+    return RingReader(path).read(node=node, rank=rank)
 
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < HEADER_BYTES:
-            raise RingError(f"{path}: too short for a probe ring")
-        mm = mmap.mmap(fh.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
-    try:
-        hdr = read_header(mm)
-        end = HEADER_BYTES + hdr.nslots * SLOT_BYTES
-        if size < end:
-            raise RingError(f"{path}: truncated ({size} bytes, header says {end})")
-        qv = memoryview(mm).cast("q")
-        first = HEADER_BYTES // 8
-        seq_before = qv[first:end // 8:SLOT_WORDS].tolist()
-        body = bytes(mm[HEADER_BYTES:end])
-        seq_after = qv[first:end // 8:SLOT_WORDS].tolist()
-        qv.release()
-    finally:
-        mm.close()
-    out: list[ProbeRecord] = []
-    use_rank = hdr.rank if rank is None else rank
-    use_node = (hdr.node if hdr.node >= 0 else -1) if node is None else node
-    for i in range(hdr.nslots):
-        s0 = seq_before[i]
-        if s0 == 0 or s0 & 1 or s0 != seq_after[i]:
-            continue
-        _seq, call, start, fin, gs, thread, tidx, _r = _SLOT.unpack_from(body, i * SLOT_BYTES)
-        target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
-        out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call, target=target,
-                               start=start, end=fin if fin > 0.0 else None, gather_size=gs))
-    out.sort(key=lambda r: r.seq)
-    return out
+
+class RingReader:
+    """Reads one ring repeatedly, decoding only slots that changed (or were in flight) since the last read.
+
+    The sidecar polls every ring a few times a second; decoding all 4096 slots each time would cost more
+    than everything else it does. Sequence words are copied, then the slots, then the sequence words again:
+    a slot whose word is odd or changed between the copies is torn and is looked at again next time.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seq: list[int] = []
+        self._open: set[int] = set()  # slots in flight (or torn) at the last read
+
+    def read(self, *, node: int | None = None, rank: int | None = None) -> list[ProbeRecord]:
+        """Records of slots that are new or changed since the last read (every stable one the first time)."""
+        from sgl_seat.watchdog.records import ProbeRecord
+
+        with open(self.path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < HEADER_BYTES:
+                raise RingError(f"{self.path}: too short for a probe ring")
+            mm = mmap.mmap(fh.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
+        try:
+            hdr = read_header(mm)
+            end = HEADER_BYTES + hdr.nslots * SLOT_BYTES
+            if size < end:
+                raise RingError(f"{self.path}: truncated ({size} bytes, header says {end})")
+            qv = memoryview(mm).cast("q")
+            first = HEADER_BYTES // 8
+            seq_before = qv[first:end // 8:SLOT_WORDS].tolist()
+            body = bytes(mm[HEADER_BYTES:end])
+            seq_after = qv[first:end // 8:SLOT_WORDS].tolist()
+            qv.release()
+        finally:
+            mm.close()
+        use_rank = hdr.rank if rank is None else rank
+        use_node = (hdr.node if hdr.node >= 0 else -1) if node is None else node
+        last = self._seq if len(self._seq) == hdr.nslots else [0] * hdr.nslots
+        todo = {i for i in range(hdr.nslots) if seq_before[i] != last[i]} | self._open
+        out: list[ProbeRecord] = []
+        still_open: set[int] = set()
+        for i in todo:
+            s0 = seq_before[i]
+            if s0 == 0:
+                continue
+            if s0 & 1 or s0 != seq_after[i]:
+                still_open.add(i)
+                continue
+            _seq, call, start, fin, gs, thread, tidx, _r = _SLOT.unpack_from(body, i * SLOT_BYTES)
+            if fin <= 0.0:
+                still_open.add(i)
+            target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
+            out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
+                                   target=target, start=start, end=fin if fin > 0.0 else None, gather_size=gs))
+        self._seq = seq_before
+        self._open = still_open
+        out.sort(key=lambda r: r.seq)
+        return out
 
 
 def list_rings(directory: str) -> dict[int, str]:

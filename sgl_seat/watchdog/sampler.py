@@ -338,6 +338,7 @@ class Sampler:
         pyspy: str | bool | None = True,
         timeout_s: float = 2.0,
         rediscover_s: float = 2.0,
+        others_every_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
@@ -353,6 +354,8 @@ class Sampler:
         self._known: dict[int, EngineProc] = {}
         self._dead: dict[int, EngineProcess] = {}
         self._last_discover = float("-inf")
+        self._last_other: dict[int, float] = {}
+        self.others_every_s = others_every_s
         self._denied_streak = 0
         self._disabled_until = float("-inf")
         self.state = "ok" if self.pyspy else "py-spy not found"
@@ -433,6 +436,11 @@ class Sampler:
             return []
         out: list[StackSample] = []
         for ep in self.live():
+            if ep.kind != "scheduler":
+                # Schedulers every round; the main process and the detokenizer (context, not detection) less often.
+                if now - self._last_other.get(ep.pid, float("-inf")) < self.others_every_s:
+                    continue
+                self._last_other[ep.pid] = now
             res = pyspy_dump(ep.pid, exe=self.pyspy, native=False, timeout_s=self.timeout_s)
             if res.resumed:
                 self.resumed += 1

@@ -42,6 +42,11 @@ RECOVER_S = 10.0
 TICK_S = 0.25
 METRICS_EVERY_S = 1.0
 PROBE_EVERY_S = 0.5
+#: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
+#: row fetch passes its threshold.
+DETECT_EVERY_S = 1.0
+#: Completed row fetches the live detectors look at (the detectors' own windows are shorter).
+LIVE_PROBE_WINDOW_S = 65.0
 CAPTURE_TIMEOUT_S = 20.0
 #: Row-fetch latency buckets (upper bounds of the gather size) for the exported histogram's label.
 GATHER_BUCKETS = (64, 256, 1024, 4096, 16384)
@@ -193,6 +198,8 @@ class Sidecar:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_metrics = float("-inf")
+        self._last_detect = float("-inf")
+        self._dead_seen = 0
         self._last_probe = float("-inf")
         self.verdict: Verdict | None = None
         self.latched_at: float | None = None
@@ -215,7 +222,8 @@ class Sidecar:
         self._thread = threading.Thread(target=self._run, name=f"sgl-seat-watchdog-{self.cfg.node}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, remove_rings: bool = True) -> None:
+        """Stop watching. `down` calls this just before the engines are killed, so the rings go too."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
@@ -224,7 +232,10 @@ class Sidecar:
             self.metrics.close()
         self.exporter.close()
         if self.probes is not None:
-            self.probes.cleanup(set())
+            if remove_rings:
+                self.probes.remove_all()
+            else:
+                self.probes.cleanup(set())
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -254,24 +265,39 @@ class Sidecar:
             self.metrics.poll(now)
         self.logs.poll(now)
         self.exporter.sampler_up.set(1 if self.sampler.state == "ok" else 0)
-        infl = [now - p.start for p in (self.probes.records() if self.probes else []) if p.end is None]
+        infl = [now - p.start for p in (self.probes.in_flight() if self.probes else [])]
         self.exporter.inflight.set(max(infl) if infl else 0.0)
 
-    def observation(self) -> Observation:
+    def observation(self, *, probe_window_s: float | None = None, now: float | None = None) -> Observation:
+        """The node's records; ``probe_window_s`` limits completed row fetches to the recent ones (what the
+        detectors look at live; captures take everything)."""
+        since = (now if now is not None else self.clock()) - probe_window_s if probe_window_s is not None else None
         return Observation.of(
             samples=self.sampler.samples(),
-            probes=self.probes.records() if self.probes else (),
+            probes=self.probes.records(since) if self.probes else (),
             metrics=self.metrics.points() if self.metrics else (),
             logs=self.logs.lines(),
             processes=self.sampler.processes(),
             rank_nodes=self.cfg.rank_nodes,
         )
 
+    def _urgent(self, now: float) -> bool:
+        """Cheap checks between full detections: a process gone, or a row fetch past its threshold."""
+        dead = sum(1 for p in self.sampler.processes() if not p.alive)
+        late = any(now - p.start >= self.th.rowfetch_inflight_s for p in
+                   (self.probes.in_flight() if self.probes else []))
+        urgent = dead != self._dead_seen or (late and self.verdict is None)
+        self._dead_seen = dead
+        return urgent
+
     def tick(self) -> Verdict | None:
         now = self.clock()
         self.poll_sources(now)
         self.ticks += 1
-        verdict = detect(self.observation(), self.th, now)
+        if not self._urgent(now) and now - self._last_detect < DETECT_EVERY_S:
+            return self.verdict
+        self._last_detect = now
+        verdict = detect(self.observation(probe_window_s=LIVE_PROBE_WINDOW_S, now=now), self.th, now)
         prev, self.verdict = self.verdict, verdict
         if verdict is not None and (prev is None or prev.kind != verdict.kind):
             self.exporter.fired.labels(node=str(self.cfg.node), kind=verdict.kind.value).inc()
@@ -530,9 +556,8 @@ def _configs(ctx: Any) -> list[SidecarConfig]:
                   else layout.seat_bundles_dir(ctx.seat))
     quota = spec.bundles.quota_mb if spec is not None else 2048
     rank_nodes = {int(r["tp_rank"]): int(n["node_rank"]) for n in plan["nodes"] for r in n["ranks"]}
-    endpoint = str(plan.get("endpoint") or "")
-    metrics_url = f"{endpoint}/metrics" if endpoint.startswith("http") and "${" not in endpoint else None
     http_port = int(plan["http_port"])
+    metrics_url = rank0_metrics_url(plan, next((n.ip for n in ctx.nodes if n.node_rank == 0), None))
     out = []
     for nd in ctx.nodes:
         r = nd.node_rank
@@ -553,9 +578,26 @@ def _configs(ctx: Any) -> list[SidecarConfig]:
     return out
 
 
+#: The exporter of node r listens on 127.0.0.1 at the seat's HTTP port + 15 + r (r < 5; beyond, a free port).
+#: The seat already uses http, +2 (sim admin), +5 (dist-init), +10 r and +10 r + 2 (co-located sim nodes).
+EXPORTER_PORT_OFFSET = 15
+
+
+def rank0_metrics_url(plan: Mapping[str, Any], node0_ip: str | None) -> str | None:
+    """Rank 0's ``/metrics``: node 0's address when the engine binds every interface, else its ``--host``."""
+    argv = list(plan["nodes"][0]["command"])
+    host = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "0.0.0.0")
+    if host in ("0.0.0.0", "::", ""):
+        dist = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dist-init-addr"), "")
+        host = node0_ip or dist.rsplit(":", 1)[0]
+    if not host or "${" in host:
+        return None
+    return f"http://{'[' + host + ']' if ':' in host else host}:{int(plan['http_port'])}/metrics"
+
+
 def metrics_port_for(http_port: int, node_rank: int) -> int:
-    """The sidecar exporter's port: the seat's HTTP port + 50 + node rank (loopback only)."""
-    return http_port + 50 + node_rank
+    """The sidecar exporter's port (loopback only); 0 asks the OS for a free one."""
+    return http_port + EXPORTER_PORT_OFFSET + node_rank if node_rank < 5 else 0
 
 
 def start_sidecars(ctx: Any) -> None:

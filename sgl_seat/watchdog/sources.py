@@ -33,6 +33,9 @@ class ProbeReader:
         self.history_s = history_s
         self._lock = threading.Lock()
         self._records: dict[tuple[int, int], ProbeRecord] = {}
+        self._inflight: dict[tuple[int, int], ProbeRecord] = {}
+        self._last_prune = float("-inf")
+        self._readers: dict[int, probe.RingReader] = {}
         self.errors = 0
         self.on_complete: Callable[[ProbeRecord], None] | None = None
 
@@ -44,8 +47,11 @@ class ProbeReader:
             path = rings.get(pid)
             if path is None:
                 continue
+            reader = self._readers.get(pid)
+            if reader is None or reader.path != path:
+                reader = self._readers[pid] = probe.RingReader(path)
             try:
-                recs = probe.read_ring(path, node=self.node, rank=rank if rank is not None else None)
+                recs = reader.read(node=self.node, rank=rank if rank is not None else None)
             except (OSError, ValueError) as exc:
                 self.errors += 1
                 log.debug("probe ring %s unreadable: %s", path, exc)
@@ -61,6 +67,9 @@ class ProbeReader:
                         self._records[key] = r
                         if r.end is not None:
                             fresh_done.append(r)
+                            self._inflight.pop(key, None)
+                        else:
+                            self._inflight[key] = r
         self._prune(now)
         cb = self.on_complete
         if cb is not None:
@@ -70,14 +79,35 @@ class ProbeReader:
         return fresh_done
 
     def _prune(self, now: float) -> None:
+        if now - self._last_prune < 5.0:
+            return
+        self._last_prune = now
         cutoff = now - self.history_s
         with self._lock:
             for key in [k for k, r in self._records.items() if r.end is not None and r.end < cutoff]:
                 del self._records[key]
 
-    def records(self) -> list[ProbeRecord]:
+    def records(self, since: float | None = None) -> list[ProbeRecord]:
+        """Records in flight, and completed ones (ending at or after ``since``, all if None); unsorted."""
         with self._lock:
-            return sorted(self._records.values(), key=lambda r: (r.start, r.pid, r.seq))
+            if since is None:
+                return list(self._records.values())
+            return [r for r in self._records.values() if r.end is None or r.end >= since]
+
+    def in_flight(self) -> list[ProbeRecord]:
+        with self._lock:
+            return list(self._inflight.values())
+
+    def remove_all(self) -> None:
+        """Delete every ring of this node and the directory (at `down`: an engine keeps its mapping, the
+        file only served the reader)."""
+        for path in probe.list_rings(self.directory).values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.directory)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.directory.rstrip("/")))  # the seat's directory, once empty
 
     def cleanup(self, keep_pids: set[int]) -> list[str]:
         """Delete ring files of processes that no longer exist (and are not in ``keep_pids``)."""

@@ -17,7 +17,7 @@ from sgl_seat.errors import PlanError
 
 SIM_FAMILY = "sim"
 #: The sim's row fetch: always known, even without the asset (it is our own code).
-SIM_TARGETS: tuple[str, ...] = ("sgl_seat.sim.rowfetch:fetch_rows@ids",)
+SIM_TARGETS: tuple[str, ...] = ("sgl_seat.sim.rowfetch:fetch_rows@ids:numel",)
 
 
 def targets_file() -> Path | None:

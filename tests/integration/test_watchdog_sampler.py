@@ -185,14 +185,19 @@ def test_sitecustomize_loads_the_probe_into_a_foreign_engine(tmp_path: Path) -> 
     rings = tmp_path / "rings"
     env = {**os.environ, "PYTHONPATH": f"{boot_dir()}:{other}:{tmp_path / 'pkg'}",
            probe.ENV_TARGETS: "engram_like:engram_gather@ids", probe.ENV_DIR: str(rings)}
-    code = ("import os, engram_like\n"
+    code = ("import os, sys, engram_like\n"
             "engram_like.engram_gather(0, 0, [1, 2, 3, 4], None)\n"
-            "print(os.environ.get('OTHER_SITECUSTOMIZE'), engram_like.engram_gather.__sgl_seat_probe__)\n")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60, check=True)
+            "print(os.environ.get('OTHER_SITECUSTOMIZE'), engram_like.engram_gather.__sgl_seat_probe__, flush=True)\n"
+            "if sys.argv[1] == 'kill':\n    os._exit(0)  # like a killed engine: no atexit, the ring stays\n")
+    out = subprocess.run([sys.executable, "-c", code, "kill"], env=env, capture_output=True, timeout=60, check=True)
     assert out.stdout.decode().split() == ["ran", "engram_like:engram_gather"], out.stderr.decode()
     (ring,) = probe.list_rings(str(rings)).values()
     recs = probe.read_ring(ring, node=0)
     assert [(r.target, r.gather_size) for r in recs] == [("engram_like:engram_gather", 4)]
+    os.unlink(ring)
+    # a normal exit removes the ring (nothing left in /dev/shm by engines that stop cleanly)
+    subprocess.run([sys.executable, "-c", code, "exit"], env=env, capture_output=True, timeout=60, check=True)
+    assert probe.list_rings(str(rings)) == {}
     # without SGL_SEAT_PROBE the loader does nothing
     env.pop(probe.ENV_TARGETS)
     res = subprocess.run([sys.executable, "-c", "import sys; print('sgl_seat.watchdog.probe' in sys.modules)"],

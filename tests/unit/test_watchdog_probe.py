@@ -233,3 +233,37 @@ def test_overhead_per_call_is_about_a_microsecond(ring_dir: Path) -> None:
     t_bare = min(timeit.repeat(lambda: bare(None, ids), number=n, repeat=5)) / n
     t_wrap = min(timeit.repeat(lambda: wrapped(None, ids), number=n, repeat=5)) / n
     assert t_wrap - t_bare < 5e-6, f"probe adds {(t_wrap - t_bare) * 1e6:.2f} µs per call"
+
+
+def test_ring_reader_decodes_only_what_changed(ring_dir: Path) -> None:
+    mod = _module("probe_t9", """
+        import threading
+        gate = threading.Event()
+        def f(ids, wait=False):
+            if wait:
+                gate.wait(10)
+    """)
+    probe.install(["probe_t9:f"])
+    mod.f([1])
+    mod.f([1, 2])
+    path = probe.ring_file()
+    assert path is not None
+    reader = probe.RingReader(path)
+    first = [r for r in reader.read() if r.target == "probe_t9:f"]
+    assert [r.gather_size for r in first] == [1, 2]
+    assert reader.read() == []  # nothing changed
+    th = threading.Thread(target=mod.f, args=([0] * 5, True))
+    th.start()
+    try:
+        deadline = time.time() + 5
+        new: list[ProbeRecord] = []
+        while time.time() < deadline and not new:
+            new = reader.read()
+        assert [(r.gather_size, r.end) for r in new] == [(5, None)]
+        assert [r.end for r in reader.read()] == [None]  # an open slot is looked at every time
+    finally:
+        mod.gate.set()
+        th.join()
+    (done,) = reader.read()
+    assert done.gather_size == 5 and done.end is not None
+    assert reader.read() == []

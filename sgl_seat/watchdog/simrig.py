@@ -1,0 +1,237 @@
+"""A sim seat on 127.0.0.1 without Ray, with in-process sidecars: the watchdog bench's and tests' rig.
+
+It starts each node of a sim plan as its own process group (as the node agent would, with the plan's
+environment, so the probe loads exactly as on a real seat), drives ``/generate`` traffic from threads,
+injects faults through the sim's loopback admin route, and builds :class:`Sidecar` cores wired to each
+other in-process. Everything it starts it stops, by process group. Synthetic figures only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
+from sgl_seat.spec import SeatSpec, load_spec, parse_spec
+from sgl_seat.watchdog.sidecar import Sidecar, SidecarConfig, local_peers
+from sgl_seat.watchdog.sources import ProbeReader
+
+NODE_PORT_STEP = 10  # node r listens on http_port + 10 r (SGL_SEAT_SIM_NODE_PORT); its admin route is + 2
+
+
+def sim_spec(name: str, http_port: int, *, base: str = "local-sim", **watchdog: Any) -> SeatSpec:
+    """The shipped local-sim profile renamed and moved to ``http_port`` (dist-init on ``http_port + 5``)."""
+    src = load_spec(base)
+    doc = yaml.safe_load(Path(src.source or "").read_text(encoding="utf-8"))
+    doc["name"] = name
+    doc["network"]["http_port"] = http_port
+    doc["network"]["dist_init_port"] = http_port + 5
+    doc["model"]["config"] = str((Path(src.source or "").parent / doc["model"]["config"]).resolve())
+    if watchdog:
+        doc.setdefault("watchdog", {}).update(watchdog)
+    return parse_spec(yaml.safe_dump(doc), path=src.source)
+
+
+@dataclass
+class SimSeat:
+    spec: SeatSpec
+    draft: bool
+    workdir: Path
+    faults: tuple[str, ...] = ()
+    plan: LaunchPlan | None = None
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def node_port(self, r: int) -> int:
+        return self.spec.network.http_port + NODE_PORT_STEP * r
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.node_port(0)}"
+
+    def log_path(self, r: int) -> Path:
+        return self.workdir / f"node{r}.log"
+
+    def start(self, timeout: float = 180.0) -> None:
+        plan = build_plan(self.spec, draft=self.draft, faults=self.faults)
+        self.plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: sys.executable})
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for node in self.plan.nodes:
+            env = {**os.environ, **node.env_dict(), "PYTHONUNBUFFERED": "1",
+                   "SGL_SEAT_SIM_NODE_PORT": str(self.node_port(node.node_rank))}
+            with self.log_path(node.node_rank).open("wb") as logf:
+                self.procs[node.node_rank] = subprocess.Popen(
+                    list(node.command), env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0, trust_env=False) as c:
+            while True:
+                for r, p in self.procs.items():
+                    if p.poll() is not None:
+                        tail = self.log_path(r).read_text(errors="replace")[-2000:]
+                        self.stop()
+                        raise RuntimeError(f"sim node {r} exited ({p.returncode}):\n{tail}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if c.get(f"{self.url}/health_generate").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"the sim seat was not healthy within {timeout:.0f} s")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+        for p in self.procs.values():
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        self.procs.clear()
+        if self.plan is not None:
+            for n in self.plan.nodes:
+                d = n.env_dict().get("SGL_SEAT_PROBE_DIR")
+                if d:
+                    ProbeReader(d, node=n.node_rank).remove_all()
+
+    def inject(self, fault: str, rank: int) -> float:
+        """Arm ``fault`` on the node running ``rank``; returns the time it was armed."""
+        assert self.plan is not None
+        node = self.plan.topology.node_of(rank)
+        r = httpx.post(f"http://127.0.0.1:{self.node_port(node) + 2}/sim/faults", json={"fault": fault},
+                       timeout=10.0, trust_env=False)
+        r.raise_for_status()
+        return time.time()
+
+    def clear_faults(self) -> None:
+        assert self.plan is not None
+        for n in range(len(self.plan.nodes)):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.delete(f"http://127.0.0.1:{self.node_port(n) + 2}/sim/faults", timeout=10.0, trust_env=False)
+
+    def sidecar_configs(self, bundle_dir: Path, *, metrics_port: int | None = None, recover_s: float = 10.0,
+                        gpu: bool = False, **thresholds: Any) -> list[SidecarConfig]:
+        assert self.plan is not None
+        th = {**self.spec.watchdog.model_dump(), **thresholds}
+        rank_nodes = {r.tp_rank: n.node_rank for n in self.plan.nodes for r in n.ranks}
+        return [SidecarConfig(
+            seat=self.spec.name, node=n.node_rank, nnodes=len(self.plan.nodes), thresholds=th,
+            bundle_dir=str(bundle_dir), quota_mb=self.spec.bundles.quota_mb,
+            probe_dir=n.env_dict().get("SGL_SEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
+            metrics_url=f"{self.url}/metrics", metrics_port=(metrics_port + n.node_rank) if metrics_port else None,
+            rank_nodes=rank_nodes, root_pid=self.procs[n.node_rank].pid, plan=self.plan.to_json(), gpu=gpu,
+            recover_s=recover_s) for n in self.plan.nodes]
+
+    def sidecars(self, bundle_dir: Path, **kw: Any) -> dict[int, Sidecar]:
+        """One in-process sidecar per node, wired to each other (node 0 coordinates). Not started."""
+        return wire(self.sidecar_configs(bundle_dir, **kw))
+
+    def spawn_sidecars(self, bundle_dir: Path, **kw: Any) -> subprocess.Popen[bytes]:
+        """The same sidecars in a separate process (as the Ray actors would be); stop it with SIGTERM."""
+        cfgs = self.sidecar_configs(bundle_dir, **kw)
+        path = self.workdir / f"sidecars-{time.time_ns()}.json"
+        path.write_text(json.dumps([c.to_json() for c in cfgs]))
+        with (self.workdir / "sidecars.log").open("ab") as logf:
+            return subprocess.Popen([sys.executable, "-m", "sgl_seat.watchdog.simrig", str(path)],
+                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+
+
+def wire(cfgs: list[SidecarConfig]) -> dict[int, Sidecar]:
+    out = {c.node: Sidecar(c) for c in cfgs}
+    for r, peer in local_peers(out).items():
+        out[r].peers = peer
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sgl_seat.watchdog.simrig CONFIGS.json``: run sidecars until SIGTERM / SIGINT."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    cfgs = [SidecarConfig.from_json(s) for s in json.loads(Path(args[0]).read_text())]
+    scs = wire(cfgs)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    for s in scs.values():
+        s.start()
+    while not done.wait(0.5):  # a timeout: a signal delivered to another thread must still be seen
+        pass
+    for s in scs.values():
+        s.stop(remove_rings=False)  # the seat goes on (the bench starts and stops sidecars against one seat)
+    return 0
+
+
+class Traffic:
+    """``concurrency`` client threads sending ``/generate`` requests back to back until stopped."""
+
+    def __init__(self, url: str, *, concurrency: int = 8, max_new_tokens: int = 64, prompt_words: int = 40) -> None:
+        self.url = url
+        self.concurrency = concurrency
+        self.max_new_tokens = max_new_tokens
+        self.prompt_words = prompt_words
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.tokens = 0
+        self.errors = 0
+        self.events: list[tuple[float, int]] = []  # (finish time, completion tokens)
+
+    def _run(self, i: int) -> None:
+        n = 0
+        with httpx.Client(timeout=120.0, trust_env=False) as c:
+            while not self._stop.is_set():
+                n += 1
+                body = {"text": " ".join(f"w{i}x{n}y{k}" for k in range(self.prompt_words)),
+                        "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True}}
+                try:
+                    r = c.post(f"{self.url}/generate", json=body)
+                    r.raise_for_status()
+                    toks = int(r.json()["meta_info"]["completion_tokens"])
+                    with self._lock:
+                        self.completed += 1
+                        self.tokens += toks
+                        self.events.append((time.time(), toks))
+                except (httpx.HTTPError, KeyError, ValueError):
+                    with self._lock:
+                        self.errors += 1
+                    if self._stop.wait(0.2):
+                        return
+
+    def start(self) -> Traffic:
+        for i in range(self.concurrency):
+            t = threading.Thread(target=self._run, args=(i,), name=f"traffic-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    def tokens_between(self, t0: float, t1: float) -> int:
+        with self._lock:
+            return sum(k for t, k in self.events if t0 <= t < t1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
