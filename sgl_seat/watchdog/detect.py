@@ -63,6 +63,8 @@ WATCHDOG_LINE = "Scheduler watchdog timeout"
 #: how much history the caller passes (the live sidecar passes about a minute, a bundle two).
 EVIDENCE_WINDOW_S = 60.0
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
+#: SGLang's SubprocessWatchdog line (contracts section 5), also what the sim logs.
+_CRASHED = re.compile(r"Subprocess \S+ \(pid=(\d+)\) crashed with exit code (-?\d+|None)")
 
 #: Frame names (last dotted part) of collectives and device syncs: a rank whose stack is in one is
 #: waiting for its peers.
@@ -232,12 +234,24 @@ def _in_flight(p: ProbeRecord, now: float) -> bool:
 
 
 def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
-    gone = [p for p in obs.processes if not p.alive]
+    gone = [p for p in obs.processes if not p.alive and (p.gone_t is None or p.gone_t <= now)]
     if not gone:
         return None
-    # A scheduler rank is the likeliest culprit of a cascade; then the lowest rank; then the lowest pid.
-    gone.sort(key=lambda p: (p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
+    # Who died first: the engine's own "Subprocess ... (pid=P) crashed with exit code C" line if it names one
+    # of them; else the earliest seen gone; ties (one sidecar tick) go to a scheduler, then the lowest rank.
+    crashed: dict[int, int | None] = {}
+    for ln in obs.logs:
+        m = _CRASHED.search(ln.text)
+        if m and ln.t <= now and int(m.group(1)) not in crashed:
+            crashed[int(m.group(1))] = int(m.group(2)) if m.group(2) not in (None, "None") else None
+    order = list(crashed)
+    gone.sort(key=lambda p: (order.index(p.pid) if p.pid in order else len(order),
+                             p.gone_t if p.gone_t is not None else math.inf,
+                             p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
     first = gone[0]
+    if first.exit_code is None and first.pid in crashed:
+        first = EngineProcess(node=first.node, pid=first.pid, title=first.title, rank=first.rank, alive=False,
+                              exit_code=crashed[first.pid], gone_t=first.gone_t)
     last: StackSample | None = None
     for s in _py_samples(obs, now):
         if s.pid == first.pid and s.error is None and s.threads:

@@ -41,6 +41,10 @@ def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], *, optional:
 _NUM = (int, float)
 
 
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One Python (or native) frame as py-spy reports it; ``native`` frames have no line number."""
@@ -212,7 +216,11 @@ class MetricsPoint:
 
 @dataclass(frozen=True, slots=True)
 class EngineProcess:
-    """An engine process seen on a node (by title), alive or gone with its exit code."""
+    """An engine process seen on a node (by title), alive or gone with its exit code.
+
+    ``gone_t`` (optional, added compatibly in schema 1) is when the sidecar first saw it gone: with
+    several processes dying in a cascade it orders them, so the first to die is named.
+    """
 
     node: int
     pid: int
@@ -220,10 +228,14 @@ class EngineProcess:
     rank: int | None
     alive: bool
     exit_code: int | None = None
+    gone_t: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank, "alive": self.alive,
-                "exit_code": self.exit_code}
+        d: dict[str, Any] = {"node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
+                             "alive": self.alive, "exit_code": self.exit_code}
+        if self.gone_t is not None:
+            d["gone_t"] = self.gone_t
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EngineProcess:
@@ -234,6 +246,7 @@ class EngineProcess:
             rank=_get(d, "rank", int, optional=True),
             alive=bool(_get(d, "alive", bool)),
             exit_code=_get(d, "exit_code", int, optional=True),
+            gone_t=_opt_float(_get(d, "gone_t", _NUM, optional=True)),
         )
 
 

@@ -393,7 +393,7 @@ class Sampler:
                 with self._lock:
                     self._known.pop(pid, None)
                     self._dead[pid] = EngineProcess(node=self.node, pid=pid, title=ep.title, rank=ep.rank,
-                                                    alive=False, exit_code=None)
+                                                    alive=False, exit_code=None, gone_t=now)
                 log.warning("node %d: engine process %d (%s) is gone", self.node, pid, ep.title)
         if force or now - self._last_discover >= self.rediscover_s or not known:
             self._last_discover = now

@@ -296,3 +296,26 @@ def test_rank_views_and_tokens_per_s() -> None:
     assert views[0].fetch_p50_ms == pytest.approx(2.0, rel=0.05)
     rec2 = healthy(T0 + 30)
     assert d.tokens_per_s(rec2["metrics"], T0 + 30) == pytest.approx(100.0)
+
+
+def test_process_exited_names_the_first_to_die_in_a_cascade() -> None:
+    """Rank 2 crashes; a second later its peers die of the broken collective: rank 2 is named."""
+    ps = [EngineProcess(node=RANK_NODES[r], pid=100 + r, title=title(r), rank=r, alive=False,
+                        gone_t=T0 + (0.0 if r == 2 else 0.9)) for r in range(4)]
+    v = d.detect(obs(processes=ps), TH, T0 + 2)
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (2, 1)
+    # the engine's own crash line wins over what a sidecar tick saw, and brings the exit code
+    line = LogLine(t=T0 + 1, node=1, text="[2026-11-29 10:00:01] Subprocess sglang::scheduler_TP3_EP3 (pid=103) "
+                                          "crashed with exit code -9. Triggering SIGQUIT for cleanup...")
+    v = d.detect(obs(processes=ps, logs=[line]), TH, T0 + 2)
+    assert v is not None and v.rank == 3 and "(exit code -9)" in v.evidence[0]
+    # a process seen gone after "now" had not died yet
+    assert d.detect(obs(processes=ps), TH, T0 - 1) is None
+
+
+def test_engine_process_gone_t_is_optional_in_json() -> None:
+    p = EngineProcess(node=1, pid=5, title="t", rank=2, alive=False, gone_t=12.5)
+    assert EngineProcess.from_json(p.to_json()) == p
+    old = {"node": 1, "pid": 5, "title": "t", "rank": 2, "alive": False, "exit_code": None}
+    assert EngineProcess.from_json(old).gone_t is None
+    assert "gone_t" not in EngineProcess(node=1, pid=5, title="t", rank=2, alive=True).to_json()
