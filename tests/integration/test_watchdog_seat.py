@@ -1,0 +1,176 @@
+"""Acceptance of the watchdog on a real seat: `sgl-seat up --draft on` of a two-node sim seat on a local Ray
+cluster (sidecars started by `up`), steady traffic, then:
+
+- no stall for 2 minutes: no bundle (slow);
+- a row-fetch stall injected on rank 3: one bundle within 10 s of the stall, holding native and Python stacks
+  of all 4 ranks from both nodes, the stack history of the preceding 60 s, the probe records with the
+  stalled fetch in flight, and a verdict naming rank 3, its node and the row-fetch frame, ranks 0-2 waiting
+  in the collective (SGLang's own watchdog would fire at --watchdog-timeout);
+- a crashed rank: a bundle of kind "process exited" with the log tail;
+- `down` stops the sidecars and leaves no process behind.
+
+One seat serves the module (an `up` costs ~20-40 s on a small box); tests run in file order. Ports 34600-34620
+(ours: 34000-34999). Processes are checked by pid and process group, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from launchutil import LOCAL_SIM, MODEL_CONFIG, alive, descendants, engine_pgids, in_groups, run_cli, status_json
+
+from sgl_seat.forensics import read_bundle
+from sgl_seat.watchdog.records import VerdictKind
+from sgl_seat.watchdog.simrig import Traffic
+
+pytestmark = pytest.mark.integration
+
+SEAT = "wd-seat"
+HTTP = 34600  # +2 admin node 0, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
+
+
+@dataclass
+class Seat:
+    home: Path
+    url: str
+    traffic: Traffic
+    sidecars_up_at: float
+
+    def bundles(self) -> list[Path]:
+        d = self.home / "bundles" / SEAT
+        return sorted(p for p in d.glob("*") if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
+
+    def admin(self, node: int) -> str:
+        return f"http://127.0.0.1:{HTTP + 10 * node + 2}/sim/faults"
+
+    def watch(self) -> dict[str, Any]:
+        res = run_cli(["watch", SEAT, "--once", "--json"], self.home, timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        doc: dict[str, Any] = json.loads(res.stdout)
+        return doc
+
+
+def _wait(pred: Any, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+@pytest.fixture(scope="module")
+def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
+    tmp = tmp_path_factory.mktemp("wdseat")
+    home = tmp / "home"
+    doc = yaml.safe_load(LOCAL_SIM.read_text())
+    doc["name"] = SEAT
+    doc["network"]["http_port"] = HTTP
+    doc["network"]["dist_init_port"] = HTTP + 5
+    doc["model"]["config"] = str(MODEL_CONFIG)
+    doc["draft"]["enabled"] = True
+    spec = tmp / f"{SEAT}.yaml"
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--timeout", "300"], home, timeout=360)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "ok sidecars" in up.stdout and "started" in up.stdout, up.stdout
+    sidecars_up_at = time.time()
+    st = status_json(SEAT, home)
+    cluster = json.loads((home / "clusters" / f"{SEAT}.json").read_text())
+    started = descendants(cluster["pid"])
+    pgids = engine_pgids(st)
+    traffic = Traffic(f"http://127.0.0.1:{HTTP}", concurrency=8, max_new_tokens=32).start()
+    try:
+        yield Seat(home=home, url=f"http://127.0.0.1:{HTTP}", traffic=traffic, sidecars_up_at=sidecars_up_at)
+    finally:
+        traffic.stop(10)
+        down = run_cli(["down", SEAT], home, timeout=240)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert alive(started) == [], "Ray, agent, sidecar or engine processes left behind"
+        assert in_groups(pgids) == []
+        assert not Path(f"/dev/shm/sgl-seat-{SEAT}").exists(), "probe rings left in /dev/shm"
+
+
+@pytest.mark.slow
+def test_two_minutes_of_healthy_traffic_give_no_bundle(seat: Seat) -> None:
+    t0 = time.time()
+    tokens0 = seat.traffic.tokens
+    time.sleep(120.0)
+    assert seat.traffic.tokens > tokens0 and seat.traffic.errors == 0
+    assert seat.bundles() == [], "a bundle without a hang (false positive)"
+    doc = seat.watch()
+    assert doc["bundles"] == []
+    for n in doc["nodes"]:
+        assert n.get("verdict") is None and not n.get("latched"), n
+        assert n["sampler"] == "ok" and n["samples_taken"] >= 4 * 60  # two ranks a node at 1 Hz, and more
+    assert time.time() - t0 >= 120.0
+
+
+def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None:
+    # a full minute of stack history before the hang
+    time.sleep(max(0.0, seat.sidecars_up_at + 63.0 - time.time()))
+    assert seat.bundles() == []
+    r = httpx.post(seat.admin(1), json={"fault": "rowfetch-stall:rank=3"}, timeout=10, trust_env=False)
+    assert r.status_code == 200, r.text
+    t_stall = time.time()
+    assert _wait(lambda: seat.bundles(), 10.0), "no bundle within 10 s of the stall"
+    t_bundle = time.time()
+    (path,) = seat.bundles()
+    b = read_bundle(path)
+    v = b.manifest.verdict
+    assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL, v
+    assert (v.rank, v.node) == (3, 1)
+    assert v.frame is not None and v.frame.startswith("fetch_rows (rowfetch.py:"), v.frame
+    assert v.waiting_ranks == (0, 1, 2)
+    assert t_bundle - t_stall <= 10.0
+    # native and Python stacks of all four ranks, from both nodes
+    native = [s for s in b.native_stacks if s.rank is not None]
+    assert {(s.node, s.rank) for s in native if s.native} == {(0, 0), (0, 1), (1, 2), (1, 3)}
+    assert all(any(f.native for t in s.threads for f in t.frames) for s in native if s.native)
+    assert {(s.node, s.rank) for s in b.stacks if s.rank is not None} == {(0, 0), (0, 1), (1, 2), (1, 3)}
+    # the preceding 60 s of stack history, for every rank
+    for rank in range(4):
+        ts = [s.t for s in b.stacks if s.rank == rank and s.error is None]
+        assert min(ts) <= t_stall - 60.0 and max(ts) >= t_stall, (rank, min(ts), max(ts))
+    # the stalled fetch, in flight, on rank 3; completed fetches of every rank before it
+    inflight = [p for p in b.probes if p.end is None]
+    assert [(p.rank, p.node) for p in inflight] == [(3, 1)]
+    assert t_stall - 1.0 <= inflight[0].start <= t_stall + 1.0
+    assert {p.rank for p in b.probes if p.end is not None} == {0, 1, 2, 3}
+    assert b.metrics and any(m.get("sglang:num_running_reqs") > 0 for m in b.metrics)
+    assert set(b.log_text) == {0, 1}
+    assert b.manifest.thresholds["rowfetch_inflight_s"] == 3.0
+    # one hang, one bundle; `watch` shows it and the latch
+    time.sleep(5.0)
+    assert len(seat.bundles()) == 1
+    doc = seat.watch()
+    assert [x["id"] for x in doc["bundles"]] == [path.name]
+    assert any(n.get("latched") for n in doc["nodes"])
+    # release the stall: tokens flow again and the sidecars re-arm
+    r = httpx.delete(seat.admin(1), timeout=10, trust_env=False)
+    assert r.status_code == 200, r.text
+    assert _wait(lambda: not any(n.get("latched") for n in seat.watch()["nodes"]), 60.0, interval=2.0)
+
+
+def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat) -> None:
+    before = set(seat.bundles())
+    r = httpx.post(seat.admin(1), json={"fault": "crash:rank=2"}, timeout=10, trust_env=False)
+    assert r.status_code == 200, r.text
+    assert _wait(lambda: set(seat.bundles()) - before, 15.0), "no bundle after the crash"
+    (path,) = sorted(set(seat.bundles()) - before)
+    b = read_bundle(path)
+    v = b.manifest.verdict
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED, v
+    assert (v.rank, v.node) == (2, 1), v
+    assert any(not p.alive and p.rank == 2 for p in b.processes)
+    tail = b.log_text[1]
+    assert "KV Cache is allocated" in tail or "sim fault: crashing rank 2" in tail, tail[-2000:]
+    assert b.logs or tail
