@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -28,13 +29,14 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.simrig import SimSeat, Traffic, sim_spec
-from sgl_seat.watchdog.targets import family_targets
+
+if TYPE_CHECKING:
+    from sgl_seat.watchdog.simrig import SimSeat
+
+SIM_TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"  # watchdog/probe-targets.yaml, family sim
 
 HTTP_PORT = 34400
 EXPORTER_PORT = 34450
@@ -51,7 +53,10 @@ def _paired(bare: Any, wrapped: Any, *, number: int, repeat: int) -> tuple[float
 
 def probe_cost(repeat: int = 15, number: int = 50_000) -> dict[str, float]:
     """ns per call: bare and wrapped, for an empty function and for the sim's real row fetch."""
-    os.environ[probe.ENV_DIR] = tempfile.mkdtemp(prefix="sgl-seat-bench-rings-")
+    # Shared memory, as on a seat: a ring on a disk file system would add write-back faults.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    ring_dir = tempfile.mkdtemp(prefix="sgl-seat-bench-rings-", dir=shm)
+    os.environ[probe.ENV_DIR] = ring_dir
     probe.reset()
 
     def empty(table: object, ids: object) -> object:
@@ -70,19 +75,23 @@ def probe_cost(repeat: int = 15, number: int = 50_000) -> dict[str, float]:
         table = rowfetch.make_table(rows=4096)
         ids = rowfetch.make_ids(0, 32, 4096)
         fr = rowfetch.fetch_rows
-        w_fr = probe.make_wrapper(fr, probe.parse_target(family_targets("sim")[0]))  # the target the plan ships
+        w_fr = probe.make_wrapper(fr, probe.parse_target(SIM_TARGET))
         out["fetch_rows_bare_ns"], out["fetch_rows_wrapped_ns"] = _paired(
             lambda: fr(table, ids), lambda: w_fr(table, ids), number=max(500, number // 50), repeat=repeat * 2)
     except ImportError:  # torch not installed: the empty-function figure still stands
         pass
     probe.reset()
+    shutil.rmtree(ring_dir, ignore_errors=True)
     return out
 
 
 def throughput(seat: SimSeat, work: Path, *, window: float, rounds: int, concurrency: int, warmup: float
                ) -> dict[str, list[float]]:
+    from sgl_seat.watchdog.simrig import Traffic
+
     arms = ["off", "1 Hz", "5 Hz"]
     res: dict[str, list[float]] = {a: [] for a in arms}
+    steps: dict[str, list[float]] = {a: [] for a in arms}
     traffic = Traffic(seat.url, concurrency=concurrency, max_new_tokens=32).start()
     try:
         time.sleep(warmup)
@@ -94,22 +103,27 @@ def throughput(seat: SimSeat, work: Path, *, window: float, rounds: int, concurr
                     proc = seat.spawn_sidecars(work / "bundles-throughput", sample_hz=1.0 if arm == "1 Hz" else 5.0,
                                                metrics_port=EXPORTER_PORT)
                     time.sleep(3.0)  # the sidecars are up and sampling before the window opens
-                t0 = time.time()
+                t0, f0 = time.time(), seat.forward_count(0)
                 time.sleep(window)
-                t1 = time.time()
+                t1, f1 = time.time(), seat.forward_count(0)
                 res[arm].append(traffic.tokens_between(t0, t1) / (t1 - t0))
+                steps[arm].append((f1 - f0) / (t1 - t0))
                 if proc is not None:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(30)
-                print(f"  round {rnd + 1} {arm:>5}: {res[arm][-1]:8.1f} tok/s", file=sys.stderr, flush=True)
+                print(f"  round {rnd + 1} {arm:>5}: {res[arm][-1]:8.1f} tok/s {steps[arm][-1]:7.2f} steps/s",
+                      file=sys.stderr, flush=True)
     finally:
         traffic.stop(10)
-    if list((work / "bundles-throughput").glob("2*")):
-        res["false_positive_bundles"] = [float(len(list((work / "bundles-throughput").glob("2*"))))]
+    for a in arms:
+        res[f"{a} steps"] = steps[a]
+    res["false_positive_bundles"] = [float(len(list((work / "bundles-throughput").glob("2*"))))]
     return res
 
 
 def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
+    from sgl_seat.watchdog.simrig import Traffic
+
     bdir = work / "bundles-latency"
     traffic = Traffic(seat.url, concurrency=concurrency, max_new_tokens=32).start()
     scs = seat.sidecars(bdir, gpu=True)
@@ -137,40 +151,7 @@ def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
             s.stop()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--window", type=float, default=30.0, help="seconds per throughput window")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of (off, 1 Hz, 5 Hz)")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--warmup", type=float, default=10.0)
-    ap.add_argument("--draft", choices=("on", "off"), default="on")
-    ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
-    a = ap.parse_args()
-
-    cost = probe_cost()
-    work = Path(tempfile.mkdtemp(prefix="sgl-seat-bench-"))
-    seat = SimSeat(sim_spec("wd-bench", HTTP_PORT), draft=a.draft == "on", workdir=work)
-    print(f"starting a two-node sim seat (draft {a.draft}) in {work} ...", file=sys.stderr, flush=True)
-    seat.start()
-    try:
-        tput = throughput(seat, work, window=a.window, rounds=a.rounds, concurrency=a.concurrency, warmup=a.warmup)
-        lat = latency(seat, work, concurrency=a.concurrency)
-    finally:
-        seat.stop()
-
-    off = statistics.median(tput["off"])
-    print("\nwatchdog overhead (sim engine: every throughput figure is SYNTHETIC)")
-    print(f"{'':34}{'value':>14}{'ratio':>10}{'target':>14}")
-    print(f"{'decode tok/s, sidecars off':34}{off:14.1f}{1.0:10.3f}")
-    for arm in ("1 Hz", "5 Hz"):
-        med = statistics.median(tput[arm])
-        target = ">= 0.990" if arm == "1 Hz" else ""
-        print(f"{'decode tok/s, sidecars on ' + arm:34}{med:14.1f}{med / off:10.3f}{target:>14}")
-    if len(tput["off"]) > 1:
-        spread = (max(tput["off"]) - min(tput["off"])) / off
-        print(f"{'noise: spread of the off windows':34}{spread * 100:13.1f}%")
-    if "false_positive_bundles" in tput:
-        print(f"{'bundles during healthy traffic':34}{tput['false_positive_bundles'][0]:14.0f}{'':10}{'0':>14}")
+def _print_probe(cost: dict[str, float]) -> None:
     added = cost["empty_wrapped_ns"] - cost["empty_bare_ns"]
     print(f"{'probe: bare call (ns)':34}{cost['empty_bare_ns']:14.0f}")
     ratio = cost["empty_wrapped_ns"] / cost["empty_bare_ns"]
@@ -181,6 +162,55 @@ def main() -> int:
         print(f"{'sim fetch_rows(32 rows) bare (ns)':34}{fr_b:14.0f}")
         print(f"{'sim fetch_rows wrapped (ns)':34}{fr_w:14.0f}{fr_w / fr_b:10.3f}")
         print(f"{'sim fetch_rows: added (ns)':34}{fr_w - fr_b:14.0f}{'':10}{'<= 1000':>14}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=float, default=30.0, help="seconds per throughput window")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (off, 1 Hz, 5 Hz)")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--draft", choices=("on", "off"), default="on")
+    ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
+    ap.add_argument("--probe-only", action="store_true",
+                    help="only the probe's cost per call (needs nothing but the standard library, and torch for "
+                         "the sim's fetch_rows): runs on a bare GPU host")
+    a = ap.parse_args()
+
+    cost = probe_cost()
+    if a.probe_only:
+        _print_probe(cost)
+        if a.json:
+            print(json.dumps({"probe": cost}, indent=2))
+        return 0
+    import psutil
+
+    from sgl_seat.watchdog.simrig import SimSeat, sim_spec
+
+    work = Path(tempfile.mkdtemp(prefix="sgl-seat-bench-"))
+    seat = SimSeat(sim_spec("wd-bench", HTTP_PORT), draft=a.draft == "on", workdir=work)
+    print(f"starting a two-node sim seat (draft {a.draft}) in {work} ...", file=sys.stderr, flush=True)
+    seat.start()
+    try:
+        tput = throughput(seat, work, window=a.window, rounds=a.rounds, concurrency=a.concurrency, warmup=a.warmup)
+        lat = latency(seat, work, concurrency=a.concurrency)
+    finally:
+        seat.stop()
+
+    print("\nwatchdog overhead (sim engine: every throughput figure is SYNTHETIC)")
+    print(f"{'':34}{'value':>14}{'ratio':>10}{'target':>14}")
+    for unit, suffix in (("tok/s", ""), ("steps/s", " steps")):
+        off = statistics.median(tput["off" + suffix])
+        print(f"{'decode ' + unit + ', sidecars off':34}{off:14.2f}{1.0:10.3f}")
+        for arm in ("1 Hz", "5 Hz"):
+            med = statistics.median(tput[arm + suffix])
+            target = ">= 0.990" if arm == "1 Hz" else ""
+            print(f"{'decode ' + unit + ', sidecars on ' + arm:34}{med:14.2f}{med / off:10.3f}{target:>14}")
+        if len(tput["off" + suffix]) > 1:
+            spread = (max(tput["off" + suffix]) - min(tput["off" + suffix])) / off
+            print(f"{'  noise: spread of the off windows':34}{spread * 100:13.1f}%")
+    print(f"{'bundles during healthy traffic':34}{tput['false_positive_bundles'][0]:14.0f}{'':10}{'0':>14}")
+    _print_probe(cost)
     if "error" in lat:
         print(f"{'detection to bundle':34}{'FAILED: ' + lat['error']:>24}")
     else:

@@ -100,6 +100,7 @@ _Q: memoryview[int] | None = None
 _D: memoryview[float] | None = None
 _MASK = 0
 _COUNTER: Any = itertools.count(1)
+_NEXT: Callable[[], int] = _COUNTER.__next__
 _PACK = _SLOT_HEAD.pack_into
 _RING_FAILED = False
 _RING_LOCK = threading.Lock()  # only ring creation takes it (once per process), never the hot path
@@ -138,7 +139,7 @@ def _own_node() -> int:
 
 def _ensure_ring() -> bool:
     """Create this process's ring on the first wrapped call. False when it cannot (warned once)."""
-    global _MM, _Q, _D, _MASK, _COUNTER, _RING_FAILED
+    global _MM, _Q, _D, _MASK, _COUNTER, _NEXT, _RING_FAILED
     if _MM is not None:
         return True
     if _RING_FAILED:
@@ -174,6 +175,7 @@ def _ensure_ring() -> bool:
             _D = memoryview(mm).cast("d")
             _MASK = nslots - 1
             _COUNTER = itertools.count(1)
+            _NEXT = _COUNTER.__next__
             _MM = mm
             return True
         except Exception as exc:
@@ -323,6 +325,7 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
     mode = 0 if pos < 0 else _MODES.index(spec.mode) + 1  # 0 none, 1 len, 2 numel, 3 dim0, 4 none
     now = time.time
     ident = threading.get_ident
+    base = HEADER_BYTES // SLOT_BYTES
 
     @functools.wraps(fn)
     def probe_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -332,23 +335,23 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
                 return fn(*args, **kwargs)
             q = _Q
             assert q is not None
-        c = next(_COUNTER)
-        b = ((c & _MASK) + HEADER_BYTES // SLOT_BYTES) * SLOT_WORDS
+        c = _NEXT()
+        b = ((c & _MASK) + base) << 3  # the slot's first 8-byte word
         try:
-            if mode == 1:
+            if mode == 2:
+                gs = (args[pos] if len(args) > pos else kwargs[kw]).numel()  # type: ignore[index]
+            elif mode == 1:
                 gs = len(args[pos] if len(args) > pos else kwargs[kw])  # type: ignore[index]
-            elif mode == 0 or mode == 4:
-                gs = -1
-            elif mode == 2:
-                gs = int((args[pos] if len(args) > pos else kwargs[kw]).numel())  # type: ignore[index]
+            elif mode == 3:
+                gs = (args[pos] if len(args) > pos else kwargs[kw]).shape[0]  # type: ignore[index]
             else:
-                gs = int((args[pos] if len(args) > pos else kwargs[kw]).shape[0])  # type: ignore[index]
+                gs = -1
         except Exception:
             gs = -1
         try:
-            _PACK(_MM, b * 8, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx)  # type: ignore[arg-type]
+            _PACK(_MM, b << 3, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx)  # type: ignore[arg-type]
             q[b] = 2 * c + 2
-        except Exception:
+        except Exception:  # a size that is not an int, a ring gone: the call runs untimed
             return fn(*args, **kwargs)
         try:
             return fn(*args, **kwargs)

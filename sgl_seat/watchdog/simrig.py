@@ -119,6 +119,14 @@ class SimSeat:
         r.raise_for_status()
         return time.time()
 
+    def forward_count(self, rank: int = 0) -> int:
+        """The rank's forward (step) count, from the sim's admin route (answers even while the rank is stuck)."""
+        assert self.plan is not None
+        node = self.plan.topology.node_of(rank)
+        r = httpx.get(f"http://127.0.0.1:{self.node_port(node) + 2}/sim/ranks", timeout=10.0, trust_env=False)
+        r.raise_for_status()
+        return int(next(x["forward_ct"] for x in r.json()["ranks"] if x["tp_rank"] == rank))
+
     def clear_faults(self) -> None:
         assert self.plan is not None
         for n in range(len(self.plan.nodes)):
