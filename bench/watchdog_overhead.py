@@ -140,7 +140,11 @@ def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
         if not docs:
             return {"error": "no bundle within 30 s"}
         d = docs[0]
-        return {"stall_to_bundle_s": d["written_at"] - t_stall,
+        from sgl_seat.forensics import verify_bundle
+
+        steps = verify_bundle(Path(d["path"])).capture
+        node_s = {int(s["node"]): float(str(s["detail"]).rstrip("s")) for s in steps if s.get("step") == "capture"}
+        return {"node_capture_s": node_s, "stall_to_bundle_s": d["written_at"] - t_stall,
                 "detect_to_bundle_s": d["written_at"] - d["detected_at"],
                 "stall_to_detect_s": d["detected_at"] - t_stall, "bundle": d["path"],
                 "verdict": (d.get("verdict") or {}).get("kind"), "rank": (d.get("verdict") or {}).get("rank")}
@@ -167,7 +171,7 @@ def _print_probe(cost: dict[str, float]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=float, default=30.0, help="seconds per throughput window")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of (off, 1 Hz, 5 Hz)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (off, 1 Hz, 5 Hz); 0 skips throughput")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--draft", choices=("on", "off"), default="on")
@@ -192,14 +196,15 @@ def main() -> int:
     print(f"starting a two-node sim seat (draft {a.draft}) in {work} ...", file=sys.stderr, flush=True)
     seat.start()
     try:
-        tput = throughput(seat, work, window=a.window, rounds=a.rounds, concurrency=a.concurrency, warmup=a.warmup)
+        tput = throughput(seat, work, window=a.window, rounds=a.rounds, concurrency=a.concurrency, warmup=a.warmup) \
+            if a.rounds > 0 else {}
         lat = latency(seat, work, concurrency=a.concurrency)
     finally:
         seat.stop()
 
     print("\nwatchdog overhead (sim engine: every throughput figure is SYNTHETIC)")
     print(f"{'':34}{'value':>14}{'ratio':>10}{'target':>14}")
-    for unit, suffix in (("tok/s", ""), ("steps/s", " steps")):
+    for unit, suffix in ((("tok/s", ""), ("steps/s", " steps")) if tput else ()):
         off = statistics.median(tput["off" + suffix])
         print(f"{'decode ' + unit + ', sidecars off':34}{off:14.2f}{1.0:10.3f}")
         for arm in ("1 Hz", "5 Hz"):
@@ -209,13 +214,16 @@ def main() -> int:
         if len(tput["off" + suffix]) > 1:
             spread = (max(tput["off" + suffix]) - min(tput["off" + suffix])) / off
             print(f"{'  noise: spread of the off windows':34}{spread * 100:13.1f}%")
-    print(f"{'bundles during healthy traffic':34}{tput['false_positive_bundles'][0]:14.0f}{'':10}{'0':>14}")
+    if tput:
+        print(f"{'bundles during healthy traffic':34}{tput['false_positive_bundles'][0]:14.0f}{'':10}{'0':>14}")
     _print_probe(cost)
     if "error" in lat:
         print(f"{'detection to bundle':34}{'FAILED: ' + lat['error']:>24}")
     else:
         print(f"{'stall to detection (s)':34}{lat['stall_to_detect_s']:14.2f}")
         print(f"{'detection to bundle (s)':34}{lat['detect_to_bundle_s']:14.2f}{'':10}{'<= 3.00':>14}")
+        for n, s in sorted(lat["node_capture_s"].items()):
+            print(f"{'  of which node ' + str(n) + ' capture (s)':34}{s:14.2f}")
         print(f"{'stall to bundle (s)':34}{lat['stall_to_bundle_s']:14.2f}{'':10}{'<= 10.00':>14}")
         print(f"{'verdict':34}{str(lat['verdict']) + ' rank ' + str(lat['rank']):>24}")
     if a.json:

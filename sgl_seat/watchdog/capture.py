@@ -129,6 +129,9 @@ def node_part(
         py, nat = capture_stacks(ep.pid, exe=pyspy, timeout_s=dump_timeout_s)
         return ep, py, nat
 
+    # nvidia-smi -q takes about a second on a GPU host: it runs beside the stack dumps, not after them.
+    gpu_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    gpu_future = gpu_pool.submit(nvidia_smi) if gpu else None
     if procs:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(procs))) as pool:
             results = list(pool.map(one, procs))
@@ -155,9 +158,10 @@ def node_part(
             steps.append(_step(node, f"resume {ep.pid}", "warn", "target was left stopped by py-spy; sent SIGCONT"))
     pstate = process_state([ep.pid for ep in procs])
     gpu_text: str | None = None
-    if gpu:
-        gpu_text, why = nvidia_smi()
+    if gpu_future is not None:
+        gpu_text, why = gpu_future.result()
         steps.append(_step(node, "nvidia-smi -q", "ok" if gpu_text is not None else "skipped", why))
+    gpu_pool.shutdown(wait=False)
     steps.append(_step(node, "capture", "ok", f"{time.time() - t0:.2f}s"))
     return {
         "node": node,

@@ -469,6 +469,7 @@ class SidecarActor:
 
     def __init__(self, config_json: str) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics poll otherwise
         self.cfg = SidecarConfig.from_json(config_json)
         peers = RayPeers(self.cfg) if self.cfg.nnodes > 1 and self.cfg.namespace else None
         self.core = Sidecar(self.cfg, peers=peers)

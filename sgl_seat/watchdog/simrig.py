@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics poll otherwise
     args = sys.argv[1:] if argv is None else argv
     cfgs = [SidecarConfig.from_json(s) for s in json.loads(Path(args[0]).read_text())]
     scs = wire(cfgs)
