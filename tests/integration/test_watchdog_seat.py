@@ -28,6 +28,7 @@ import yaml
 from launchutil import LOCAL_SIM, MODEL_CONFIG, alive, descendants, engine_pgids, in_groups, run_cli, status_json
 
 from sgl_seat.forensics import read_bundle
+from sgl_seat.forensics.redetect import rerun_detectors
 from sgl_seat.watchdog.records import VerdictKind
 from sgl_seat.watchdog.simrig import Traffic
 
@@ -148,6 +149,8 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     assert b.metrics and any(m.get("sglang:num_running_reqs") > 0 for m in b.metrics)
     assert set(b.log_text) == {0, 1}
     assert b.manifest.thresholds["rowfetch_inflight_s"] == 3.0
+    replayed, why = rerun_detectors(b)  # `sgl-seat replay` reaches the live verdict from the same records
+    assert replayed == v, why
     # one hang, one bundle; `watch` shows it and the latch
     time.sleep(5.0)
     assert len(seat.bundles()) == 1

@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from sgl_seat.forensics import read_bundle
+from sgl_seat.forensics.redetect import rerun_detectors
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.records import VerdictKind
 from sgl_seat.watchdog.sampler import EngineProc, Sampler
@@ -93,7 +94,7 @@ class Rig:
         return sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith("."))
 
 
-def _start_rig(tmp_path: Path, bundle_dir: Path, *, recover_s: float = 2.0) -> Rig:
+def _start_rig(tmp_path: Path, bundle_dir: Path, *, recover_s: float = 2.0, pyspy: str | bool = True) -> Rig:
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     (ctl / "fakerows.py").write_text(ROWS)
@@ -127,7 +128,7 @@ def _start_rig(tmp_path: Path, bundle_dir: Path, *, recover_s: float = 2.0) -> R
             metrics_url=f"http://127.0.0.1:{METRICS_PORT}/metrics",
             metrics_port=EXPORTER_PORT if node == 0 else None, rank_nodes={0: 0, 1: 1}, gpu=False,
             recover_s=recover_s)
-        sampler = Sampler(node=node, sample_hz=1.0, history_s=120, discover=discover)
+        sampler = Sampler(node=node, sample_hz=1.0, history_s=120, discover=discover, pyspy=pyspy)
         sidecars[node] = Sidecar(cfg, sampler=sampler)
     for n, peer in local_peers(sidecars).items():
         sidecars[n].peers = peer
@@ -199,6 +200,8 @@ def test_rowfetch_stall_gives_one_bundle_then_rearms(rig: Rig, tmp_path: Path) -
     assert any(p.rank == 0 and p.end is not None for p in b.probes)
     assert b.metrics and b.log_text.get(0) is not None
     assert b.manifest.thresholds["rowfetch_inflight_s"] == 3.0
+    replayed, why = rerun_detectors(b)  # what `sgl-seat replay` does: the same verdict from the same records
+    assert replayed == v, why
     # the exporter on 127.0.0.1 counts samples, captures and fetch latencies by gather size
     text = httpx.get(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=5).text
     assert 'sgl_seat_watchdog_captures_total{node="0",result="ok"} 1.0' in text
@@ -247,3 +250,22 @@ def test_snapshot_is_plain_json(rig: Rig) -> None:
     (r0,) = [v for v in snap["ranks"] if v["rank"] == 0]
     assert r0["state"] in ("running", "collective") and r0["fetches"] > 0
     assert snap["tokens_per_s"] is not None and snap["tokens_per_s"] > 0
+
+
+def test_without_pyspy_the_probe_alone_catches_the_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-spy missing: one warning, no stacks, and still a bundle naming rank 1 from the probe records."""
+    monkeypatch.setenv("SGL_SEAT_PYSPY", "/nonexistent/py-spy")
+    r = _start_rig(tmp_path, tmp_path / "bundles")
+    try:
+        assert all(s.sampler.state == "py-spy not found" for s in r.sidecars.values())
+        time.sleep(2)
+        r.stall(1)
+        assert _wait(lambda: r.bundles(tmp_path / "bundles"), 10)
+        b = read_bundle(r.bundles(tmp_path / "bundles")[0])
+        v = b.manifest.verdict
+        assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL and (v.rank, v.node) == (1, 1)
+        assert v.frame == "fetch_rows (fakerows:fetch_rows)"  # no stack: the frame comes from the probe target
+        assert b.stacks == [] or all(s.error for s in b.stacks)
+        assert any(c["status"] != "ok" and "py-spy" in c["step"] for c in b.manifest.capture)
+    finally:
+        _stop(r)
