@@ -174,6 +174,17 @@ def proc_state(pid: int) -> str | None:
     return None
 
 
+def pid_state(pid: int) -> str | None:
+    """The state letter from /proc/PID/stat (one read, no parsing of names), None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read(512)
+    except OSError:
+        return None
+    end = data.rfind(b")")
+    return data[end + 2:end + 3].decode("ascii", "replace") if end > 0 else None
+
+
 def _thread_states(pid: int) -> list[str]:
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -377,6 +388,28 @@ class Sampler:
             self.warnings.append(msg)
             log.warning("node %d sampler: %s", self.node, msg)
 
+    def _mark_dead(self, pid: int, now: float) -> bool:
+        with self._lock:
+            ep = self._known.pop(pid, None)
+            if ep is None:
+                return False
+            self._dead[pid] = EngineProcess(node=self.node, pid=pid, title=ep.title, rank=ep.rank, alive=False,
+                                            exit_code=None, gone_t=now)
+        log.warning("node %d: engine process %d (%s) is gone", self.node, pid, ep.title)
+        return True
+
+    def check_liveness(self) -> bool:
+        """The fast path (every few tens of ms): a known process whose /proc entry is gone or a zombie is dead.
+        True if one died. Cheap enough to run often, so a cascade of deaths is ordered finely."""
+        now = self._clock()
+        with self._lock:
+            pids = list(self._known)
+        died = False
+        for pid in pids:
+            if pid_state(pid) in (None, "Z", "X"):
+                died = self._mark_dead(pid, now) or died
+        return died
+
     def refresh(self, *, force: bool = False) -> None:
         """Liveness of known processes every call; rediscovery every ``rediscover_s``."""
         now = self._clock()
@@ -390,11 +423,7 @@ class Sampler:
             except (psutil.Error, OSError):
                 alive = False
             if not alive:
-                with self._lock:
-                    self._known.pop(pid, None)
-                    self._dead[pid] = EngineProcess(node=self.node, pid=pid, title=ep.title, rank=ep.rank,
-                                                    alive=False, exit_code=None, gone_t=now)
-                log.warning("node %d: engine process %d (%s) is gone", self.node, pid, ep.title)
+                self._mark_dead(pid, now)
         if force or now - self._last_discover >= self.rediscover_s or not known:
             self._last_discover = now
             try:

@@ -40,6 +40,8 @@ log = logging.getLogger("sgl_seat.watchdog")
 
 RECOVER_S = 10.0
 TICK_S = 0.25
+#: How often the engine processes' /proc entries are checked (a read of /proc/PID/stat each).
+LIVENESS_S = 0.02
 METRICS_EVERY_S = 1.0
 PROBE_EVERY_S = 0.5
 #: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
@@ -196,7 +198,9 @@ class Sidecar:
         self._lock = threading.RLock()
         self._capture_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._live_thread: threading.Thread | None = None
         self._last_metrics = float("-inf")
         self._last_detect = float("-inf")
         self._dead_seen = 0
@@ -221,12 +225,18 @@ class Sidecar:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"sgl-seat-watchdog-{self.cfg.node}", daemon=True)
         self._thread.start()
+        self._live_thread = threading.Thread(target=self._liveness, name=f"sgl-seat-liveness-{self.cfg.node}",
+                                             daemon=True)
+        self._live_thread.start()
 
     def stop(self, *, remove_rings: bool = True) -> None:
         """Stop watching. `down` calls this just before the engines are killed, so the rings go too."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(10)
+        if self._live_thread is not None:
+            self._live_thread.join(5)
         self.sampler.stop()
         if self.metrics is not None:
             self.metrics.close()
@@ -243,7 +253,18 @@ class Sidecar:
                 self.tick()
             except Exception as exc:  # the watchdog must outlive anything it watches
                 log.exception("node %d sidecar tick failed: %s", self.cfg.node, exc)
-            self._stop.wait(self.cfg.tick_s)
+            self._wake.wait(self.cfg.tick_s)
+            self._wake.clear()
+
+    def _liveness(self) -> None:
+        """Engine processes checked every LIVENESS_S: a death is timed finely (cascades are ordered by it)
+        and wakes the tick at once."""
+        while not self._stop.wait(LIVENESS_S):
+            try:
+                if self.sampler.check_liveness():
+                    self._wake.set()
+            except Exception as exc:
+                log.debug("liveness check failed: %s", exc)
 
     def _on_sample(self, s: StackSample) -> None:
         self.exporter.samples.inc()
