@@ -41,7 +41,7 @@ log = logging.getLogger("sgl_seat.watchdog")
 RECOVER_S = 10.0
 TICK_S = 0.25
 #: How often the engine processes' /proc entries are checked (a read of /proc/PID/stat each).
-LIVENESS_S = 0.02
+LIVENESS_S = 0.05
 METRICS_EVERY_S = 1.0
 PROBE_EVERY_S = 0.5
 #: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
