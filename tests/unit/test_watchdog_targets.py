@@ -25,20 +25,34 @@ def _source_of(module: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def _find(path: Path, qualname: str) -> ast.AST | None:
+    """The def of ``qualname`` in ``path``; a module-level name bound by ``from X import name`` is followed to X
+    (the probe wraps the binding the module's own code calls)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    scope: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None and i == 0:
+            for imp in (n for n in scope if isinstance(n, ast.ImportFrom) and n.module):
+                if any((a.asname or a.name) == part for a in imp.names):
+                    src = _source_of(str(imp.module))
+                    return _find(src, ".".join(parts)) if src else None
+        if node is None:
+            return None
+        scope = node.body if isinstance(node, ast.ClassDef) else []
+    return node
+
+
 @pytest.mark.parametrize("target", family_targets("DeepseekV4ForCausalLM"))
 def test_engram_target_exists_with_its_size_parameter(target: str) -> None:
     t = probe.parse_target(target)
     path = _source_of(t.module)
     if path is None:
         pytest.skip("sglang is not installed")
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    scope: list[ast.stmt] = tree.body
-    node: ast.AST | None = None
-    for part in t.qualname.split("."):
-        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
-        assert node is not None, f"{t.qualname} not found in {path}"
-        scope = node.body if isinstance(node, ast.ClassDef) else []
-    assert isinstance(node, ast.FunctionDef)
+    node = _find(path, t.qualname)
+    assert isinstance(node, ast.FunctionDef), f"{t.qualname} not found in {path} (or where it imports it from)"
     if isinstance(t.size_arg, str):
         params = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
         assert t.size_arg in params, f"{t.qualname}({', '.join(params)}) has no {t.size_arg}"
