@@ -107,6 +107,10 @@ class SidecarConfig:
         return WatchdogSpec.model_validate(self.thresholds)
 
 
+class CoordinatorUnreachable(RuntimeError):
+    """Node 0's sidecar does not answer a ping: the requester coordinates the capture itself."""
+
+
 class Peers(Protocol):
     """How a sidecar reaches the others (Ray in production, direct calls in tests)."""
 
@@ -390,9 +394,12 @@ class Sidecar:
         try:
             local = self.peers is None or self.cfg.node == 0
             ans = self.coordinate(trigger) if local else self.peers.request_capture(trigger)  # type: ignore[union-attr]
-        except Exception as exc:
-            log.warning("node %d: the coordinator did not answer (%s); capturing from here", self.cfg.node, exc)
+        except CoordinatorUnreachable as exc:
+            log.warning("node %d: the coordinator is unreachable (%s); capturing from here", self.cfg.node, exc)
             ans = self.coordinate(trigger)
+        except Exception as exc:  # the coordinator got it but answered late or failed: never a second capture
+            log.warning("node %d: capture request failed: %s", self.cfg.node, exc)
+            return
         if ans.get("status") == "ok":
             log.warning("node %d: capture %s written to %s", self.cfg.node, ans.get("bundle_id"), ans.get("path"))
 
@@ -528,8 +535,11 @@ class RayPeers:
     def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
         import ray
 
-        coord = self._actor(0)
-        ray.get(coord.ping.remote(), timeout=3.0)
+        try:
+            coord = self._actor(0)
+            ray.get(coord.ping.remote(), timeout=3.0)
+        except Exception as exc:
+            raise CoordinatorUnreachable(f"{type(exc).__name__}: {exc}") from None
         ans: dict[str, Any] = json.loads(ray.get(coord.request_capture.remote(json.dumps(trigger)),
                                                  timeout=CAPTURE_TIMEOUT_S + 15))
         return ans
