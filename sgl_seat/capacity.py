@@ -66,6 +66,7 @@ class Capacity:
     draft: bool
     fits: bool
     problem: str | None
+    predicted: bool
     weights_bytes_per_gpu: int
     draft_weights_bytes_per_gpu: int
     kv_bytes_per_token: int
@@ -176,8 +177,11 @@ def predict(spec: SeatSpec, shape: ModelShape, *, draft: bool, slots: int, mem_f
     tokens = max(pool_bytes, 0) // cell if cell else 0
     tokens = tokens // shape.page_size * shape.page_size
     problem = None
-    if weights == 0:
-        problem = "no safetensors index beside config.json: weights per GPU unknown"
+    predicted = weights > 0
+    if not predicted:
+        # The index is optional: without it the pool cannot be predicted, but nothing is refused.
+        problem = "not predicted: no model.safetensors.index.json beside config.json, so weights per GPU are unknown"
+        tokens = 0
     elif rest <= 0:
         need = 1 - (pre_load - weights - draft_weights - RUNTIME_RESERVE_BYTES) / pre_load
         problem = (
@@ -195,10 +199,13 @@ def predict(spec: SeatSpec, shape: ModelShape, *, draft: bool, slots: int, mem_f
         max_fit = max(0, (rest - cell * shape.page_size) // (per_request + 2 * cell)) if rest > 0 else 0
     else:
         max_fit = max(0, tokens // 2)
+    if not predicted:
+        max_fit = 0
     return Capacity(
         draft=draft,
         fits=problem is None,
         problem=problem,
+        predicted=predicted,
         weights_bytes_per_gpu=weights,
         draft_weights_bytes_per_gpu=draft_weights,
         kv_bytes_per_token=cell,
@@ -206,7 +213,7 @@ def predict(spec: SeatSpec, shape: ModelShape, *, draft: bool, slots: int, mem_f
         requested_slots=slots,
         kv_pool_bytes=max(pool_bytes, 0),
         kv_pool_tokens=tokens,
-        max_running_requests=min(slots, tokens // 2) if problem is None else 0,
+        max_running_requests=min(slots, tokens // 2) if problem is None else (slots if not predicted else 0),
         max_slots_that_fit=int(max_fit),
     )
 
@@ -259,7 +266,7 @@ def plan_capacity(
 
 def refuse_if_unbootable(spec: SeatSpec, cap: Capacity) -> None:
     """Raise :class:`CapacityError` with the numbers when the selected state cannot boot."""
-    if cap.fits:
+    if cap.fits or not cap.predicted:
         return
     state = "on" if cap.draft else "off"
     fix = "lower --slots"

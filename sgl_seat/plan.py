@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from sgl_seat.capacity import CapacityReport, plan_capacity, refuse_if_unbootable
+from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable
 from sgl_seat.errors import PlanError
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
@@ -285,6 +285,8 @@ def build_plan(
     warnings: list[str] = []
     if cap is None:
         warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
+    elif not cap.draft_off.predicted:
+        warnings.append("no safetensors index beside model.config: KV pool and slot ceiling are not predicted")
     if topo.nnodes > 1 and not spec.network.node_env and spec.engine == "sglang":
         warnings.append("network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node")
 
@@ -334,6 +336,12 @@ def build_plan(
     )
 
 
+def _boots(c: Capacity) -> str:
+    if not c.predicted:
+        return "unknown"
+    return "yes" if c.fits else "NO"
+
+
 def _tokens(n: int) -> str:
     return f"{n:,}"
 
@@ -375,7 +383,7 @@ def render_text(plan: LaunchPlan) -> str:
             ("KV pool tokens", _tokens(off.kv_pool_tokens), _tokens(on.kv_pool_tokens)),
             ("max running requests", str(off.max_running_requests), str(on.max_running_requests)),
             ("most slots that fit", _tokens(off.max_slots_that_fit), _tokens(on.max_slots_that_fit)),
-            ("boots", "yes" if off.fits else "NO", "yes" if on.fits else "NO"),
+            ("boots", _boots(off), _boots(on)),
         ]
         out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, predicted):")
         for label, left, right in rows:

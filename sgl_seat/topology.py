@@ -11,20 +11,33 @@ from dataclasses import dataclass
 from sgl_seat.errors import TopologyError
 from sgl_seat.spec import SeatSpec, spec_location
 
+SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
+
+
+def scheduler_title(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
+    """SGLang 0.5.23's scheduler process title for a pure TP(+EP) rank (pp=1, dp=1).
+
+    SGLang builds it as ``sglang::scheduler`` + ``_TP{r}`` only when tp > 1 + ``_EP{e}`` only when
+    ep > 1 (``setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}")`` in scheduler.py), so
+    a TP4/EP1 rank is ``sglang::scheduler_TP2`` and a single-GPU seat is ``sglang::scheduler``.
+    """
+    title = SCHEDULER_TITLE_PREFIX
+    if tp_size > 1:
+        title += f"_TP{tp_rank}"
+    if ep_size > 1:
+        title += f"_EP{ep_rank}"
+    return title
+
 
 @dataclass(frozen=True, slots=True)
 class RankInfo:
-    """One scheduler rank: its TP rank, its EP rank and where it lives."""
+    """One scheduler rank: its TP rank, its EP rank, where it lives and its process title."""
 
     tp_rank: int
     ep_rank: int
     node_rank: int
     local_rank: int
-
-    @property
-    def process_title(self) -> str:
-        """SGLang 0.5.23's scheduler title for this rank (pp=1, dp=1): ``sglang::scheduler_TP{r}_EP{e}``."""
-        return f"sglang::scheduler_TP{self.tp_rank}_EP{self.ep_rank}"
+    process_title: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +66,9 @@ class Topology:
             tp_rank = node_rank * per + local
             # SGLang's moe_ep_rank = tp_rank // (tp // ep).
             ep_rank = tp_rank // (self.tp // self.ep)
-            out.append(RankInfo(tp_rank=tp_rank, ep_rank=ep_rank, node_rank=node_rank, local_rank=local))
+            title = scheduler_title(tp_rank, ep_rank, self.tp, self.ep)
+            out.append(RankInfo(tp_rank=tp_rank, ep_rank=ep_rank, node_rank=node_rank, local_rank=local,
+                                process_title=title))
         return out
 
     def node_of(self, tp_rank: int) -> int:

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from sgl_seat.cli.common import console, print_json
+from sgl_seat.cli.common import console, print_json, styled
 from sgl_seat.forensics.archive import is_archive, pack_bundle, unpack_bundle
 from sgl_seat.forensics.bundle import verify_bundle
 from sgl_seat.forensics.manifest import Manifest
@@ -54,7 +55,7 @@ def ls(
     for s in items:
         trig = str(s.trigger.get("source") or s.trigger.get("detail") or "-") if s.trigger else "-"
         t.add_row(_when(s.created), s.seat, s.bundle_id, trig,
-                  f"[red]damaged: {s.error}[/]" if s.error else _verdict_text(s.verdict),
+                  Text(f"damaged: {s.error}", style="red") if s.error else _verdict_text(s.verdict),
                   f"{s.size_bytes / 1e6:.1f} MB")
     console.print(t)
 
@@ -67,7 +68,7 @@ def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     if json_out:
         print_json(m.to_json())
         return
-    console.print(f"[bold]bundle {m.bundle_id}[/]  seat {m.seat}  created {_when(m.created)}")
+    console.print(styled("bold", f"bundle {m.bundle_id}", f"  seat {m.seat}  created {_when(m.created)}"))
     console.print(f"trigger: {m.trigger}")
     console.print(f"verdict: {_verdict_text(None if m.verdict is None else m.verdict.to_json())}")
     if m.verdict is not None:

@@ -75,7 +75,7 @@ def replay(
         console.print(part)
     if "traffic" in doc:
         t = doc["traffic"]
-        rep = {True: "[bold red]reproduced[/]: the target captured " + ", ".join(t["new_bundles"]),
+        rep = {True: "REPRODUCED: the target captured " + ", ".join(t["new_bundles"]),
                False: "not reproduced: no new bundle", None: "reproduction unknown"}[t["reproduced"]]
         console.print(f"traffic: sent {t['sent']}/{t['planned']} to {t['target']} in {t['duration_s']:.1f} s "
                       f"(ok {t['ok']}, failed {t['failed']}, timed out {t['timed_out']}); {rep}")

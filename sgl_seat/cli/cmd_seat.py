@@ -9,9 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.status import Status
+from rich.text import Text
 
 from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
-from sgl_seat.cli.common import console, err_console, print_json
+from sgl_seat.cli.common import console, err_console, print_json, styled
 from sgl_seat.engines import backend_for
 from sgl_seat.launch import apply
 from sgl_seat.launch.demo import run_demo
@@ -54,7 +55,7 @@ class ConsoleReporter:
         if self._status is not None:
             self._status.stop()
             self._status = None
-        console.print(f"  [green]ok[/] {stage:<13} {seconds:7.2f} s  {detail}")
+        console.print(styled("green", "  ok", f" {stage:<13} {seconds:7.2f} s  {detail}"))
 
     def close(self) -> None:
         if self._status is not None:
@@ -100,7 +101,7 @@ def up(
         raise
     finally:
         rep.close()
-    console.print(f"[bold green]READY[/] seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}")
+    console.print(styled("bold green", "READY", f" seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}"))
 
 
 def down(name: NameArg = None) -> None:
@@ -117,8 +118,10 @@ def down(name: NameArg = None) -> None:
 
 def _print_status(rec: SeatRecord) -> None:
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.FAILED: "red"}.get(rec.state, "cyan")
-    console.print(f"seat {rec.name}  [bold {color}]{rec.state.value}[/]  endpoint {rec.endpoint or '-'}  "
-                  f"({rec.engine}, draft {'on' if rec.draft else 'off'})")
+    console.print(Text.assemble(
+        f"seat {rec.name}  ", (rec.state.value, f"bold {color}"),
+        f"  endpoint {rec.endpoint or '-'}  ({rec.engine}, draft {'on' if rec.draft else 'off'})",
+    ))
     if rec.reason:
         console.print(f"reason: {rec.reason}")
 

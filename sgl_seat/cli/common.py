@@ -7,11 +7,19 @@ import sys
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 from sgl_seat.errors import NotBuiltYet
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# markup=False: paths, log lines and error texts may contain "[...]"; styled output is built with
+# rich Text (see ``styled``), never by formatting untrusted text into markup.
+console = Console(highlight=False, soft_wrap=True, markup=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def styled(style: str, head: str, rest: str = "") -> Text:
+    """``head`` in ``style`` followed by plain ``rest``: safe for any text."""
+    return Text.assemble((head, style), rest)
 
 
 def print_json(doc: Any) -> None:

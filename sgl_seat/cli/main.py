@@ -8,7 +8,7 @@ import typer
 
 from sgl_seat import __version__
 from sgl_seat.cli import cmd_bundle, cmd_plan, cmd_replay, cmd_seat, cmd_watch
-from sgl_seat.cli.common import err_console
+from sgl_seat.cli.common import err_console, styled
 from sgl_seat.errors import SeatError
 
 app = typer.Typer(
@@ -47,7 +47,7 @@ def main() -> None:
     try:
         app()
     except SeatError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        err_console.print(styled("bold red", "error:", f" {exc}"))
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")

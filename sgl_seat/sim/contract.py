@@ -11,26 +11,20 @@ from __future__ import annotations
 
 from typing import Final
 
+from sgl_seat.topology import SCHEDULER_TITLE_PREFIX as _TITLE_PREFIX
+from sgl_seat.topology import scheduler_title as scheduler_title
+
 SGLANG_VERSION: Final = "0.5.23"
 
 # --- process titles (sglang/srt/managers/scheduler.py, detokenizer_manager.py) -----------------------------
-SCHEDULER_TITLE_PREFIX: Final = "sglang::scheduler"
+# The scheduler title rule lives with the planner's rank placement (one rule for plan, agent and sim).
+SCHEDULER_TITLE_PREFIX: Final = _TITLE_PREFIX
 DETOKENIZER_TITLE: Final = "sglang::detokenizer"
 
 
 def scheduler_prefix(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
-    """SGLang's log/title prefix for a pure TP(+EP) rank: ``" TP{tp}"`` if tp>1, ``" EP{ep}"`` if ep>1."""
-    prefix = ""
-    if tp_size > 1:
-        prefix += f" TP{tp_rank}"
-    if ep_size > 1:
-        prefix += f" EP{ep_rank}"
-    return prefix
-
-
-def scheduler_title(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
-    """``sglang::scheduler_TP{r}_EP{e}`` (``setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}")``)."""
-    return SCHEDULER_TITLE_PREFIX + scheduler_prefix(tp_rank, ep_rank, tp_size, ep_size).replace(" ", "_")
+    """SGLang's log prefix for a pure TP(+EP) rank: ``" TP{tp}"`` if tp>1, ``" EP{ep}"`` if ep>1."""
+    return scheduler_title(tp_rank, ep_rank, tp_size, ep_size).removeprefix(SCHEDULER_TITLE_PREFIX).replace("_", " ")
 
 
 # --- HTTP routes (sglang/srt/entrypoints/http_server.py) -----------------------------------------------------

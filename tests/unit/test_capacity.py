@@ -128,3 +128,16 @@ def test_slot_ceiling_is_half_the_pool(tmp_path: Path) -> None:
     shape = load_model_shape(d / "config.json")
     cap = predict(_spec(d, tp=8, gpu_gb=24), shape, draft=False, slots=4000, mem_fraction=0.9)
     assert cap.max_running_requests == min(4000, cap.kv_pool_tokens // 2)
+
+
+def test_without_a_safetensors_index_the_plan_is_built_but_not_predicted(tmp_path: Path) -> None:
+    """The index is optional (issue 2): no weights total means no prediction, never a refusal."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    plan = build_plan(_spec(d), draft=True, slots=64)
+    assert plan.capacity is not None
+    for cap in (plan.capacity.draft_off, plan.capacity.draft_on):
+        assert cap.predicted is False and cap.kv_pool_tokens == 0 and cap.max_slots_that_fit == 0
+    assert any("not predicted" in w for w in plan.warnings)
+    assert plan.slots == 64
