@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore  # torch.distributed's own name for it, without a typed re-export
 
 from sgl_seat.sim import contract, logs, rowfetch
 from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
@@ -48,6 +49,20 @@ STATS_EVERY_S = 0.5
 
 class RendezvousError(Exception):
     """The ranks could not meet at --dist-init-addr within --dist-timeout."""
+
+
+def _listen_fd(host: str, port: int) -> int:
+    """A socket listening on ``host:port`` only, handed over (fd) to rank 0's TCPStore, which owns it then."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock.detach()
 
 
 def _maybe_install_probe() -> None:
@@ -160,6 +175,7 @@ class Scheduler:
         addr = cfg.dist_init_addr
         assert addr is not None
         host, _, port_s = addr.rpartition(":")
+        host = host.strip("[]")
         port = int(port_s)
         timeout_s = float(cfg.dist_timeout or TORCH_DEFAULT_TIMEOUT_S)
         deadline = time.monotonic() + timeout_s
@@ -184,10 +200,14 @@ class Scheduler:
                     )
                 time.sleep(0.2)
         try:
-            dist.init_process_group(
-                backend="gloo", init_method=f"tcp://{addr}", world_size=cfg.tp_size, rank=self.tp_rank,
-                timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
-            )
+            timeout = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
+            # Rank 0 hosts the store on a socket bound to the --dist-init-addr host only: torch's own
+            # ``tcp://`` rendezvous would listen on every interface (``::``).
+            listen_fd = _listen_fd(host, port) if self.tp_rank == 0 else None
+            store = TCPStore(host, port, world_size=cfg.tp_size, is_master=self.tp_rank == 0, timeout=timeout,
+                             master_listen_fd=listen_fd)
+            dist.init_process_group(backend="gloo", store=store, world_size=cfg.tp_size, rank=self.tp_rank,
+                                    timeout=timeout)
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RendezvousError(

@@ -1,5 +1,7 @@
 """Helpers for the sim engine's integration tests: ports in 32000-32999, node processes, cleanup by pid.
 
+``SGL_SEAT_TEST_PORTS=LO-HI`` moves the port range (an engineer testing beside others picks their own).
+
 Every node is started in its own session (process group) and stopped by that group and by the pids
 recorded while it ran, never by name: other engineers run sim engines with the same ``sglang::`` titles
 on this host at the same time.
@@ -25,7 +27,19 @@ from typing import Any
 import httpx
 import psutil
 
-PORT_LO, PORT_HI = 32000, 32999
+PORTS_ENV = "SGL_SEAT_TEST_PORTS"
+
+
+def port_range(default: tuple[int, int]) -> tuple[int, int]:
+    """``$SGL_SEAT_TEST_PORTS`` (``LO-HI``) if set, else ``default``."""
+    raw = os.environ.get(PORTS_ENV)
+    if not raw:
+        return default
+    lo, _, hi = raw.partition("-")
+    return int(lo), int(hi)
+
+
+PORT_LO, PORT_HI = port_range((32000, 32999))
 HOST = "127.0.0.1"
 
 # Loopback only: never let a proxy from the environment see test traffic.
@@ -54,13 +68,14 @@ def free_port(*, span: int = 1, avoid: set[int] | None = None) -> int:
             continue
         if all(_free(q) for q in range(p, p + span)):
             return p
-    raise RuntimeError("no free port in 32000-32999")
+    raise RuntimeError(f"no free port in {PORT_LO}-{PORT_HI}")
 
 
 def sim_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_SIM_")}
     env.pop("SGL_SEAT_PROBE", None)
-    env.update({"SGL_SEAT_SIM_STEP_FLOOR_MS": "3", "SGL_SEAT_SIM_WATCHDOG_GRACE_S": "1"})
+    # Gloo's own listeners on loopback too, as the local-sim seat's plan sets it.
+    env.update({"SGL_SEAT_SIM_STEP_FLOOR_MS": "3", "SGL_SEAT_SIM_WATCHDOG_GRACE_S": "1", "GLOO_SOCKET_IFNAME": "lo"})
     env.update(extra)
     return env
 
@@ -100,6 +115,15 @@ class SimNode:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def listening(self) -> list[tuple[int, str, int]]:
+        """(pid, address, port) of every LISTEN socket of this process tree, as psutil sees it now."""
+        out = []
+        for p in [psutil.Process(self.pid), *self.children()]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                out += [(p.pid, c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
+                        if c.status == psutil.CONN_LISTEN]
+        return out
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

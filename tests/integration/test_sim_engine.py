@@ -9,6 +9,7 @@ rank 3 inside ``fetch_rows`` (py-spy), then SGLang's watchdog line and the teard
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections.abc import Iterator
@@ -181,6 +182,17 @@ def test_traffic_info_metrics_titles_and_logs(seat: Seat) -> None:
     assert "The server is fired up and ready to roll!" in log0
     assert "SYNTHETIC" in log0 and "SYNTHETIC" in log1
     assert "Traceback" not in log0 + log1
+
+
+def test_every_listening_socket_is_on_loopback(seat: Seat) -> None:
+    """Rank 0's rendezvous store listens on the --dist-init-addr host only (torch's ``tcp://`` init would bind
+    ``::``), and gloo's own listeners follow GLOO_SOCKET_IFNAME=lo: nothing of the seat on 0.0.0.0 or ::."""
+    socks = seat.n0.listening() + seat.n1.listening()
+    assert (HOST, seat.dist) in {(ip, port) for _, ip, port in socks}, socks
+    schedulers = {k.pid for n in (seat.n0, seat.n1) for k in n.children() if "scheduler" in k.name()}
+    assert len(schedulers) == 4 and schedulers <= {pid for pid, _, _ in socks}, socks  # gloo listens per rank
+    outward = [s for s in socks if not ipaddress.ip_address(s[1]).is_loopback]
+    assert outward == [], f"listening beyond loopback: {outward}"
 
 
 def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat: Seat) -> None:
