@@ -296,10 +296,11 @@ def test_manifest_mutations(ws: Workspace) -> None:
 
 # ---- hostile archives ----------------------------------------------------------------------------
 
-ESCAPE = Path("/tmp/sgl-seat-fuzz-escape")
+# Every hostile name points into the test's sandbox, never at the real /etc or /tmp: absolute names are the
+# sandbox's absolute paths, and ``into`` lies three levels below it, deeper than any ``..`` chain climbs.
 
 
-def _random_archive(rng: random.Random, good: dict[str, bytes]) -> bytes:
+def _random_archive(rng: random.Random, good: dict[str, bytes], sandbox: Path) -> bytes:
     names = [n for n in good if n != "manifest.json"]
     members: list[tuple[tarfile.TarInfo, bytes | None]] = []
     order = ["manifest.json", *rng.sample(names, len(names))]
@@ -311,12 +312,14 @@ def _random_archive(rng: random.Random, good: dict[str, bytes]) -> bytes:
         info = tarfile.TarInfo(name)
         r = rng.random()
         if r < 0.12:
-            info.name = rng.choice([f"{ESCAPE}/{n}", f"tiny/../../{ESCAPE.name}/{n}", "../x", "tiny/../../../etc/x",
-                                    "/etc/passwd", "tiny\\..\\x", "", "./", "tiny/./../y", "C:/x", "other/x"])
+            info.name = rng.choice([f"{sandbox}/escape/{n}", f"tiny/../../escape/{n}", "../x", "tiny/../../../etc/x",
+                                    f"{sandbox}/etc/passwd", "tiny\\..\\x", "", "./", "tiny/./../y", "C:/x",
+                                    "other/x"])
         elif r < 0.30:
             info.type = rng.choice([tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE,
                                     tarfile.FIFOTYPE, tarfile.DIRTYPE, tarfile.CONTTYPE])
-            info.linkname = rng.choice([f"{ESCAPE}/t", "../../x", "tiny/manifest.json", "/etc/passwd"])
+            info.linkname = rng.choice([f"{sandbox}/escape/t", "../../x", "tiny/manifest.json",
+                                        f"{sandbox}/etc/passwd"])
             members.append((info, None))
             continue
         elif r < 0.45:
@@ -347,12 +350,13 @@ def test_hostile_archives(ws: Workspace, fast_dir: Path) -> None:
     BundleError, nothing anywhere outside ``into``, nothing left in ``into`` after a refusal."""
     rng = random.Random(64)
     tmp_path = fast_dir / "tar"
-    tmp_path.mkdir()
+    sandbox = tmp_path / "sandbox"
+    into = sandbox / "a" / "b" / "into"
+    into.mkdir(parents=True)
     arc = tmp_path / "a.tar.zst"
-    into = tmp_path / "sub" / "into"
     accepted = 0
     for case in range(N_TAR):
-        arc.write_bytes(_random_archive(rng, ws.orig))
+        arc.write_bytes(_random_archive(rng, ws.orig, sandbox))
         try:
             out = unpack_bundle(arc, into)
         except BundleError:
@@ -364,9 +368,29 @@ def test_hostile_archives(ws: Workspace, fast_dir: Path) -> None:
         assert out == into / "tiny"
         read_bundle(out)
         shutil.rmtree(out)
-    assert not ESCAPE.exists()
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.tar.zst", "into", "sub"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "a.tar.zst", "sandbox", "sandbox/a", "sandbox/a/b", "sandbox/a/b/into"]
     assert accepted < N_TAR // 2
+
+
+def test_every_hostile_name_resolves_inside_the_sandbox(ws: Workspace, fast_dir: Path) -> None:
+    """Where a naive unpacker (one that trusts names) would write each escaping member: outside ``into`` but
+    inside the sandbox, so the tree check above sees any break-out and nothing can touch the real /etc."""
+    sandbox = fast_dir / "naive" / "sandbox"
+    into = sandbox / "a" / "b" / "into"
+    rng = random.Random(64)
+    where: dict[str, Path] = {}  # member name or link target -> the path it names
+    for _ in range(300):
+        raw = zstandard.ZstdDecompressor().decompress(_random_archive(rng, ws.orig, sandbox), max_output_size=1 << 26)
+        with contextlib.suppress(tarfile.TarError), tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            for m in tar.getmembers():
+                path = os.path.normpath(into / m.name)
+                where[m.name] = Path(path)
+                if m.linkname:  # relative to the link's own directory
+                    where[m.linkname] = Path(os.path.normpath(Path(path).parent / m.linkname))
+    escapes = {n: p for n, p in where.items() if not p.is_relative_to(into)}
+    assert {"tiny/../../../etc/x", f"{sandbox}/etc/passwd", "../../x"} <= set(escapes), sorted(escapes)
+    assert all(p.is_relative_to(sandbox) for p in escapes.values()), escapes
 
 
 def test_cli_replay_of_damaged_bundles_exits_cleanly(ws: Workspace, monkeypatch: pytest.MonkeyPatch,
