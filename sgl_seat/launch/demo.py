@@ -30,17 +30,31 @@ class Answer:
 
 
 def ask(endpoint: str, model: str, prompt: str, *, max_tokens: int = 48, timeout: float = 60.0) -> Answer:
-    """One non-streaming chat completion against ``endpoint``."""
-    r = httpx.post(f"{endpoint}/v1/chat/completions", timeout=timeout, json={
-        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": 0,
-    })
+    """One non-streaming chat completion against ``endpoint``; any failure is one EngineError."""
+    url = f"{endpoint}/v1/chat/completions"
+    fix = "see `sgl-seat logs --node 0` (the demo takes the seat down either way)"
+    try:
+        # The seat's endpoint is reached directly, never through a proxy from the environment.
+        r = httpx.post(url, timeout=timeout, trust_env=False, json={
+            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0,
+        })
+    except httpx.HTTPError as exc:
+        raise EngineError(f"chat request to {url} failed: {type(exc).__name__}: {exc}", fix=fix) from None
     if r.status_code != 200:
-        raise EngineError(f"chat request to {endpoint} failed: HTTP {r.status_code} {r.text[:200]}",
-                          fix="see `sgl-seat logs --node 0`")
-    doc = r.json()
-    usage = doc.get("usage") or {}
-    return Answer(prompt, str(doc["choices"][0]["message"]["content"]), usage.get("completion_tokens"))
+        raise EngineError(f"chat request to {url} failed: HTTP {r.status_code} {r.text[:200]}", fix=fix)
+    try:
+        doc = r.json()
+        usage = doc.get("usage") or {}
+        text = doc["choices"][0]["message"]["content"]
+        tokens = usage.get("completion_tokens")
+    except (ValueError, LookupError, TypeError, AttributeError) as exc:
+        raise EngineError(f"chat request to {url}: the answer is not an OpenAI chat completion "
+                          f"({type(exc).__name__}: {exc}); it began: {r.text[:200]!r}", fix=fix) from None
+    if not isinstance(text, str) or not (tokens is None or isinstance(tokens, int)):
+        raise EngineError(f"chat request to {url}: the answer's content or usage has the wrong type; "
+                          f"it began: {r.text[:200]!r}", fix=fix)
+    return Answer(prompt, text, tokens)
 
 
 def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], None],
