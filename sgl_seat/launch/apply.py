@@ -130,7 +130,9 @@ def _get_agent(seat: str, node_rank: int) -> AgentClient | None:
     import ray
 
     try:
-        return AgentClient(ray.get_actor(agent_name(seat, node_rank), namespace=namespace_of(seat)), node_rank)
+        name = agent_name(seat, node_rank)
+        return AgentClient(cluster.bounded(f"ray.get_actor({name!r})", ray.get_actor, name,
+                                           namespace=namespace_of(seat)), node_rank)
     except ValueError:
         return None
 
@@ -376,12 +378,14 @@ def _start_agents(spec: SeatSpec, plan: LaunchPlan, pg: Any) -> list[AgentClient
     clients = []
     for node in plan.nodes:
         r = node.node_rank
-        handle = remote_cls.options(
+        create = remote_cls.options(
             name=agent_name(plan.seat, r), namespace=namespace_of(plan.seat), lifetime="detached",
             num_cpus=0, num_gpus=plan.topology.gpus_per_node, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=r, placement_group_capture_child_tasks=False),
-        ).remote(plan.seat, r, plan.engine, str(seat_home()), host_id())
+        ).remote  # a named actor is registered with the GCS synchronously
+        handle = cluster.bounded(f"creating node {r}'s agent", create, plan.seat, r, plan.engine, str(seat_home()),
+                                 host_id())
         clients.append(AgentClient(handle, r))
     return clients
 
@@ -475,37 +479,12 @@ def _teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluste
     survivors: list[str] = []
     reached: set[int] = set()
     if connected and owns_ray:
-        with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
-            if not rec.no_watchdog:
-                try:
-                    stop_sidecars(_sidecar_ctx(rec))
-                except Exception as exc:  # a sidecar bug must not keep engines alive
-                    log.warning("stopping sidecars failed: %s", exc)
-            clients = [c for c in (_get_agent(rec.name, n.node_rank) for n in rec.nodes) if c is not None]
-            refs = [(c, c.submit("kill_engine", KILL_GRACE)) for c in clients]
-            for c, ref in refs:
-                try:
-                    res = c.wait(ref, KILL_GRACE + 20.0, "kill_engine")
-                    survivors += _describe(c.node_rank, res["survivors"])
-                    reached.add(c.node_rank)
-                except ClusterError as exc:
-                    log.warning("%s", exc)
-            note["detail"] = f"{len(reached)} node(s) answered"
-        with st.stage("agents", "node agents killed") as note:
-            import ray
-
-            for c in clients:
-                with contextlib.suppress(Exception):
-                    ray.kill(c.handle, no_restart=True)
-            note["detail"] = _wait_agents_gone(rec)
-        with st.stage("placement", "placement group removed") as note:
-            pg = placement.find_group(rec.pg_name)
-            if pg is None:
-                note["detail"] = "none left"
-            elif placement.remove_group(pg):
-                note["detail"] = "removed"
-            else:
-                survivors.append(f"placement group {rec.pg_name} is not REMOVED")
+        try:
+            _teardown_ray(rec, st, survivors, reached)
+        except ClusterError as exc:  # Ray stopped answering: go on with what this host can do by pid
+            log.warning("%s", exc)
+            if not rec.local_cluster:  # a local cluster goes away with its holder below
+                survivors.append(f"seat {rec.name}'s Ray objects could not be removed or checked: {exc.message}")
     if connected:
         cluster.disconnect()
     for node in rec.nodes:
@@ -533,6 +512,41 @@ def _teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluste
             still = [procs.info(p) for p in procs.members(node.pgid, (), known)]
             survivors += _describe(node.node_rank, [i.to_dict() for i in still if i is not None])
     return sorted(set(survivors))
+
+
+def _teardown_ray(rec: SeatRecord, st: _Stages, survivors: list[str], reached: set[int]) -> None:
+    """Through Ray: sidecars, each node's engine group (``reached``: the nodes that answered), agents, group."""
+    with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
+        if not rec.no_watchdog:
+            try:
+                stop_sidecars(_sidecar_ctx(rec))
+            except Exception as exc:  # a sidecar bug must not keep engines alive
+                log.warning("stopping sidecars failed: %s", exc)
+        clients = [c for c in (_get_agent(rec.name, n.node_rank) for n in rec.nodes) if c is not None]
+        refs = [(c, c.submit("kill_engine", KILL_GRACE)) for c in clients]
+        for c, ref in refs:
+            try:
+                res = c.wait(ref, KILL_GRACE + 20.0, "kill_engine")
+                survivors += _describe(c.node_rank, res["survivors"])
+                reached.add(c.node_rank)
+            except ClusterError as exc:
+                log.warning("%s", exc)
+        note["detail"] = f"{len(reached)} node(s) answered"
+    with st.stage("agents", "node agents killed") as note:
+        import ray
+
+        for c in clients:
+            with contextlib.suppress(Exception):
+                cluster.bounded("ray.kill(agent)", ray.kill, c.handle, no_restart=True, timeout=10.0)
+        note["detail"] = _wait_agents_gone(rec)
+    with st.stage("placement", "placement group removed") as note:
+        pg = placement.find_group(rec.pg_name)
+        if pg is None:
+            note["detail"] = "none left"
+        elif placement.remove_group(pg):
+            note["detail"] = "removed"
+        else:
+            survivors.append(f"placement group {rec.pg_name} is not REMOVED")
 
 
 def _wait_agents_gone(rec: SeatRecord, timeout: float = 10.0) -> str:
@@ -626,8 +640,12 @@ def _fail(rec: SeatRecord, reason: str, tail: Sequence[str] = ()) -> None:
 
 def _reconcile(rec: SeatRecord, timeout: float) -> None:
     clients: list[AgentClient] = []
-    for node in rec.nodes:
-        c = _get_agent(rec.name, node.node_rank)
+    try:
+        found = [(node, _get_agent(rec.name, node.node_rank)) for node in rec.nodes]
+    except ClusterError as exc:
+        _fail(rec, exc.message)
+        return
+    for node, c in found:
         if c is None:
             _fail(rec, f"node {node.node_rank} agent ({node.agent}) is gone")
             node.alive = False

@@ -4,7 +4,9 @@
 minutes), and ``ray.get`` without a timeout waits forever on a dead node. So connecting first
 checks the GCS port with a TCP connect, then runs ``ray.init`` under a deadline, and every call
 into an actor goes through :func:`get` with a timeout and translates Ray's errors into
-:class:`ClusterError` naming what did not answer.
+:class:`ClusterError` naming what did not answer. Ray's synchronous calls to the GCS that take no
+timeout (``ray.get_actor``, ``get_placement_group``, ``placement_group_table``, resources, actor and
+group creation, ``ray.kill``) go through :func:`bounded`, so a wedged GCS cannot hang a command.
 
 On one host Ray must be told not to swap ``127.0.0.1`` for the host's outward address:
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` has to be in the environment before ``ray`` is imported,
@@ -20,14 +22,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import probes
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 ONE_HOST_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: Deadline of one Ray call that has no timeout of its own (see :func:`bounded`).
+RAY_CALL_TIMEOUT = 30.0
 _LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
 
@@ -134,6 +140,34 @@ def get(ref: Any, timeout: float, what: str) -> Any:
                            fix="see the node's log (`sgl-seat logs`)") from None
 
 
+def bounded(what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` (a Ray call without a timeout of its own) under a deadline.
+
+    It runs in a daemon thread; past ``timeout`` (default :data:`RAY_CALL_TIMEOUT`) a ClusterError names
+    ``what`` and the thread is left behind (the process is a short-lived command). The call's own result or
+    exception (e.g. ``ValueError`` for a missing actor) is handed back unchanged.
+    """
+    limit = RAY_CALL_TIMEOUT if timeout is None else timeout
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=f"ray-call {what}"[:60], daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        raise ClusterError(f"Ray did not answer {what} within {limit:.0f} s (is the cluster's GCS wedged?)",
+                           fix="check the Ray head node (its gcs_server process and log), then run the command again")
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
 def resources() -> tuple[dict[str, float], dict[str, float]]:
     """(available, total) resources of the cluster, without Ray's per-group bookkeeping keys."""
     import ray
@@ -144,7 +178,8 @@ def resources() -> tuple[dict[str, float], dict[str, float]]:
     # Ray's functions are unannotated; typed aliases keep mypy --strict without an ignore.
     available: Callable[[], Mapping[str, float]] = ray.available_resources
     total: Callable[[], Mapping[str, float]] = ray.cluster_resources
-    return clean(available()), clean(total())
+    return (clean(bounded("ray.available_resources()", available)),
+            clean(bounded("ray.cluster_resources()", total)))
 
 
 def format_resources(d: Mapping[str, float]) -> str:

@@ -9,11 +9,12 @@ process, finds it in the seat's namespace.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 from sgl_seat.errors import ClusterError
-from sgl_seat.launch.cluster import format_resources, resources
+from sgl_seat.launch.cluster import bounded, format_resources, resources
 from sgl_seat.plan import LaunchPlan
 
 
@@ -22,7 +23,7 @@ def find_group(name: str) -> Any | None:
     from ray.util import get_placement_group
 
     try:
-        pg = get_placement_group(name)
+        pg = bounded(f"get_placement_group({name!r})", get_placement_group, name)
     except ValueError:
         return None
     return None if group_state(pg) == "REMOVED" else pg
@@ -31,7 +32,7 @@ def find_group(name: str) -> Any | None:
 def group_state(pg: Any) -> str:
     from ray.util import placement_group_table
 
-    return str(placement_group_table(pg).get("state", "UNKNOWN"))
+    return str(bounded("placement_group_table()", placement_group_table, pg).get("state", "UNKNOWN"))
 
 
 def create_group(plan: LaunchPlan, name: str, timeout: float, *, budget: float | None = None) -> Any:
@@ -42,7 +43,8 @@ def create_group(plan: LaunchPlan, name: str, timeout: float, *, budget: float |
     from ray.util import placement_group
 
     bundles = plan.placement.bundle_dicts()
-    pg = placement_group(bundles, strategy=plan.placement.strategy, name=name, lifetime="detached")
+    pg = bounded(f"placement_group({name!r})", placement_group, bundles, strategy=plan.placement.strategy, name=name,
+                 lifetime="detached")
     t0 = time.monotonic()
     deadline = t0 + timeout
     try:
@@ -60,7 +62,8 @@ def create_group(plan: LaunchPlan, name: str, timeout: float, *, budget: float |
                         " add nodes, or shrink cluster.nodes / gpus_per_node / cpus_per_node",
                 )
     except BaseException:
-        remove_group(pg)
+        with contextlib.suppress(ClusterError):  # the error being raised says more than a failed removal
+            remove_group(pg)
         raise
     return pg
 
@@ -69,7 +72,7 @@ def remove_group(pg: Any, timeout: float = 15.0) -> bool:
     """Remove ``pg`` and wait until Ray reports it REMOVED; False if it did not within ``timeout``."""
     from ray.util import remove_placement_group
 
-    remove_placement_group(pg)
+    bounded("remove_placement_group()", remove_placement_group, pg, timeout=timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if group_state(pg) == "REMOVED":
@@ -82,4 +85,5 @@ def bundle_nodes(pg: Any) -> dict[int, str]:
     """Bundle index -> Ray node id (keyed on node id: simulated nodes all share 127.0.0.1)."""
     from ray.util import placement_group_table
 
-    return {int(k): str(v) for k, v in placement_group_table(pg).get("bundles_to_node_id", {}).items()}
+    table = bounded("placement_group_table()", placement_group_table, pg)
+    return {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()}
