@@ -29,6 +29,7 @@ from sgl_seat.launch import preflight, probes, procs
 from sgl_seat.launch.home import host_id, logs_dir, seat_home
 from sgl_seat.launch.preflight import Check, Failure
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
+from sgl_seat.sim.contract import ADMIN_HOST as SIM_ADMIN_HOST
 from sgl_seat.watchdog import boot_dir
 
 LOG_SCAN_BYTES = 4 << 20
@@ -40,6 +41,21 @@ def argv_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
         if a == flag:
             return argv[i + 1]
     return None
+
+
+def bind_host(argv: tuple[str, ...] | list[str], port_name: str) -> str:
+    """The address the engine binds the port named ``port_name`` (``listen_ports``' names) on.
+
+    The dist-init port on the ``--dist-init-addr`` host, the sim's admin port on loopback only, the HTTP
+    port on ``--host`` (SGLang's default is 127.0.0.1).
+    """
+    if port_name == "dist_init":
+        addr = argv_value(argv, "--dist-init-addr")
+        if addr:
+            return addr.rpartition(":")[0].strip("[]")
+    if port_name == "sim admin":
+        return SIM_ADMIN_HOST
+    return argv_value(argv, "--host") or "127.0.0.1"
 
 
 def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
@@ -143,7 +159,8 @@ class NodeAgent:
                 out += preflight.check_model_path(r, model, probes.path_exists(model))
         if Check.PORTS in checks:
             ports = self.backend.listen_ports(plan, node)
-            out += preflight.check_ports_free(r, ports, {p: probes.port_holder(p) for p in ports.values()})
+            holders = {p: probes.port_holder(p, bind_host(node.command, what)) for what, p in ports.items()}
+            out += preflight.check_ports_free(r, ports, holders)
         return out
 
     def check_dist_init(self, addr: str, port: int, timeout: float) -> str:

@@ -48,11 +48,11 @@ def nvidia_gpus(timeout: float = 10.0) -> list[str] | None:
     return [ln for ln in res.stdout.splitlines() if ln.startswith("GPU ")]
 
 
-def port_holder(port: int, host: str = "0.0.0.0") -> str | None:
-    """Why ``port`` cannot be bound on ``host``, or ``None`` if it can.
+def port_holder(port: int, host: str) -> str | None:
+    """Why ``port`` cannot be bound on ``host`` (the address the engine will bind), or ``None`` if it can.
 
     Binds with SO_REUSEADDR like the engines' servers do, so a port in TIME_WAIT after a recent
-    ``down`` counts as free while any listener or bound socket (on any address) does not.
+    ``down`` counts as free while a listener or bound socket on ``host`` or on every address does not.
     """
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(fam, socket.SOCK_STREAM) as s:

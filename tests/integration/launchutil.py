@@ -1,7 +1,8 @@
 """Helpers for the launch integration tests: seat specs in our port range, the CLI as a subprocess,
 a shared two-node local cluster, Ray inspection from a separate process, and process-tree checks.
 
-Ports: the launch tests own 33000-33999 (other suites test concurrently in other ranges). Every
+Ports: the launch tests own 33000-33999 (other suites test concurrently in other ranges;
+``SGL_SEAT_TEST_PORTS=LO-HI`` moves the range, see simutil). Every
 process check is by pid (with create time) or by process group of processes these tests started,
 never by name across the host: other engineers' sim engines carry the same ``sglang::`` titles.
 """
@@ -23,11 +24,12 @@ from typing import Any
 
 import psutil
 import yaml
+from simutil import port_range
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SIM = REPO / "launch" / "seats" / "local-sim.yaml"
 MODEL_CONFIG = REPO / "launch" / "models" / "dsv41-flash-class"
-PORT_BASE = 33000
+PORT_BASE, PORT_TOP = port_range((33000, 33999))
 ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -38,26 +40,26 @@ def _free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("0.0.0.0", port))
+            s.bind(("127.0.0.1", port))  # where the test seats bind (network.host), never every interface
         except OSError:
             return False
     return True
 
 
 def ports(slot: int) -> tuple[int, int]:
-    """(http_port, dist_init_port) for test slot ``slot``: a free block of 20 from 33000 + 20*slot on.
+    """(http_port, dist_init_port) for test slot ``slot``: a free block of 20 from PORT_BASE + 20*slot on.
 
     Our range lies inside Linux's ephemeral range, so Ray's workers and any outgoing connection can
     hold one of its ports for a while; a block whose ports are all free right now is chosen (the
     seat uses http, http+2, +5, +10, +12), and never twice in one test session.
     """
-    for base in range(PORT_BASE + 20 * slot, 33980, 20):
+    for base in range(PORT_BASE + 20 * slot, PORT_TOP - 18, 20):
         if base in _taken:
             continue
         if all(_free(base + off) for off in (0, 2, 5, 10, 12)):
             _taken.add(base)
             return base, base + 5
-    raise RuntimeError(f"no free port block in {PORT_BASE}-33999 from slot {slot}")
+    raise RuntimeError(f"no free port block in {PORT_BASE}-{PORT_TOP} from slot {slot}")
 
 
 def write_spec(directory: Path, name: str, *, address: str, slot: int, nodes: int = 2,

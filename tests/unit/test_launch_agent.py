@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from sgl_seat.engines import backend_for, parse_kv_tokens
 from sgl_seat.errors import UsageError
 from sgl_seat.launch import probes
-from sgl_seat.launch.agent import NodeAgent, argv_value, engine_env, tail_lines
+from sgl_seat.launch.agent import NodeAgent, argv_value, bind_host, engine_env, tail_lines
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.names import agent_name, namespace_of, pg_name
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
@@ -53,17 +54,46 @@ def test_sim_agent_runs_only_the_checks_that_apply(plan: LaunchPlan, monkeypatch
     """A busy HTTP port fails on every node, dist-init only on node 0; the sim skips model and HCA checks."""
     monkeypatch.setenv(HOME_ENV, str(tmp_path))
     busy = {plan.http_port, plan.dist_init_port}
-    monkeypatch.setattr(probes, "port_holder", lambda port, host="0.0.0.0": "bound" if port in busy else None)
+    checked: set[tuple[str, int]] = set()
+
+    def holder(port: int, host: str) -> str | None:
+        checked.add((host, port))
+        return "bound" if port in busy else None
+
+    monkeypatch.setattr(probes, "port_holder", holder)
     monkeypatch.setattr(probes, "interfaces", lambda: ["lo", "eth0"])
     monkeypatch.setattr(probes, "ib_devices", lambda: pytest.fail("sim seats do not check HCAs"))
     monkeypatch.setattr(probes, "path_exists", lambda p: pytest.fail("sim seats do not check the model path"))
+    plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})  # as the driver does before preflight
     for r in (0, 1):
         agent = NodeAgent("local-sim", r, "sim")
         fs = agent.local_checks(plan, plan.nodes[r], ["0", "1"])
         assert {f.node_rank for f in fs} == {r}
         ports = sorted(f.problem.split()[0] for f in fs)
         assert ports == (["dist_init", "http"] if r == 0 else ["http"])
+    # Checked where the engine binds (local-sim: loopback), never on every interface.
+    assert {h for h, _ in checked} == {"127.0.0.1"} and (("127.0.0.1", plan.dist_init_port) in checked)
     assert agent.log_path == tmp_path / "logs" / "local-sim" / "node1.log"
+
+
+def test_ports_are_checked_on_the_address_the_engine_binds(plan: LaunchPlan) -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--host", "10.0.0.5", "--dist-init-addr", "10.0.0.7:5000"]
+    assert bind_host(argv, "http") == "10.0.0.5"
+    assert bind_host(argv, "dist_init") == "10.0.0.7"
+    assert bind_host(argv, "sim admin") == "127.0.0.1"  # the sim's fault routes are loopback only
+    assert bind_host(["x", "--dist-init-addr", "[fd00::1]:5000"], "dist_init") == "fd00::1"
+    assert bind_host(["x"], "http") == "127.0.0.1"  # SGLang's default --host
+    filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
+    assert {bind_host(filled.nodes[0].command, w) for w in ("http", "dist_init", "sim admin")} == {"127.0.0.1"}
+
+
+def test_a_listener_on_the_engines_address_is_found() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert "bound to 127.0.0.1:" in (probes.port_holder(port, "127.0.0.1") or "")
+    assert probes.port_holder(port, "127.0.0.1") is None
 
 
 def test_tail_lines(tmp_path: Path) -> None:
