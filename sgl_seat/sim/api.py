@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sgl_seat.sim import tokens
@@ -43,6 +43,12 @@ class GenParams:
     include_usage: bool = False
     model: str = "default"
     rid: str | None = None
+    # What the request log (sgl_seat.sim.reqlog) records as GenerateReqInput: the text as given (None when the
+    # request came as token ids, or as chat messages, which SGLang templates into input_ids), the
+    # sampling_params SGLang holds, and whether an OpenAI adapter built it.
+    text: str | None = None
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    openai: bool = False
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -140,7 +146,8 @@ def parse_completion(obj: dict[str, Any]) -> GenParams:
     return GenParams(
         input_ids=ids, max_new_tokens=max_new, stream=_bool(obj, "stream"), stop=_stop(obj.get("stop")),
         stop_token_ids=_stop_ids(obj.get("stop_token_ids")), include_usage=_include_usage(obj),
-        model=str(obj.get("model") or "default"),
+        model=str(obj.get("model") or "default"), text=prompt if isinstance(prompt, str) else None,
+        sampling_params=openai_sampling_params(obj, max_new), openai=True,
     )
 
 
@@ -180,6 +187,7 @@ def parse_chat(obj: dict[str, Any]) -> GenParams:
         input_ids=tokens.chat_ids(pairs), max_new_tokens=max_new, stream=_bool(obj, "stream"),
         stop=_stop(obj.get("stop")), stop_token_ids=_stop_ids(obj.get("stop_token_ids")),
         include_usage=_include_usage(obj), model=str(obj.get("model") or "default"),
+        sampling_params=openai_sampling_params(obj, max_new), openai=True,
     )
 
 
@@ -210,8 +218,30 @@ def parse_generate(obj: dict[str, Any]) -> GenParams:
         raise ApiError("rid must be a string.")
     return GenParams(
         input_ids=input_ids, max_new_tokens=max_new, stream=_bool(obj, "stream"), stop=_stop(sp.get("stop")),
-        stop_token_ids=_stop_ids(sp.get("stop_token_ids")), rid=rid,
+        stop_token_ids=_stop_ids(sp.get("stop_token_ids")), rid=rid, text=text, sampling_params=dict(sp),
     )
+
+
+#: (OpenAI field, SGLang sampling_params key, CompletionRequest default) in ``_build_sampling_params`` order.
+_OPENAI_SAMPLING: tuple[tuple[str, str, Any], ...] = (
+    ("temperature", "temperature", 1.0), ("min_tokens", "min_new_tokens", 0), ("stop", "stop", None),
+    ("stop_token_ids", "stop_token_ids", None), ("top_p", "top_p", 1.0), ("top_k", "top_k", -1),
+    ("min_p", "min_p", 0.0), ("presence_penalty", "presence_penalty", 0.0),
+    ("frequency_penalty", "frequency_penalty", 0.0), ("repetition_penalty", "repetition_penalty", 1.0),
+    ("n", "n", 1), ("ignore_eos", "ignore_eos", False), ("skip_special_tokens", "skip_special_tokens", True),
+    ("seed", "sampling_seed", None),
+)
+
+
+def openai_sampling_params(obj: dict[str, Any], max_new: int) -> dict[str, Any]:
+    """The ``sampling_params`` SGLang's OpenAI adapters build (``_build_sampling_params``), for the request log."""
+    out: dict[str, Any] = {}
+    for src, dst, default in _OPENAI_SAMPLING:
+        v = obj.get(src, default)
+        out[dst] = default if v is None else v
+        if dst == "temperature":
+            out["max_new_tokens"] = max_new
+    return out
 
 
 # --- responses ---------------------------------------------------------------------------------------------

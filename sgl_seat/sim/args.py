@@ -22,6 +22,7 @@ Environment (the first four are written by the planner, ``sgl_seat.plan.SIM_ENV_
 - ``SGL_SEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
 - ``SGL_SEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
 - ``SGL_SEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
+- ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.reqlog`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-radix-cache", action="store_true")
     a("--decode-log-interval", type=int, default=40)
     a("--log-level", default="info")
+    a("--log-requests", action="store_true", help="Log requests (see sgl_seat.sim.reqlog).")
+    a("--log-requests-level", type=int, default=2, choices=[0, 1, 2, 3])
+    a("--log-requests-format", default="text", choices=["text", "json"])
+    a("--log-requests-target", nargs="+", default=None, help="stdout and/or directories.")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--speculative-algorithm", default=None)
@@ -137,6 +142,10 @@ class SimConfig:
     flip_near_ties: bool
     watchdog_grace_s: float
     launch_command: str
+    log_requests: bool = False
+    log_requests_level: int = 2
+    log_requests_format: str = "text"
+    log_requests_target: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -167,11 +176,14 @@ class SimConfig:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["faults"] = list(self.faults)
+        d["log_requests_target"] = None if self.log_requests_target is None else list(self.log_requests_target)
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SimConfig:
-        return cls(**{**d, "faults": tuple(d["faults"])})
+        target = d.get("log_requests_target")
+        return cls(**{**d, "faults": tuple(d["faults"]), "log_requests_target": None if target is None
+                      else tuple(target)})
 
     def server_args(self) -> dict[str, Any]:
         """The ServerArgs fields the sim reports in /server_info (names checked by the contract test)."""
@@ -230,6 +242,8 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         _check(ns.max_running_requests >= 1, f"--max-running-requests {ns.max_running_requests} must be >= 1")
     if ns.context_length is not None:
         _check(ns.context_length >= 2, f"--context-length {ns.context_length} must be at least 2")
+    for t in ns.log_requests_target or ():
+        _check("${" not in t, f"--log-requests-target {t!r} still holds a plan placeholder (fill the plan first)")
     if ns.nnodes > 1:
         _check(ns.dist_init_addr is not None, "--dist-init-addr is required with --nnodes > 1 (host:port of node 0)")
     if ns.dist_init_addr is not None:
@@ -309,6 +323,10 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         flip_near_ties=env.get(ENV_FLIP_NEAR_TIES, "") not in ("", "0", "false", "False"),
         watchdog_grace_s=grace,
         launch_command=shlex.join([sys.executable, "-m", "sgl_seat.sim.launch_server", *argv]),
+        log_requests=bool(ns.log_requests),
+        log_requests_level=ns.log_requests_level,
+        log_requests_format=ns.log_requests_format,
+        log_requests_target=None if ns.log_requests_target is None else tuple(ns.log_requests_target),
     )
 
 

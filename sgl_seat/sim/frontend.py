@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgl_seat.sim import api, contract, logs
+from sgl_seat.sim import api, contract, logs, reqlog
 from sgl_seat.sim.args import SimConfig
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, SYNTHETIC_WEIGHT_GB
 from sgl_seat.sim.metrics import SimMetrics
@@ -55,6 +55,9 @@ class Frontend:
         self.startup_time = time.time()
         node.on_out = self.on_out
         node.on_stats = self.on_stats
+        # SGLang's TokenizerManager logs requests (--log-requests); so does the sim's stand-in for it.
+        self.reqlog = reqlog.RequestLog(enabled=cfg.log_requests, level=cfg.log_requests_level,
+                                        fmt=cfg.log_requests_format, targets=cfg.log_requests_target)
         if metrics is not None:
             metrics.set_constants(max_total_num_tokens=cfg.kv_tokens, context_len=cfg.context_length)
 
@@ -96,6 +99,15 @@ class Frontend:
         st = ReqState(rid=rid, stream=p.stream, log_metrics=log_metrics)
         self.states[rid] = st
         finished = False
+        logging_on = self.reqlog.enabled
+        obj: dict[str, Any] = {}
+        text = ""
+        ids: list[int] = []
+        if logging_on:
+            sp = p.sampling_params or {"max_new_tokens": p.max_new_tokens}
+            obj = reqlog.generate_req_obj(rid=rid, text=p.text, input_ids=p.input_ids, sampling_params=sp,
+                                          stream=p.stream, log_metrics=log_metrics, openai=p.openai)
+            self.reqlog.received(obj)
         try:
             try:
                 self.node.send(0, {
@@ -107,6 +119,12 @@ class Frontend:
             while True:
                 item = await st.queue.get()
                 finished = bool(item.get("fin"))
+                if logging_on:
+                    text += item.get("text", "")
+                    ids += item.get("ids") or []
+                    if finished:
+                        self.reqlog.finished(obj, {"text": text, "output_ids": ids,
+                                                   "meta_info": self.meta_info(item, final=True)})
                 yield item
                 if finished:
                     return

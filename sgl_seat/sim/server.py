@@ -129,7 +129,9 @@ def build_main_app(fe: Frontend, cfg: SimConfig) -> Starlette:
 
     async def completions(request: Request) -> Response:
         try:
-            p = api.parse_completion(await _json_body(request, require_json_type=True))
+            body = await _json_body(request, require_json_type=True)
+            p = api.parse_completion(body)
+            fe.reqlog.received_openai(body)  # SGLang: the raw payload, at --log-requests-level >= 2 only
             api.check_context(len(p.input_ids), p.max_new_tokens, cfg.context_length)
         except api.ApiError as e:
             return _openai_err(e)
@@ -169,7 +171,9 @@ def build_main_app(fe: Frontend, cfg: SimConfig) -> Starlette:
 
     async def chat(request: Request) -> Response:
         try:
-            p = api.parse_chat(await _json_body(request, require_json_type=True))
+            body = await _json_body(request, require_json_type=True)
+            p = api.parse_chat(body)
+            fe.reqlog.received_openai(body)  # SGLang: the raw payload, at --log-requests-level >= 2 only
             api.check_context(len(p.input_ids), p.max_new_tokens, cfg.context_length)
         except api.ApiError as e:
             return _openai_err(e)
