@@ -82,7 +82,8 @@ class Seat:
 
     def start(self) -> None:
         plan = build_plan(load_spec("local-sim"), draft=self.draft).fill(
-            {Placeholder.NODE0_ADDR: HOST, Placeholder.AGENT_PYTHON: sys.executable})
+            {Placeholder.NODE0_ADDR: HOST, Placeholder.AGENT_PYTHON: sys.executable,
+             Placeholder.REQUEST_LOG_DIR: str(self.logdir / f"requests-draft-{'on' if self.draft else 'off'}")})
         p0, p1, dist = _ports(3, self.taken), _ports(3, self.taken), _ports(1, self.taken)
         self.url = f"http://{HOST}:{p0}"
         for node in plan.nodes:

@@ -40,6 +40,9 @@ class Placeholder(str, Enum):
     NODE0_ADDR = "${node0_addr}"
     AGENT_PYTHON = "${agent_python}"
     WATCHDOG_BOOT = "${watchdog_boot}"
+    #: Node 0's directory for SGLang's request log (``--log-requests-target``); the node agent fills it with
+    #: ``$SGL_SEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
+    REQUEST_LOG_DIR = "${request_log_dir}"
 
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "sgl_seat.sim.launch_server"}
@@ -215,7 +218,23 @@ def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, 
             "--speculative-eagle-topk", str(d.topk),
             "--speculative-num-draft-tokens", str(d.draft_tokens),
         ]
-    return argv
+    return argv + request_log_argv(spec, node_rank)
+
+
+#: ``--log-requests-level`` for the watchdog's request log: 1 keeps metadata, sampling parameters and token
+#: counts but no text; 3 (only with ``bundles.raw_prompts``) also the full prompts and outputs.
+REQUEST_LOG_LEVEL = 1
+REQUEST_LOG_LEVEL_RAW = 3
+
+
+def request_log_argv(spec: SeatSpec, node_rank: int) -> list[str]:
+    """SGLang's own request log on node 0 (its TokenizerManager) while the watchdog is on, as JSON lines in
+    ``${request_log_dir}``: the sidecar turns them into the bundle's request shapes (``requests.jsonl``)."""
+    if node_rank != 0 or not spec.watchdog.enabled:
+        return []
+    level = REQUEST_LOG_LEVEL_RAW if spec.bundles.raw_prompts else REQUEST_LOG_LEVEL
+    return ["--log-requests", "--log-requests-level", str(level), "--log-requests-format", "json",
+            "--log-requests-target", Placeholder.REQUEST_LOG_DIR.value]  # last: the flag takes 1+ values
 
 
 def _check_draft_family(spec: SeatSpec, cap: CapacityReport | None) -> None:

@@ -97,6 +97,8 @@ class NodeAgent:
         # run its own home); on another host the node's own home is used.
         home = Path(driver_home) if driver_home and driver_host == host_id() else seat_home()
         self.log_path = logs_dir(seat, home) / f"node{node_rank}.log"
+        # ${request_log_dir}: SGLang's request log (node 0, --log-requests-target), read by the watchdog.
+        self.request_log_dir = self.log_path.parent / "requests"
         self.proc: subprocess.Popen[bytes] | None = None
         self.node: NodePlan | None = None
         self.known: dict[int, float] = {}
@@ -134,7 +136,8 @@ class NodeAgent:
     def _node_of(self, plan_json: str) -> tuple[LaunchPlan, NodePlan]:
         plan = LaunchPlan.from_json(json.loads(plan_json))
         # ${watchdog_boot}: this node's directory of the probe loader (sgl_seat.watchdog.boot_dir, issue 5).
-        plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir()})
+        plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir(),
+                          Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir)})
         return plan, plan.nodes[self.node_rank]
 
     def preflight(self, plan_json: str) -> str:
@@ -181,6 +184,9 @@ class NodeAgent:
         if left:
             raise RuntimeError(f"node {self.node_rank}: plan still has placeholders {left}")
         env = engine_env(node, dict(os.environ), self._gpu_ids())
+        if str(self.request_log_dir) in node.command:  # request text may land there: owner only
+            self.request_log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.request_log_dir, 0o700)
         self.node = node
         self.kv_tokens = None
         self.known.clear()
@@ -215,7 +221,8 @@ class NodeAgent:
     def state(self) -> dict[str, Any]:
         """The engine as it is now (a dict; :meth:`engine_state` is its JSON)."""
         if self.proc is None:
-            return {"node_rank": self.node_rank, "started": False, "alive": False, "log_path": str(self.log_path)}
+            return {"node_rank": self.node_rank, "started": False, "alive": False, "log_path": str(self.log_path),
+                    "request_log_dir": str(self.request_log_dir)}
         rc = self.proc.poll()
         pgid = self.proc.pid
         live = procs.members(pgid, [self.proc.pid], self.known.items())
@@ -252,6 +259,7 @@ class NodeAgent:
             "processes": [i.to_dict() for i in infos],
             "ranks": ranks,
             "log_path": str(self.log_path),
+            "request_log_dir": str(self.request_log_dir),
             "kv_tokens": self._scan_kv(),
             "log_tail": tail_lines(self.log_path, 40) if dead else [],
             "started_at": self.started_at,

@@ -63,10 +63,17 @@ class SimSeat:
     def log_path(self, r: int) -> Path:
         return self.workdir / f"node{r}.log"
 
+    @property
+    def request_log_dir(self) -> Path:
+        """Node 0's SGLang request log (what the node agent makes ``$SGL_SEAT_HOME/logs/<seat>/requests``)."""
+        return self.workdir / "requests"
+
     def start(self, timeout: float = 180.0) -> None:
         plan = build_plan(self.spec, draft=self.draft, faults=self.faults)
-        self.plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: sys.executable})
+        self.plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: sys.executable,
+                               Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir)})
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.request_log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for node in self.plan.nodes:
             env = {**os.environ, **node.env_dict(), "PYTHONUNBUFFERED": "1",
                    "SGL_SEAT_SIM_NODE_PORT": str(self.node_port(node.node_rank))}

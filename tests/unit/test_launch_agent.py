@@ -28,7 +28,7 @@ def test_plan_crosses_to_the_agent_as_json_and_fills(plan: LaunchPlan) -> None:
     Python THEN no placeholder is left in any argv or env."""
     filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
     back = LaunchPlan.from_json(json.loads(json.dumps(filled.to_json())))
-    back = back.fill({Placeholder.AGENT_PYTHON: "/venv/bin/python"})
+    back = back.fill({Placeholder.AGENT_PYTHON: "/venv/bin/python", Placeholder.REQUEST_LOG_DIR: "/h/requests"})
     assert back.placeholders() == []
     assert back.nodes[1].command[0] == "/venv/bin/python"
     assert argv_value(back.nodes[1].command, "--dist-init-addr") == f"127.0.0.1:{plan.dist_init_port}"

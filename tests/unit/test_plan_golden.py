@@ -72,9 +72,12 @@ def test_fill_replaces_placeholders_everywhere() -> None:
     from sgl_seat.plan import LaunchPlan, Placeholder
 
     plan = build_plan(load_spec("local-sim"), draft=True)
-    assert set(plan.placeholders()) == {"${node0_addr}", "${agent_python}"}
-    filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: "/venv/bin/python"})
+    assert set(plan.placeholders()) == {"${node0_addr}", "${agent_python}", "${request_log_dir}"}
+    filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: "/venv/bin/python",
+                        Placeholder.REQUEST_LOG_DIR: "/home/u/.sgl-seat/logs/local-sim/requests"})
     assert filled.placeholders() == []
+    assert filled.nodes[0].command[-2:] == ("--log-requests-target", "/home/u/.sgl-seat/logs/local-sim/requests")
+    assert "--log-requests" not in filled.nodes[1].command  # only node 0 serves requests
     assert filled.nodes[1].command[0] == "/venv/bin/python"
     assert "127.0.0.1:31005" in filled.nodes[1].command
     again = LaunchPlan.from_json(json.loads(json.dumps(filled.to_json())))
