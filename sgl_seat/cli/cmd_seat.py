@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
+from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
@@ -42,20 +43,25 @@ def choose_seat(seat: str | None) -> tuple[str, str | None]:
 
 
 class ConsoleReporter:
-    """Prints each stage with its elapsed time; a spinner shows the running stage on a terminal."""
+    """Prints each stage with its elapsed time and outcome; a spinner shows the running stage on a terminal."""
 
-    def __init__(self) -> None:
+    STYLES: ClassVar[dict[str, tuple[str, str]]] = {
+        apply.OK: ("green", "  ok"), apply.WARN: ("bold yellow", "WARN"), apply.FAILED: ("bold red", "FAIL"),
+    }
+
+    def __init__(self, out: Console = console) -> None:
+        self._out = out
         self._status: Status | None = None
 
     def start(self, stage: str, detail: str) -> None:
-        self._status = console.status(f"{stage}: {detail}")
+        self.close()
+        self._status = self._out.status(f"{stage}: {detail}")
         self._status.start()
 
-    def finish(self, stage: str, seconds: float, detail: str) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
-        console.print(styled("green", "  ok", f" {stage:<13} {seconds:7.2f} s  {detail}"))
+    def finish(self, stage: str, seconds: float, detail: str, status: str = apply.OK) -> None:
+        self.close()
+        style, word = self.STYLES.get(status, ("bold", status))
+        self._out.print(styled(style, word, f" {stage:<13} {seconds:7.2f} s  {detail}"))
 
     def close(self) -> None:
         if self._status is not None:
@@ -102,6 +108,8 @@ def up(
     finally:
         rep.close()
     console.print(styled("bold green", "READY", f" seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}"))
+    for w in times.warnings():
+        err_console.print(styled("bold yellow", "warning:", f" {w.name}: {w.detail}"))
 
 
 def down(name: NameArg = None) -> None:

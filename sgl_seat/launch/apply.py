@@ -52,19 +52,23 @@ KILL_GRACE = 10.0
 POLL_INTERVAL = 0.5
 
 
+#: A stage's outcome: done, done with something the operator should know (e.g. no watchdog), or raised.
+OK, WARN, FAILED = "ok", "warn", "failed"
+
+
 class Reporter(Protocol):
     """Receives stage boundaries (the CLI prints them; the bench times them)."""
 
     def start(self, stage: str, detail: str) -> None: ...
 
-    def finish(self, stage: str, seconds: float, detail: str) -> None: ...
+    def finish(self, stage: str, seconds: float, detail: str, status: str = OK) -> None: ...
 
 
 class NullReporter:
     def start(self, stage: str, detail: str) -> None:
         pass
 
-    def finish(self, stage: str, seconds: float, detail: str) -> None:
+    def finish(self, stage: str, seconds: float, detail: str, status: str = OK) -> None:
         pass
 
 
@@ -80,14 +84,32 @@ class UpOptions:
     no_watchdog: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    seconds: float
+    detail: str = ""
+    status: str = OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": round(self.seconds, 3), "status": self.status, "detail": self.detail}
+
+
 @dataclass(slots=True)
 class StageTimes:
-    """Seconds per stage, in order (`up`'s and `down`'s result; the bench's raw data)."""
+    """Each stage in order (`up`'s and `down`'s result; the bench's raw data)."""
 
-    stages: list[tuple[str, float]] = field(default_factory=list)
+    records: list[Stage] = field(default_factory=list)
+
+    @property
+    def stages(self) -> list[tuple[str, float]]:
+        return [(r.name, r.seconds) for r in self.records]
 
     def total(self) -> float:
-        return sum(s for _, s in self.stages)
+        return sum(r.seconds for r in self.records)
+
+    def warnings(self) -> list[Stage]:
+        return [r for r in self.records if r.status != OK]
 
 
 class _Stages:
@@ -97,13 +119,21 @@ class _Stages:
 
     @contextlib.contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[dict[str, str]]:
-        note: dict[str, str] = {"detail": ""}
+        """Time one stage; the body may set ``note["detail"]`` and ``note["status"]`` (WARN)."""
+        note: dict[str, str] = {"detail": "", "status": OK}
         self.reporter.start(name, detail)
         t0 = time.monotonic()
-        yield note
-        dt = time.monotonic() - t0
-        self.times.stages.append((name, dt))
-        self.reporter.finish(name, dt, note["detail"])
+        try:
+            yield note
+        except BaseException as exc:
+            self._done(name, t0, note["detail"] or f"{type(exc).__name__}: {exc}".splitlines()[0], FAILED)
+            raise
+        self._done(name, t0, note["detail"], note["status"])
+
+    def _done(self, name: str, t0: float, detail: str, status: str) -> None:
+        rec = Stage(name, time.monotonic() - t0, detail, status)
+        self.times.records.append(rec)
+        self.reporter.finish(name, rec.seconds, detail, status)
 
 
 # -- node agents from the driver ---------------------------------------------------------------
@@ -218,7 +248,8 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         name=plan.seat, state=SeatState.PLACING, engine=plan.engine, draft=plan.draft,
         cluster_address=spec.cluster.address, namespace=namespace_of(plan.seat), pg_name=pg_name(plan.seat),
         spec_source=spec.source, token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
-        no_watchdog=opts.no_watchdog, kv_predicted=_predicted_kv(plan), plan=plan.to_json(),
+        no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
+        kv_predicted=_predicted_kv(plan), plan=plan.to_json(),
         nodes=[NodeRecord(node_rank=n.node_rank, agent=agent_name(plan.seat, n.node_rank)) for n in plan.nodes],
     )
     claim_record(rec)
@@ -333,13 +364,20 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
         _wait_ready(rec, clients, url, left)
         note["detail"] = f"{sum(len(nd.ranks) for nd in rec.nodes)} ranks alive; {rec.endpoint}"
 
-    if not opts.no_watchdog:
-        with stages.stage("sidecars", "watchdog extension point") as note:
-            note["detail"] = "started" if start_sidecars(_sidecar_ctx(rec)) else "watchdog not installed; skipped"
+    if not rec.no_watchdog:
+        _sidecars_stage(rec, stages)
     rec.set_state(SeatState.READY)
     rec.reason = None
     rec.busy_pid = None
     save_record(rec)
+
+
+def _sidecars_stage(rec: SeatRecord, stages: _Stages) -> None:
+    with stages.stage("sidecars", "a watchdog sidecar on every node") as note:
+        started = start_sidecars(_sidecar_ctx(rec))
+        note["detail"] = started.detail
+        if not started.ok:
+            note["status"] = WARN  # the seat serves; it is just not watched
 
 
 def _colocate(plan: LaunchPlan, backend: EngineBackend, nodes: Sequence[NodeRecord]) -> LaunchPlan:

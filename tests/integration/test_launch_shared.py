@@ -236,6 +236,26 @@ def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: No
     _assert_seat_gone(shared, "lt-hang", home, pgids)
 
 
+def test_spec_watchdog_disabled_starts_no_sidecar(shared: Shared, clean: None, tmp_path: Path) -> None:
+    """GIVEN a spec with ``watchdog.enabled: false`` WHEN `up` THEN no sidecar stage runs and only the node agents
+    live in the seat's namespace, as with --no-watchdog."""
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "lt-nowd", address=shared.address, slot=8)
+    doc = yaml.safe_load(spec.read_text())
+    doc["watchdog"]["enabled"] = False
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    up = run_cli(["up", "--seat", str(spec), "--timeout", "180"], home)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert " sidecars " not in up.stdout, up.stdout
+        actors = ray_inspect(shared.address, "sgl-seat-lt-nowd")["actors"]
+        assert sorted(a["name"] for a in actors) == ["sgl-seat-lt-nowd-node0", "sgl-seat-lt-nowd-node1"], actors
+    finally:
+        down = run_cli(["down", "lt-nowd"], home, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    _assert_seat_gone(shared, "lt-nowd", home)
+
+
 def test_bad_fault_is_refused_before_anything_starts(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec = write_spec(tmp_path, "lt-badfault", address="127.0.0.1:1", slot=6)
