@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sgl_seat.cli.common import console, print_json, styled
+from sgl_seat.errors import SeatError
 from sgl_seat.forensics.archive import is_archive, pack_bundle, unpack_bundle
 from sgl_seat.forensics.bundle import verify_bundle
 from sgl_seat.forensics.manifest import Manifest
@@ -86,11 +89,32 @@ def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     console.print(t)
 
 
+@contextlib.contextmanager
+def _json_refusal(json_out: bool, path: object) -> Iterator[None]:
+    """With --json a refused bundle still gets its JSON answer (``"ok": false``), then the error on stderr."""
+    try:
+        yield
+    except SeatError as exc:
+        if json_out:
+            print_json({"path": str(path), "ok": False, "error": exc.message})
+        raise
+
+
+def _dir_sizes(root: Path) -> dict[str, int]:
+    files = [f for f in root.rglob("*") if f.is_file()]
+    return {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
 @app.command("verify")
-def verify(bundle: BundleArg) -> None:
+def verify(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     """Verify a bundle's manifest, file list, sizes and sha256 digests (exit 2 if anything is off)."""
-    path = resolve_bundle(bundle)
-    m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
+    with _json_refusal(json_out, bundle):
+        path = resolve_bundle(bundle)
+        m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
+    if json_out:
+        print_json({"path": str(path), "ok": True, "bundle_id": m.bundle_id, "schema_version": m.schema_version,
+                    "files": len(m.files) + 1, "bytes": m.total_size})
+        return
     console.print(f"ok: {path} ({len(m.files) + 1} files, {m.total_size:,} bytes, schema_version {m.schema_version})")
 
 
@@ -99,9 +123,16 @@ def pack(
     bundle: BundleArg,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Archive path (default <bundle>.tar.zst).")]
     = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Verify a bundle directory and pack it into a .tar.zst."""
-    out = pack_bundle(resolve_bundle(bundle), output)
+    with _json_refusal(json_out, bundle):
+        src = resolve_bundle(bundle)
+        out = pack_bundle(src, output)
+    if json_out:
+        print_json({"path": str(out), "ok": True, "source": str(src), "bytes": out.stat().st_size,
+                    "source_bytes": _dir_sizes(src)["bytes"]})
+        return
     console.print(f"packed: {out} ({out.stat().st_size:,} bytes)")
 
 
@@ -110,7 +141,13 @@ def unpack(
     archive: Annotated[Path, typer.Argument(help="A .tar.zst made by `sgl-seat bundle pack`.")],
     into: Annotated[Path, typer.Option("--into", help="Directory to unpack into (default: the current one).")]
     = Path(),
+    json_out: JsonOpt = False,
 ) -> None:
     """Unpack a bundle archive safely (no links, devices, absolute paths or `..`) and verify it."""
-    out = unpack_bundle(archive, into)
+    with _json_refusal(json_out, archive):
+        out = unpack_bundle(archive, into)
+    if json_out:
+        print_json({"path": str(out), "ok": True, "archive": str(archive), "archive_bytes": archive.stat().st_size,
+                    **_dir_sizes(out)})
+        return
     console.print(f"unpacked and verified: {out}")

@@ -69,6 +69,13 @@ class ConsoleReporter:
             self._status = None
 
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress on stderr).")]
+
+
+def _stages_json(times: apply.StageTimes) -> dict[str, Any]:
+    return {"total_s": round(times.total(), 3), "stages": [r.to_json() for r in times.records]}
+
+
 def up(
     seat: SeatOrDefault = None,
     draft: DraftOpt = None,
@@ -80,11 +87,13 @@ def up(
     )] = None,
     no_watchdog: Annotated[bool, typer.Option("--no-watchdog", help="Do not start the watchdog sidecars.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Bring a seat up across its nodes (Ray placement group), wait until READY, print the endpoint.
 
     Stages are shown with their elapsed time. The seat stays up after the command returns;
-    Ctrl-C during `up` takes down everything it started.
+    Ctrl-C during `up` takes down everything it started. With --json: endpoint, state and stage
+    timings as JSON on stdout (the plan's JSON with --dry-run).
     """
     path, note = choose_seat(seat)
     if note:
@@ -94,10 +103,14 @@ def up(
     if dry_run:
         checked = backend_for(spec.engine).validate_faults(faults)
         p = build_plan(spec, draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction, faults=checked)
-        sys.stdout.write(render_text(p))
+        if json_out:
+            print_json(p.to_json())
+        else:
+            sys.stdout.write(render_text(p))
         return
-    console.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}")
-    rep = ConsoleReporter()
+    out = err_console if json_out else console
+    out.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}")
+    rep = ConsoleReporter(out)
     try:
         rec, times = apply.up(spec, apply.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction,
                                                     timeout=timeout, faults=faults, no_watchdog=no_watchdog), rep)
@@ -107,20 +120,36 @@ def up(
         raise
     finally:
         rep.close()
+    if json_out:
+        print_json({"seat": rec.name, "state": rec.state.value, "endpoint": rec.endpoint, "engine": rec.engine,
+                    "draft": rec.draft, **_stages_json(times),
+                    "warnings": [f"{w.name}: {w.detail}" for w in times.warnings()]})
+        return
     console.print(styled("bold green", "READY", f" seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}"))
     for w in times.warnings():
         err_console.print(styled("bold yellow", "warning:", f" {w.name}: {w.detail}"))
 
 
-def down(name: NameArg = None) -> None:
-    """Take a seat down on every node, then check that no engine process remains (non-zero if one does)."""
+def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
+    """Take a seat down on every node, then check that no engine process remains (non-zero if one does).
+
+    With --json: the stage timings and the survivors (none when it is down) as JSON on stdout.
+    """
     seat = resolve_name(name)
-    console.print(f"down: seat {seat}")
-    rep = ConsoleReporter()
+    out = err_console if json_out else console
+    out.print(f"down: seat {seat}")
+    rep = ConsoleReporter(out)
     try:
         times = apply.down(seat, rep)
+    except apply.NotDown as exc:
+        if json_out:
+            print_json({"seat": seat, "state": "FAILED", "survivors": exc.survivors, **_stages_json(exc.times)})
+        raise
     finally:
         rep.close()
+    if json_out:
+        print_json({"seat": seat, "state": "STOPPED", "survivors": [], **_stages_json(times)})
+        return
     console.print(f"seat {seat} is down in {times.total():.1f} s; no engine process remains")
 
 
@@ -178,14 +207,20 @@ def logs(
         return
 
 
-def demo(seat: SeatOrDefault = None) -> None:
-    """Bring up the local-sim seat with the draft on, ask it a few questions, print the answers, take it down."""
+def demo(seat: SeatOrDefault = None, json_out: JsonOpt = False) -> None:
+    """Bring up the local-sim seat with the draft on, ask it a few questions, print the answers, take it down.
+
+    With --json: the seat, its endpoint and the answers as JSON on stdout (progress on stderr).
+    """
     spec = load_spec(seat or DEFAULT_PROFILE)
-    rep = ConsoleReporter()
+    out = err_console if json_out else console
+    rep = ConsoleReporter(out)
     try:
-        run_demo(spec, reporter=rep, say=lambda s: console.print(s, markup=False))
+        result = run_demo(spec, reporter=rep, say=lambda s: out.print(s, markup=False))
     finally:
         rep.close()
+    if json_out:
+        print_json(result.to_json())
 
 
 COMMANDS: dict[str, Callable[..., Any]] = {"up": up, "down": down, "status": status, "logs": logs, "demo": demo}

@@ -599,8 +599,18 @@ def _wait_agents_gone(rec: SeatRecord, timeout: float = 10.0) -> str:
     return "still shutting down"
 
 
+class NotDown(EngineError):
+    """`down` finished but something of the seat survived (``survivors``; ``times``: the stages it ran)."""
+
+    def __init__(self, name: str, survivors: list[str], times: StageTimes) -> None:
+        super().__init__(f"seat {name!r} is not fully down; still alive:\n  " + "\n  ".join(survivors),
+                         fix="kill those pids by hand (they are the seat's own), then run `sgl-seat down` again")
+        self.survivors = survivors
+        self.times = times
+
+
 def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) -> StageTimes:
-    """Take seat ``name`` down on every node and verify; raise SeatError naming any survivor."""
+    """Take seat ``name`` down on every node and verify; raise :class:`NotDown` naming any survivor."""
     rec = load_record(name)
     stages = _Stages(reporter or NullReporter())
     if rec.state in (SeatState.PLACING, SeatState.STARTING, SeatState.STOPPING) and _busy(rec):
@@ -624,8 +634,7 @@ def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) 
     if survivors:
         rec.set_state(SeatState.FAILED, "`down` left: " + "; ".join(survivors))
         save_record(rec)
-        raise EngineError(f"seat {name!r} is not fully down; still alive:\n  " + "\n  ".join(survivors),
-                          fix="kill those pids by hand (they are the seat's own), then run `sgl-seat down` again")
+        raise NotDown(name, survivors, stages.times)
     rec.set_state(SeatState.STOPPED)
     remove_record(name)
     return stages.times

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -57,13 +58,25 @@ def ask(endpoint: str, model: str, prompt: str, *, max_tokens: int = 48, timeout
     return Answer(prompt, text, tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    seat: str
+    endpoint: str
+    answers: list[Answer]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seat": self.seat, "endpoint": self.endpoint, "draft": True,
+                "answers": [{"prompt": a.prompt, "text": a.text, "completion_tokens": a.completion_tokens}
+                            for a in self.answers]}
+
+
 def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], None],
-             prompts: Sequence[str] = PROMPTS, timeout: float = 600.0) -> list[Answer]:
+             prompts: Sequence[str] = PROMPTS, timeout: float = 600.0) -> DemoResult:
     """`up --draft on`, ask ``prompts``, print the answers through ``say``, and always `down`."""
     answers: list[Answer] = []
     rec, _ = up(spec, UpOptions(draft=True, timeout=timeout), reporter)
+    endpoint = rec.endpoint or ""
     try:
-        endpoint = rec.endpoint or ""
         say(f"seat {rec.name} is READY at {endpoint} (draft on)")
         for p in prompts:
             a = ask(endpoint, spec.model.name, p)
@@ -72,4 +85,4 @@ def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], 
     finally:
         say("\ntaking the seat down")
         down(rec.name, reporter)
-    return answers
+    return DemoResult(rec.name, endpoint, answers)

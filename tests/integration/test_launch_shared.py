@@ -10,6 +10,7 @@ left, and no node agent of the seat may be alive.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -238,21 +239,27 @@ def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: No
 
 def test_spec_watchdog_disabled_starts_no_sidecar(shared: Shared, clean: None, tmp_path: Path) -> None:
     """GIVEN a spec with ``watchdog.enabled: false`` WHEN `up` THEN no sidecar stage runs and only the node agents
-    live in the seat's namespace, as with --no-watchdog."""
+    live in the seat's namespace, as with --no-watchdog. (`up --json` and `down --json` end to end, too.)"""
     home = tmp_path / "home"
     spec = write_spec(tmp_path, "lt-nowd", address=shared.address, slot=8)
     doc = yaml.safe_load(spec.read_text())
     doc["watchdog"]["enabled"] = False
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-    up = run_cli(["up", "--seat", str(spec), "--timeout", "180"], home)
+    up = run_cli(["up", "--seat", str(spec), "--timeout", "180", "--json"], home)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert " sidecars " not in up.stdout, up.stdout
+        doc = json.loads(up.stdout)  # --json: the JSON alone on stdout, the stages' progress on stderr
+        assert doc["state"] == "READY" and doc["endpoint"].startswith("http://127.0.0.1:"), doc
+        names = [s["name"] for s in doc["stages"]]
+        assert names[0] == "cluster" and names[-1] == "ready" and "sidecars" not in names, names
+        assert " sidecars " not in up.stderr and "ok ready" in up.stderr, up.stderr
         actors = ray_inspect(shared.address, "sgl-seat-lt-nowd")["actors"]
         assert sorted(a["name"] for a in actors) == ["sgl-seat-lt-nowd-node0", "sgl-seat-lt-nowd-node1"], actors
     finally:
-        down = run_cli(["down", "lt-nowd"], home, timeout=180)
+        down = run_cli(["down", "lt-nowd", "--json"], home, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
+    gone = json.loads(down.stdout)
+    assert gone["state"] == "STOPPED" and gone["survivors"] == [] and "engines" in [s["name"] for s in gone["stages"]]
     _assert_seat_gone(shared, "lt-nowd", home)
 
 

@@ -3,6 +3,7 @@ is still taken down. The "seat" is a tiny HTTP server on 127.0.0.1 in this proce
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
@@ -108,4 +109,21 @@ def test_demo_takes_the_seat_down_when_the_seat_answers_garbage(server: str, mon
         main()
     err = capsys.readouterr().err
     assert ei.value.code == 1 and "error: chat request to" in err and "Traceback" not in err
+    assert downs == ["demo-seat"]
+
+
+def test_demo_json_prints_the_answers_alone_on_stdout(server: str, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    downs = _fake_seat(monkeypatch, f"{server}/good")
+    monkeypatch.setattr(sys, "argv", ["sgl-seat", "demo", "--json"])
+    with pytest.raises(SystemExit) as ei:
+        main()
+    assert ei.value.code == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["seat"] == "demo-seat" and doc["endpoint"] == f"{server}/good" and doc["draft"] is True
+    assert [a["prompt"] for a in doc["answers"]] == list(demo.PROMPTS)
+    assert all(a["text"] == "a cache" and a["completion_tokens"] == 2 for a in doc["answers"])
+    assert "is READY at" in err and "taking the seat down" in err  # progress on stderr
     assert downs == ["demo-seat"]
