@@ -56,8 +56,11 @@ class RequestShape:
 
     ``t`` is the arrival time (epoch seconds); ``prefix_group`` is the id of the first prompt of its
     shared-prefix family and ``shared_prefix_chars`` how much of it this prompt shares (0: none).
-    ``prompt_tokens`` is the engine's count where known, else an estimate (chars / 4) and
-    ``tokens_estimated`` says so. ``prompt`` is the raw text only when the operator opted in.
+    ``prompt_tokens`` is the engine's count where known, else an estimate (chars / 4, or for a request
+    whose text was never seen the median of the others) and ``tokens_estimated`` says so.
+    ``prefix_tokens`` is the engine's own count of prompt tokens it found in its prefix cache
+    (SGLang's ``cached_tokens``) where known. ``prompt_hash`` is empty when the text was never seen (SGLang's
+    request log at level 0-1 has none). ``prompt`` is the raw text only when the operator opted in.
     """
 
     t: float
@@ -74,9 +77,13 @@ class RequestShape:
     output_tokens: int | None = None
     finished: float | None = None
     prompt: str | None = None
+    prefix_tokens: int | None = None
 
     @property
     def shared_prefix_tokens(self) -> int:
+        """Prompt tokens shared with earlier prompts: the engine's cache count, else from the text's prefix."""
+        if self.prefix_tokens is not None:
+            return min(self.prefix_tokens, self.prompt_tokens)
         if self.prompt_chars <= 0:
             return 0
         return round(self.prompt_tokens * self.shared_prefix_chars / self.prompt_chars)
@@ -87,7 +94,7 @@ class RequestShape:
                 "prefix_group": self.prefix_group, "shared_prefix_chars": self.shared_prefix_chars,
                 "max_tokens": self.max_tokens, "sampling": dict(self.sampling), "stream": self.stream,
                 "tokens_estimated": self.tokens_estimated, "output_tokens": self.output_tokens,
-                "finished": self.finished, "prompt": self.prompt}
+                "finished": self.finished, "prompt": self.prompt, "prefix_tokens": self.prefix_tokens}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RequestShape:
@@ -121,8 +128,15 @@ class RequestShape:
             stream=bool(d.get("stream", False)), tokens_estimated=bool(d.get("tokens_estimated", False)),
             max_tokens=_num(d, "max_tokens", optional=True, integer=True),
             output_tokens=_num(d, "output_tokens", optional=True, integer=True),
+            prefix_tokens=_nonneg(_num(d, "prefix_tokens", optional=True, integer=True), "prefix_tokens"),
             finished=None if fin is None else float(fin), **ints,
         )
+
+
+def _nonneg(v: int | None, key: str) -> int | None:
+    if v is not None and v < 0:
+        raise RecordError(f"field {key!r} must not be negative")
+    return v
 
 
 class PrefixTracker:
@@ -132,6 +146,12 @@ class PrefixTracker:
         self._salt = salt
         self._keys: dict[bytes, int] = {}  # chain key -> prefix group (insertion order = age)
         self._next_group = 0
+
+    def new_group(self) -> int:
+        """A fresh prefix group with no text behind it (a request whose prompt was never seen)."""
+        g = self._next_group
+        self._next_group += 1
+        return g
 
     def observe(self, text: str) -> tuple[int, int]:
         """(prefix_group, shared_prefix_chars) of ``text`` against every prompt observed before it."""
@@ -172,15 +192,21 @@ class Redactor:
     def hash_text(self, text: str) -> str:
         return hmac.new(self.salt, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
 
-    def shape(self, *, t: float, route: str, prompt: str, prompt_tokens: int | None, max_tokens: int | None,
+    def shape(self, *, t: float, route: str, prompt: str | None, prompt_tokens: int | None, max_tokens: int | None,
               sampling: dict[str, float | int | bool | str] | None = None, stream: bool = False,
-              output_tokens: int | None = None, finished: float | None = None) -> RequestShape:
-        group, shared = self.prefixes.observe(prompt)
+              output_tokens: int | None = None, finished: float | None = None,
+              prefix_tokens: int | None = None) -> RequestShape:
+        """The shape of one request; ``prompt`` None: its text was never seen (no hash, a group of its own)."""
+        if prompt is None:
+            group, shared, text = self.prefixes.new_group(), 0, ""
+        else:
+            (group, shared), text = self.prefixes.observe(prompt), prompt
         est = prompt_tokens is None
         return RequestShape(
-            t=t, route=route, prompt_chars=len(prompt),
-            prompt_tokens=max(1, math.ceil(len(prompt) / 4)) if est or prompt_tokens is None else prompt_tokens,
-            prompt_hash=self.hash_text(prompt), prefix_group=group, shared_prefix_chars=shared,
-            max_tokens=max_tokens, sampling=dict(sampling or {}), stream=stream, tokens_estimated=est,
-            output_tokens=output_tokens, finished=finished, prompt=prompt if self.raw_prompts else None,
+            t=t, route=route, prompt_chars=len(text),
+            prompt_tokens=max(1, math.ceil(len(text) / 4)) if est or prompt_tokens is None else prompt_tokens,
+            prompt_hash=self.hash_text(text) if prompt is not None else "", prefix_group=group,
+            shared_prefix_chars=shared, max_tokens=max_tokens, sampling=dict(sampling or {}), stream=stream,
+            tokens_estimated=est, output_tokens=output_tokens, finished=finished,
+            prompt=prompt if self.raw_prompts else None, prefix_tokens=prefix_tokens,
         )

@@ -25,6 +25,7 @@ import psutil
 
 from sgl_seat import __version__
 from sgl_seat.errors import BundleError
+from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.detect import Observation, detect
 from sgl_seat.watchdog.records import (
@@ -118,8 +119,14 @@ def node_part(
     env: Mapping[str, str],
     dump_timeout_s: float = 5.0,
     gpu: bool = True,
+    requests: Sequence[RequestShape] | None = None,
+    request_redaction: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts)."""
+    """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts).
+
+    ``requests``: the request shapes this node recorded (node 0, from SGLang's request log), None where the
+    node records none.
+    """
     t0 = time.time()
     steps: list[dict[str, Any]] = []
     now_stacks: list[StackSample] = []
@@ -178,6 +185,8 @@ def node_part(
         "env": dict(env),
         "capture": steps,
         "versions": {"python": platform.python_version(), "py_spy": _pyspy_version(pyspy)},
+        "requests": None if requests is None else [r.to_json() for r in requests],
+        "request_redaction": dict(request_redaction or {}),
     }
 
 
@@ -288,6 +297,14 @@ def assemble(
         layout.LOGS: encode_logs(obs.logs),
         layout.ENV: encode_env({int(p["node"]): dict(p.get("env") or {}) for p in parts}),
     }
+    redaction: dict[str, Any] = {"prompts": "not captured", "locals": False}
+    recorded = [p for p in parts if p.get("requests") is not None]
+    if recorded:
+        shapes = sorted((RequestShape.from_json(d) for p in recorded for d in p["requests"]), key=lambda r: r.t)
+        files[layout.REQUESTS] = encode_records(shapes)
+        redaction = {**{k: v for k, v in (recorded[0].get("request_redaction") or {}).items()
+                        if v is None or isinstance(v, (bool, int, float, str))},
+                     "requests": len(shapes), "locals": False}
     for p in parts:
         n = int(p["node"])
         files[layout.log_file(n)] = encode_text(str(p.get("log_text") or ""))
@@ -313,7 +330,7 @@ def assemble(
         "time_range": {"start": min(starts) if starts else t_end, "end": t_end},
         "thresholds": thresholds.model_dump(),
         "versions": versions,
-        "redaction": {"prompts": "not captured", "locals": False},
+        "redaction": redaction,
         "capture": steps,
     }
     try:

@@ -3,7 +3,9 @@
 :class:`Sidecar` is plain Python (testable without Ray): it owns the node's :class:`Sampler`, reads the
 probe rings, scrapes rank 0's ``/metrics``, tails the engine log, runs :func:`detect` every tick and, when
 it fires, asks the seat's capture coordinator (node 0's sidecar, else itself) for one coordinated capture.
-It exports its own Prometheus metrics on 127.0.0.1.
+It exports its own Prometheus metrics on 127.0.0.1. Node 0's sidecar also follows SGLang's request log
+(``--log-requests``, which the plan turns on) into a redacting recorder, so a bundle carries the request
+shapes of the last ``history_s`` seconds (``requests.jsonl``) that ``replay --traffic`` re-drives.
 
 :class:`SidecarActor` wraps it as a detached, named Ray actor (``sgl-seat-<seat>-watchdog<r>`` in the
 seat's namespace) on the node agent's bundle; every method takes and returns JSON strings, so nothing
@@ -29,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sgl_seat.forensics.recorder import RequestRecorder
+from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog.detect import Observation, detect, rank_views, tokens_per_s
@@ -44,6 +48,7 @@ TICK_S = 0.25
 LIVENESS_S = 0.05
 METRICS_EVERY_S = 1.0
 PROBE_EVERY_S = 0.5
+REQUEST_LOG_EVERY_S = 0.5
 #: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
 #: row fetch passes its threshold.
 DETECT_EVERY_S = 1.0
@@ -90,6 +95,10 @@ class SidecarConfig:
     gpu: bool = True
     recover_s: float = RECOVER_S
     tick_s: float = TICK_S
+    #: Node 0: SGLang's request log directory (``--log-requests-target``); its requests go into bundles.
+    request_log_dir: str | None = None
+    #: ``bundles.raw_prompts``: keep prompt text in request shapes (off: lengths, counts, hashes only).
+    raw_prompts: bool = False
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -199,6 +208,12 @@ class Sidecar:
         self.metrics = MetricsPoller(cfg.metrics_url, node=cfg.node, history_s=self.th.history_s) \
             if cfg.metrics_url else None
         self.logs = LogTailer(cfg.log_path, node=cfg.node)
+        self.recorder: RequestRecorder | None = None
+        self.request_log: RequestLogFollower | None = None
+        if cfg.request_log_dir:
+            self.recorder = RequestRecorder(raw_prompts=cfg.raw_prompts, history_s=self.th.history_s)
+            self.request_log = RequestLogFollower(cfg.request_log_dir, self.recorder)
+        self._last_request_log = float("-inf")
         self._lock = threading.RLock()
         self._capture_lock = threading.Lock()
         self._stop = threading.Event()
@@ -245,6 +260,8 @@ class Sidecar:
         if self.metrics is not None:
             self.metrics.close()
         self.exporter.close()
+        if self.request_log is not None:
+            self.request_log.close()
         if self.probes is not None:
             if remove_rings:
                 self.probes.remove_all()
@@ -280,8 +297,11 @@ class Sidecar:
     def _pid_ranks(self) -> dict[int, int | None]:
         return {p.pid: p.rank for p in self.sampler.processes()}
 
-    def poll_sources(self, now: float) -> None:
+    def poll_sources(self, now: float, *, requests_now: bool = False) -> None:
         self.sampler.refresh()
+        if self.request_log is not None and (requests_now or now - self._last_request_log >= REQUEST_LOG_EVERY_S):
+            self._last_request_log = now
+            self.request_log.poll(now)
         if self.probes is not None and now - self._last_probe >= PROBE_EVERY_S:
             self._last_probe = now
             self.probes.read(self._pid_ranks(), now)
@@ -448,7 +468,7 @@ class Sidecar:
         """This node's share of capture ``capture_id`` (called by the coordinator, possibly over Ray)."""
         self.latch(capture_id, t)
         now = self.clock()
-        self.poll_sources(now)
+        self.poll_sources(now, requests_now=True)
         pids = self.sampler.live()
         env: dict[str, str] = {}
         mains = [e for e in pids if e.kind == "main"]
@@ -461,7 +481,8 @@ class Sidecar:
             node=self.cfg.node, procs=pids, pyspy=self.sampler.pyspy, samples=self.sampler.samples(),
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],
             logs=self.logs.lines(), processes=self.sampler.processes(), log_text=self.logs.tail_text(), env=env,
-            gpu=self.cfg.gpu)
+            gpu=self.cfg.gpu, requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
+            request_redaction=self.recorder.redaction if self.recorder is not None else None)
 
     # ---- views
 
@@ -485,6 +506,7 @@ class Sidecar:
                 "bundles": list(self.bundles),
                 "capture_errors": list(self.capture_errors),
                 "processes": [p.to_json() for p in obs.processes],
+                "request_log": dict(self.request_log.stats()) if self.request_log is not None else None,
             }
 
 
@@ -594,19 +616,22 @@ def _configs(ctx: Any) -> list[SidecarConfig]:
     for nd in ctx.nodes:
         r = nd.node_rank
         node_env = plan["nodes"][r].get("env") or {}
-        root_pid = log_path = None
+        root_pid = log_path = request_log_dir = None
         try:
             agent = ray.get_actor(nd.agent, namespace=ctx.namespace)
             st = json.loads(_rget(agent.engine_state.remote(), min(30.0, ctx.timeout)))
             root_pid = st.get("pid")
             log_path = st.get("log_path")
+            if "--log-requests-target" in plan["nodes"][r]["command"]:  # node 0 while the watchdog is on
+                request_log_dir = st.get("request_log_dir")
         except Exception as exc:
             log.warning("node %d: no engine state from agent %s (%s); finding engines by title", r, nd.agent, exc)
         out.append(SidecarConfig(
             seat=ctx.seat, node=r, nnodes=len(plan["nodes"]), thresholds=wd.model_dump(), bundle_dir=str(bundle_dir),
             quota_mb=quota, probe_dir=node_env.get("SGL_SEAT_PROBE_DIR"), log_path=log_path, metrics_url=metrics_url,
             metrics_port=metrics_port_for(http_port, r), rank_nodes=rank_nodes, root_pid=root_pid,
-            engine_port=http_port, plan=plan, namespace=ctx.namespace))
+            engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,
+            raw_prompts=bool(spec is not None and spec.bundles.raw_prompts)))
     return out
 
 

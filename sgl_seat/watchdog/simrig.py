@@ -151,7 +151,9 @@ class SimSeat:
             probe_dir=n.env_dict().get("SGL_SEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
             metrics_url=f"{self.url}/metrics", metrics_port=(metrics_port + n.node_rank) if metrics_port else None,
             rank_nodes=rank_nodes, root_pid=self.procs[n.node_rank].pid, plan=self.plan.to_json(), gpu=gpu,
-            recover_s=recover_s) for n in self.plan.nodes]
+            recover_s=recover_s, raw_prompts=self.spec.bundles.raw_prompts,
+            request_log_dir=str(self.request_log_dir) if "--log-requests-target" in n.command else None)
+            for n in self.plan.nodes]
 
     def sidecars(self, bundle_dir: Path, **kw: Any) -> dict[int, Sidecar]:
         """One in-process sidecar per node, wired to each other (node 0 coordinates). Not started."""
