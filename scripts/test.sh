@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 . .venv/bin/activate
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+# Tests talk to 127.0.0.1 only: never through a proxy the environment may name.
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 echo "== ruff"; ruff check .
 echo "== mypy --strict"; mypy sgl_seat
 echo "== pytest"; python -m pytest -q -p no:cacheprovider "$@"

@@ -96,7 +96,9 @@ class DraftSpec(_Strict):
 class NetworkSpec(_Strict):
     """Ports and the per-node NCCL/Gloo environment (never copied from node 0 to the others)."""
 
-    host: str = Field(default="127.0.0.1", description="--host of the engine HTTP server on node 0 (loopback unless set).")
+    host: str = Field(
+        default="127.0.0.1", description="--host of the engine HTTP server on node 0 (loopback unless set)."
+    )
     http_port: int = Field(default=30000, ge=1024, le=65535)
     dist_init_port: int = Field(default=5000, ge=1024, le=65535)
     env: dict[str, str] = Field(default_factory=dict, description="Environment common to every node.")

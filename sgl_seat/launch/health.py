@@ -14,7 +14,7 @@ import httpx
 def probe(url: str, timeout: float = 5.0) -> tuple[int | None, str | None]:
     """GET ``url`` once: (status code, None) or (None, error text)."""
     try:
-        r = httpx.get(url, timeout=timeout)
+        r = httpx.get(url, timeout=timeout, trust_env=False)  # the seat is reached directly, never via a proxy
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return r.status_code, None if r.status_code == 200 else f"HTTP {r.status_code}"
