@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from sgl_seat.cli.main import main
-
-
-def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+from tests.cli_runner import run_cli
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _run(["--help"], monkeypatch) == 0
+    assert run_cli(["--help"], monkeypatch) == 0
     out = capsys.readouterr().out
     for cmd in ("plan", "schema", "up", "down", "status", "logs", "watch", "bundle", "replay", "demo"):
         assert cmd in out, cmd
@@ -29,7 +19,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str], monkeypatc
 def test_plan_json_is_parseable_and_alone_on_stdout(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _run(["plan", "--seat", "large", "--draft", "off", "--json"], monkeypatch) == 0
+    assert run_cli(["plan", "--seat", "large", "--draft", "off", "--json"], monkeypatch) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["draft"] is False and doc["slots"] == 32
     assert doc["capacity"]["draft_on"]["max_running_requests"] == 8
@@ -38,7 +28,7 @@ def test_plan_json_is_parseable_and_alone_on_stdout(
 def test_plan_overrides_reach_the_command_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _run(["plan", "--seat", "large", "--draft", "on", "--slots", "4", "--mem-fraction", "0.88", "--json"],
+    assert run_cli(["plan", "--seat", "large", "--draft", "on", "--slots", "4", "--mem-fraction", "0.88", "--json"],
                 monkeypatch) == 0
     cmd = json.loads(capsys.readouterr().out)["nodes"][1]["command"]
     assert cmd[cmd.index("--max-running-requests") + 1] == "4"
@@ -48,5 +38,5 @@ def test_plan_overrides_reach_the_command_line(
 
 
 def test_bad_option_value_is_a_usage_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _run(["plan", "--draft", "maybe"], monkeypatch) == 2
+    assert run_cli(["plan", "--draft", "maybe"], monkeypatch) == 2
     assert "Traceback" not in capsys.readouterr().err

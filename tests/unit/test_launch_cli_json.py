@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sgl_seat.cli.main import main
 from sgl_seat.launch import apply
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.record import SeatRecord, save_record
 from sgl_seat.launch.state import SeatState
+from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL = ROOT / "tests" / "fixtures" / "bundles" / "stall"
@@ -27,15 +26,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     return tmp_path / "home"
-
-
-def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def _rec(name: str = "local-sim") -> SeatRecord:
@@ -59,7 +49,7 @@ def test_up_json_is_alone_on_stdout_with_endpoint_state_and_stages(monkeypatch: 
         return _rec(), _stages(reporter, "cluster", "ready", "sidecars", warn="sidecars")
 
     monkeypatch.setattr(apply, "up", fake_up)
-    assert _run(["up", "--json"], monkeypatch) == 0
+    assert run_cli(["up", "--json"], monkeypatch) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["endpoint"] == "http://127.0.0.1:31000" and doc["state"] == "READY" and doc["seat"] == "local-sim"
@@ -71,7 +61,7 @@ def test_up_json_is_alone_on_stdout_with_endpoint_state_and_stages(monkeypatch: 
 
 
 def test_up_dry_run_json_is_the_plan(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run(["up", "--dry-run", "--json", "--draft", "on"], monkeypatch) == 0
+    assert run_cli(["up", "--dry-run", "--json", "--draft", "on"], monkeypatch) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["seat"] == "local-sim" and doc["draft"] is True and len(doc["nodes"]) == 2
 
@@ -80,7 +70,7 @@ def test_down_json_has_stages_and_no_survivors(monkeypatch: pytest.MonkeyPatch, 
                                                home: Path) -> None:
     save_record(_rec())
     monkeypatch.setattr(apply, "down", lambda name, reporter: _stages(reporter, "connect", "engines", "cluster"))
-    assert _run(["down", "--json"], monkeypatch) == 0
+    assert run_cli(["down", "--json"], monkeypatch) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["seat"] == "local-sim" and doc["state"] == "STOPPED" and doc["survivors"] == []
@@ -96,7 +86,7 @@ def test_down_json_that_leaves_survivors_names_them_and_fails(monkeypatch: pytes
         raise apply.NotDown(name, ["node 1: pid 4242 (sglang::scheduler_TP2_EP2)"], _stages(reporter, "engines"))
 
     monkeypatch.setattr(apply, "down", fake_down)
-    assert _run(["down", "--json"], monkeypatch) == 1
+    assert run_cli(["down", "--json"], monkeypatch) == 1
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc["state"] == "FAILED" and doc["survivors"] == ["node 1: pid 4242 (sglang::scheduler_TP2_EP2)"]
@@ -107,22 +97,22 @@ def test_down_json_that_leaves_survivors_names_them_and_fails(monkeypatch: pytes
 def test_bundle_verify_pack_unpack_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                         home: Path, tmp_path: Path) -> None:
     shutil.copytree(STALL, home / "bundles" / "local-sim" / "stall")
-    assert _run(["bundle", "verify", "stall", "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "verify", "stall", "--json"], monkeypatch) == 0
     v = json.loads(capsys.readouterr().out)
     files = [f for f in STALL.rglob("*") if f.is_file()]
     assert v["ok"] is True and v["bundle_id"] == "stall" and v["path"].endswith("local-sim/stall")
     assert v["files"] == len(files) and v["bytes"] == sum(f.stat().st_size for f in files if f.name != "manifest.json")
 
     arc = tmp_path / "s.tar.zst"
-    assert _run(["bundle", "pack", "stall", "-o", str(arc), "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "pack", "stall", "-o", str(arc), "--json"], monkeypatch) == 0
     p = json.loads(capsys.readouterr().out)
     assert p == {**p, "ok": True, "path": str(arc), "bytes": arc.stat().st_size}
     assert p["source_bytes"] == sum(f.stat().st_size for f in files)
 
-    assert _run(["bundle", "verify", str(arc), "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "verify", str(arc), "--json"], monkeypatch) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
-    assert _run(["bundle", "unpack", str(arc), "--into", str(tmp_path / "u"), "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "u"), "--json"], monkeypatch) == 0
     u = json.loads(capsys.readouterr().out)
     assert u == {**u, "ok": True, "path": str(tmp_path / "u" / "stall"), "archive": str(arc),
                  "archive_bytes": arc.stat().st_size, "files": len(files), "bytes": p["source_bytes"]}
@@ -135,13 +125,13 @@ def test_bundle_json_of_a_refused_bundle_says_not_ok(monkeypatch: pytest.MonkeyP
     damaged.mkdir(parents=True)
     (damaged / "manifest.json").write_text("{")
     for argv in (["bundle", "verify", "damaged", "--json"], ["bundle", "pack", "damaged", "--json"]):
-        assert _run(argv, monkeypatch) == 2
+        assert run_cli(argv, monkeypatch) == 2
         out, err = capsys.readouterr()
         doc = json.loads(out)
         assert doc["ok"] is False and doc["path"] == "damaged" and "manifest.json" in doc["error"]
         assert "error:" in err and "Traceback" not in err
     junk = tmp_path / "junk.tar.zst"
     junk.write_bytes(b"not zstd")
-    assert _run(["bundle", "unpack", str(junk), "--into", str(tmp_path / "u"), "--json"], monkeypatch) == 2
+    assert run_cli(["bundle", "unpack", str(junk), "--into", str(tmp_path / "u"), "--json"], monkeypatch) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["path"] == str(junk)
