@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -198,13 +199,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Traffic:
-    """``concurrency`` client threads sending ``/generate`` requests back to back until stopped."""
+    """``concurrency`` client threads sending requests back to back until stopped.
 
-    def __init__(self, url: str, *, concurrency: int = 8, max_new_tokens: int = 64, prompt_words: int = 40) -> None:
+    ``/generate`` by default; ``openai=True`` sends ``/v1/completions`` (with ``sampling`` as its top-level
+    fields, e.g. temperature). ``prefix_share`` of the prompts start with ``prefix`` (a shared system prompt:
+    the radix cache's hits), and ``stream_share`` of the requests stream.
+    """
+
+    def __init__(self, url: str, *, concurrency: int = 8, max_new_tokens: int = 64, prompt_words: int = 40,
+                 openai: bool = False, prefix: str = "", prefix_share: float = 0.0,
+                 sampling: dict[str, Any] | None = None, stream_share: float = 0.0, seed: int = 0) -> None:
         self.url = url
         self.concurrency = concurrency
         self.max_new_tokens = max_new_tokens
         self.prompt_words = prompt_words
+        self.openai = openai
+        self.prefix = prefix
+        self.prefix_share = prefix_share
+        self.sampling = dict(sampling or {})
+        self.stream_share = stream_share
+        self.seed = seed
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -213,22 +227,46 @@ class Traffic:
         self.errors = 0
         self.events: list[tuple[float, int]] = []  # (finish time, completion tokens)
 
+    def _request(self, c: httpx.Client, i: int, n: int, rng: random.Random) -> int:
+        words = " ".join(f"w{i}x{n}y{k}" for k in range(self.prompt_words))
+        prompt = (self.prefix + words) if self.prefix and rng.random() < self.prefix_share else words
+        stream = rng.random() < self.stream_share
+        if not self.openai:
+            body: dict[str, Any] = {"text": prompt, "stream": stream, "sampling_params": {
+                "max_new_tokens": self.max_new_tokens, "ignore_eos": True, **self.sampling}}
+            route = "/generate"
+        else:
+            body = {"model": "default", "prompt": prompt, "max_tokens": self.max_new_tokens, "stream": stream,
+                    "ignore_eos": True, **self.sampling}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            route = "/v1/completions"
+        if not stream:
+            r = c.post(f"{self.url}{route}", json=body)
+            r.raise_for_status()
+            doc = r.json()
+            return int(doc["usage"]["completion_tokens"] if self.openai else doc["meta_info"]["completion_tokens"])
+        last: dict[str, Any] = {}
+        with c.stream("POST", f"{self.url}{route}", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    last = json.loads(line[6:])
+        return int(last["usage"]["completion_tokens"] if self.openai else last["meta_info"]["completion_tokens"])
+
     def _run(self, i: int) -> None:
         n = 0
+        rng = random.Random(self.seed * 1000 + i)  # noqa: S311  # traffic shape, not a secret
         with httpx.Client(timeout=120.0, trust_env=False) as c:
             while not self._stop.is_set():
                 n += 1
-                body = {"text": " ".join(f"w{i}x{n}y{k}" for k in range(self.prompt_words)),
-                        "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True}}
                 try:
-                    r = c.post(f"{self.url}/generate", json=body)
-                    r.raise_for_status()
-                    toks = int(r.json()["meta_info"]["completion_tokens"])
+                    toks = self._request(c, i, n, rng)
                     with self._lock:
                         self.completed += 1
                         self.tokens += toks
                         self.events.append((time.time(), toks))
-                except (httpx.HTTPError, KeyError, ValueError):
+                except (httpx.HTTPError, KeyError, ValueError, TypeError):
                     with self._lock:
                         self.errors += 1
                     if self._stop.wait(0.2):

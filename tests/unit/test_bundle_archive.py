@@ -168,15 +168,16 @@ def test_cli_bundle_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     """ls/show/verify/pack/unpack over $SGL_SEAT_HOME/bundles/<seat>/<id>/."""
     home = tmp_path / "home"
     monkeypatch.setenv("SGL_SEAT_HOME", str(home))
-    shutil.copytree(STALL, home / "bundles" / "local-sim" / "stall")
-    (home / "bundles" / "local-sim" / "damaged").mkdir()
-    (home / "bundles" / "local-sim" / "damaged" / "manifest.json").write_text("{")
+    seat = json.loads((STALL / "manifest.json").read_text())["seat"]
+    shutil.copytree(STALL, home / "bundles" / seat / "stall")
+    (home / "bundles" / seat / "damaged").mkdir()
+    (home / "bundles" / seat / "damaged" / "manifest.json").write_text("{")
     assert _cli(["bundle", "ls", "--json"], monkeypatch) == 0
     items = json.loads(capsys.readouterr().out)
     assert {i["id"] for i in items} == {"stall", "damaged"}
     stall = next(i for i in items if i["id"] == "stall")
-    assert stall["seat"] == "local-sim" and stall["verdict"]["rank"] == 3 and stall["created"] > 0
-    assert stall["path"].endswith("bundles/local-sim/stall")
+    assert stall["seat"] == seat and stall["verdict"]["rank"] == 3 and stall["created"] > 0
+    assert stall["path"].endswith(f"bundles/{seat}/stall")
     assert next(i for i in items if i["id"] == "damaged")["error"]
     assert _cli(["bundle", "ls"], monkeypatch) == 0
     assert "row-fetch stall" in capsys.readouterr().out

@@ -165,4 +165,4 @@ def test_cli_traffic(serve: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert ex.value.code in (0, None)
     doc = json.loads(capsys.readouterr().out)
     assert doc["traffic"]["sent"] == 5 and doc["traffic"]["ok"] == 5 and doc["traffic"]["reproduced"] is False
-    assert doc["traffic"]["watched"].endswith("bundles/local-sim")
+    assert doc["traffic"]["watched"].endswith(f"bundles/{read_bundle(STALL).manifest.seat}")
