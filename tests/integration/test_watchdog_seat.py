@@ -6,36 +6,49 @@ cluster (sidecars started by `up`), steady traffic, then:
   of all 4 ranks from both nodes, the stack history of the preceding 60 s, the probe records with the
   stalled fetch in flight, and a verdict naming rank 3, its node and the row-fetch frame, ranks 0-2 waiting
   in the collective (SGLang's own watchdog would fire at --watchdog-timeout);
+  the bundle also records the requests before the hang (from SGLang's request log on node 0, redacted);
+- `sgl-seat replay` of that live bundle names rank 3, its node and the row-fetch frame, shows the gather-size
+  bucket where latency explodes, and writes HTML that headless Chromium renders without errors;
+- `replay --traffic` of that bundle against a fresh sim seat armed with the same stall (rank 3's row fetch,
+  fired by a gather size this traffic reaches and light traffic does not) makes the fresh seat's watchdog
+  capture a row-fetch stall: reproduced;
 - a crashed rank: a bundle of kind "process exited" with the log tail;
 - `down` stops the sidecars and leaves no process behind.
 
-One seat serves the module (an `up` costs ~20-40 s on a small box); tests run in file order. Ports 34600-34620
-(ours: 34000-34999). Processes are checked by pid and process group, never by name.
+One seat serves the module (an `up` costs ~20-40 s on a small box); tests run in file order. Ports 36600-36620
+for the seat, 36700-36712 for the replay target (ours: 36000-36999). Processes are checked by pid and process
+group, never by name.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG, alive, descendants, engine_pgids, in_groups, run_cli, status_json
+from launchutil import LOCAL_SIM, MODEL_CONFIG, REPO, alive, descendants, engine_pgids, in_groups, run_cli, status_json
 
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
 from sgl_seat.watchdog.records import VerdictKind
-from sgl_seat.watchdog.simrig import Traffic
+from sgl_seat.watchdog.simrig import SimSeat, Traffic, sim_spec
 
 pytestmark = pytest.mark.integration
 
 SEAT = "wd-seat"
-HTTP = 34600  # +2 admin node 0, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
+HTTP = 36600  # +2 admin node 0, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
+TARGET = "wd-replay-target"
+TARGET_HTTP = 36700  # the fresh seat that replayed traffic is sent to: +2, +5, +10, +12
 
 
 @dataclass
@@ -44,6 +57,7 @@ class Seat:
     url: str
     traffic: Traffic
     sidecars_up_at: float
+    stall_bundle: Path | None = None
 
     def bundles(self) -> list[Path]:
         d = self.home / "bundles" / SEAT
@@ -81,13 +95,17 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
     spec = tmp / f"{SEAT}.yaml"
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
     up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--timeout", "300"], home, timeout=360)
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert "ok sidecars" in up.stdout and "started" in up.stdout, up.stdout
-    sidecars_up_at = time.time()
-    st = status_json(SEAT, home)
-    cluster = json.loads((home / "clusters" / f"{SEAT}.json").read_text())
-    started = descendants(cluster["pid"])
-    pgids = engine_pgids(st)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "ok sidecars" in up.stdout and "running on nodes 0, 1" in up.stdout, up.stdout
+        sidecars_up_at = time.time()
+        st = status_json(SEAT, home)
+        cluster = json.loads((home / "clusters" / f"{SEAT}.json").read_text())
+        started = descendants(cluster["pid"])
+        pgids = engine_pgids(st)
+    except BaseException:
+        run_cli(["down", SEAT], home, timeout=240)  # whatever `up` left running
+        raise
     traffic = Traffic(f"http://127.0.0.1:{HTTP}", concurrency=8, max_new_tokens=32).start()
     try:
         yield Seat(home=home, url=f"http://127.0.0.1:{HTTP}", traffic=traffic, sidecars_up_at=sidecars_up_at)
@@ -125,6 +143,7 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     assert _wait(lambda: seat.bundles(), 10.0), "no bundle within 10 s of the stall"
     t_bundle = time.time()
     (path,) = seat.bundles()
+    seat.stall_bundle = path
     b = read_bundle(path)
     v = b.manifest.verdict
     assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL, v
@@ -151,6 +170,16 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     assert b.manifest.thresholds["rowfetch_inflight_s"] == 3.0
     replayed, why = rerun_detectors(b)  # `sgl-seat replay` reaches the live verdict from the same records
     assert replayed == v, why
+    # the requests before the hang, from SGLang's own request log on node 0 (level 1: no text), redacted
+    reqdir = seat.home / "logs" / SEAT / "requests"
+    assert stat.S_IMODE(os.stat(reqdir).st_mode) == 0o700 and list(reqdir.glob("*_0.log"))
+    assert b.manifest.redaction["prompts"] == "redacted" and b.manifest.redaction["requests"] == len(b.requests)
+    assert len(b.requests) > 100 and min(r.t for r in b.requests) <= t_stall - 50.0
+    assert all(r.route == "/generate" and r.max_tokens == 32 and r.prompt is None and r.prompt_hash == ""
+               and r.sampling.get("ignore_eos") is True for r in b.requests)
+    done = [r for r in b.requests if r.finished is not None]
+    assert done and all(r.output_tokens == 32 and not r.tokens_estimated and r.prompt_tokens >= 40 for r in done)
+    assert any(r.finished is None for r in b.requests)  # in flight when the seat hung
     # one hang, one bundle; `watch` shows it and the latch
     time.sleep(5.0)
     assert len(seat.bundles()) == 1
@@ -161,6 +190,78 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     r = httpx.delete(seat.admin(1), timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
     assert _wait(lambda: not any(n.get("latched") for n in seat.watch()["nodes"]), 60.0, interval=2.0)
+
+
+def _replay_outputs() -> ModuleType:
+    """tests/unit/test_replay_outputs.py, for its headless-Chromium check (loaded by path: tests/unit is no package)."""
+    spec = importlib.util.spec_from_file_location("replay_outputs", REPO / "tests" / "unit" / "test_replay_outputs.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replay_of_the_live_stall_bundle_names_rank3_and_the_exploding_bucket(seat: Seat, tmp_path: Path) -> None:
+    assert seat.stall_bundle is not None, "the stall test did not capture a bundle"
+    html = tmp_path / "out.html"
+    res = run_cli(["replay", str(seat.stall_bundle), "--json", "--html", str(html)], seat.home, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    v = doc["verdict"]
+    assert (v["kind"], v["rank"], v["node"]) == ("row-fetch stall", 3, 1) and "fetch_rows" in v["frame"], v
+    assert doc["verdict_matches"] is True
+    (fetch,) = doc["rowfetch"]["in_flight_fetches"]
+    assert (fetch["rank"], fetch["node"]) == (3, 1) and fetch["stalled"]
+    buckets = doc["rowfetch"]["buckets"]
+    (hot,) = [b for b in buckets if b["gather_size_min"] <= fetch["gather_size"] <= b["gather_size_max"]]
+    assert hot["stalled"] and hot["in_flight"] == 1 and hot["max_ms"] >= 3000.0
+    assert all(b["max_ms"] < hot["max_ms"] and not b["stalled"] for b in buckets if b is not hot), buckets
+    assert doc["rowfetch"]["worst_bucket"]["gather_size_min"] == hot["gather_size_min"]
+    assert doc["activity"]["requests"]["recorded"] > 100
+    ro = _replay_outputs()
+    if ro.CHROMIUM is None:
+        pytest.skip(ro.NO_CHROMIUM)
+    dom = ro.assert_renders_in_chromium(html, tmp_path)
+    assert "rank 3" in dom
+
+
+def test_replayed_traffic_reproduces_the_stall_on_a_fresh_seat(seat: Seat, tmp_path: Path) -> None:
+    """The live bundle's traffic, re-driven against a fresh sim seat with rank 3's row fetch armed to stall at a
+    gather this traffic reaches (its 90th percentile on rank 3; idle health checks gather <= 4 rows): the target's
+    watchdog captures a row-fetch stall on rank 3 and `replay --traffic` reports it reproduced."""
+    assert seat.stall_bundle is not None, "the stall test did not capture a bundle"
+    b = read_bundle(seat.stall_bundle)
+    gathers = sorted(p.gather_size for p in b.probes if p.end is not None and p.rank == 3)
+    gather_ge = max(16, gathers[int(0.9 * len(gathers))])
+    target = SimSeat(sim_spec(TARGET, TARGET_HTTP), draft=True, workdir=tmp_path / "target",
+                     faults=(f"rowfetch-stall:rank=3,gather_ge={gather_ge}",))
+    bundles = seat.home / "bundles" / TARGET
+    target.start()
+    sidecars: dict[int, Any] = {}
+    try:
+        sidecars = target.sidecars(bundles)
+        for sc in sidecars.values():
+            sc.start()
+        # light traffic does not fire the armed stall: one request completes and no bundle appears
+        r = httpx.post(f"{target.url}/generate", json={"text": "ping", "sampling_params": {"max_new_tokens": 4}},
+                       timeout=30, trust_env=False)
+        assert r.status_code == 200, r.text
+        time.sleep(5.0)
+        assert not bundles.exists() or not any(bundles.iterdir())
+        res = run_cli(["replay", str(seat.stall_bundle), "--traffic", "--target", target.url, "--target-seat", TARGET,
+                       "--speed", "2", "--max-requests", "400", "--max-seconds", "30", "--watch-grace", "15", "--json"],
+                      seat.home, timeout=180)
+        assert res.returncode == 0, res.stderr[-2000:]
+        tr = json.loads(res.stdout)["traffic"]
+        assert tr["sent"] > 0 and tr["watched"] == str(bundles), json.dumps(tr)
+        assert tr["reproduced"] is True, json.dumps(tr)
+        (new,) = tr["new_bundles"]
+        nv = read_bundle(Path(new)).manifest.verdict
+        assert nv is not None and nv.kind is VerdictKind.ROWFETCH_STALL and (nv.rank, nv.node) == (3, 1), nv
+    finally:
+        for sc in sidecars.values():
+            sc.stop()
+        target.stop()
 
 
 def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat) -> None:

@@ -55,14 +55,12 @@ def test_html_escapes_hostile_strings(tmp_path: Path) -> None:
     assert "<img src=x" not in page and "&lt;script&gt;alert" in page
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI: apt-get update && apt-get install -y "
-                                             "chromium); the HTML report's browser rendering is not checked")
-@pytest.mark.parametrize("name", ["stall", "crash"])
-def test_html_renders_in_headless_chromium(name: str, tmp_path: Path) -> None:
-    page = tmp_path / f"{name}.html"
-    page.write_text(render_html(replay_bundle(GOLDEN / name)))
-    profile = tmp_path / "profile"
+def assert_renders_in_chromium(page: Path, workdir: Path) -> str:
+    """Open ``page`` in headless Chromium: it must render, its script must run to the end (three plots) and the
+    browser must log no console error, CSP violation or failed load. Returns the DOM. (The live-bundle test in
+    tests/integration/test_watchdog_seat.py loads this helper too.)"""
     assert CHROMIUM is not None
+    profile = workdir / "chromium-profile"
     proc = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
@@ -76,6 +74,19 @@ def test_html_renders_in_headless_chromium(name: str, tmp_path: Path) -> None:
     bad = [ln for ln in log.splitlines()
            if re.search(r"CONSOLE|Uncaught|Refused to|Content Security Policy|ERR_FILE_NOT_FOUND|Failed to load", ln)]
     assert not bad, bad
+    return dom
+
+
+NO_CHROMIUM = ("chromium not installed (CI: apt-get update && apt-get install -y chromium); the HTML report's "
+               "browser rendering is not checked")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("name", ["stall", "crash"])
+def test_html_renders_in_headless_chromium(name: str, tmp_path: Path) -> None:
+    page = tmp_path / f"{name}.html"
+    page.write_text(render_html(replay_bundle(GOLDEN / name)))
+    assert_renders_in_chromium(page, tmp_path)
 
 
 def test_speedscope_export() -> None:
