@@ -32,8 +32,8 @@ from sgl_seat.watchdog.sidecar import Sidecar, SidecarConfig, local_peers
 
 pytestmark = pytest.mark.integration
 
-METRICS_PORT = 34110
-EXPORTER_PORT = 34111
+METRICS_PORT = 36110
+EXPORTER_PORT = 36111
 
 ROWS = textwrap.dedent("""
     import glob, os, time
