@@ -715,11 +715,19 @@ def snapshots(seat: str, namespace: str, nnodes: int, timeout: float = 5.0) -> l
 
     out: list[dict[str, Any]] = []
     futs: list[tuple[int, Any]] = []
+    from sgl_seat.errors import ClusterError
+    from sgl_seat.launch.cluster import bounded
+
     for n in range(nnodes):
         try:
-            futs.append((n, ray.get_actor(sidecar_name(seat, n), namespace=namespace).snapshot.remote()))
+            # get_actor asks the GCS with no deadline of its own: a wedged cluster must not hang `watch`.
+            actor = bounded("ray.get_actor (watchdog sidecar)", ray.get_actor, sidecar_name(seat, n),
+                            namespace=namespace, timeout=timeout)
+            futs.append((n, actor.snapshot.remote()))
         except ValueError:
             out.append({"node": n, "error": "no watchdog sidecar (seat started with --no-watchdog, or down)"})
+        except ClusterError as exc:
+            out.append({"node": n, "error": str(exc)[:200]})
     for n, f in futs:
         try:
             out.append(json.loads(_rget(f, timeout)))

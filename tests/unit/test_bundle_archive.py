@@ -11,17 +11,16 @@ import hashlib
 import io
 import json
 import shutil
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from sgl_seat.cli.main import main
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.archive import pack_bundle, unpack_bundle
 from sgl_seat.forensics.bundle import verify_bundle
+from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL = ROOT / "tests" / "fixtures" / "bundles" / "stall"
@@ -144,20 +143,11 @@ def test_zstd_bomb_is_capped(tmp_path: Path) -> None:
         unpack_bundle(arc, tmp_path / "into")
 
 
-def _cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def test_cli_unpack_refuses_hostile_archive_without_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     arc = tmp_path / "evil.tar.zst"
     arc.write_bytes(make_tar(_hostile_cases()["symlink"]))
-    rc = _cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "into")], monkeypatch)
+    rc = run_cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "into")], monkeypatch)
     err = capsys.readouterr().err
     assert rc == 2 and "link" in err and "Traceback" not in err
     assert list((tmp_path / "into").iterdir()) == []
@@ -172,27 +162,27 @@ def test_cli_bundle_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     shutil.copytree(STALL, home / "bundles" / seat / "stall")
     (home / "bundles" / seat / "damaged").mkdir()
     (home / "bundles" / seat / "damaged" / "manifest.json").write_text("{")
-    assert _cli(["bundle", "ls", "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "ls", "--json"], monkeypatch) == 0
     items = json.loads(capsys.readouterr().out)
     assert {i["id"] for i in items} == {"stall", "damaged"}
     stall = next(i for i in items if i["id"] == "stall")
     assert stall["seat"] == seat and stall["verdict"]["rank"] == 3 and stall["created"] > 0
     assert stall["path"].endswith(f"bundles/{seat}/stall")
     assert next(i for i in items if i["id"] == "damaged")["error"]
-    assert _cli(["bundle", "ls"], monkeypatch) == 0
+    assert run_cli(["bundle", "ls"], monkeypatch) == 0
     assert "row-fetch stall" in capsys.readouterr().out
-    assert _cli(["bundle", "verify", "stall"], monkeypatch) == 0
-    assert _cli(["bundle", "show", "stall"], monkeypatch) == 0
+    assert run_cli(["bundle", "verify", "stall"], monkeypatch) == 0
+    assert run_cli(["bundle", "show", "stall"], monkeypatch) == 0
     assert "probe.jsonl" in capsys.readouterr().out
-    assert _cli(["bundle", "show", "stall", "--json"], monkeypatch) == 0
+    assert run_cli(["bundle", "show", "stall", "--json"], monkeypatch) == 0
     assert json.loads(capsys.readouterr().out)["bundle_id"] == "stall"
     arc = tmp_path / "s.tar.zst"
-    assert _cli(["bundle", "pack", "stall", "-o", str(arc)], monkeypatch) == 0
-    assert _cli(["bundle", "verify", str(arc)], monkeypatch) == 0
-    assert _cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "u")], monkeypatch) == 0
+    assert run_cli(["bundle", "pack", "stall", "-o", str(arc)], monkeypatch) == 0
+    assert run_cli(["bundle", "verify", str(arc)], monkeypatch) == 0
+    assert run_cli(["bundle", "unpack", str(arc), "--into", str(tmp_path / "u")], monkeypatch) == 0
     assert _tree(tmp_path / "u" / "stall") == _tree(STALL)
     capsys.readouterr()
-    assert _cli(["bundle", "verify", "damaged"], monkeypatch) == 2
-    assert _cli(["bundle", "show", "no-such-bundle"], monkeypatch) == 2
+    assert run_cli(["bundle", "verify", "damaged"], monkeypatch) == 2
+    assert run_cli(["bundle", "show", "no-such-bundle"], monkeypatch) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "no bundle at no-such-bundle" in err

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from sgl_seat.cli.main import main
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.replay import replay_bundle
+from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "bundles"
@@ -124,28 +123,19 @@ def test_trimming_is_stable(name: str, tmp_path: Path) -> None:
     read_bundle(tmp_path / name)  # verifies sizes and sha256 against the rewritten manifest
 
 
-def _cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
-    try:
-        main()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def test_cli_replay_terminal_and_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "140")
-    assert _cli(["replay", str(GOLDEN / "stall")], monkeypatch) == 0
+    assert run_cli(["replay", str(GOLDEN / "stall")], monkeypatch) == 0
     out = capsys.readouterr().out
     for s in ("row-fetch stall", "rank 3", "fetch_rows", "STALLED", "128-255", "reproduce the live verdict"):
         assert s in out, s
-    assert _cli(["replay", str(GOLDEN / "crash"), "--json"], monkeypatch) == 0
+    assert run_cli(["replay", str(GOLDEN / "crash"), "--json"], monkeypatch) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"]["kind"] == "process exited"
 
 
 def test_cli_replay_usage_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli(["replay", str(GOLDEN / "stall"), "--traffic"], monkeypatch) == 2
+    assert run_cli(["replay", str(GOLDEN / "stall"), "--traffic"], monkeypatch) == 2
     assert "--target" in capsys.readouterr().err
-    assert _cli(["replay", "/nonexistent/bundle"], monkeypatch) == 2
+    assert run_cli(["replay", "/nonexistent/bundle"], monkeypatch) == 2
     assert "Traceback" not in capsys.readouterr().err
