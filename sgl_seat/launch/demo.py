@@ -78,6 +78,9 @@ def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], 
     endpoint = rec.endpoint or ""
     try:
         say(f"seat {rec.name} is READY at {endpoint} (draft on)")
+        if spec.engine == "sim":
+            say("(the sim engine answers with deterministic synthetic tokens, not a model: it exercises SGLang's"
+                " wire contract, not language)")
         for p in prompts:
             a = ask(endpoint, spec.model.name, p)
             answers.append(a)
