@@ -127,17 +127,24 @@ def build_main_app(fe: Frontend, cfg: SimConfig) -> Starlette:
             yield api.sse({"error": {"message": str(e), "type": "invalid_request_error", "code": 503}})
         yield api.sse("[DONE]")
 
-    async def completions(request: Request) -> Response:
+    async def _openai(
+        request: Request,
+        parse: Callable[[Any], api.GenParams],
+        id_prefix: str,
+        stream: Callable[[api.GenParams, str, str, int], AsyncIterator[bytes]],
+        body_of: Callable[..., dict[str, Any]],
+    ) -> Response:
+        """One OpenAI route: parse + log + context check, then stream, or collect and answer in one body."""
         try:
             body = await _json_body(request, require_json_type=True)
-            p = api.parse_completion(body)
+            p = parse(body)
             fe.reqlog.received_openai(body)  # SGLang: the raw payload, at --log-requests-level >= 2 only
             api.check_context(len(p.input_ids), p.max_new_tokens, cfg.context_length)
         except api.ApiError as e:
             return _openai_err(e)
-        rid, model, created = api.new_id("cmpl-"), p.model, int(time.time())
+        rid, model, created = api.new_id(id_prefix), p.model, int(time.time())
         if p.stream:
-            return StreamingResponse(_completion_stream(p, rid, model, created), media_type="text/event-stream")
+            return StreamingResponse(stream(p, rid, model, created), media_type="text/event-stream")
         try:
             text, last = "", None
             async for item in fe.generate(p, rid=rid):
@@ -149,8 +156,10 @@ def build_main_app(fe: Frontend, cfg: SimConfig) -> Starlette:
         except api.ApiError as e:
             return _openai_err(e)
         u = api.usage(last["pt"], last["ct"], last["cached"], cache_report=cache_report)
-        return JSONResponse(api.completion_body(rid=rid, model=model, text=text, fin=last["fin"], usage_=u,
-                                                created=created))
+        return JSONResponse(body_of(rid=rid, model=model, text=text, fin=last["fin"], usage_=u, created=created))
+
+    async def completions(request: Request) -> Response:
+        return await _openai(request, api.parse_completion, "cmpl-", _completion_stream, api.completion_body)
 
     async def _completion_stream(p: api.GenParams, rid: str, model: str, created: int) -> AsyncIterator[bytes]:
         last: dict[str, Any] | None = None
@@ -170,29 +179,7 @@ def build_main_app(fe: Frontend, cfg: SimConfig) -> Starlette:
         yield api.sse("[DONE]")
 
     async def chat(request: Request) -> Response:
-        try:
-            body = await _json_body(request, require_json_type=True)
-            p = api.parse_chat(body)
-            fe.reqlog.received_openai(body)  # SGLang: the raw payload, at --log-requests-level >= 2 only
-            api.check_context(len(p.input_ids), p.max_new_tokens, cfg.context_length)
-        except api.ApiError as e:
-            return _openai_err(e)
-        rid, model, created = api.new_id("chatcmpl-"), p.model, int(time.time())
-        if p.stream:
-            return StreamingResponse(_chat_stream(p, rid, model, created), media_type="text/event-stream")
-        try:
-            text, last = "", None
-            async for item in fe.generate(p, rid=rid):
-                text += item.get("text", "")
-                last = item
-            assert last is not None
-        except EngineUnavailable as e:
-            return _unavailable(e, native=False)
-        except api.ApiError as e:
-            return _openai_err(e)
-        u = api.usage(last["pt"], last["ct"], last["cached"], cache_report=cache_report)
-        return JSONResponse(api.chat_body(rid=rid, model=model, text=text, fin=last["fin"], usage_=u,
-                                          created=created))
+        return await _openai(request, api.parse_chat, "chatcmpl-", _chat_stream, api.chat_body)
 
     async def _chat_stream(p: api.GenParams, rid: str, model: str, created: int) -> AsyncIterator[bytes]:
         last: dict[str, Any] | None = None
