@@ -36,7 +36,18 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG, REPO, alive, descendants, engine_pgids, in_groups, run_cli, status_json
+from launchutil import (
+    LOCAL_SIM,
+    MODEL_CONFIG,
+    REPO,
+    alive,
+    descendants,
+    engine_pgids,
+    in_groups,
+    run_cli,
+    status_json,
+    wait_until,
+)
 
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
@@ -71,15 +82,6 @@ class Seat:
         assert res.returncode == 0, res.stdout + res.stderr
         doc: dict[str, Any] = json.loads(res.stdout)
         return doc
-
-
-def _wait(pred: Any, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,7 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     r = httpx.post(seat.admin(1), json={"fault": "rowfetch-stall:rank=3"}, timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
     t_stall = time.time()
-    assert _wait(lambda: seat.bundles(), 10.0), "no bundle within 10 s of the stall"
+    assert wait_until(lambda: seat.bundles(), 10.0), "no bundle within 10 s of the stall"
     t_bundle = time.time()
     (path,) = seat.bundles()
     seat.stall_bundle = path
@@ -189,7 +191,7 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     # release the stall: tokens flow again and the sidecars re-arm
     r = httpx.delete(seat.admin(1), timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
-    assert _wait(lambda: not any(n.get("latched") for n in seat.watch()["nodes"]), 60.0, interval=2.0)
+    assert wait_until(lambda: not any(n.get("latched") for n in seat.watch()["nodes"]), 60.0, interval=2.0)
 
 
 def _replay_outputs() -> ModuleType:
@@ -268,7 +270,7 @@ def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat
     before = set(seat.bundles())
     r = httpx.post(seat.admin(1), json={"fault": "crash:rank=2"}, timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
-    assert _wait(lambda: set(seat.bundles()) - before, 15.0), "no bundle after the crash"
+    assert wait_until(lambda: set(seat.bundles()) - before, 15.0), "no bundle after the crash"
     (path,) = sorted(set(seat.bundles()) - before)
     b = read_bundle(path)
     v = b.manifest.verdict
