@@ -9,7 +9,8 @@ on the draft-off seat, then on the draft-on seat.
 
 Printed: KV pool tokens and the slot ceiling (read back from each live seat's ``/server_info``), single-stream
 output tokens/s, aggregate output tokens/s at 1, 8, 32 and 64 concurrent clients, and the on/off ratios.
-With defaults the ratio is above 1 single-stream and below 1 at 64 concurrent.
+With defaults the ratio is above 1 single-stream and below 1 at 64 concurrent: the sim's cost model was
+built to have that shape, so this checks the model and the seat plumbing, not SGLang's behaviour.
 
 Usage::
 
@@ -217,7 +218,10 @@ def main() -> int:
         fy = f"{y:,}" if isinstance(y, int) else f"{y:,.1f}"
         print(f"{name:<30}{fx:>12}{fy:>12}{y / x:>9.2f}")
     single, at64 = res["single"][True] / res["single"][False], res["@64"][True] / res["@64"][False]
-    verdict = "as in the paper" if single > 1 > at64 else "NOT the paper's shape"
+    # The sim's cost model was built to have the report's shape (draft wins alone, loses under load); this line
+    # checks that the model still has it, it is not evidence that real SGLang behaves so.
+    verdict = ("the sim's cost model keeps the report's shape (built in, synthetic)" if single > 1 > at64
+               else "the sim's cost model LOST the report's shape")
     print(f"shape: single-stream x{single:.2f}, at 64 concurrent x{at64:.2f} -> {verdict}; "
           f"{elapsed:.0f} s; logs in {logdir}")
     if left:
