@@ -24,17 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sgl_seat.forensics import (
-    Redactor,
-    encode_env,
-    encode_logs,
-    encode_probe_records,
-    encode_records,
-    encode_stack_samples,
-    layout,
-    write_bundle,
-)
-from sgl_seat.watchdog.records import (
+from sgl_seat.core.records import (
     EngineProcess,
     Frame,
     LogLine,
@@ -44,6 +34,16 @@ from sgl_seat.watchdog.records import (
     ThreadStack,
     Verdict,
     VerdictKind,
+)
+from sgl_seat.forensics import (
+    Redactor,
+    encode_env,
+    encode_logs,
+    encode_probe_records,
+    encode_records,
+    encode_stack_samples,
+    layout,
+    write_bundle,
 )
 
 RANKS = 8

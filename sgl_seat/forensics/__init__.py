@@ -1,7 +1,7 @@
 """Forensic bundles: format (write, read, verify, redact, scrub), archives, analysis, reports, traffic replay.
 
 The live watchdog writes bundles with :func:`write_bundle` and the ``encode_*`` helpers; ``replay``
-reads them back with :func:`read_bundle` into the same record types (``sgl_seat.watchdog.records``).
+reads them back with :func:`read_bundle` into the same record types (``sgl_seat.core.records``).
 File names and limits live in :mod:`sgl_seat.forensics.layout`.
 """
 

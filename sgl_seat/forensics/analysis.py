@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
+from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
 from sgl_seat.forensics.bundle import Bundle
-from sgl_seat.watchdog.detect import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
-from sgl_seat.watchdog.records import MetricsPoint, StackSample, ThreadStack
 
 __all__ = [
     "Analysis",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from sgl_seat import __version__
+from sgl_seat.core.records import RECORD_SCHEMA_VERSION, EngineProcess, LogLine, MetricsPoint, StackSample
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import layout
 from sgl_seat.forensics.codec import (
@@ -40,7 +41,6 @@ from sgl_seat.forensics.codec import (
 from sgl_seat.forensics.manifest import FileEntry, Manifest
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.forensics.scrub import scrub_json
-from sgl_seat.watchdog.records import RECORD_SCHEMA_VERSION, EngineProcess, LogLine, MetricsPoint, StackSample
 
 __all__ = ["Bundle", "read_bundle", "rotate_bundles", "verify_bundle", "write_bundle"]
 

@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import IO, Any, Protocol, TypeVar, overload
 
+from sgl_seat.core.records import Frame, LogLine, ProbeRecord, RecordError, StackSample, ThreadStack
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.layout import MAX_LINE_BYTES
 from sgl_seat.forensics.scrub import scrub_env, scrub_json, scrub_text
-from sgl_seat.watchdog.records import Frame, LogLine, ProbeRecord, RecordError, StackSample, ThreadStack
 
 __all__ = [
     "ProbeTable",

@@ -13,9 +13,9 @@ from collections import defaultdict
 from typing import Any
 
 from sgl_seat import __version__
+from sgl_seat.core.records import Frame, StackSample
 from sgl_seat.forensics.analysis import throughput_series
 from sgl_seat.forensics.replay import ReplayResult
-from sgl_seat.watchdog.records import Frame, StackSample
 
 __all__ = ["chrome_trace", "speedscope"]
 

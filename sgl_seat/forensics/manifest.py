@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sgl_seat.core.records import RecordError, Verdict
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.layout import BUNDLE_ID_RE, FILE_NAME_RE, MAX_FILE_BYTES, MAX_FILES, SCHEMA_VERSION
-from sgl_seat.watchdog.records import RecordError, Verdict
 
 __all__ = ["BundleVersionError", "FileEntry", "Manifest"]
 

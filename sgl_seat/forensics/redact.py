@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgl_seat.watchdog.records import RecordError
+from sgl_seat.core.records import RecordError
 
 __all__ = ["PrefixTracker", "Redactor", "RequestShape", "salt_id"]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from sgl_seat.core.detect import detect, thresholds_from
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import Verdict
 from sgl_seat.forensics.bundle import Bundle
-from sgl_seat.watchdog.detect import Observation, detect, thresholds_from
-from sgl_seat.watchdog.records import Verdict
 
 __all__ = ["observation_of", "rerun_detectors"]
 

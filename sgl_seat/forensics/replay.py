@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat import __version__
+from sgl_seat.core.records import Verdict
 from sgl_seat.forensics.analysis import Analysis, analyse
 from sgl_seat.forensics.archive import is_archive, unpack_bundle
 from sgl_seat.forensics.bundle import Bundle, read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
-from sgl_seat.watchdog.records import Verdict
 
 __all__ = ["REPORT_SCHEMA_VERSION", "ReplayResult", "load_any", "replay_bundle"]
 

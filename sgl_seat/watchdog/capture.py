@@ -1,7 +1,7 @@
 """Coordinated capture: each node's part (stacks now, process and GPU state, its rings) and the one bundle.
 
 :func:`node_part` runs on every node when asked and returns plain JSON-able data (it crosses Ray);
-:func:`assemble` merges the parts of all nodes, re-runs :func:`~sgl_seat.watchdog.detect.detect` over
+:func:`assemble` merges the parts of all nodes, re-runs :func:`~sgl_seat.core.detect.detect` over
 the merged records (so the bundle's verdict is the seat-wide one that ``replay`` reproduces from the same
 records) and writes one bundle through the forensics writer (atomic, with the disk quota). A full or
 read-only disk is a logged error, never an exception into the sidecar.
@@ -24,11 +24,9 @@ from typing import Any
 import psutil
 
 from sgl_seat import __version__
-from sgl_seat.errors import BundleError
-from sgl_seat.forensics.redact import RequestShape
-from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.detect import Observation, detect
-from sgl_seat.watchdog.records import (
+from sgl_seat.core.detect import detect
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import (
     EngineProcess,
     LogLine,
     MetricsPoint,
@@ -36,6 +34,9 @@ from sgl_seat.watchdog.records import (
     StackSample,
     Verdict,
 )
+from sgl_seat.errors import BundleError
+from sgl_seat.forensics.redact import RequestShape
+from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.sampler import EngineProc, capture_stacks
 
 log = logging.getLogger("sgl_seat.watchdog")

@@ -51,7 +51,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sgl_seat.watchdog.records import ProbeRecord
+    from sgl_seat.core.records import ProbeRecord
 
 ENV_TARGETS = "SGL_SEAT_PROBE"
 ENV_DIR = "SGL_SEAT_PROBE_DIR"
@@ -541,7 +541,7 @@ class RingReader:
 
     def read(self, *, node: int | None = None, rank: int | None = None) -> list[ProbeRecord]:
         """Records of slots that are new or changed since the last read (every stable one the first time)."""
-        from sgl_seat.watchdog.records import ProbeRecord
+        from sgl_seat.core.records import ProbeRecord
 
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from sgl_seat.watchdog.records import EngineProcess, Frame, StackSample, ThreadStack
+from sgl_seat.core.records import EngineProcess, Frame, StackSample, ThreadStack
 
 log = logging.getLogger("sgl_seat.watchdog")
 

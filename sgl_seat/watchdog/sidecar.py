@@ -31,12 +31,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sgl_seat.core.detect import detect
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import ProbeRecord, StackSample, Verdict
 from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog import capture as cap
-from sgl_seat.watchdog.detect import Observation, detect, rank_views, tokens_per_s
-from sgl_seat.watchdog.records import ProbeRecord, StackSample, Verdict
+from sgl_seat.watchdog.rankview import rank_views, tokens_per_s
 from sgl_seat.watchdog.sampler import EngineProc, Sampler, find_engine_processes
 from sgl_seat.watchdog.sources import LogTailer, MetricsPoller, ProbeReader
 

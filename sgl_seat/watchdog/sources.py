@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sgl_seat.core.records import LogLine, MetricsPoint, ProbeRecord
 from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.records import LogLine, MetricsPoint, ProbeRecord
 
 log = logging.getLogger("sgl_seat.watchdog")
 

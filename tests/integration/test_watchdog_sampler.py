@@ -209,6 +209,6 @@ def test_sampled_json_is_what_records_hold(spawn) -> None:  # type: ignore[no-un
     p = spawn()
     sampler = Sampler(node=0, discover=lambda: _one(p))
     (s,) = sampler.sample_once()
-    from sgl_seat.watchdog.records import StackSample
+    from sgl_seat.core.records import StackSample
 
     assert StackSample.from_json(json.loads(json.dumps(s.to_json()))) == s

@@ -23,10 +23,10 @@ import httpx
 import psutil
 import pytest
 
+from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.records import VerdictKind
 from sgl_seat.watchdog.sampler import EngineProc, Sampler
 from sgl_seat.watchdog.sidecar import Sidecar, SidecarConfig, local_peers
 

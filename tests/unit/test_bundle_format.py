@@ -13,6 +13,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from sgl_seat.core.records import (
+    EngineProcess,
+    Frame,
+    LogLine,
+    MetricsPoint,
+    ProbeRecord,
+    StackSample,
+    ThreadStack,
+    Verdict,
+    VerdictKind,
+)
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import (
     Redactor,
@@ -35,17 +46,6 @@ from sgl_seat.forensics import bundle as bundle_mod
 from sgl_seat.forensics.codec import ProbeTable, decode_probe_records, decode_stack_samples
 from sgl_seat.forensics.manifest import BundleVersionError
 from sgl_seat.forensics.redact import RequestShape
-from sgl_seat.watchdog.records import (
-    EngineProcess,
-    Frame,
-    LogLine,
-    MetricsPoint,
-    ProbeRecord,
-    StackSample,
-    ThreadStack,
-    Verdict,
-    VerdictKind,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "bundles"

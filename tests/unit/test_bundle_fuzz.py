@@ -34,6 +34,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sgl_seat.cli.main import main
+from sgl_seat.core.records import (
+    EngineProcess,
+    Frame,
+    LogLine,
+    MetricsPoint,
+    ProbeRecord,
+    StackSample,
+    ThreadStack,
+    Verdict,
+    VerdictKind,
+)
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import (
     Redactor,
@@ -52,17 +63,6 @@ from sgl_seat.forensics.codec import decode_probe_records, decode_records, decod
 from sgl_seat.forensics.manifest import Manifest
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.forensics.replay import replay_bundle
-from sgl_seat.watchdog.records import (
-    EngineProcess,
-    Frame,
-    LogLine,
-    MetricsPoint,
-    ProbeRecord,
-    StackSample,
-    ThreadStack,
-    Verdict,
-    VerdictKind,
-)
 
 N_FILE, N_RESIGNED, N_MANIFEST, N_TAR, N_CLI = 4000, 2500, 2000, 1400, 100
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sgl_seat.core.records import EngineProcess, Frame, ProbeRecord, StackSample, ThreadStack
 from sgl_seat.forensics import encode_probe_records, encode_records, encode_stack_samples, layout, write_bundle
 from sgl_seat.forensics.analysis import classify_thread
 from sgl_seat.forensics.exports import chrome_trace, speedscope
 from sgl_seat.forensics.html import render_html
 from sgl_seat.forensics.replay import replay_bundle
-from sgl_seat.watchdog.records import EngineProcess, Frame, ProbeRecord, StackSample, ThreadStack
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 LIBPY = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"

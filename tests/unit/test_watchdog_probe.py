@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sgl_seat.core.records import ProbeRecord
 from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.records import ProbeRecord
 
 
 @pytest.fixture

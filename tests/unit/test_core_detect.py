@@ -7,9 +7,10 @@ import random
 
 import pytest
 
-from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog import detect as d
-from sgl_seat.watchdog.records import (
+from sgl_seat.core import detect as d
+from sgl_seat.core.frames import collective_frame
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import (
     EngineProcess,
     Frame,
     LogLine,
@@ -19,6 +20,8 @@ from sgl_seat.watchdog.records import (
     ThreadStack,
     VerdictKind,
 )
+from sgl_seat.spec import WatchdogSpec
+from sgl_seat.watchdog.rankview import rank_views, tokens_per_s
 
 TH = WatchdogSpec()
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
@@ -91,8 +94,8 @@ def healthy(until: float) -> dict[str, list]:  # type: ignore[type-arg]
     return {"samples": samples, "probes": probes, "metrics": pts, "processes": procs()}
 
 
-def obs(**kw: list) -> d.Observation:  # type: ignore[type-arg]
-    return d.Observation.of(rank_nodes=RANK_NODES, **kw)
+def obs(**kw: list) -> Observation:  # type: ignore[type-arg]
+    return Observation.of(rank_nodes=RANK_NODES, **kw)
 
 
 def stall_records(stall_at: float, now: float) -> dict[str, list]:  # type: ignore[type-arg]
@@ -285,17 +288,17 @@ def test_thresholds_come_from_the_spec() -> None:
 ])
 def test_collective_classification(name: str, file: str, waiting: bool) -> None:
     th = ThreadStack(1, "MainThread", True, False, (Frame(name, file, 1), LOOP))
-    assert (d.collective_frame(th) is not None) is waiting
+    assert (collective_frame(th) is not None) is waiting
 
 
 def test_rank_views_and_tokens_per_s() -> None:
     rec = stall_records(T0 + 60, T0 + 66)
-    views = {v.rank: v for v in d.rank_views(obs(**rec), T0 + 64)}
+    views = {v.rank: v for v in rank_views(obs(**rec), T0 + 64)}
     assert views[3].state == "fetching" and views[3].inflight_age_s == pytest.approx(4.0)
     assert views[0].state == "collective" and views[0].frame == "all_reduce (distributed_c10d.py:2801)"
     assert views[0].fetch_p50_ms == pytest.approx(2.0, rel=0.05)
     rec2 = healthy(T0 + 30)
-    assert d.tokens_per_s(rec2["metrics"], T0 + 30) == pytest.approx(100.0)
+    assert tokens_per_s(rec2["metrics"], T0 + 30) == pytest.approx(100.0)
 
 
 def test_process_exited_names_the_first_to_die_in_a_cascade() -> None:

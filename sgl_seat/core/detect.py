@@ -1,9 +1,10 @@
 """Hang detectors: pure functions from recorded observations to one :class:`Verdict`.
 
-The live sidecar and offline ``replay`` call the same :func:`detect` on the same record types, so a
-replayed bundle reproduces the live verdict. Nothing here touches Ray, psutil, files or the clock:
-``now`` is an argument, and every record later than ``now`` is ignored (a fetch that ended after
-``now`` counts as in flight at ``now``), so ``detect(obs, thresholds, now)`` is a function of its inputs.
+The live sidecar (``sgl_seat.watchdog``) and offline ``replay`` (``sgl_seat.forensics``) call the same
+:func:`detect` on the same record types, so a replayed bundle reproduces the live verdict. Nothing here
+touches Ray, psutil, files or the clock: ``now`` is an argument, and every record later than ``now`` is
+ignored (a fetch that ended after ``now`` counts as in flight at ``now``), so ``detect(obs, thresholds, now)``
+is a function of its inputs.
 
 Detectors, in priority order when several fire (the first is the verdict; the others are kept in
 the evidence):
@@ -31,21 +32,19 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.records import (
-    EngineProcess,
-    Frame,
-    LogLine,
-    MetricsPoint,
-    ProbeRecord,
-    StackSample,
-    ThreadStack,
-    Verdict,
-    VerdictKind,
+from sgl_seat.core.frames import collective_frame, python_frames, short_name, stuck_frame
+from sgl_seat.core.observation import (
+    Observation,
+    in_flight,
+    latest_by_pid,
+    node_of,
+    probe_targets,
+    python_samples,
 )
+from sgl_seat.core.records import EngineProcess, MetricsPoint, StackSample, Verdict, VerdictKind
+from sgl_seat.spec import WatchdogSpec
 
 RUNNING = "sglang:num_running_reqs"
 #: Counters (and slowly moving gauges) whose change means the engine made progress. SGLang bumps
@@ -66,104 +65,6 @@ _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 #: SGLang's SubprocessWatchdog line (contracts section 5), also what the sim logs.
 _CRASHED = re.compile(r"Subprocess \S+ \(pid=(\d+)\) crashed with exit code (-?\d+|None)")
 
-#: Frame names (last dotted part) of collectives and device syncs: a rank whose stack is in one is
-#: waiting for its peers.
-_COLLECTIVE = re.compile(
-    r"^(all_reduce\w*|allreduce\w*|all_gather\w*|allgather\w*|reduce_scatter\w*|broadcast\w*|barrier|"
-    r"monitored_barrier|all_to_all\w*|alltoall\w*|gather|scatter|reduce|wait|synchronize|recv|irecv|send|isend|"
-    r"tensor_model_parallel_all_reduce|inplace_all_reduce)$"
-)
-_NATIVE_COLLECTIVE = re.compile(r"nccl|cuCtxSynchronize|cudaDeviceSynchronize|cudaStreamSynchronize|"
-                                r"cudaEventSynchronize|gloo", re.I)
-#: Generic synchronisation in the standard library: a ``wait`` there is not a collective.
-_STDLIB_SYNC = re.compile(r"(^|/)(threading|queue|selectors|subprocess|socket|ssl)\.py$|/asyncio/|"
-                          r"/concurrent/futures/|/multiprocessing/")
-_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<frozen ")
-
-
-@dataclass(frozen=True)
-class Observation:
-    """Everything the detectors look at, for one node or (at capture and in replay) the whole seat.
-
-    ``rank_nodes`` maps each scheduler rank to its node (from the plan's topology); records carry
-    their own node too, the map fills the gaps (e.g. a rank known only from a probe record).
-    """
-
-    samples: tuple[StackSample, ...] = ()
-    probes: tuple[ProbeRecord, ...] = ()
-    metrics: tuple[MetricsPoint, ...] = ()
-    logs: tuple[LogLine, ...] = ()
-    processes: tuple[EngineProcess, ...] = ()
-    rank_nodes: Mapping[int, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] = (),
-           metrics: Iterable[MetricsPoint] = (), logs: Iterable[LogLine] = (),
-           processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None) -> Observation:
-        """Build from any iterables, in a canonical order (so live and replay see the same sequence)."""
-        return cls(
-            samples=tuple(sorted(samples, key=lambda s: (s.t, s.node, s.pid, s.native))),
-            probes=tuple(sorted(probes, key=lambda p: (p.start, p.node, p.pid, p.seq))),
-            metrics=tuple(sorted(metrics, key=lambda m: (m.t, m.node))),
-            logs=tuple(logs),
-            processes=tuple(sorted(processes, key=lambda p: (p.node, p.pid))),
-            rank_nodes=dict(rank_nodes or {}),
-        )
-
-    def merged(self, other: Observation) -> Observation:
-        return Observation.of(
-            samples=(*self.samples, *other.samples), probes=(*self.probes, *other.probes),
-            metrics=(*self.metrics, *other.metrics), logs=(*self.logs, *other.logs),
-            processes=(*self.processes, *other.processes), rank_nodes={**self.rank_nodes, **other.rank_nodes},
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# Small pure helpers (also used by `watch` and reports)
-
-
-def python_frames(thread: ThreadStack | None) -> list[Frame]:
-    return [f for f in thread.frames if not f.native] if thread is not None else []
-
-
-def is_stdlib(frame: Frame) -> bool:
-    return bool(_STDLIB.search(frame.filename)) or frame.filename.startswith("<")
-
-
-def short_name(frame: Frame) -> str:
-    return frame.name.rsplit(".", 1)[-1]
-
-
-def collective_frame(thread: ThreadStack | None, *, depth: int = 8) -> Frame | None:
-    """The collective or device-sync frame a thread waits in, if any (innermost ``depth`` frames)."""
-    if thread is None:
-        return None
-    for f in thread.frames[:depth * 3]:
-        if f.native and _NATIVE_COLLECTIVE.search(f.name):
-            return f
-    for f in python_frames(thread)[:depth]:
-        if _STDLIB_SYNC.search(f.filename):
-            continue
-        if _COLLECTIVE.match(short_name(f)):
-            return f
-    return None
-
-
-def stuck_frame(thread: ThreadStack | None, targets: Sequence[str] = ()) -> Frame | None:
-    """The frame to name: a probe target's frame if the stack holds one, else the innermost frame of
-    engine code (not the standard library), else the innermost Python frame."""
-    frames = python_frames(thread)
-    if not frames:
-        return None
-    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
-    for f in frames:
-        if short_name(f) in names:
-            return f
-    for f in frames:
-        if not is_stdlib(f):
-            return f
-    return frames[0]
-
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (deterministic; no interpolation)."""
@@ -178,43 +79,13 @@ def _fmt_s(x: float) -> str:
     return f"{x:.1f}s"
 
 
-def _py_samples(obs: Observation, now: float) -> list[StackSample]:
-    return [s for s in obs.samples if not s.native and s.t <= now]
-
-
-def _latest_by_pid(samples: Sequence[StackSample]) -> dict[int, StackSample]:
-    out: dict[int, StackSample] = {}
-    for s in samples:
-        if s.error is None and s.threads and (s.pid not in out or s.t >= out[s.pid].t):
-            out[s.pid] = s
-    return out
-
-
-def _node_of(obs: Observation, rank: int | None, fallback: int | None = None) -> int | None:
-    if rank is None:
-        return fallback
-    if rank in obs.rank_nodes:
-        return obs.rank_nodes[rank]
-    for p in obs.processes:
-        if p.rank == rank:
-            return p.node
-    for s in obs.samples:
-        if s.rank == rank:
-            return s.node
-    return fallback
-
-
-def _targets(obs: Observation) -> list[str]:
-    return sorted({p.target for p in obs.probes})
-
-
 def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None] = ()) -> tuple[int, ...]:
     """Scheduler ranks whose latest stack is in a collective or device sync (victims of a lagging peer)."""
     skip = set(exclude)
-    targets = _targets(obs)
+    targets = probe_targets(obs)
     names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
     out = set()
-    for s in _latest_by_pid(_py_samples(obs, now)).values():
+    for s in latest_by_pid(python_samples(obs, now)).values():
         if s.rank is None or s.rank in skip or not s.title.startswith("sglang::scheduler"):
             continue
         th = s.main_thread()
@@ -223,10 +94,6 @@ def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None]
         if collective_frame(th) is not None:
             out.add(s.rank)
     return tuple(sorted(out))
-
-
-def _in_flight(p: ProbeRecord, now: float) -> bool:
-    return p.start <= now and (p.end is None or p.end > now)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,10 +120,10 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         first = EngineProcess(node=first.node, pid=first.pid, title=first.title, rank=first.rank, alive=False,
                               exit_code=crashed[first.pid], gone_t=first.gone_t)
     last: StackSample | None = None
-    for s in _py_samples(obs, now):
+    for s in python_samples(obs, now):
         if s.pid == first.pid and s.error is None and s.threads:
             last = s
-    frame = stuck_frame(last.main_thread(), _targets(obs)) if last else None
+    frame = stuck_frame(last.main_thread(), probe_targets(obs)) if last else None
     ev = [f"engine process {first.pid} ({first.title}) on node {first.node} is gone"
           + (f" (exit code {first.exit_code})" if first.exit_code is not None else "")]
     for p in gone[1:6]:
@@ -268,16 +135,16 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
 
 
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
-    late = [p for p in obs.probes if _in_flight(p, now) and now - p.start >= th.rowfetch_inflight_s]
+    late = [p for p in obs.probes if in_flight(p, now) and now - p.start >= th.rowfetch_inflight_s]
     if not late:
         return None
     late.sort(key=lambda p: (p.start, p.rank, p.pid, p.seq))
     worst = late[0]
     rank = worst.rank if worst.rank >= 0 else _rank_of_pid(obs, worst.pid)
-    node = worst.node if worst.node >= 0 else _node_of(obs, rank)
+    node = worst.node if worst.node >= 0 else node_of(obs, rank)
     func = worst.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     frame_label = f"{func} ({worst.target})"
-    last = _latest_by_pid([s for s in _py_samples(obs, now) if s.pid == worst.pid]).get(worst.pid)
+    last = latest_by_pid([s for s in python_samples(obs, now) if s.pid == worst.pid]).get(worst.pid)
     if last is not None:
         for f in python_frames(last.main_thread()) + [f for t in last.threads for f in python_frames(t)]:
             if short_name(f) == func:
@@ -335,9 +202,9 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     k = th.stack_unchanged_samples
     period = 1.0 / th.sample_hz
     pts = _metrics_upto(obs, now)
-    targets = _targets(obs)
+    targets = probe_targets(obs)
     by_pid: dict[int, list[StackSample]] = {}
-    for s in _py_samples(obs, now):
+    for s in python_samples(obs, now):
         if s.rank is not None and s.title.startswith("sglang::scheduler"):
             by_pid.setdefault(s.pid, []).append(s)
     cands: list[tuple[float, int, StackSample, int]] = []  # (window start, rank, latest sample, pid)
@@ -397,12 +264,12 @@ def detect_engine_watchdog(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     first = hits[0]
     m = _LOG_RANK.search(first.text)
     rank = int(m.group(1)) if m else None
-    node = first.node if rank is None else _node_of(obs, rank, first.node)
+    node = first.node if rank is None else node_of(obs, rank, first.node)
     frame = None
     if rank is not None:
-        latest = [s for s in _py_samples(obs, now) if s.rank == rank and s.error is None and s.threads]
+        latest = [s for s in python_samples(obs, now) if s.rank == rank and s.error is None and s.threads]
         if latest:
-            f = stuck_frame(latest[-1].main_thread(), _targets(obs))
+            f = stuck_frame(latest[-1].main_thread(), probe_targets(obs))
             frame = f.label if f else None
     ev = [f"node {first.node} log: {first.text.strip()[:300]}"]
     return Verdict(kind=VerdictKind.ENGINE_WATCHDOG, rank=rank, node=node, frame=frame, t=now, evidence=tuple(ev))
@@ -437,15 +304,15 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
 def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, str | None, str | None]:
     """Who lags, for a verdict that does not say: the oldest in-flight probe, else the one scheduler
     whose latest stack is not in a collective while the others are."""
-    infl = sorted((p for p in obs.probes if _in_flight(p, now)), key=lambda p: (p.start, p.rank, p.pid))
-    targets = _targets(obs)
+    infl = sorted((p for p in obs.probes if in_flight(p, now)), key=lambda p: (p.start, p.rank, p.pid))
+    targets = probe_targets(obs)
     if infl:
         p = infl[0]
         rank = p.rank if p.rank >= 0 else _rank_of_pid(obs, p.pid)
-        return (rank, _node_of(obs, rank, p.node if p.node >= 0 else None),
+        return (rank, node_of(obs, rank, p.node if p.node >= 0 else None),
                 f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
                 f"rank {rank} has a row fetch in flight for {_fmt_s(now - p.start)}")
-    latest = [s for s in _latest_by_pid(_py_samples(obs, now)).values()
+    latest = [s for s in latest_by_pid(python_samples(obs, now)).values()
               if s.rank is not None and s.title.startswith("sglang::scheduler")]
     free = [s for s in latest if collective_frame(s.main_thread()) is None]
     if latest and len(free) == 1 and len(latest) > 1:
@@ -491,77 +358,6 @@ def detect(obs: Observation, thresholds: WatchdogSpec, now: float) -> Verdict | 
                   + (f": {v.evidence[0]}" if v.evidence else ""))
     return Verdict(kind=top.kind, rank=top.rank, node=top.node, frame=top.frame, t=now, evidence=tuple(ev),
                    waiting_ranks=waiting_ranks(obs, now, exclude=(top.rank,)))
-
-
-# --------------------------------------------------------------------------------------------------
-# Per-rank summaries for `watch` (pure too)
-
-
-@dataclass(frozen=True, slots=True)
-class RankView:
-    rank: int
-    node: int | None
-    pid: int | None
-    state: str
-    frame: str | None
-    fetch_p50_ms: float | None
-    fetch_p99_ms: float | None
-    inflight_age_s: float | None
-    fetches: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "pid": self.pid, "state": self.state, "frame": self.frame,
-                "rowfetch_p50_ms": self.fetch_p50_ms, "rowfetch_p99_ms": self.fetch_p99_ms,
-                "inflight_age_s": self.inflight_age_s, "fetches": self.fetches}
-
-
-def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[RankView]:
-    """State per scheduler rank: running / waiting (collective) / fetching / exited / unknown."""
-    latest = {s.rank: s for s in _latest_by_pid(_py_samples(obs, now)).values()
-              if s.rank is not None and s.title.startswith("sglang::scheduler")}
-    procs = {p.rank: p for p in obs.processes if p.rank is not None and p.title.startswith("sglang::scheduler")}
-    ranks = sorted(set(latest) | set(procs) | {p.rank for p in obs.probes if p.rank >= 0} | set(obs.rank_nodes))
-    targets = _targets(obs)
-    out = []
-    for r in ranks:
-        s = latest.get(r)
-        proc = procs.get(r)
-        mine = [p for p in obs.probes if p.rank == r and p.start <= now]
-        done = [p.duration(now) for p in mine if p.end is not None and p.end <= now and p.end >= now - window_s]
-        infl = [now - p.start for p in mine if _in_flight(p, now)]
-        thread = s.main_thread() if s else None
-        if proc is not None and not proc.alive:
-            state = "exited"
-        elif infl and max(infl) >= 1.0:
-            state = "fetching"
-        elif s is None:
-            state = "unknown"
-        elif collective_frame(thread) is not None:
-            state = "collective"
-        else:
-            state = "running"
-        f = stuck_frame(thread, targets) if thread else None
-        out.append(RankView(
-            rank=r, node=_node_of(obs, r), pid=(s.pid if s else proc.pid if proc else None), state=state,
-            frame=f.label if f else None,
-            fetch_p50_ms=percentile(done, 50) * 1e3 if done else None,
-            fetch_p99_ms=percentile(done, 99) * 1e3 if done else None,
-            inflight_age_s=max(infl) if infl else None, fetches=len(done)))
-    return out
-
-
-def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, *, window_s: float = 10.0) -> float | None:
-    """Generation tokens per second over the last ``window_s`` of ``/metrics`` points."""
-    pts = [m for m in metrics if m.t <= now and "sglang:generation_tokens_total" in m.values]
-    pts.sort(key=lambda m: m.t)
-    if len(pts) < 2:
-        return None
-    last = pts[-1]
-    first = next((m for m in pts if m.t >= last.t - window_s), pts[0])
-    if last.t <= first.t:
-        return None
-    return (last.values["sglang:generation_tokens_total"] - first.values["sglang:generation_tokens_total"]) / (
-        last.t - first.t)
 
 
 def thresholds_from(doc: Mapping[str, Any] | None) -> WatchdogSpec:

@@ -1,0 +1,83 @@
+"""Per-rank summaries for ``watch``: state, top frame, row-fetch percentiles, in-flight age; tokens/s.
+
+Pure functions over an :class:`~sgl_seat.core.observation.Observation` and ``now``; the sidecar puts
+their JSON in its snapshot. They read stacks through the same frame helpers as the detectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sgl_seat.core.detect import percentile
+from sgl_seat.core.frames import collective_frame, stuck_frame
+from sgl_seat.core.observation import Observation, in_flight, latest_by_pid, node_of, probe_targets, python_samples
+from sgl_seat.core.records import MetricsPoint
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    rank: int
+    node: int | None
+    pid: int | None
+    state: str
+    frame: str | None
+    fetch_p50_ms: float | None
+    fetch_p99_ms: float | None
+    inflight_age_s: float | None
+    fetches: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "pid": self.pid, "state": self.state, "frame": self.frame,
+                "rowfetch_p50_ms": self.fetch_p50_ms, "rowfetch_p99_ms": self.fetch_p99_ms,
+                "inflight_age_s": self.inflight_age_s, "fetches": self.fetches}
+
+
+def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[RankView]:
+    """State per scheduler rank: running / waiting (collective) / fetching / exited / unknown."""
+    latest = {s.rank: s for s in latest_by_pid(python_samples(obs, now)).values()
+              if s.rank is not None and s.title.startswith("sglang::scheduler")}
+    procs = {p.rank: p for p in obs.processes if p.rank is not None and p.title.startswith("sglang::scheduler")}
+    ranks = sorted(set(latest) | set(procs) | {p.rank for p in obs.probes if p.rank >= 0} | set(obs.rank_nodes))
+    targets = probe_targets(obs)
+    out = []
+    for r in ranks:
+        s = latest.get(r)
+        proc = procs.get(r)
+        mine = [p for p in obs.probes if p.rank == r and p.start <= now]
+        done = [p.duration(now) for p in mine if p.end is not None and p.end <= now and p.end >= now - window_s]
+        infl = [now - p.start for p in mine if in_flight(p, now)]
+        thread = s.main_thread() if s else None
+        if proc is not None and not proc.alive:
+            state = "exited"
+        elif infl and max(infl) >= 1.0:
+            state = "fetching"
+        elif s is None:
+            state = "unknown"
+        elif collective_frame(thread) is not None:
+            state = "collective"
+        else:
+            state = "running"
+        f = stuck_frame(thread, targets) if thread else None
+        out.append(RankView(
+            rank=r, node=node_of(obs, r), pid=(s.pid if s else proc.pid if proc else None), state=state,
+            frame=f.label if f else None,
+            fetch_p50_ms=percentile(done, 50) * 1e3 if done else None,
+            fetch_p99_ms=percentile(done, 99) * 1e3 if done else None,
+            inflight_age_s=max(infl) if infl else None, fetches=len(done)))
+    return out
+
+
+def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, *, window_s: float = 10.0) -> float | None:
+    """Generation tokens per second over the last ``window_s`` of ``/metrics`` points."""
+    pts = [m for m in metrics if m.t <= now and "sglang:generation_tokens_total" in m.values]
+    pts.sort(key=lambda m: m.t)
+    if len(pts) < 2:
+        return None
+    last = pts[-1]
+    first = next((m for m in pts if m.t >= last.t - window_s), pts[0])
+    if last.t <= first.t:
+        return None
+    return (last.values["sglang:generation_tokens_total"] - first.values["sglang:generation_tokens_total"]) / (
+        last.t - first.t)
