@@ -38,8 +38,9 @@ from typing import Any
 import httpx
 import psutil
 
-from sgl_seat.plan import SIM_ENV_STEP_FLOOR_MS, Placeholder, build_plan
+from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sim import tokens
+from sgl_seat.sim.args import ENV_STEP_FLOOR_MS as SIM_ENV_STEP_FLOOR_MS
 from sgl_seat.spec import load_spec
 
 LEVELS = (1, 8, 32, 64)

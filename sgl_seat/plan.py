@@ -2,8 +2,10 @@
 
 ``build_plan`` is pure: it reads the spec (and the model's config.json for capacity) and returns a
 frozen plan that prints to stable text and JSON. Nothing here touches Ray or starts a process;
-``sgl_seat.launch`` applies a plan. Values only known at apply time (node 0's address, the node's
-Python) are typed placeholders that :meth:`LaunchPlan.fill` replaces.
+``sgl_seat.launch`` applies a plan. What differs between engines (module, environment, probe targets,
+faults) comes from the engine's backend (``sgl_seat.engines``); nothing here compares engine names.
+Values only known at apply time (node 0's address, the node's Python) are typed placeholders that
+:meth:`LaunchPlan.fill` replaces.
 """
 
 from __future__ import annotations
@@ -15,18 +17,13 @@ from enum import Enum
 from typing import Any
 
 from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable
+from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.errors import PlanError
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
-from sgl_seat.watchdog.targets import SIM_FAMILY, family_targets
 
 PLAN_SCHEMA_VERSION = 1
 
-# Environment the sim engine reads (SGLang ignores them; they never reach a real seat's argv).
-SIM_ENV_KV_TOKENS = "SGL_SEAT_SIM_KV_TOKENS"
-SIM_ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
-SIM_ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"
-SIM_ENV_FAULTS = "SGL_SEAT_SIM_FAULTS"
 SEAT_ENV_NAME = "SGL_SEAT_NAME"
 # The watchdog probe (sgl_seat.watchdog.probe): targets, ring directory, and for engines without a hook of
 # ours (real SGLang) the directory of its sitecustomize loader, first on PYTHONPATH.
@@ -44,8 +41,6 @@ class Placeholder(str, Enum):
     #: ``$SGL_SEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
     REQUEST_LOG_DIR = "${request_log_dir}"
 
-
-ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "sgl_seat.sim.launch_server"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,15 +255,15 @@ def probe_dir(seat: str, node_rank: int) -> str:
     return f"/dev/shm/sgl-seat-{seat}/node{node_rank}"  # noqa: S108
 
 
-def _probe_env(spec: SeatSpec, cap: CapacityReport | None, node_rank: int, env: dict[str, str]) -> None:
-    """Add the watchdog probe's environment for one node (nothing when the family has no targets)."""
-    family = SIM_FAMILY if spec.engine == "sim" else (cap.model if cap is not None else None)
-    targets = family_targets(family) if family else ()
+def _probe_env(spec: SeatSpec, backend: EngineBackend, cap: CapacityReport | None, node_rank: int,
+               env: dict[str, str]) -> None:
+    """Add the watchdog probe's environment for one node (nothing when the engine has no targets)."""
+    targets = backend.probe_targets(cap.model if cap is not None else None)
     if not spec.watchdog.enabled or not targets:
         return
     env[PROBE_ENV_TARGETS] = ",".join(targets)
     env[PROBE_ENV_DIR] = probe_dir(spec.name, node_rank)
-    if spec.engine == "sglang":
+    if not backend.loads_probe_itself:
         boot = Placeholder.WATCHDOG_BOOT.value
         env["PYTHONPATH"] = f"{boot}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else boot
 
@@ -283,6 +278,7 @@ def build_plan(
 ) -> LaunchPlan:
     """Pure: spec (+ overrides) -> LaunchPlan. Refuses a configuration that cannot boot."""
     topo = topology_of(spec)
+    backend = backend_for(spec.engine)
     use_draft = spec.draft.enabled if draft is None else draft
     mf = spec.memory_fraction if mem_fraction is None else mem_fraction
     if not 0.05 < mf < 1.0:
@@ -292,9 +288,7 @@ def build_plan(
     if min(slots_off, slots_on) < 1:
         raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
     chosen = slots_on if use_draft else slots_off
-    if faults and spec.engine != "sim":
-        raise PlanError("--fault is only for sim seats; a real SGLang seat refuses fault injection",
-                        fix="drop --fault, or use a seat with engine: sim")
+    faults = backend.validate_faults(faults)
 
     cap = plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf)
     if use_draft:
@@ -306,10 +300,9 @@ def build_plan(
         warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
     elif not cap.draft_off.predicted:
         warnings.append("no safetensors index beside model.config: KV pool and slot ceiling are not predicted")
-    if topo.nnodes > 1 and not spec.network.node_env and spec.engine == "sglang":
-        warnings.append("network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node")
+    warnings += backend.plan_warnings(spec, topo)
 
-    module = ENGINE_MODULES[spec.engine]
+    sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
     nodes = []
     for r in range(topo.nnodes):
         argv = engine_argv(spec, topo, node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
@@ -317,23 +310,14 @@ def build_plan(
         if spec.network.node_env:
             env.update(spec.network.node_env[r])
         env[SEAT_ENV_NAME] = spec.name
-        _probe_env(spec, cap, r, env)
-        if spec.engine == "sim":
-            sim = spec.sim
-            sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
-            if sel is not None:
-                env[SIM_ENV_KV_TOKENS] = str(sel.kv_pool_tokens)
-            if sim is not None:
-                env[SIM_ENV_ACCEPT_RATE] = _fmt_float(sim.accept_rate)
-                env[SIM_ENV_STEP_FLOOR_MS] = _fmt_float(sim.step_floor_ms)
-            all_faults = [*(sim.faults if sim else []), *faults]
-            if all_faults:
-                env[SIM_ENV_FAULTS] = ";".join(all_faults)
+        _probe_env(spec, backend, cap, r, env)
+        env.update(backend.node_env(spec, kv_pool_tokens=sel.kv_pool_tokens if sel is not None else None,
+                                    faults=faults))
         nodes.append(
             NodePlan(
                 node_rank=r,
                 ranks=tuple(topo.ranks_on(r)),
-                command=(spec.python, "-m", module, *argv),
+                command=(spec.python, "-m", backend.module, *argv),
                 env=tuple(sorted(env.items())),
                 serves_http=r == 0,
             )

@@ -1,4 +1,9 @@
-"""Engine backends behind one interface: ``sglang`` (real) and ``sim`` (stand-in)."""
+"""Engine backends behind one interface: ``sglang`` (real) and ``sim`` (stand-in).
+
+Everything engine-specific (the module to run, its environment, probe targets, fault validation,
+preflight checks, bind hosts) is a method of :class:`EngineBackend`; the plan and launch get a backend
+with :func:`backend_for` and never compare engine names themselves.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ from sgl_seat.engines.sglang import SGLangBackend
 from sgl_seat.engines.sim import SimBackend
 from sgl_seat.errors import UsageError
 
-__all__ = ["EngineBackend", "SGLangBackend", "SimBackend", "backend_for", "parse_kv_tokens"]
+__all__ = ["ENGINE_MODULES", "EngineBackend", "SGLangBackend", "SimBackend", "backend_for", "parse_kv_tokens"]
 
 _BACKENDS: dict[str, type[EngineBackend]] = {"sglang": SGLangBackend, "sim": SimBackend}
+#: The module each engine runs as (``python -m <module>``), by engine name.
+ENGINE_MODULES: dict[str, str] = {name: cls.module for name, cls in _BACKENDS.items()}
 
 
 def backend_for(engine: str) -> EngineBackend:

@@ -2,19 +2,26 @@
 
 Launch, health and teardown are the same for real SGLang and the sim: both are started from the
 plan's argv, both serve ``/health_generate`` on rank 0, both run in one process group per node.
-What differs is small and lives here: which preflight checks apply, how the node lists its GPUs,
-whether ``--fault`` is accepted, and how the actual KV pool is read from the startup log.
+What differs lives here, so that neither the plan nor launch ever asks which engine it is: the module
+to run, the engine's own environment and plan warnings, which functions the watchdog probes and whether
+the engine loads the probe itself, which ``--fault`` values are accepted, which preflight checks apply
+and where each listening port is bound, and how the actual KV pool is read from the startup log.
+
+The plan and the node agent hand in the plan's nodes through the narrow :class:`PlannedSeat` and
+:class:`PlannedNode` protocols (``sgl_seat.plan`` sits above this package and is never imported here).
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Protocol
 
-from sgl_seat.launch.preflight import Check
-from sgl_seat.plan import LaunchPlan, NodePlan
+from sgl_seat.engines import preflight, probes
+from sgl_seat.engines.preflight import Check, Failure
+from sgl_seat.spec import SeatSpec
+from sgl_seat.topology import Topology
 
 # SGLang 0.5.23 memory_pool.py: "KV Cache is allocated. dtype: ..., #tokens: N, ..."; the name may carry a
 # label and "VA upper bound" may replace "is allocated" (contracts section 6).
@@ -27,16 +34,74 @@ def parse_kv_tokens(text: str) -> int | None:
     return int(m.group(1).replace(",", "")) if m else None
 
 
+def argv_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value after ``flag`` in an argv, if present."""
+    for i, a in enumerate(argv[:-1]):
+        if a == flag:
+            return argv[i + 1]
+    return None
+
+
+class PlannedSeat(Protocol):
+    """The seat-wide ports of a plan (:class:`sgl_seat.plan.LaunchPlan`)."""
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def dist_init_port(self) -> int: ...
+
+
+class PlannedNode(Protocol):
+    """One node of a plan (:class:`sgl_seat.plan.NodePlan`): its rank, argv and environment."""
+
+    @property
+    def node_rank(self) -> int: ...
+
+    @property
+    def command(self) -> tuple[str, ...]: ...
+
+    def env_dict(self) -> dict[str, str]: ...
+
+
 class EngineBackend(ABC):
     """One engine family. Instances are stateless; get one with :func:`sgl_seat.engines.backend_for`."""
 
     name: ClassVar[str]
+    #: ``python -m <module>`` starts one node of the engine.
+    module: ClassVar[str]
     checks: ClassVar[frozenset[Check]]
     health_path: ClassVar[str] = "/health_generate"
+    #: True when the engine installs the watchdog probe itself; otherwise the plan puts the probe's
+    #: ``sitecustomize`` loader (``${watchdog_boot}``) first on the engine's ``PYTHONPATH``.
+    loads_probe_itself: ClassVar[bool] = False
+
+    # -- the plan ----------------------------------------------------------------------------------
 
     @abstractmethod
     def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
         """Check ``--fault`` values; return them normalised or raise a UsageError."""
+
+    @abstractmethod
+    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
+        """The functions the watchdog's probe times on this engine (``module:function@arg``); () for none.
+
+        ``model_family`` is the model's architecture (from its config.json) when capacity knows it.
+        """
+
+    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+        """Environment of the engine's own every node gets on top of the spec's (none for real SGLang).
+
+        ``kv_pool_tokens`` is the predicted KV pool of the chosen draft state, when predicted; ``faults``
+        the validated ``--fault`` values.
+        """
+        return {}
+
+    def plan_warnings(self, spec: SeatSpec, topo: Topology) -> list[str]:
+        """Things in the spec the operator should know about for this engine (the plan prints them)."""
+        return []
+
+    # -- a node ------------------------------------------------------------------------------------
 
     @abstractmethod
     def visible_gpus(self) -> list[str] | None:
@@ -45,7 +110,7 @@ class EngineBackend(ABC):
     def parse_kv_tokens(self, log_text: str) -> int | None:
         return parse_kv_tokens(log_text)
 
-    def listen_ports(self, plan: LaunchPlan, node: NodePlan) -> dict[str, int]:
+    def listen_ports(self, plan: PlannedSeat, node: PlannedNode) -> dict[str, int]:
         """Ports this node's engine binds, by name, for the ports-free check.
 
         SGLang binds ``--port`` on every node (rank >= 1 runs its dummy health server there) and
@@ -56,10 +121,47 @@ class EngineBackend(ABC):
             ports["dist_init"] = plan.dist_init_port
         return ports
 
-    def colocated_env(self, plan: LaunchPlan, node_rank: int) -> dict[str, str] | None:
+    def bind_host(self, argv: Sequence[str], port_name: str) -> str:
+        """The address the engine binds the port named ``port_name`` (:meth:`listen_ports`' names) on.
+
+        The dist-init port on the ``--dist-init-addr`` host, the HTTP port on ``--host`` (SGLang's default
+        is 127.0.0.1).
+        """
+        if port_name == "dist_init":
+            addr = argv_value(argv, "--dist-init-addr")
+            if addr:
+                return addr.rpartition(":")[0].strip("[]")
+        return argv_value(argv, "--host") or "127.0.0.1"
+
+    def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
         """Environment for node ``node_rank`` when it shares a host with a lower node of the seat.
 
         That happens only with simulated nodes (a local cluster on one machine). ``None`` means the
         engine cannot run two nodes on one host (their ports would collide).
         """
         return None
+
+    def local_checks(self, plan: PlannedSeat, node: PlannedNode, *, gpus: int, gpu_ids: Sequence[str],
+                     env: Mapping[str, str]) -> list[Failure]:
+        """Every check in :attr:`checks` that runs on the node itself, over facts read from this host.
+
+        ``gpus`` is what the node's bundle asks for, ``gpu_ids`` what Ray assigned, ``env`` the engine's
+        environment as it will start (the node's, then the plan's).
+        """
+        r = node.node_rank
+        out: list[Failure] = []
+        if Check.GPUS in self.checks:
+            out += preflight.check_gpus(r, gpus, gpu_ids, self.visible_gpus())
+        if Check.SOCKET_IFNAME in self.checks:
+            out += preflight.check_socket_ifnames(r, env, probes.interfaces())
+        if Check.IB_HCA in self.checks:
+            out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), probes.ib_devices())
+        if Check.MODEL_PATH in self.checks:
+            model = argv_value(node.command, "--model-path")
+            if model is not None:
+                out += preflight.check_model_path(r, model, probes.path_exists(model))
+        if Check.PORTS in self.checks:
+            ports = self.listen_ports(plan, node)
+            holders = {p: probes.port_holder(p, self.bind_host(node.command, what)) for what, p in ports.items()}
+            out += preflight.check_ports_free(r, ports, holders)
+        return out

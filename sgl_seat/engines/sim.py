@@ -1,28 +1,27 @@
 """The sim engine: Ray's fake GPU ids stand for GPUs, no RDMA or model files, faults allowed.
 
-``--fault`` values are checked with the sim's own parser (``sgl_seat.sim.faults.parse_fault``) so a
-typo fails before anything is placed; if that module is not importable the sim checks them itself
-when it starts.
+This is the one module above ``sgl_seat.sim`` that imports it: the sim's own knobs (its environment
+names, the admin port's offset and host, its fault parser) are read from the sim, so the launcher
+spells them as the sim reads them. ``--fault`` values are checked with the sim's parser before
+anything is placed.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
-from sgl_seat.engines.base import EngineBackend
-from sgl_seat.errors import UsageError
-from sgl_seat.launch.preflight import Check
-from sgl_seat.plan import LaunchPlan, NodePlan
+from sgl_seat.engines.base import EngineBackend, PlannedNode, PlannedSeat
+from sgl_seat.engines.preflight import Check
+from sgl_seat.engines.targets import SIM_FAMILY, family_targets
+from sgl_seat.sim.args import ENV_ACCEPT_RATE, ENV_FAULTS, ENV_KV_TOKENS, ENV_STEP_FLOOR_MS
+from sgl_seat.sim.args import ENV_NODE_PORT as NODE_PORT_ENV
+from sgl_seat.sim.contract import ADMIN_HOST, ADMIN_PORT_OFFSET
+from sgl_seat.sim.faults import parse_fault
+from sgl_seat.spec import SeatSpec
 
-log = logging.getLogger(__name__)
+__all__ = ["ADMIN_PORT_OFFSET", "COLOCATED_PORT_STEP", "NODE_PORT_ENV", "SimBackend"]
 
-# The sim's own knobs (sgl_seat.sim.args.ENV_NODE_PORT, sgl_seat.sim.contract.ADMIN_PORT_OFFSET; a unit
-# test pins them): a node's listen port instead of --port, and its loopback admin port's offset.
-NODE_PORT_ENV = "SGL_SEAT_SIM_NODE_PORT"
-ADMIN_PORT_OFFSET = 2
 # Simulated node r > 0 that shares node 0's host listens on --port + 10 * r (admin on that + 2).
 COLOCATED_PORT_STEP = 10
 
@@ -31,36 +30,48 @@ class SimBackend(EngineBackend):
     """``python -m sgl_seat.sim.launch_server``: SGLang's contract without a GPU."""
 
     name: ClassVar[str] = "sim"
+    module: ClassVar[str] = "sgl_seat.sim.launch_server"
     checks: ClassVar[frozenset[Check]] = frozenset(
         {Check.GPUS, Check.SOCKET_IFNAME, Check.PORTS, Check.DIST_INIT_REACHABLE}
     )
+    #: Each sim scheduler installs the probe at start when ``SGL_SEAT_PROBE`` is set.
+    loads_probe_itself: ClassVar[bool] = True
 
     def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
-        if not faults:
-            return ()
-        try:
-            mod = importlib.import_module("sgl_seat.sim.faults")
-            parse = mod.parse_fault
-        except (ImportError, AttributeError) as exc:
-            log.debug("sgl_seat.sim.faults.parse_fault is not available (%s); the sim checks --fault itself", exc)
-            return tuple(faults)
         for f in faults:
-            try:
-                parse(f)
-            except (ValueError, TypeError, KeyError) as exc:
-                raise UsageError(f"--fault {f!r}: {exc}",
-                                 fix="use KIND:key=value,... e.g. --fault crash:rank=2,after_s=30") from None
+            parse_fault(f)  # a UsageError naming what is wrong and how to write it
         return tuple(faults)
+
+    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
+        return family_targets(SIM_FAMILY)
+
+    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+        """What SGLang would derive from the GPU and the model (KV pool, acceptance, step floor) and the faults."""
+        env: dict[str, str] = {}
+        if kv_pool_tokens is not None:
+            env[ENV_KV_TOKENS] = str(kv_pool_tokens)
+        sim = spec.sim
+        if sim is not None:
+            env[ENV_ACCEPT_RATE] = format(sim.accept_rate, "g")
+            env[ENV_STEP_FLOOR_MS] = format(sim.step_floor_ms, "g")
+        all_faults = [*(sim.faults if sim else []), *faults]
+        if all_faults:
+            env[ENV_FAULTS] = ";".join(all_faults)
+        return env
 
     def visible_gpus(self) -> list[str] | None:
         return None
 
-    def listen_ports(self, plan: LaunchPlan, node: NodePlan) -> dict[str, int]:
+    def listen_ports(self, plan: PlannedSeat, node: PlannedNode) -> dict[str, int]:
         port = int(node.env_dict().get(NODE_PORT_ENV, plan.http_port))
         ports = {"http": port, "sim admin": port + ADMIN_PORT_OFFSET}
         if node.node_rank == 0:
             ports["dist_init"] = plan.dist_init_port
         return ports
 
-    def colocated_env(self, plan: LaunchPlan, node_rank: int) -> dict[str, str] | None:
+    def bind_host(self, argv: Sequence[str], port_name: str) -> str:
+        """The sim's admin (fault) routes listen on loopback only; the rest as SGLang binds them."""
+        return ADMIN_HOST if port_name == "sim admin" else super().bind_host(argv, port_name)
+
+    def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
         return {NODE_PORT_ENV: str(plan.http_port + COLOCATED_PORT_STEP * node_rank)}

@@ -24,38 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sgl_seat.engines import backend_for
-from sgl_seat.launch import preflight, probes, procs
+from sgl_seat.engines import backend_for, preflight, probes
+from sgl_seat.engines.preflight import Check, Failure
+from sgl_seat.launch import procs
 from sgl_seat.launch.home import host_id, logs_dir, seat_home
-from sgl_seat.launch.preflight import Check, Failure
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
-from sgl_seat.sim.contract import ADMIN_HOST as SIM_ADMIN_HOST
 from sgl_seat.watchdog import boot_dir
 
 LOG_SCAN_BYTES = 4 << 20
-
-
-def argv_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
-    """The value after ``flag`` in an argv, if present."""
-    for i, a in enumerate(argv[:-1]):
-        if a == flag:
-            return argv[i + 1]
-    return None
-
-
-def bind_host(argv: tuple[str, ...] | list[str], port_name: str) -> str:
-    """The address the engine binds the port named ``port_name`` (``listen_ports``' names) on.
-
-    The dist-init port on the ``--dist-init-addr`` host, the sim's admin port on loopback only, the HTTP
-    port on ``--host`` (SGLang's default is 127.0.0.1).
-    """
-    if port_name == "dist_init":
-        addr = argv_value(argv, "--dist-init-addr")
-        if addr:
-            return addr.rpartition(":")[0].strip("[]")
-    if port_name == "sim admin":
-        return SIM_ADMIN_HOST
-    return argv_value(argv, "--host") or "127.0.0.1"
 
 
 def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
@@ -146,25 +122,9 @@ class NodeAgent:
         return json.dumps([f.to_dict() for f in self.local_checks(plan, node, self._gpu_ids())])
 
     def local_checks(self, plan: LaunchPlan, node: NodePlan, gpu_ids: list[str]) -> list[Failure]:
-        r = self.node_rank
-        checks = self.backend.checks
-        env = {**os.environ, **node.env_dict()}
-        out: list[Failure] = []
-        if Check.GPUS in checks:
-            out += preflight.check_gpus(r, plan.topology.gpus_per_node, gpu_ids, self.backend.visible_gpus())
-        if Check.SOCKET_IFNAME in checks:
-            out += preflight.check_socket_ifnames(r, env, probes.interfaces())
-        if Check.IB_HCA in checks:
-            out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), probes.ib_devices())
-        if Check.MODEL_PATH in checks:
-            model = argv_value(node.command, "--model-path")
-            if model is not None:
-                out += preflight.check_model_path(r, model, probes.path_exists(model))
-        if Check.PORTS in checks:
-            ports = self.backend.listen_ports(plan, node)
-            holders = {p: probes.port_holder(p, bind_host(node.command, what)) for what, p in ports.items()}
-            out += preflight.check_ports_free(r, ports, holders)
-        return out
+        """The engine backend's checks on this host, with the environment the engine will start with."""
+        return self.backend.local_checks(plan, node, gpus=plan.topology.gpus_per_node, gpu_ids=gpu_ids,
+                                         env={**os.environ, **node.env_dict()})
 
     def check_dist_init(self, addr: str, port: int, timeout: float) -> str:
         """From a rank >= 1 node: can node 0's dist-init port be reached (TCP, with a timeout)?"""

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sgl_seat.engines import EngineBackend, backend_for
+from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
 from sgl_seat.errors import ClusterError, EngineError, SeatError, SeatStateError
 from sgl_seat.launch import cluster, health, localcluster, placement, procs
 from sgl_seat.launch.agent import NodeAgent, tail_lines
 from sgl_seat.launch.home import host_id, seat_home
 from sgl_seat.launch.names import agent_name, namespace_of, pg_name
-from sgl_seat.launch.preflight import Failure, check_own_host, preflight_error
 from sgl_seat.launch.record import (
     NodeRecord,
     RankRecord,
@@ -232,8 +232,7 @@ def _predicted_kv(plan: LaunchPlan) -> int | None:
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
     """Bring the seat up and return its READY record and stage times; on any failure leave nothing behind."""
     backend = backend_for(spec.engine)
-    faults = backend.validate_faults(opts.faults)
-    plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=faults)
+    plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
     stages = _Stages(reporter or NullReporter())
     deadline = time.monotonic() + opts.timeout
 

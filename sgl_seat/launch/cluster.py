@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from sgl_seat.engines import probes
 from sgl_seat.errors import ClusterError
-from sgl_seat.launch import probes
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,13 @@ Why argparse with SGLang's spellings: the plan builder swaps only the module (``
 ``sgl_seat.sim.launch_server``), so the same argv must mean the same thing here, and an unknown flag must
 be refused the same way (argparse: usage, ``error: unrecognized arguments``, exit 2). The environment
 carries what SGLang would derive from the GPU and the model (KV pool size, acceptance, step floor) and the
-faults to inject; the planner writes it (``sgl_seat.plan.SIM_ENV_*``).
+faults to inject; the planner writes it through the sim backend (``sgl_seat.engines.sim``), which
+takes these names from here.
 
 Everything resolves into one :class:`SimConfig`, a plain JSON-able record that is also what the child
 processes receive.
 
-Environment (the first four are written by the planner, ``sgl_seat.plan.SIM_ENV_*``):
+Environment (the first four are written by the planner, through ``sgl_seat.engines.sim``):
 
 - ``SGL_SEAT_SIM_KV_TOKENS``: KV pool in tokens (``max_total_num_tokens``); default 890,368 draft off,
   260,352 draft on (the paper's large seat).
@@ -42,7 +43,7 @@ from sgl_seat.sim.faults import parse_faults
 
 PROG = "python -m sgl_seat.sim.launch_server"
 
-# Environment the planner writes (same names as sgl_seat.plan.SIM_ENV_*; a unit test pins them).
+# Environment the planner writes (sgl_seat.engines.sim imports these names).
 ENV_KV_TOKENS = "SGL_SEAT_SIM_KV_TOKENS"
 ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
 ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from sgl_seat.engines import ENGINE_MODULES
 from sgl_seat.errors import CapacityError
-from sgl_seat.plan import ENGINE_MODULES, Placeholder, build_plan
+from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import builtin_profiles, load_spec
 from tests.contract.sglang_parser import parse_with_sglang, sglang_available
 

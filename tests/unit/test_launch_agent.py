@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.engines import backend_for, parse_kv_tokens
+from sgl_seat.engines import backend_for, parse_kv_tokens, probes
+from sgl_seat.engines.base import argv_value
 from sgl_seat.errors import UsageError
-from sgl_seat.launch import probes
-from sgl_seat.launch.agent import NodeAgent, argv_value, bind_host, engine_env, tail_lines
+from sgl_seat.launch.agent import NodeAgent, engine_env, tail_lines
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.names import agent_name, namespace_of, pg_name
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
@@ -77,6 +77,7 @@ def test_sim_agent_runs_only_the_checks_that_apply(plan: LaunchPlan, monkeypatch
 
 
 def test_ports_are_checked_on_the_address_the_engine_binds(plan: LaunchPlan) -> None:
+    bind_host = backend_for("sim").bind_host
     argv = ["python", "-m", "sglang.launch_server", "--host", "10.0.0.5", "--dist-init-addr", "10.0.0.7:5000"]
     assert bind_host(argv, "http") == "10.0.0.5"
     assert bind_host(argv, "dist_init") == "10.0.0.7"

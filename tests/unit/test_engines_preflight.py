@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_seat.errors import PreflightError
-from sgl_seat.launch.preflight import (
+from sgl_seat.engines.preflight import (
     Check,
     Failure,
     check_dist_init_reachable,
@@ -17,6 +16,7 @@ from sgl_seat.launch.preflight import (
     nccl_filter_selects,
     preflight_error,
 )
+from sgl_seat.errors import PreflightError
 
 IFACES = ["docker0", "eth0", "eth1", "ib0", "lo"]
 

@@ -1,6 +1,6 @@
 """Facts a node agent gathers for the preflight checks (the impure half of ``preflight``).
 
-Kept small and separate so that :mod:`sgl_seat.launch.preflight` stays pure: these read the
+Kept small and separate so that :mod:`sgl_seat.engines.preflight` stays pure: these read the
 host (interfaces, RDMA devices, ports, the GPU listing) and nothing here decides pass or fail.
 """
 
