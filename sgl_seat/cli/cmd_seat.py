@@ -15,7 +15,7 @@ from rich.text import Text
 from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
 from sgl_seat.cli.common import console, err_console, print_json, styled
 from sgl_seat.launch import apply
-from sgl_seat.launch.demo import DemoOptions, run_demo
+from sgl_seat.launch.demo import run_demo
 from sgl_seat.launch.record import SeatRecord, resolve_name
 from sgl_seat.launch.state import SeatState
 from sgl_seat.plan import build_plan, render_text
@@ -205,27 +205,16 @@ def logs(
         return
 
 
-def demo(
-    seat: SeatOrDefault = None,
-    quick: Annotated[bool, typer.Option("--quick", help="One question and 5 s of traffic before the stall "
-                                                        "(instead of three and a minute).")] = False,
-    html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here (default: "
-                                                             "$SGL_SEAT_HOME/reports/<seat>/<bundle id>.html).")]
-    = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """The main job on the local-sim seat: up (draft on), traffic, a row-fetch stall injected on rank 3, the
-    watchdog's bundle, its replay verdict and HTML report, and the seat down (also on error or Ctrl-C).
+def demo(seat: SeatOrDefault = None, json_out: JsonOpt = False) -> None:
+    """Bring up the local-sim seat with the draft on, ask it a few questions, print the answers, take it down.
 
-    The sim's answers and figures are synthetic. With --json: stages with seconds, the bundle, the verdict and
-    the HTML path as one JSON document on stdout (progress on stderr).
+    With --json: the seat, its endpoint and the answers as JSON on stdout (progress on stderr).
     """
     spec = load_spec(seat or DEFAULT_PROFILE)
     out = err_console if json_out else console
     rep = ConsoleReporter(out)
     try:
-        result = run_demo(spec, DemoOptions(quick=quick, html=html), reporter=rep,
-                          say=lambda s: out.print(s, markup=False))
+        result = run_demo(spec, reporter=rep, say=lambda s: out.print(s, markup=False))
     finally:
         rep.close()
     if json_out:
