@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What `sgl-seat up` and `sgl-seat down` spend their time on, stage by stage (median of N runs).
 
-Runs the real library calls (``sgl_seat.launch.apply.up`` / ``down``) on the ``local-sim`` profile:
-each run starts the background local Ray cluster of two simulated nodes, places the group, starts
+Runs the real library calls (``sgl_seat.launch.up.up`` / ``sgl_seat.launch.teardown.down``) on the
+``local-sim`` profile: each run starts the background local Ray cluster of two simulated nodes, places the group, starts
 the node agents, runs preflight, starts the sim engines, waits for READY, then takes everything
 down and verifies. Stage times come from the same reporter the CLI prints. Everything runs on
 127.0.0.1 under a temporary ``$SGL_SEAT_HOME``; ports are the profile's unless ``--port`` moves them.
@@ -27,7 +27,9 @@ import yaml
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray
 
-from sgl_seat.launch.apply import StageTimes, UpOptions, down, up
+from sgl_seat.launch.stages import StageTimes
+from sgl_seat.launch.teardown import down
+from sgl_seat.launch.up import UpOptions, up
 from sgl_seat.spec import SeatSpec, load_spec, parse_spec, resolve_seat_path
 
 

@@ -33,8 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from sgl_seat.watchdog import probe
 
+# The sim seat rig is a test rig (tests/simrig.py, not in the wheel): import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 if TYPE_CHECKING:
-    from sgl_seat.watchdog.simrig import SimSeat
+    from tests.simrig import SimSeat
 
 SIM_TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"  # watchdog/probe-targets.yaml, family sim
 
@@ -87,7 +90,7 @@ def probe_cost(repeat: int = 15, number: int = 50_000) -> dict[str, float]:
 
 def throughput(seat: SimSeat, work: Path, *, window: float, rounds: int, concurrency: int, warmup: float
                ) -> dict[str, list[float]]:
-    from sgl_seat.watchdog.simrig import Traffic
+    from tests.simrig import Traffic
 
     arms = ["off", "1 Hz", "5 Hz"]
     res: dict[str, list[float]] = {a: [] for a in arms}
@@ -122,7 +125,7 @@ def throughput(seat: SimSeat, work: Path, *, window: float, rounds: int, concurr
 
 
 def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
-    from sgl_seat.watchdog.simrig import Traffic
+    from tests.simrig import Traffic
 
     bdir = work / "bundles-latency"
     traffic = Traffic(seat.url, concurrency=concurrency, max_new_tokens=32).start()
@@ -189,7 +192,7 @@ def main() -> int:
         return 0
     import psutil
 
-    from sgl_seat.watchdog.simrig import SimSeat, sim_spec
+    from tests.simrig import SimSeat, sim_spec
 
     work = Path(tempfile.mkdtemp(prefix="sgl-seat-bench-"))
     seat = SimSeat(sim_spec("wd-bench", HTTP_PORT), draft=a.draft == "on", workdir=work)

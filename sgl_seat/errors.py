@@ -64,12 +64,6 @@ class PlanError(SpecError):
     """A plan that cannot be built or filled at apply time."""
 
 
-class NotBuiltYet(SeatError):
-    """A command that exists in the CLI but whose issue has not landed yet."""
-
-    exit_code = 3
-
-
 class ClusterError(SeatError):
     """Ray could not be reached, placed on, or answered too late."""
 

@@ -14,9 +14,13 @@ from rich.text import Text
 
 from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
 from sgl_seat.cli.common import console, err_console, print_json, styled
-from sgl_seat.launch import apply
+from sgl_seat.launch import logs as seat_logs
+from sgl_seat.launch import status as seat_status
+from sgl_seat.launch import teardown
+from sgl_seat.launch import up as seat_up
 from sgl_seat.launch.demo import run_demo
 from sgl_seat.launch.record import SeatRecord, resolve_name
+from sgl_seat.launch.stages import FAILED, OK, WARN, StageTimes
 from sgl_seat.launch.state import SeatState
 from sgl_seat.plan import build_plan, render_text
 from sgl_seat.spec import load_spec
@@ -45,7 +49,7 @@ class ConsoleReporter:
     """Prints each stage with its elapsed time and outcome; a spinner shows the running stage on a terminal."""
 
     STYLES: ClassVar[dict[str, tuple[str, str]]] = {
-        apply.OK: ("green", "  ok"), apply.WARN: ("bold yellow", "WARN"), apply.FAILED: ("bold red", "FAIL"),
+        OK: ("green", "  ok"), WARN: ("bold yellow", "WARN"), FAILED: ("bold red", "FAIL"),
     }
 
     def __init__(self, out: Console = console) -> None:
@@ -57,7 +61,7 @@ class ConsoleReporter:
         self._status = self._out.status(f"{stage}: {detail}")
         self._status.start()
 
-    def finish(self, stage: str, seconds: float, detail: str, status: str = apply.OK) -> None:
+    def finish(self, stage: str, seconds: float, detail: str, status: str = OK) -> None:
         self.close()
         style, word = self.STYLES.get(status, ("bold", status))
         self._out.print(styled(style, word, f" {stage:<13} {seconds:7.2f} s  {detail}"))
@@ -71,7 +75,7 @@ class ConsoleReporter:
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress on stderr).")]
 
 
-def _stages_json(times: apply.StageTimes) -> dict[str, Any]:
+def _stages_json(times: StageTimes) -> dict[str, Any]:
     return {"total_s": round(times.total(), 3), "stages": [r.to_json() for r in times.records]}
 
 
@@ -110,8 +114,9 @@ def up(
     out.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}")
     rep = ConsoleReporter(out)
     try:
-        rec, times = apply.up(spec, apply.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction,
-                                                    timeout=timeout, faults=faults, no_watchdog=no_watchdog), rep)
+        rec, times = seat_up.up(spec, seat_up.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction,
+                                                        timeout=timeout, faults=faults, no_watchdog=no_watchdog),
+                                rep)
     except KeyboardInterrupt:
         rep.close()
         err_console.print("interrupted: everything `up` started was taken down")
@@ -138,8 +143,8 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
     out.print(f"down: seat {seat}")
     rep = ConsoleReporter(out)
     try:
-        times = apply.down(seat, rep)
-    except apply.NotDown as exc:
+        times = teardown.down(seat, rep)
+    except teardown.NotDown as exc:
         if json_out:
             print_json({"seat": seat, "state": "FAILED", "survivors": exc.survivors, **_stages_json(exc.times)})
         raise
@@ -180,9 +185,9 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Show a seat's state (reconciled with Ray now), nodes, ranks with pids, endpoint, KV pool."""
-    rec = apply.status(resolve_name(name))
+    rec = seat_status.status(resolve_name(name))
     if json_out:
-        print_json(apply.status_json(rec))
+        print_json(seat_status.status_json(rec))
     else:
         _print_status(rec)
 
@@ -200,7 +205,7 @@ def logs(
         sys.stdout.flush()
 
     try:
-        apply.logs(resolve_name(name), node=node, follow=follow, lines=lines, write=write)
+        seat_logs.logs(resolve_name(name), node=node, follow=follow, lines=lines, write=write)
     except KeyboardInterrupt:
         return
 

@@ -23,9 +23,9 @@ def watch(
     captured so far. Ctrl-C ends it; the seat and its watchdog keep running."""
     from rich.live import Live
 
+    from sgl_seat.cli.watchview import collect, render
     from sgl_seat.launch import cluster
     from sgl_seat.launch.record import load_record, resolve_name
-    from sgl_seat.watchdog.view import collect, render
 
     seat = resolve_name(name)
     rec = load_record(seat)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
-
-from sgl_seat.errors import NotBuiltYet
 
 # markup=False: paths, log lines and error texts may contain "[...]"; styled output is built with
 # rich Text (see ``styled``), never by formatting untrusted text into markup.
@@ -26,9 +24,3 @@ def print_json(doc: Any) -> None:
     """JSON on stdout, nothing else (so ``--json`` output pipes into jq)."""
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
-
-def not_built(command: str, issue: str) -> NoReturn:
-    raise NotBuiltYet(
-        f"`sgl-seat {command}` is not built yet ({issue})",
-        fix="see the open issues; `sgl-seat plan` works today",
-    )

@@ -6,7 +6,8 @@ checks the GCS port with a TCP connect, then runs ``ray.init`` under a deadline,
 into an actor goes through :func:`get` with a timeout and translates Ray's errors into
 :class:`ClusterError` naming what did not answer. Ray's synchronous calls to the GCS that take no
 timeout (``ray.get_actor``, ``get_placement_group``, ``placement_group_table``, resources, actor and
-group creation, ``ray.kill``) go through :func:`bounded`, so a wedged GCS cannot hang a command.
+group creation, ``ray.kill``) go through :func:`sgl_seat.deadline.bounded`, so a wedged GCS cannot hang a
+command.
 
 On one host Ray must be told not to swap ``127.0.0.1`` for the host's outward address:
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` has to be in the environment before ``ray`` is imported,
@@ -22,18 +23,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
+from sgl_seat.deadline import bounded
 from sgl_seat.engines import probes
 from sgl_seat.errors import ClusterError
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 ONE_HOST_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-#: Deadline of one Ray call that has no timeout of its own (see :func:`bounded`).
-RAY_CALL_TIMEOUT = 30.0
 _LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 
 
@@ -138,34 +136,6 @@ def get(ref: Any, timeout: float, what: str) -> Any:
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         raise ClusterError(f"{what} failed: {type(cause).__name__}: {cause}",
                            fix="see the node's log (`sgl-seat logs`)") from None
-
-
-def bounded(what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` (a Ray call without a timeout of its own) under a deadline.
-
-    It runs in a daemon thread; past ``timeout`` (default :data:`RAY_CALL_TIMEOUT`) a ClusterError names
-    ``what`` and the thread is left behind (the process is a short-lived command). The call's own result or
-    exception (e.g. ``ValueError`` for a missing actor) is handed back unchanged.
-    """
-    limit = RAY_CALL_TIMEOUT if timeout is None else timeout
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-
-    t = threading.Thread(target=run, name=f"ray-call {what}"[:60], daemon=True)
-    t.start()
-    t.join(limit)
-    if t.is_alive():
-        raise ClusterError(f"Ray did not answer {what} within {limit:.0f} s (is the cluster's GCS wedged?)",
-                           fix="check the Ray head node (its gcs_server process and log), then run the command again")
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
 
 
 def resources() -> tuple[dict[str, float], dict[str, float]]:

@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 
 from sgl_seat.errors import EngineError
-from sgl_seat.launch.apply import Reporter, UpOptions, down, up
+from sgl_seat.launch.stages import Reporter
+from sgl_seat.launch.teardown import down
+from sgl_seat.launch.up import UpOptions, up
 from sgl_seat.spec import SeatSpec
 
 PROMPTS = (

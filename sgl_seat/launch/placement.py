@@ -13,8 +13,9 @@ import contextlib
 import time
 from typing import Any
 
+from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
-from sgl_seat.launch.cluster import bounded, format_resources, resources
+from sgl_seat.launch.cluster import format_resources, resources
 from sgl_seat.plan import LaunchPlan
 
 

@@ -1,64 +1,33 @@
-"""Extension point for the per-node watchdog sidecars (issue 5), called by `up` and `down`.
+"""`up` and `down`'s side of the per-node watchdog sidecars: start them, check that each answers, stop them.
 
 `up` calls :func:`start_sidecars` once the seat is READY (unless ``--no-watchdog`` or the spec's
-``watchdog.enabled: false``) and `down` calls :func:`stop_sidecars` before engines are killed. Both
-import ``sgl_seat.watchdog.sidecar`` lazily. The module is expected to provide
-``start_sidecars(ctx: SidecarContext) -> None``, ``stop_sidecars(ctx: SidecarContext) -> None``,
-``sidecar_name(seat, node_rank) -> str`` (the detached actor's name in ``ctx.namespace``) and an actor
-method ``ping()``; the driver is connected to Ray in the seat's namespace when they are called, and
-``ctx.nodes`` gives each node agent's name so a sidecar can be placed on the same bundle
-(``placement_group_bundle_index = node_rank`` of the group named ``ctx.pg_name``).
+``watchdog.enabled: false``) and `down` calls :func:`stop_sidecars` before engines are killed. Both hand
+the watchdog (:mod:`sgl_seat.watchdog.actors`) a typed :class:`~sgl_seat.watchdog.config.SidecarContext`
+built from the seat's record (:func:`context_of`); the driver is connected to Ray in the seat's namespace
+when they are called.
 
-The module's ``start_sidecars`` logs a sidecar that did not start and returns normally (the seat serves
+The watchdog's ``start_sidecars`` logs a sidecar that did not start and returns normally (the seat serves
 without it), so whether the watchdog runs is found out here: every node's sidecar must answer ``ping``.
 Both calls run under a deadline (a wedged GCS or sidecar must not hang `up` or `down`).
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import logging
 from dataclasses import dataclass
-from types import ModuleType
 
+from sgl_seat.deadline import bounded
 from sgl_seat.errors import SeatError
-from sgl_seat.launch.cluster import bounded, get
+from sgl_seat.launch.cluster import get
+from sgl_seat.launch.record import SeatRecord
+from sgl_seat.watchdog import actors
+from sgl_seat.watchdog.config import SidecarContext, SidecarNode, sidecar_name
 
 log = logging.getLogger(__name__)
 
-SIDECAR_MODULE = "sgl_seat.watchdog.sidecar"
-#: The module's start pings each sidecar for up to ``ctx.timeout``; past twice that plus this, `up` goes on.
+#: The watchdog's start pings each sidecar for up to ``ctx.timeout``; past twice that plus this, `up` goes on.
 START_GRACE_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarNode:
-    node_rank: int
-    agent: str
-    ip: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarContext:
-    """What a sidecar needs to find the seat: names, the filled plan (JSON) and the spec's source."""
-
-    seat: str
-    namespace: str
-    pg_name: str
-    plan_json: str
-    nodes: tuple[SidecarNode, ...]
-    spec_source: str | None
-    timeout: float = 60.0
-
-
-def _module() -> ModuleType | None:
-    try:
-        return importlib.import_module(SIDECAR_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name and SIDECAR_MODULE.startswith(exc.name):
-            log.debug("%s is not there yet; no watchdog sidecars", SIDECAR_MODULE)
-            return None
-        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +38,24 @@ class SidecarsStarted:
     detail: str
 
 
+def context_of(rec: SeatRecord) -> SidecarContext:
+    """The watchdog's view of a recorded seat: names, the filled plan and the spec's source."""
+    return SidecarContext(
+        seat=rec.name, namespace=rec.namespace, pg_name=rec.pg_name, plan_json=json.dumps(rec.plan),
+        nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip) for n in rec.nodes), spec_source=rec.spec_source,
+    )
+
+
 def start_sidecars(ctx: SidecarContext) -> SidecarsStarted:
     """Start one sidecar per node, then check that each answers; the outcome says which did not."""
-    mod = _module()
-    fn = getattr(mod, "start_sidecars", None) if mod else None
-    if mod is None or fn is None:
-        return SidecarsStarted(False, f"not started: {SIDECAR_MODULE}.start_sidecars is not installed")
+    what = f"{actors.__name__}.start_sidecars"
     try:
-        bounded(f"{SIDECAR_MODULE}.start_sidecars", fn, ctx, timeout=2 * ctx.timeout + START_GRACE_S)
+        bounded(what, actors.start_sidecars, ctx, timeout=2 * ctx.timeout + START_GRACE_S)
     except Exception as exc:  # the seat is READY: the watchdog failing must not take it down
         return SidecarsStarted(False, f"not started: {_text(exc)}")
-    name = getattr(mod, "sidecar_name", None)
-    if name is None:
-        return SidecarsStarted(False, f"started, but not checked ({SIDECAR_MODULE}.sidecar_name is missing)")
     missing = []
     for nd in ctx.nodes:
-        err = _ping(ctx, name(ctx.seat, nd.node_rank))
+        err = _ping(ctx, sidecar_name(ctx.seat, nd.node_rank))
         if err is not None:
             missing.append(f"node {nd.node_rank}: {err}")
     if missing:
@@ -111,11 +82,6 @@ def _text(exc: BaseException) -> str:
     return msg.splitlines()[0][:300] if msg else type(exc).__name__
 
 
-def stop_sidecars(ctx: SidecarContext) -> bool:
-    """Stop every sidecar (under a deadline); False when the watchdog is not installed."""
-    mod = _module()
-    fn = getattr(mod, "stop_sidecars", None) if mod else None
-    if fn is None:
-        return False
-    bounded(f"{SIDECAR_MODULE}.stop_sidecars", fn, ctx, timeout=ctx.timeout)
-    return True
+def stop_sidecars(ctx: SidecarContext) -> None:
+    """Stop every sidecar (under a deadline)."""
+    bounded(f"{actors.__name__}.stop_sidecars", actors.stop_sidecars, ctx, timeout=ctx.timeout)

@@ -1,4 +1,11 @@
-"""The watchdog sidecar: sampler (py-spy), probe (in-engine row-fetch timer), detectors, capture."""
+"""The live watchdog: one sidecar per node that samples, probes, detects and captures a hang bundle.
+
+``sidecar`` (the per-node core) over ``procfind``, ``pyspy`` and ``sampler`` (engine processes and their
+stacks), ``sources`` (probe rings, ``/metrics``, the engine log), ``rankview`` (what `watch` shows per
+rank), ``exporter`` (its own Prometheus metrics) and ``capture`` (one coordinated bundle); ``config``,
+``peers`` and ``actors`` (the Ray face `up`, `down` and `watch` call). ``probe`` and ``boot/`` run inside
+the engine's processes. The detectors themselves are ``sgl_seat.core`` (shared with offline replay).
+"""
 
 from __future__ import annotations
 

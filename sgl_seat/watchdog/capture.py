@@ -37,7 +37,8 @@ from sgl_seat.core.records import (
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.sampler import EngineProc, capture_stacks
+from sgl_seat.watchdog.procfind import EngineProc
+from sgl_seat.watchdog.pyspy import capture_stacks
 
 log = logging.getLogger("sgl_seat.watchdog")
 

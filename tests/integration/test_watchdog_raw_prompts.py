@@ -2,7 +2,7 @@
 capture's ``requests.jsonl`` carries the prompts of /generate, /v1/completions and /v1/chat/completions (chat
 text from the OpenAI payload SGLang logs first), with token counts and the shared prefix.
 
-No Ray: the two sim nodes are process groups started by ``sgl_seat.watchdog.simrig`` with the plan's argv and
+No Ray: the two sim nodes are process groups started by ``tests.simrig`` with the plan's argv and
 environment, the sidecars run in this process (the redacted default path is ``test_watchdog_seat.py``'s).
 Ports 36750-36762.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from sgl_seat.forensics import read_bundle
 from sgl_seat.plan import REQUEST_LOG_LEVEL_RAW
-from sgl_seat.watchdog.simrig import SimSeat, sim_spec
+from tests.simrig import SimSeat, sim_spec
 
 pytestmark = pytest.mark.integration
 

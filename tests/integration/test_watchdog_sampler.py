@@ -17,15 +17,9 @@ import psutil
 import pytest
 
 from sgl_seat.watchdog import boot_dir, probe
-from sgl_seat.watchdog.sampler import (
-    EngineProc,
-    Sampler,
-    capture_stacks,
-    ensure_not_stopped,
-    find_pyspy,
-    proc_state,
-    pyspy_dump,
-)
+from sgl_seat.watchdog.procfind import EngineProc, proc_state
+from sgl_seat.watchdog.pyspy import capture_stacks, ensure_not_stopped, find_pyspy, pyspy_dump
+from sgl_seat.watchdog.sampler import Sampler
 
 pytestmark = pytest.mark.integration
 

@@ -52,7 +52,7 @@ from launchutil import (
 from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
-from sgl_seat.watchdog.simrig import SimSeat, Traffic, sim_spec
+from tests.simrig import SimSeat, Traffic, sim_spec
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,11 @@ from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.sampler import EngineProc, Sampler
-from sgl_seat.watchdog.sidecar import Sidecar, SidecarConfig, local_peers
+from sgl_seat.watchdog.config import SidecarConfig
+from sgl_seat.watchdog.peers import local_peers
+from sgl_seat.watchdog.procfind import EngineProc
+from sgl_seat.watchdog.sampler import Sampler
+from sgl_seat.watchdog.sidecar import Sidecar
 
 pytestmark = pytest.mark.integration
 

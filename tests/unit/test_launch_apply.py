@@ -11,9 +11,11 @@ import pytest
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError, PreflightError
 from sgl_seat.launch import cluster
-from sgl_seat.launch.apply import _colocate, _dead_reason, endpoint_of, status_json
+from sgl_seat.launch.agentclient import dead_reason
 from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
 from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.status import status_json
+from sgl_seat.launch.up import _colocate, endpoint_of
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
 
@@ -55,8 +57,8 @@ def _st(rank: int, alive: bool, exited_at: float | None = None, reason: str | No
 
 def test_the_node_that_died_first_is_the_reason() -> None:
     """Node 0's engine kills itself when node 1's ranks vanish; the reason must name node 1."""
-    assert _dead_reason([_st(0, True), _st(1, True)]) is None
-    got = _dead_reason([_st(0, False, 10.2, "node 0 engine killed by SIGKILL"),
+    assert dead_reason([_st(0, True), _st(1, True)]) is None
+    got = dead_reason([_st(0, False, 10.2, "node 0 engine killed by SIGKILL"),
                         _st(1, False, 10.0, "node 1 engine killed by SIGKILL")])
     assert got is not None
     reason, tail = got

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.launch import apply
+from sgl_seat.launch import stages, teardown
+from sgl_seat.launch import up as up_mod
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.record import SeatRecord, save_record
 from sgl_seat.launch.state import SeatState
@@ -33,22 +34,22 @@ def _rec(name: str = "local-sim") -> SeatRecord:
                       namespace="n", pg_name="p", endpoint="http://127.0.0.1:31000")
 
 
-def _stages(reporter: apply.Reporter, *names: str, warn: str = "") -> apply.StageTimes:
-    st = apply._Stages(reporter)
+def _stages(reporter: stages.Reporter, *names: str, warn: str = "") -> stages.StageTimes:
+    st = stages.Stages(reporter)
     for n in names:
         with st.stage(n, "doing it") as note:
             note["detail"] = f"{n} done"
             if n == warn:
-                note["status"] = apply.WARN
+                note["status"] = stages.WARN
     return st.times
 
 
 def test_up_json_is_alone_on_stdout_with_endpoint_state_and_stages(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    def fake_up(spec: Any, opts: apply.UpOptions, reporter: apply.Reporter) -> tuple[SeatRecord, apply.StageTimes]:
+    def fake_up(spec: Any, opts: up_mod.UpOptions, reporter: stages.Reporter) -> tuple[SeatRecord, stages.StageTimes]:
         return _rec(), _stages(reporter, "cluster", "ready", "sidecars", warn="sidecars")
 
-    monkeypatch.setattr(apply, "up", fake_up)
+    monkeypatch.setattr(up_mod, "up", fake_up)
     assert run_cli(["up", "--json"], monkeypatch) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
@@ -69,7 +70,7 @@ def test_up_dry_run_json_is_the_plan(monkeypatch: pytest.MonkeyPatch, capsys: py
 def test_down_json_has_stages_and_no_survivors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                                home: Path) -> None:
     save_record(_rec())
-    monkeypatch.setattr(apply, "down", lambda name, reporter: _stages(reporter, "connect", "engines", "cluster"))
+    monkeypatch.setattr(teardown, "down", lambda name, reporter: _stages(reporter, "connect", "engines", "cluster"))
     assert run_cli(["down", "--json"], monkeypatch) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
@@ -82,10 +83,10 @@ def test_down_json_that_leaves_survivors_names_them_and_fails(monkeypatch: pytes
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     save_record(_rec())
 
-    def fake_down(name: str, reporter: apply.Reporter) -> apply.StageTimes:
-        raise apply.NotDown(name, ["node 1: pid 4242 (sglang::scheduler_TP2_EP2)"], _stages(reporter, "engines"))
+    def fake_down(name: str, reporter: stages.Reporter) -> stages.StageTimes:
+        raise teardown.NotDown(name, ["node 1: pid 4242 (sglang::scheduler_TP2_EP2)"], _stages(reporter, "engines"))
 
-    monkeypatch.setattr(apply, "down", fake_down)
+    monkeypatch.setattr(teardown, "down", fake_down)
     assert run_cli(["down", "--json"], monkeypatch) == 1
     out, err = capsys.readouterr()
     doc = json.loads(out)

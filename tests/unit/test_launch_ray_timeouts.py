@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from sgl_seat import deadline
 from sgl_seat.errors import ClusterError
-from sgl_seat.launch import apply, cluster, placement
+from sgl_seat.launch import agentclient, cluster, placement, status, teardown
 from sgl_seat.launch.record import NodeRecord, SeatRecord
 from sgl_seat.launch.state import SeatState
 
-LAUNCH = Path(apply.__file__).parent
+LAUNCH = Path(cluster.__file__).parent
 # Ray functions that wait on the GCS with no timeout parameter (``ray.get`` has one and goes through cluster.get).
 UNBOUNDED = {"get_actor", "get_placement_group", "placement_group_table", "available_resources",
              "cluster_resources", "placement_group", "remove_placement_group", "kill"}
@@ -43,23 +44,23 @@ def wedged(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     ray.util = util  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.util", util)
-    monkeypatch.setattr(cluster, "RAY_CALL_TIMEOUT", 0.3)
+    monkeypatch.setattr(deadline, "RAY_CALL_TIMEOUT", 0.3)
     yield release
     release.set()
 
 
 def test_bounded_hands_back_results_and_errors_and_names_a_call_that_hangs() -> None:
-    assert cluster.bounded("f()", lambda a, b=0: a + b, 1, b=2) == 3
+    assert deadline.bounded("f()", lambda a, b=0: a + b, 1, b=2) == 3
 
     def missing() -> None:
         raise ValueError("Failed to look up actor")
 
     with pytest.raises(ValueError, match="look up actor"):
-        cluster.bounded("ray.get_actor('x')", missing)
+        deadline.bounded("ray.get_actor('x')", missing)
     release = threading.Event()
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"Ray did not answer ray.get_actor\('x'\) within 0 s"):
-        cluster.bounded("ray.get_actor('x')", release.wait, timeout=0.2)
+        deadline.bounded("ray.get_actor('x')", release.wait, timeout=0.2)
     assert time.monotonic() - t0 < 2.0
     release.set()
 
@@ -71,7 +72,7 @@ def test_placement_and_agent_lookups_give_up(wedged: threading.Event) -> None:
     with pytest.raises(ClusterError, match="placement_group_table"):
         placement.bundle_nodes(object())
     with pytest.raises(ClusterError, match=r"ray.get_actor\('sgl-seat-s-node0'\)"):
-        apply._get_agent("s", 0)
+        agentclient.get_agent("s", 0)
     with pytest.raises(ClusterError, match="available_resources"):
         cluster.resources()
     assert time.monotonic() - t0 < 10.0
@@ -81,19 +82,19 @@ def test_status_with_a_wedged_gcs_fails_the_seat_instead_of_hanging(wedged: thre
     rec = SeatRecord(name="s", state=SeatState.READY, engine="sim", draft=False, cluster_address="10.0.0.1:6379",
                      namespace="n", pg_name="p", nodes=[NodeRecord(node_rank=0, agent="a0")])
     t0 = time.monotonic()
-    apply._reconcile(rec, timeout=5.0)
+    status._reconcile(rec, timeout=5.0)
     assert time.monotonic() - t0 < 5.0
     assert rec.state is SeatState.FAILED and rec.reason is not None and "ray.get_actor" in rec.reason
 
 
 def test_teardown_with_a_wedged_gcs_goes_on_and_says_what_it_could_not_check(wedged: threading.Event,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(apply, "stop_sidecars", lambda ctx: None)
+    monkeypatch.setattr(teardown, "stop_sidecars", lambda ctx: None)
     monkeypatch.setattr(cluster, "disconnect", lambda: None)
     rec = SeatRecord(name="s", state=SeatState.STOPPING, engine="sim", draft=False, cluster_address="10.0.0.1:6379",
                      namespace="n", pg_name="p", plan={}, nodes=[NodeRecord(node_rank=0, agent="a0")])
     t0 = time.monotonic()
-    survivors = apply._teardown(rec, connected=True)
+    survivors = teardown.teardown(rec, connected=True)
     assert time.monotonic() - t0 < 5.0
     assert len(survivors) == 1 and "could not be removed or checked" in survivors[0] and "get_actor" in survivors[0]
 

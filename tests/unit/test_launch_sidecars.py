@@ -19,12 +19,14 @@ import pytest
 
 from sgl_seat.cli.main import main
 from sgl_seat.errors import ClusterError
-from sgl_seat.launch import apply, sidecars
+from sgl_seat.launch import sidecars, stages
+from sgl_seat.launch import up as up_mod
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.record import NodeRecord, SeatRecord
-from sgl_seat.launch.sidecars import SidecarContext, SidecarNode, start_sidecars
+from sgl_seat.launch.sidecars import start_sidecars
 from sgl_seat.launch.state import SeatState
-from sgl_seat.watchdog import sidecar as watchdog_sidecar
+from sgl_seat.watchdog import actors as watchdog_sidecar
+from sgl_seat.watchdog.config import SidecarContext, SidecarNode
 
 CTX = SidecarContext(seat="s", namespace="ns", pg_name="pg", plan_json="{}", spec_source=None, timeout=2.0,
                      nodes=(SidecarNode(0, "a0", "127.0.0.1"), SidecarNode(1, "a1", "127.0.0.1")))
@@ -69,7 +71,7 @@ def _answer(ref: str, what: str) -> str:
 
 def test_the_watchdogs_own_start_swallows_a_failure_and_up_still_reports_it(monkeypatch: pytest.MonkeyPatch,
                                                                               caplog: pytest.LogCaptureFixture) -> None:
-    """The real ``sgl_seat.watchdog.sidecar.start_sidecars`` with a GCS that refuses: it returns None (logs only),
+    """The real ``sgl_seat.watchdog.actors.start_sidecars`` with a GCS that refuses: it returns None (logs only),
     and the launch side finds no sidecar answering."""
     fake_ray(monkeypatch, actors=set())
     assert watchdog_sidecar.start_sidecars(CTX) is None
@@ -111,7 +113,7 @@ def test_a_start_that_raises_or_hangs_is_not_ok(monkeypatch: pytest.MonkeyPatch)
         got = start_sidecars(dataclasses.replace(CTX, timeout=0.1))
     finally:
         release.set()
-    assert not got.ok and "did not answer sgl_seat.watchdog.sidecar.start_sidecars within 0 s" in got.detail
+    assert not got.ok and "did not answer sgl_seat.watchdog.actors.start_sidecars within 0 s" in got.detail
 
 
 def test_up_prints_a_sidecar_failure_as_warn(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -122,17 +124,17 @@ def test_up_prints_a_sidecar_failure_as_warn(monkeypatch: pytest.MonkeyPatch, ca
     fake_ray(monkeypatch, actors=set())
     monkeypatch.setattr(watchdog_sidecar, "start_sidecars", lambda ctx: None)
 
-    def fake_up(spec: Any, opts: apply.UpOptions, reporter: apply.Reporter) -> tuple[SeatRecord, apply.StageTimes]:
+    def fake_up(spec: Any, opts: up_mod.UpOptions, reporter: stages.Reporter) -> tuple[SeatRecord, stages.StageTimes]:
         rec = SeatRecord(name="s", state=SeatState.READY, engine="sim", draft=False, cluster_address="local",
                          namespace="ns", pg_name="pg", endpoint="http://127.0.0.1:1", plan={},
                          nodes=[NodeRecord(node_rank=0, agent="a0"), NodeRecord(node_rank=1, agent="a1")])
-        st = apply._Stages(reporter)
+        st = stages.Stages(reporter)
         with st.stage("ready"):
             pass
-        apply._sidecars_stage(rec, st)  # what `up` runs once the seat is READY
+        up_mod._sidecars_stage(rec, st)  # what `up` runs once the seat is READY
         return rec, st.times
 
-    monkeypatch.setattr(apply, "up", fake_up)
+    monkeypatch.setattr(up_mod, "up", fake_up)
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "up"])
     with pytest.raises(SystemExit) as ei:
         main()

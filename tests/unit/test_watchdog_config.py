@@ -9,7 +9,7 @@ import yaml
 
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import WatchdogSpec, load_spec
-from sgl_seat.watchdog.sidecar import SidecarConfig, metrics_port_for, rank0_metrics_url, sidecar_name
+from sgl_seat.watchdog.config import SidecarConfig, metrics_port_for, rank0_metrics_url, sidecar_name
 
 ASSET = Path(__file__).resolve().parents[2] / "watchdog" / "thresholds.yaml"
 

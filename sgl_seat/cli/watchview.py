@@ -2,7 +2,8 @@
 
 :func:`collect` reads the seat record, connects to the seat's Ray cluster and asks each sidecar (named
 actors, with timeouts); :func:`render` turns the document into a rich table. Both are library functions;
-the CLI only loops and prints.
+the CLI (``cmd_watch``) only loops and prints. It sits beside the CLI because it reads from every layer
+below: the seat's record (``launch``), the sidecars (``watchdog``) and the bundles (``forensics``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def collect(name: str, *, timeout: float = 10.0, connected: bool = False) -> dic
     from sgl_seat.forensics.store import list_bundles
     from sgl_seat.launch import cluster
     from sgl_seat.launch.record import load_record
-    from sgl_seat.watchdog.sidecar import snapshots
+    from sgl_seat.watchdog.actors import snapshots
 
     rec = load_record(name)
     root, seat_dir = bundle_root(rec)

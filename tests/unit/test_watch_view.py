@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from sgl_seat.watchdog.sidecar import gather_bucket
-from sgl_seat.watchdog.view import render
+from sgl_seat.cli.watchview import render
+from sgl_seat.watchdog.exporter import gather_bucket
 
 DOC = {
     "schema_version": 1, "seat": "local-sim", "t": 0.0, "state": "READY", "endpoint": "http://127.0.0.1:31000",

@@ -4,6 +4,10 @@ It starts each node of a sim plan as its own process group (as the node agent wo
 environment, so the probe loads exactly as on a real seat), drives ``/generate`` traffic from threads,
 injects faults through the sim's loopback admin route, and builds :class:`Sidecar` cores wired to each
 other in-process. Everything it starts it stops, by process group. Synthetic figures only.
+
+A test rig, so it lives under ``tests/`` (not in the wheel): tests import it as ``tests.simrig`` (pytest runs
+from the checkout's root); ``bench/watchdog_overhead.py`` and ``tests/fixtures/make_bundles.py`` put the
+checkout on ``sys.path`` first.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ import yaml
 
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.spec import SeatSpec, load_spec, parse_spec
-from sgl_seat.watchdog.sidecar import Sidecar, SidecarConfig, local_peers
+from sgl_seat.watchdog.config import SidecarConfig
+from sgl_seat.watchdog.peers import local_peers
+from sgl_seat.watchdog.sidecar import Sidecar
 from sgl_seat.watchdog.sources import ProbeReader
 
+CHECKOUT = Path(__file__).resolve().parents[1]
 NODE_PORT_STEP = 10  # node r listens on http_port + 10 r (SGL_SEAT_SIM_NODE_PORT); its admin route is + 2
 
 
@@ -165,8 +172,11 @@ class SimSeat:
         cfgs = self.sidecar_configs(bundle_dir, **kw)
         path = self.workdir / f"sidecars-{time.time_ns()}.json"
         path.write_text(json.dumps([c.to_json() for c in cfgs]))
+        # `python -m tests.simrig` from any working directory: the checkout goes first on its PYTHONPATH.
+        pythonpath = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
         with (self.workdir / "sidecars.log").open("ab") as logf:
-            return subprocess.Popen([sys.executable, "-m", "sgl_seat.watchdog.simrig", str(path)],
+            return subprocess.Popen([sys.executable, "-m", "tests.simrig", str(path)],
+                                    env={**os.environ, "PYTHONPATH": pythonpath},
                                     stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
 
 
@@ -178,7 +188,7 @@ def wire(cfgs: list[SidecarConfig]) -> dict[int, Sidecar]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sgl_seat.watchdog.simrig CONFIGS.json``: run sidecars until SIGTERM / SIGINT."""
+    """``python -m tests.simrig CONFIGS.json``: run sidecars until SIGTERM / SIGINT."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -256,7 +266,7 @@ class Traffic:
 
     def _run(self, i: int) -> None:
         n = 0
-        rng = random.Random(self.seed * 1000 + i)  # noqa: S311  # traffic shape, not a secret
+        rng = random.Random(self.seed * 1000 + i)  # traffic shape, not a secret
         with httpx.Client(timeout=120.0, trust_env=False) as c:
             while not self._stop.is_set():
                 n += 1

@@ -1,0 +1,307 @@
+"""`up` as a library call: the only code that applies a plan to Ray.
+
+``up`` goes stage by stage (cluster, placement, agents, preflight, node 0's engine, dist-init
+reachability, the other engines, READY, the watchdog's sidecars) and reports each stage's elapsed time
+through a :class:`~sgl_seat.launch.stages.Reporter`. It either returns a READY seat or leaves nothing
+behind: any error, and Ctrl-C, tear down what it created (the same teardown `down` runs,
+:mod:`sgl_seat.launch.teardown`) before the error is re-raised. No call into Ray waits without a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sgl_seat.deadline import bounded
+from sgl_seat.engines import EngineBackend, backend_for
+from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
+from sgl_seat.errors import EngineError, SeatError, SeatStateError
+from sgl_seat.launch import cluster, health, localcluster, placement
+from sgl_seat.launch.agent import NodeAgent
+from sgl_seat.launch.agentclient import (
+    CALL_TIMEOUT,
+    AgentClient,
+    call_all,
+    dead_reason,
+    failure_text,
+    get_agent,
+    refresh_nodes,
+)
+from sgl_seat.launch.home import host_id, seat_home
+from sgl_seat.launch.names import agent_name, namespace_of, pg_name
+from sgl_seat.launch.record import NodeRecord, SeatRecord, claim_record, remove_record, save_record
+from sgl_seat.launch.sidecars import context_of, start_sidecars
+from sgl_seat.launch.stages import WARN, NullReporter, Reporter, Stages, StageTimes
+from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.teardown import sigint_ignored, teardown
+from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
+from sgl_seat.spec import SeatSpec
+
+POLL_INTERVAL = 0.5
+
+
+@dataclass(kw_only=True, slots=True)
+class UpOptions:
+    """`up`'s knobs; ``None`` means the spec's value."""
+
+    draft: bool | None = None
+    slots: int | None = None
+    mem_fraction: float | None = None
+    timeout: float = 600.0
+    faults: tuple[str, ...] = ()
+    no_watchdog: bool = False
+
+
+@dataclass(slots=True)
+class _Session:
+    """What one `up` has created so far: what its teardown may touch."""
+
+    rec: SeatRecord
+    connected: bool = False
+    owns_ray_objects: bool = False
+    cluster_pid: int | None = None
+    cluster_ctime: float | None = None
+
+
+def _predicted_kv(plan: LaunchPlan) -> int | None:
+    cap = plan.capacity
+    if cap is None:
+        return None
+    return (cap.draft_on if plan.draft else cap.draft_off).kv_pool_tokens
+
+
+def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
+    """Bring the seat up and return its READY record and stage times; on any failure leave nothing behind."""
+    backend = backend_for(spec.engine)
+    plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
+    stages = Stages(reporter or NullReporter())
+    deadline = time.monotonic() + opts.timeout
+
+    def left() -> float:
+        rem = deadline - time.monotonic()
+        if rem <= 0:
+            raise EngineError(f"`up` did not finish within --timeout {opts.timeout:.0f} s",
+                              fix="raise --timeout; the node logs stay under $SGL_SEAT_HOME/logs/<seat>/")
+        return rem
+
+    rec = SeatRecord(
+        name=plan.seat, state=SeatState.PLACING, engine=plan.engine, draft=plan.draft,
+        cluster_address=spec.cluster.address, namespace=namespace_of(plan.seat), pg_name=pg_name(plan.seat),
+        spec_source=spec.source, token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
+        no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
+        kv_predicted=_predicted_kv(plan), plan=plan.to_json(),
+        nodes=[NodeRecord(node_rank=n.node_rank, agent=agent_name(plan.seat, n.node_rank)) for n in plan.nodes],
+    )
+    claim_record(rec)
+    sess = _Session(rec)
+    try:
+        _up_stages(spec, plan, backend, opts, sess, stages, left)
+        return rec, stages.times
+    except BaseException as exc:
+        with sigint_ignored():
+            survivors = teardown(sess.rec, connected=sess.connected, owns_ray=sess.owns_ray_objects,
+                                  cluster_pid=sess.cluster_pid, cluster_ctime=sess.cluster_ctime)
+        if survivors:
+            sess.rec.set_state(SeatState.FAILED, "`up` failed and teardown left: " + "; ".join(survivors))
+            save_record(sess.rec)
+            if isinstance(exc, SeatError):
+                exc.message += "\n  teardown left processes behind: " + "; ".join(survivors)
+        else:
+            remove_record(sess.rec.name)
+        raise
+    finally:
+        if sess.connected:
+            cluster.disconnect()
+
+
+def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: UpOptions, sess: _Session,
+               stages: Stages, left: Callable[[], float]) -> None:
+    rec = sess.rec
+    seat = plan.seat
+    n = len(plan.nodes)
+
+    with stages.stage("cluster", spec.cluster.address) as note:
+        address = spec.cluster.address
+        if address == "local":
+            lc_path = localcluster.cluster_record_path(seat)
+            rec.local_cluster = True
+            save_record(rec)
+            lc = localcluster.start_local_cluster(
+                seat, nodes=spec.cluster.nodes, gpus_per_node=spec.cluster.gpus_per_node,
+                cpus_per_node=spec.cluster.cpus_per_node + 2, timeout=min(left(), 120.0), record=lc_path)
+            sess.cluster_pid, sess.cluster_ctime = lc.pid, lc.create_time
+            address = lc.gcs_address or ""
+            note["detail"] = f"local, {spec.cluster.nodes} simulated nodes at {address} (holder pid {lc.pid})"
+        rec.gcs_address = address
+        save_record(rec)
+        cluster.connect(address, rec.namespace, token_env=spec.cluster.token_env, timeout=min(left(), 60.0))
+        sess.connected = True
+        if not note["detail"]:
+            note["detail"] = address
+
+    with stages.stage("placement", f"{n} bundles, {plan.placement.strategy}") as note:
+        existing = [r for r in range(n) if get_agent(seat, r) is not None]
+        if existing or placement.find_group(rec.pg_name) is not None:
+            raise SeatStateError(
+                f"seat {seat!r} already has Ray objects in namespace {rec.namespace} (agents on nodes {existing}"
+                f" or placement group {rec.pg_name}); a second `up` is refused",
+                fix=f"run `sgl-seat down {seat}` where it was brought up, or pick another seat name",
+            )
+        sess.owns_ray_objects = True
+        pg = placement.create_group(plan, rec.pg_name, timeout=left(), budget=opts.timeout)
+        note["detail"] = "placed on nodes " + ", ".join(v[:8] for v in placement.bundle_nodes(pg).values())
+
+    with stages.stage("agents", f"{n} node agents") as note:
+        clients = _start_agents(spec, plan, pg)
+        infos = call_all(clients, "node_info", lambda c: (), timeout=min(left(), 120.0))
+        for node, inf in zip(rec.nodes, infos, strict=True):
+            node.ip, node.node_id, node.host_id = inf["ip"], inf["node_id"], inf["host_id"]
+            node.agent_pid, node.python, node.gpu_ids = inf["pid"], inf["python"], inf["gpu_ids"]
+            node.log_path = inf["log_path"]
+        node0 = infos[0]["ip"]
+        plan = _colocate(plan, backend, rec.nodes)
+        plan = plan.fill({Placeholder.NODE0_ADDR: node0})
+        rec.plan = plan.to_json()
+        rec.endpoint = endpoint_of(plan, node0, spec.network.host)
+        save_record(rec)
+        note["detail"] = f"node 0 at {node0}; GPUs " + " ".join(f"n{i['node_rank']}:{','.join(i['gpu_ids'])}"
+                                                              for i in infos)
+    plan_json = json.dumps(plan.to_json())
+
+    with stages.stage("preflight", "every node"):
+        found = call_all(clients, "preflight", lambda c: (plan_json,), timeout=min(left(), 60.0))
+        failures = [Failure.from_dict(f) for fs in found for f in fs]
+        if failures:
+            raise preflight_error(failures)
+    rec.set_state(SeatState.STARTING)
+    save_record(rec)
+
+    with stages.stage("engine-node0", "node 0 starts and listens on dist-init") as note:
+        started = clients[0].call("start_engine", plan_json, timeout=min(left(), 60.0))
+        refresh_nodes(rec, clients[:1], timeout=CALL_TIMEOUT)
+        save_record(rec)
+        res = clients[0].call("wait_listening", node0, plan.dist_init_port, left(), timeout=left() + 10.0)
+        if res.get("error"):
+            dead = dead_reason([res]) if "started" in res else None
+            if dead:
+                raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
+            raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
+        note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
+
+    others = clients[1:]
+    if others:
+        with stages.stage("dist-init", f"{node0}:{plan.dist_init_port} from nodes 1..{n - 1}"):
+            found = call_all(others, "check_dist_init", lambda c: (node0, plan.dist_init_port, 5.0),
+                              timeout=min(left(), 30.0))
+            failures = [Failure.from_dict(f) for fs in found for f in fs]
+            if failures:
+                raise preflight_error(failures)
+        with stages.stage("engines", f"nodes 1..{n - 1}"):
+            call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
+
+    with stages.stage("ready", f"every rank alive and rank 0 {backend.health_path} = 200") as note:
+        url = f"{rec.endpoint}{backend.health_path}"
+        _wait_ready(rec, clients, url, left)
+        note["detail"] = f"{sum(len(nd.ranks) for nd in rec.nodes)} ranks alive; {rec.endpoint}"
+
+    if not rec.no_watchdog:
+        _sidecars_stage(rec, stages)
+    rec.set_state(SeatState.READY)
+    rec.reason = None
+    rec.busy_pid = None
+    save_record(rec)
+
+
+def _sidecars_stage(rec: SeatRecord, stages: Stages) -> None:
+    with stages.stage("sidecars", "a watchdog sidecar on every node") as note:
+        started = start_sidecars(context_of(rec))
+        note["detail"] = started.detail
+        if not started.ok:
+            note["status"] = WARN  # the seat serves; it is just not watched
+
+
+def _colocate(plan: LaunchPlan, backend: EngineBackend, nodes: Sequence[NodeRecord]) -> LaunchPlan:
+    """Give nodes that share a host with a lower node the engine's own-host environment (simulated nodes)."""
+    first: dict[str, int] = {}
+    extra: dict[int, dict[str, str]] = {}
+    failures: list[Failure] = []
+    for n in nodes:
+        host = n.host_id or f"node {n.node_rank}"
+        if host not in first:
+            first[host] = n.node_rank
+            continue
+        env = backend.colocated_env(plan, n.node_rank)
+        failures += check_own_host(n.node_rank, first[host], n.ip or host, env is not None)
+        extra[n.node_rank] = env or {}
+    if failures:
+        raise preflight_error(failures)
+    if not extra:
+        return plan
+    return replace(plan, nodes=tuple(
+        replace(nd, env=tuple(sorted({**nd.env_dict(), **extra.get(nd.node_rank, {})}.items()))) for nd in plan.nodes
+    ))
+
+
+def endpoint_of(plan: LaunchPlan, node0_ip: str, host: str) -> str:
+    """Rank 0's HTTP address: node 0's IP when the engine binds every interface, else the bound host."""
+    addr = node0_ip if host in ("0.0.0.0", "::", "") else host
+    return f"http://{'[' + addr + ']' if ':' in addr else addr}:{plan.http_port}"
+
+
+def _start_agents(spec: SeatSpec, plan: LaunchPlan, pg: Any) -> list[AgentClient]:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    remote_cls = ray.remote(NodeAgent)
+    clients = []
+    for node in plan.nodes:
+        r = node.node_rank
+        create = remote_cls.options(
+            name=agent_name(plan.seat, r), namespace=namespace_of(plan.seat), lifetime="detached",
+            num_cpus=0, num_gpus=plan.topology.gpus_per_node, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=r, placement_group_capture_child_tasks=False),
+        ).remote  # a named actor is registered with the GCS synchronously
+        handle = bounded(f"creating node {r}'s agent", create, plan.seat, r, plan.engine, str(seat_home()),
+                                 host_id())
+        clients.append(AgentClient(handle, r))
+    return clients
+
+
+def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left: Callable[[], float]) -> None:
+    last = "no answer yet"
+    while True:
+        states = refresh_nodes(rec, clients, timeout=min(max(left(), 1.0), CALL_TIMEOUT))
+        save_record(rec)
+        dead = dead_reason(states)
+        if dead:
+            raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
+        unseen = [r["title"] for st in states for r in st.get("ranks", []) if r["pid"] is None]
+        if unseen:
+            last = f"ranks not running yet: {', '.join(unseen)}"
+        else:
+            code, err = health.probe(url, timeout=min(5.0, max(left(), 0.5)))
+            if code == 200:
+                return
+            last = f"{url}: {err}"
+        if deadline_passed(left):
+            raise EngineError(f"the seat was not READY in time; last check: {last}",
+                              fix="raise --timeout if it was still starting; " + _logs_fix(rec))
+        time.sleep(POLL_INTERVAL)
+
+
+def _logs_fix(rec: SeatRecord) -> str:
+    """Where to read more once `up` has taken the seat down (the record is gone, the logs are not)."""
+    paths = [f"node {n.node_rank}: {n.log_path}" for n in rec.nodes if n.log_path]
+    return "the seat was taken down; its engine logs are kept: " + ("; ".join(paths) or "$SGL_SEAT_HOME/logs")
+
+
+def deadline_passed(left: Callable[[], float]) -> bool:
+    try:
+        return left() <= POLL_INTERVAL
+    except EngineError:
+        return True

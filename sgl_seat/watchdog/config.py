@@ -1,0 +1,117 @@
+"""What a sidecar is configured from: the `up` context, one :class:`SidecarConfig` per node, names and ports.
+
+`up` and `down` (``sgl_seat.launch.sidecars``) hand the watchdog a :class:`SidecarContext`: the seat's
+names, the filled plan as JSON and the spec's source. :func:`sgl_seat.watchdog.actors.start_sidecars` turns
+it into one :class:`SidecarConfig` per node (plain data that crosses Ray as JSON). The port arithmetic of
+the sidecars' own exporters and the actor names live here, so `watch` and the tests find them the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sgl_seat.spec import WatchdogSpec
+
+#: Seconds of quiet detectors (and progress) before a latched sidecar re-arms.
+RECOVER_S = 10.0
+#: Seconds between two ticks of a sidecar's loop.
+TICK_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarNode:
+    """One node of the seat as `up` knows it: its rank, its node agent's actor name, its address."""
+
+    node_rank: int
+    agent: str
+    ip: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarContext:
+    """What a sidecar needs to find the seat: names, the filled plan (JSON) and the spec's source.
+
+    The driver is connected to Ray in the seat's ``namespace`` when the watchdog is handed one; each node's
+    sidecar goes on bundle ``node_rank`` of the placement group ``pg_name``, beside that node's agent.
+    """
+
+    seat: str
+    namespace: str
+    pg_name: str
+    plan_json: str
+    nodes: tuple[SidecarNode, ...]
+    spec_source: str | None
+    timeout: float = 60.0
+
+
+def sidecar_name(seat: str, node_rank: int) -> str:
+    return f"sgl-seat-{seat}-watchdog{node_rank}"
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """Everything one sidecar needs; plain data, crosses Ray as JSON."""
+
+    seat: str
+    node: int
+    nnodes: int
+    thresholds: dict[str, Any]
+    bundle_dir: str
+    quota_mb: int = 2048
+    probe_dir: str | None = None
+    log_path: str | None = None
+    metrics_url: str | None = None
+    metrics_port: int | None = None
+    rank_nodes: dict[int, int] = field(default_factory=dict)
+    root_pid: int | None = None
+    engine_port: int | None = None
+    plan: dict[str, Any] | None = None
+    namespace: str | None = None
+    pyspy: str | None = None
+    gpu: bool = True
+    recover_s: float = RECOVER_S
+    tick_s: float = TICK_S
+    #: Node 0: SGLang's request log directory (``--log-requests-target``); its requests go into bundles.
+    request_log_dir: str | None = None
+    #: ``bundles.raw_prompts``: keep prompt text in request shapes (off: lengths, counts, hashes only).
+    raw_prompts: bool = False
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["rank_nodes"] = {str(k): v for k, v in self.rank_nodes.items()}
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> SidecarConfig:
+        d = json.loads(text)
+        d["rank_nodes"] = {int(k): int(v) for k, v in (d.get("rank_nodes") or {}).items()}
+        return cls(**d)
+
+    @property
+    def watchdog(self) -> WatchdogSpec:
+        return WatchdogSpec.model_validate(self.thresholds)
+
+
+#: The exporter of node r listens on 127.0.0.1 at the seat's HTTP port + 15 + r (r < 5; beyond, a free port).
+#: The seat already uses http, +2 (sim admin), +5 (dist-init), +10 r and +10 r + 2 (co-located sim nodes).
+EXPORTER_PORT_OFFSET = 15
+
+
+def rank0_metrics_url(plan: Mapping[str, Any], node0_ip: str | None) -> str | None:
+    """Rank 0's ``/metrics``: node 0's address when the engine binds every interface, else its ``--host``."""
+    argv = list(plan["nodes"][0]["command"])
+    host = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "0.0.0.0")
+    if host in ("0.0.0.0", "::", ""):
+        dist = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dist-init-addr"), "")
+        host = node0_ip or dist.rsplit(":", 1)[0]
+    if not host or "${" in host:
+        return None
+    return f"http://{'[' + host + ']' if ':' in host else host}:{int(plan['http_port'])}/metrics"
+
+
+def metrics_port_for(http_port: int, node_rank: int) -> int:
+    """The sidecar exporter's port (loopback only); 0 asks the OS for a free one."""
+    return http_port + EXPORTER_PORT_OFFSET + node_rank if node_rank < 5 else 0

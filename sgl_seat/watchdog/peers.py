@@ -1,0 +1,54 @@
+"""How a sidecar reaches the others: the :class:`Peers` protocol and in-process peers.
+
+In a seat the peers are the other sidecars' Ray actors (:class:`sgl_seat.watchdog.actors.RayPeers`); in
+tests and single-host tools, :func:`local_peers` wires :class:`~sgl_seat.watchdog.sidecar.Sidecar` cores
+to each other in-process (node 0 coordinates, everyone reaches everyone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sgl_seat.watchdog.sidecar import Sidecar
+
+
+class CoordinatorUnreachable(RuntimeError):
+    """Node 0's sidecar does not answer a ping: the requester coordinates the capture itself."""
+
+
+class Peers(Protocol):
+    """How a sidecar reaches the others (Ray in production, direct calls in tests)."""
+
+    def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
+        """Ask the coordinator for a capture; returns its answer (status, bundle path...)."""
+        ...
+
+    def collect(self, capture_id: str, t: float, local: Callable[[], dict[str, Any]]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every node's part of capture ``capture_id`` (local computed in-process) and missing-node notes."""
+        ...
+
+
+def local_peers(sidecars: Mapping[int, Sidecar]) -> dict[int, Peers]:
+    """In-process peers for tests and single-host tools: node 0 coordinates, everyone reaches everyone."""
+
+    class _Local:
+        def __init__(self, me: int) -> None:
+            self.me = me
+
+        def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
+            coord = sidecars.get(0) or sidecars[self.me]
+            return coord.coordinate(trigger)
+
+        def collect(self, capture_id: str, t: float, local: Callable[[], dict[str, Any]]
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            parts = [local()]
+            for n, sc in sorted(sidecars.items()):
+                if n != self.me:
+                    parts.append(json.loads(json.dumps(sc.part(capture_id, t))))
+            return parts, []
+
+    return {n: _Local(n) for n in sidecars}

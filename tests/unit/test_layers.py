@@ -1,0 +1,227 @@
+"""Imports run one way: a package imports only from its own layer or a lower one, and nothing imports tests.
+
+The layers, low to high (ARCHITECTURE.md describes them):
+
+    L0  errors, deadline (and the package root's ``__version__``)
+    L1  core (records, observation, frames, detectors), spec, topology
+    L2  capacity, engines (the engine backends: everything engine-specific)
+    L3  plan
+    L4  forensics (may import core, never watchdog)
+    L5  watchdog
+    L6  launch
+    L7  cli
+
+``sgl_seat.sim`` is the stand-in engine process, apart from the stack: it imports only ``errors``,
+``topology`` and its own modules, and only ``sgl_seat.engines.sim`` (the sim's backend) imports it.
+
+Every import is checked: module level, inside functions, under ``TYPE_CHECKING``, relative ones, and
+``importlib.import_module`` / ``__import__`` of a literal name. A violation names the file, the line and
+the rule it breaks. The checker is tested on synthetic modules below, so it is known to be able to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "sgl_seat"
+
+#: Layer of each top-level name under ``sgl_seat`` (a module or a package). ``""`` is the package root.
+LAYERS: dict[str, int] = {
+    "": 0, "errors": 0, "deadline": 0,
+    "core": 1, "spec": 1, "topology": 1,
+    "capacity": 2, "engines": 2,
+    "plan": 3,
+    "forensics": 4,
+    "watchdog": 5,
+    "launch": 6,
+    "cli": 7,
+}
+#: Where the sizing and capacity model may grow (a module or package whose name starts so): layer 2.
+LAYER_PREFIXES: dict[str, int] = {"capacity": 2, "sizing": 2}
+LAYER_NAMES = {0: "errors", 1: "core/spec/topology", 2: "capacity/engines", 3: "plan", 4: "forensics",
+               5: "watchdog", 6: "launch", 7: "cli"}
+DIRECTION = " < ".join(f"L{n} {name}" for n, name in sorted(LAYER_NAMES.items()))
+
+SIM = "sim"
+#: What the sim may import besides its own modules.
+SIM_MAY_IMPORT = {"", "errors", "topology"}
+#: The only module outside the sim that may import it.
+SIM_BACKEND = "sgl_seat.engines.sim"
+
+#: Imports against the rules that are deliberate, each with its reason (module, imported module).
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("sgl_seat.sim.scheduler", "sgl_seat.watchdog.probe"):
+        "the sim installs the in-engine probe itself, by name at run time, where real SGLang gets it from "
+        "watchdog/boot/sitecustomize.py (tests/unit/test_watchdog_plan.py: the sim loads the probe itself)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    line: int
+    target: str  # the dotted module imported (``sgl_seat.x.y`` or anything else)
+
+
+def module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_submodule(pkg_dir: Path, dotted: str) -> bool:
+    """Does ``dotted`` (``sgl_seat.a.b``) name a module or package on disk under ``pkg_dir``'s parent?"""
+    p = pkg_dir.parent.joinpath(*dotted.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def imports_of(source: str, module: str, *, is_package: bool, pkg_dir: Path = PKG) -> Iterator[Import]:
+    """Every module ``source`` imports, wherever the statement is (functions, TYPE_CHECKING, try)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                # ``from sgl_seat import forensics`` imports the package sgl_seat.forensics.
+                yield Import(node.lineno, sub if _is_submodule(pkg_dir, sub) else target)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in ("import_module", "__import__"):
+                yield Import(node.lineno, node.args[0].value)
+
+
+def top(dotted: str) -> str | None:
+    """The top-level name under sgl_seat (``""`` for the root), or None outside sgl_seat."""
+    parts = dotted.split(".")
+    if parts[0] != "sgl_seat":
+        return None
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of(name: str) -> int | None:
+    if name in LAYERS:
+        return LAYERS[name]
+    return next((n for p, n in LAYER_PREFIXES.items() if name.startswith(p)), None)
+
+
+def violations(label: str, module: str, source: str, *, is_package: bool = False,
+               pkg_dir: Path = PKG) -> list[str]:
+    """What in ``source`` (module ``module``, shown as ``label``) runs against the layers."""
+    out: list[str] = []
+    mine = top(module)
+    assert mine is not None, module
+    for imp in imports_of(source, module, is_package=is_package, pkg_dir=pkg_dir):
+        where = f"{label}:{imp.line}: {module} imports {imp.target}"
+        if imp.target == "tests" or imp.target.startswith("tests."):
+            out.append(f"{where}: nothing under sgl_seat/ may import from tests/ (test code stays out of the wheel)")
+            continue
+        theirs = top(imp.target)
+        if theirs is None or (module, imp.target) in EXCEPTIONS:
+            continue
+        if mine == SIM:
+            if theirs != SIM and theirs not in SIM_MAY_IMPORT:
+                out.append(f"{where}: the sim (the stand-in engine process) imports only sgl_seat.errors, "
+                           "sgl_seat.topology and its own modules")
+            continue
+        if theirs == SIM:
+            if module != SIM_BACKEND:
+                out.append(f"{where}: only {SIM_BACKEND} (the sim's backend) may import the sim; go through "
+                           "the engine backend (sgl_seat.engines.backend_for)")
+            continue
+        lo, hi = layer_of(theirs), layer_of(mine)
+        if lo is None or hi is None:
+            unknown = theirs if lo is None else mine
+            out.append(f"{where}: sgl_seat.{unknown} has no layer; add it to LAYERS in tests/unit/test_layers.py "
+                       "(and to ARCHITECTURE.md)")
+        elif lo > hi:
+            out.append(f"{where}: L{hi} {LAYER_NAMES[hi]} may not import L{lo} {LAYER_NAMES[lo]} "
+                       f"(a package imports only from its own layer or lower: {DIRECTION})")
+    return out
+
+
+def _sources() -> list[Path]:
+    return sorted(PKG.rglob("*.py"))
+
+
+def test_no_import_runs_against_the_layers() -> None:
+    files = _sources()
+    assert len(files) > 60, "the walk found too few modules to be looking at sgl_seat/"
+    found = [v for f in files
+             for v in violations(str(f.relative_to(ROOT)), module_name(f, PKG), f.read_text(encoding="utf-8"),
+                                 is_package=f.name == "__init__.py")]
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    names = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    assert names, "no modules found"
+    assert sorted(n for n in names if n != SIM and layer_of(n) is None) == []
+
+
+def test_the_documented_exceptions_are_still_needed() -> None:
+    """An exception whose import is gone must go too (it would otherwise hide a future import)."""
+    for (module, target), why in EXCEPTIONS.items():
+        assert why
+        path = PKG.parent.joinpath(*module.split(".")).with_suffix(".py")
+        assert any(i.target == target for i in imports_of(path.read_text(encoding="utf-8"), module,
+                                                          is_package=False)), (module, target)
+
+
+# -- the checker itself can fail ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("module", "source", "line", "rule"), [
+    ("sgl_seat.plan", "from sgl_seat.watchdog.targets import family_targets\n", 1, "L3 plan may not import L5"),
+    ("sgl_seat.plan", "def f():\n    from sgl_seat.launch import cluster\n", 2, "L3 plan may not import L6"),
+    ("sgl_seat.forensics.analysis",
+     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sgl_seat.watchdog.sidecar import Sidecar\n", 3,
+     "L4 forensics may not import L5"),
+    ("sgl_seat.forensics.analysis", "from ..watchdog import sampler\n", 1, "L4 forensics may not import L5"),
+    ("sgl_seat.core.detect", "from sgl_seat import launch\n", 1, "L1 core/spec/topology may not import L6"),
+    ("sgl_seat.engines.base", "import sgl_seat.launch.probes\n", 1, "L2 capacity/engines may not import L6"),
+    ("sgl_seat.watchdog.sidecar", "from sgl_seat.launch.cluster import bounded\n", 1,
+     "L5 watchdog may not import L6"),
+    ("sgl_seat.launch.sidecars", "import importlib\nimportlib.import_module('sgl_seat.cli.main')\n", 2,
+     "L6 launch may not import L7"),
+    ("sgl_seat.launch.agent", "from sgl_seat.sim.contract import ADMIN_HOST\n", 1, "only sgl_seat.engines.sim"),
+    ("sgl_seat.sim.scheduler", "from sgl_seat.plan import build_plan\n", 1, "the sim (the stand-in engine process)"),
+    ("sgl_seat.sim.node", "x = __import__('sgl_seat.launch.procs')\n", 1, "the sim (the stand-in engine process)"),
+    ("sgl_seat.watchdog.actors", "from tests.simrig import SimSeat\n", 1, "may import from tests/"),
+    ("sgl_seat.newthing", "import sgl_seat.errors\n", 1, "sgl_seat.newthing has no layer"),
+])
+def test_a_bad_import_is_named_with_file_line_and_rule(module: str, source: str, line: int, rule: str) -> None:
+    got = violations("x.py", module, source)
+    assert len(got) == 1, got
+    assert got[0].startswith(f"x.py:{line}: {module} imports "), got
+    assert rule in got[0], got
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("sgl_seat.cli.cmd_seat", "from sgl_seat.launch import up\nfrom sgl_seat.plan import build_plan\n"),
+    ("sgl_seat.watchdog.capture", "from sgl_seat.forensics import write_bundle\nfrom sgl_seat.core import detect\n"),
+    ("sgl_seat.engines.sim", "from sgl_seat.sim.args import ENV_FAULTS\n"),
+    ("sgl_seat.sim.contract", "from sgl_seat.topology import scheduler_title\nfrom . import logs\n"),
+    ("sgl_seat.forensics.bundle", "from sgl_seat import __version__\nimport json\n"),
+    ("sgl_seat.capacity_model.kv", "from sgl_seat.spec import SeatSpec\n"),
+])
+def test_imports_along_the_direction_pass(module: str, source: str) -> None:
+    assert violations("x.py", module, source) == []
