@@ -1,67 +1,59 @@
-"""Predict a seat's KV pool and concurrency ceiling before any weights load, draft on and off.
+"""A seat's KV pool and concurrency ceiling before any weights load, draft on and off: SGLang's own arithmetic.
 
-This mirrors SGLang 0.5.23's sizing (``sglang/srt/mem_cache/kv_cache_configurator.py``
-``_profile_available_bytes`` / ``resolve_max_num_reqs`` and
-``sglang/srt/model_executor/pool_configurator.py`` ``DefaultPoolConfigurator``):
+When SGLang 0.5.23 is installed (the operator's head node usually has it; the test setup installs it), the
+figures come from SGLang's startup sizing code run on CPU in a child process (:mod:`sgl_seat.sizing_sglang`):
+``ServerArgs`` resolution, ``ModelConfig``, the pool configurator SGLang picks, ``_profile_available_bytes``,
+``calculate_pool_sizes``, ``resolve_max_num_reqs``. Elsewhere the mirror (:mod:`sgl_seat.sizing_mirror`), held to
+SGLang's code within 1 % by a contract test, computes them. Every report says which source it is.
 
-    rest      = free_after_load - pre_load * (1 - mem_fraction_static)
-    pool      = (rest - per_request_pools) // cell_bytes, rounded down to the page size
-    max_reqs  = min(requested_slots, pool // 2)
+The inputs are the only thing sgl-seat supplies, and each is an input, never a fitted number:
 
-Where it is approximated (each marked ``APPROX`` below): the memory profiled at run time is
-replaced by GPU memory minus a fixed CUDA-context and runtime reserve; weights per GPU are the
-safetensors total divided by TP (experts split by EP=TP, attention by TP; replicated tensors are
-not added back); the DeepSeek-V4 draft's sliding-window ring is taken from
-``deepseek_v4_memory_pool.get_draft_swa_ring_size`` with a full-head K/V cell. Read the engine's
-``KV Cache is allocated ... #tokens: N`` line to compare (``sgl-seat status`` does).
+* node 0's command line and the planning config (``model.config``), the file SGLang reads;
+* the weights: ``model.weights_gb`` when the spec gives it, else the safetensors index's ``total_size``; per GPU
+  it is the total over TP (APPROX: experts split by EP = TP, attention by TP, replicated tensors not added back),
+  less the Engram tables when the spec moves them to host memory;
+* GPU memory as SGLang's queries would report it: total = ``cluster.gpu_memory_gb``; free before load = total
+  minus a CUDA context (APPROX, 1 GiB); free after load = that minus weights, draft weights and a runtime
+  reserve (APPROX, 2 GiB: NCCL buffers and the like resident before the KV pool is profiled).
+
+Read the engine's ``KV Cache is allocated ... #tokens: N`` line to compare (``sgl-seat status`` does).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from sgl_seat import sizing_mirror as mirror
 from sgl_seat.errors import CapacityError, SpecError
+from sgl_seat.sizing_engram import EngramTables, engram_tables
+from sgl_seat.sizing_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.spec import SeatSpec, spec_location
 
 GIB = 1 << 30
-# APPROX: what the CUDA context and torch take before SGLang profiles ``pre_model_load_memory``.
+# APPROX: what the CUDA context and torch take before SGLang measures ``pre_model_load_memory``.
 CUDA_CONTEXT_BYTES = 1 * GIB
-# APPROX: memory resident after load that is neither weights nor KV (NCCL buffers, graphs' pools).
+# APPROX: memory resident after load that is neither weights nor KV (NCCL buffers, runtime pools).
 RUNTIME_RESERVE_BYTES = 2 * GIB
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "fp8": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """What the planner needs from config.json and the safetensors index."""
-
-    architecture: str
-    num_layers: int
-    mla: bool
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    num_kv_heads: int
-    head_dim: int
-    kv_dtype_bytes: int
-    sliding_window: int | None
-    swa_layers: int
-    draft_layers: int
-    weights_total_bytes: int | None
-    page_size: int
-
-    @property
-    def is_deepseek_v4(self) -> bool:
-        return self.architecture.startswith("DeepseekV4")
+#: ``SGL_SEAT_SIZING``: ``auto`` (SGLang when installed, for SGLang seats), ``sglang`` (required) or ``mirror``.
+SIZING_ENV = "SGL_SEAT_SIZING"
+SOURCE_MIRROR = "mirror"
+SOURCE_SGLANG = f"sglang-{SGLANG_VERSION}"
+#: Flags of node 0's command line that only route logs; left out of the sizing run (their values are
+#: apply-time placeholders, and the request log would be a directory SGLang might create).
+_NOT_SIZING_FLAGS = {"--log-requests-target": -1, "--log-requests-format": 1, "--log-requests-level": 1,
+                     "--log-requests": 0}
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """Per-GPU prediction for one draft state. Bytes are per GPU; tokens are the seat's pool."""
+    """One draft state. Bytes are per GPU; tokens are the pool SGLang allocates on every rank."""
 
     draft: bool
     fits: bool
@@ -76,13 +68,52 @@ class Capacity:
     kv_pool_tokens: int
     max_running_requests: int
     max_slots_that_fit: int
+    swa_pool_tokens: int | None = None
+    configurator: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def load_model_shape(config_path: Path, *, kv_dtype_bytes: int | None = None) -> ModelShape:
-    """Read config.json (and model.safetensors.index.json beside it, for the weight total)."""
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    """Both draft states side by side, as ``plan`` prints them, and where the figures come from."""
+
+    model: str
+    gpu_memory_bytes: int
+    mem_fraction: float
+    draft_off: Capacity
+    draft_on: Capacity
+    source: str = SOURCE_MIRROR
+    sglang_version: str | None = None
+    model_type: str | None = None
+    engram_host_bytes_per_node: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def source_label(self) -> str:
+        """Words for the text output: who computed the figures."""
+        if self.source == SOURCE_MIRROR:
+            return f"mirror of SGLang {SGLANG_VERSION}'s sizing"
+        return f"SGLang {self.sglang_version}'s own sizing code"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "source": self.source,
+            "sglang_version": self.sglang_version,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "mem_fraction": self.mem_fraction,
+            "engram_host_bytes_per_node": self.engram_host_bytes_per_node,
+            "draft_off": self.draft_off.to_json(),
+            "draft_on": self.draft_on.to_json(),
+            "notes": list(self.notes),
+        }
+
+
+def read_planning_config(config_path: Path) -> dict[str, Any]:
+    """config.json as SGLang would read it (errors name the file)."""
     try:
         cfg = json.loads(config_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -93,188 +124,283 @@ def load_model_shape(config_path: Path, *, kv_dtype_bytes: int | None = None) ->
         raise SpecError(f"model config.json is unreadable: {exc}", path=str(config_path)) from None
     if not isinstance(cfg, dict):
         raise SpecError("config.json is not a JSON object", path=str(config_path))
-    arch = (cfg.get("architectures") or ["unknown"])[0]
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg.get("num_attention_heads", 1))
-        head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads, 1))
-        kv_heads = int(cfg.get("num_key_value_heads", heads))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"config.json lacks a usable {exc}", path=str(config_path)) from None
-    mla = "kv_lora_rank" in cfg and cfg.get("kv_lora_rank") is not None
-    is_v4 = arch.startswith("DeepseekV4")
-    if kv_dtype_bytes is None:
-        # DeepSeek-V4 presets KV fp8_e4m3 (contracts section 2); others keep the weights' dtype.
-        kv_dtype_bytes = 1 if is_v4 else _DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
-    window = cfg.get("sliding_window")
-    layer_types = cfg.get("layer_types")
-    swa_layers = 0
-    if isinstance(layer_types, list) and window:
-        swa_layers = sum(1 for t in layer_types if t == "sliding_attention")
+    return cfg
+
+
+def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
+    """The checkpoint's weights: ``model.weights_gb`` (GiB), else the safetensors index beside config.json."""
+    weights_gb = getattr(spec.model, "weights_gb", None)
+    if weights_gb is not None:
+        return int(float(weights_gb) * GIB)
     index = config_path.parent / "model.safetensors.index.json"
-    total: int | None = None
-    if index.is_file():
-        try:
-            total = int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
-    return ModelShape(
-        architecture=arch,
-        num_layers=layers,
-        mla=mla,
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
-        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        kv_dtype_bytes=kv_dtype_bytes,
-        sliding_window=int(window) if window else None,
-        swa_layers=swa_layers,
-        draft_layers=int(cfg.get("num_nextn_predict_layers") or 1),
-        weights_total_bytes=total,
-        page_size=256 if is_v4 else 1,  # DSV4 presets page_size=256 (contracts section 2).
-    )
-
-
-def full_attention_cell(shape: ModelShape, tp: int, layers: int) -> int:
-    """Per-token KV bytes of ``layers`` full-attention layers on one GPU.
-
-    MLA: (kv_lora_rank + qk_rope_head_dim) x layers x dtype, the latent is not sharded by TP.
-    GQA/MHA: 2 (K and V) x max(1, kv_heads // tp) x head_dim x layers x dtype.
-    """
-    if shape.mla:
-        return (shape.kv_lora_rank + shape.qk_rope_head_dim) * layers * shape.kv_dtype_bytes
-    return 2 * max(1, shape.num_kv_heads // tp) * shape.head_dim * layers * shape.kv_dtype_bytes
-
-
-def predict(spec: SeatSpec, shape: ModelShape, *, draft: bool, slots: int, mem_fraction: float) -> Capacity:
-    """Predict one draft state. Never raises for a misfit: ``fits``/``problem`` say why."""
-    tp = spec.parallel.tp
-    gpu = int(spec.cluster.gpu_memory_gb * GIB)
-    pre_load = gpu - CUDA_CONTEXT_BYTES
-    weights = (shape.weights_total_bytes or 0) // tp
-    draft_weights = int(spec.draft.extra_weights_gb * GIB) if draft else 0
-    free_after_load = pre_load - weights - draft_weights - RUNTIME_RESERVE_BYTES
-    rest = int(free_after_load - pre_load * (1 - mem_fraction))
-
-    full_layers = shape.num_layers - shape.swa_layers
-    cell = full_attention_cell(shape, tp, full_layers)
-    # Sliding-window target layers hold window tokens per running request, not per pool token.
-    per_request = 0
-    if shape.swa_layers and shape.sliding_window:
-        per_request += shape.sliding_window * full_attention_cell(
-            ModelShape(**{**asdict(shape), "mla": False}), tp, shape.swa_layers
-        )
-    if draft:
-        # EAGLE/NEXTN: the draft's KV is folded into the target's cell (pool_configurator.py).
-        cell += int(cell * shape.draft_layers / shape.num_layers)
-        if shape.is_deepseek_v4 and shape.sliding_window:
-            # APPROX: DSV4's draft keeps a sliding-window ring per request
-            # (get_draft_swa_ring_size), K and V with full heads in bf16.
-            ring = math.ceil((shape.sliding_window + spec.draft.draft_tokens) / shape.page_size) * shape.page_size
-            per_request += ring * 2 * max(1, shape.num_kv_heads // tp) * shape.head_dim * 2 * shape.draft_layers
-
-    pool_bytes = rest - per_request * slots
-    tokens = max(pool_bytes, 0) // cell if cell else 0
-    tokens = tokens // shape.page_size * shape.page_size
-    problem = None
-    predicted = weights > 0
-    if not predicted:
-        # The index is optional: without it the pool cannot be predicted, but nothing is refused.
-        problem = "not predicted: no model.safetensors.index.json beside config.json, so weights per GPU are unknown"
-        tokens = 0
-    elif rest <= 0:
-        need = 1 - (pre_load - weights - draft_weights - RUNTIME_RESERVE_BYTES) / pre_load
-        problem = (
-            f"weights ({_gib(weights + draft_weights)} per GPU) leave no KV budget under memory fraction "
-            f"{mem_fraction}: raise it above {need:.3f}"
-        )
-    elif tokens < 2 * slots or tokens < shape.page_size:
-        problem = (
-            f"{slots} slots x {_gib(per_request)} of per-request pool = {_gib(per_request * slots)} per GPU, "
-            f"but only {_gib(rest)} is left after weights{' and draft' if draft else ''}: "
-            f"the KV pool would hold {tokens} tokens"
-        )
-    max_fit = slots
-    if per_request:
-        max_fit = max(0, (rest - cell * shape.page_size) // (per_request + 2 * cell)) if rest > 0 else 0
-    else:
-        max_fit = max(0, tokens // 2)
-    if not predicted:
-        max_fit = 0
-    return Capacity(
-        draft=draft,
-        fits=problem is None,
-        problem=problem,
-        predicted=predicted,
-        weights_bytes_per_gpu=weights,
-        draft_weights_bytes_per_gpu=draft_weights,
-        kv_bytes_per_token=cell,
-        per_request_bytes=per_request,
-        requested_slots=slots,
-        kv_pool_bytes=max(pool_bytes, 0),
-        kv_pool_tokens=tokens,
-        max_running_requests=min(slots, tokens // 2) if problem is None else (slots if not predicted else 0),
-        max_slots_that_fit=int(max_fit),
-    )
-
-
-def _gib(n: int | float) -> str:
-    return f"{n / GIB:.2f} GiB"
+    if not index.is_file():
+        return None
+    try:
+        return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
 
 
 @dataclass(frozen=True, slots=True)
-class CapacityReport:
-    """Both draft states side by side, as ``plan`` prints them."""
+class EngramPlacement:
+    """The spec's Engram choice resolved against the config: host table or HBM, and what it moves."""
 
-    model: str
-    gpu_memory_bytes: int
-    mem_fraction: float
-    draft_off: Capacity
-    draft_on: Capacity
+    tables: EngramTables | None
+    host_table: bool
+    layout: Literal["shared", "per_rank"]
+    staging: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "gpu_memory_bytes": self.gpu_memory_bytes,
-            "mem_fraction": self.mem_fraction,
-            "draft_off": self.draft_off.to_json(),
-            "draft_on": self.draft_on.to_json(),
-        }
+    def gpu_bytes_moved_per_rank(self, tp: int) -> int:
+        return self.tables.gpu_bytes_per_rank(tp) if (self.tables and self.host_table) else 0
 
 
-def plan_capacity(
-    spec: SeatSpec, *, slots_off: int, slots_on: int, mem_fraction: float
-) -> CapacityReport | None:
-    """Both states for a spec, or None when the spec names no config.json to plan from."""
-    cfg = spec.model_config_path()
-    if cfg is None:
-        return None
-    if not cfg.is_file():
+def engram_placement(spec: SeatSpec, cfg: Mapping[str, Any]) -> EngramPlacement:
+    """Read ``engram`` from the spec (absent: tables stay in HBM) and check it against the config's tables."""
+    tables = engram_tables(cfg)
+    eng = getattr(spec, "engram", None)
+    host = bool(getattr(eng, "host_table", False))
+    layout = str(getattr(eng, "layout", "shared"))
+    if layout not in ("shared", "per_rank"):
+        raise SpecError(f"engram.layout {layout!r}", fix="use shared or per_rank",
+                        **spec_location(spec, "engram.layout"))
+    if host and tables is None:
         raise SpecError(
-            f"no config.json at {cfg}", fix="point model.config at the model directory (relative to the spec file)",
-            **spec_location(spec, "model.config"),
+            "engram.host_table is on but the planning config declares no Engram tables (engram_layer_ids)",
+            fix="turn engram.host_table off, or point model.config at a DeepSeek-V4.1 config with Engram keys",
+            **spec_location(spec, "engram.host_table"),
         )
-    shape = load_model_shape(cfg, kv_dtype_bytes=spec.model.kv_cache_dtype_bytes)
-    return CapacityReport(
-        model=shape.architecture,
-        gpu_memory_bytes=int(spec.cluster.gpu_memory_gb * GIB),
-        mem_fraction=mem_fraction,
-        draft_off=predict(spec, shape, draft=False, slots=slots_off, mem_fraction=mem_fraction),
-        draft_on=predict(spec, shape, draft=True, slots=slots_on, mem_fraction=mem_fraction),
+    return EngramPlacement(tables=tables, host_table=host, layout="per_rank" if layout == "per_rank" else "shared",
+                           staging=bool(getattr(eng, "host_staging", False)))
+
+
+def sizing_argv(spec: SeatSpec, *, draft: bool, slots: int, mem_fraction: float) -> list[str]:
+    """The sizing-relevant flags of node 0's command line, for callers that have no plan (tests, benches).
+
+    ``plan`` passes the real node-0 argv instead; both carry the same values for these flags.
+    """
+    argv = [
+        "--model-path", spec.model.path, "--tp-size", str(spec.parallel.tp), "--ep-size", str(spec.parallel.ep),
+        "--nnodes", str(spec.cluster.nodes), "--node-rank", "0",
+        "--mem-fraction-static", format(mem_fraction, "g"), "--max-running-requests", str(slots),
+        "--context-length", str(spec.model.context_length),
+    ]
+    if draft:
+        d = spec.draft
+        argv += ["--speculative-algorithm", d.algorithm]
+        if d.model_path:
+            argv += ["--speculative-draft-model-path", d.model_path]
+        argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
+                 "--speculative-num-draft-tokens", str(d.draft_tokens)]
+    return argv
+
+
+def for_sizing(argv: Sequence[str], model_dir: Path) -> list[str]:
+    """Node 0's flags as the sizing run takes them: ``--model-path`` is the planning config's directory, and
+    the request-log flags (placeholders, no bearing on sizing) are left out."""
+    out: list[str] = []
+    items = [str(a) for a in argv]
+    i = 0
+    while i < len(items):
+        flag = items[i]
+        if flag in _NOT_SIZING_FLAGS:
+            n = _NOT_SIZING_FLAGS[flag]
+            i += 1
+            if n < 0:  # takes one or more values: up to the next flag
+                while i < len(items) and not items[i].startswith("--"):
+                    i += 1
+            else:
+                i += n
+            continue
+        if flag == "--model-path" and i + 1 < len(items):
+            out += [flag, str(model_dir)]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    if "--model-path" not in out:
+        out = ["--model-path", str(model_dir), *out]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """What SGLang's GPU memory queries report on one GPU, in bytes."""
+
+    gpu_memory_bytes: int
+    pre_load_bytes: int
+    free_after_load_bytes: int
+    weights_bytes: int
+    draft_weights_bytes: int
+
+
+def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement, draft: bool) -> MemoryBudget:
+    tp = spec.parallel.tp
+    gpu = int(spec.cluster.gpu_memory_gb * GIB)
+    pre = gpu - CUDA_CONTEXT_BYTES
+    weights = max(weights_total // tp - engram.gpu_bytes_moved_per_rank(tp), 0)
+    draft_weights = int(spec.draft.extra_weights_gb * GIB) if draft else 0
+    return MemoryBudget(gpu_memory_bytes=gpu, pre_load_bytes=pre,
+                        free_after_load_bytes=pre - weights - draft_weights - RUNTIME_RESERVE_BYTES,
+                        weights_bytes=weights, draft_weights_bytes=draft_weights)
+
+
+def sizing_source(spec: SeatSpec) -> str:
+    """Which source to use: ``SGL_SEAT_SIZING`` (auto/sglang/mirror); auto picks SGLang for SGLang seats when
+    the installed SGLang is the release followed, the mirror otherwise (the sim's figures are synthetic anyway)."""
+    want = os.environ.get(SIZING_ENV, "auto").strip().lower() or "auto"
+    if want not in ("auto", "sglang", "mirror"):
+        raise SpecError(f"{SIZING_ENV}={want!r}", fix="use auto, sglang or mirror")
+    if want == "auto":
+        return "sglang" if spec.engine == "sglang" and installed_version() == SGLANG_VERSION else "mirror"
+    return want
+
+
+def _model_dir(cfg_path: Path, stack: list[Path]) -> Path:
+    """A directory whose config.json is the planning config (SGLang reads ``<model-path>/config.json``)."""
+    if cfg_path.name == "config.json":
+        return cfg_path.parent.resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="sgl-seat-config-"))
+    stack.append(tmp)
+    shutil.copyfile(cfg_path, tmp / "config.json")
+    return tmp
+
+
+def _capacity(draft: bool, slots: int, budget: MemoryBudget, got: Mapping[str, Any]) -> Capacity:
+    """One state from a result (the SGLang child's answer or the mirror's, same keys)."""
+    if got.get("unsupported"):
+        return replace(_unpredicted(draft, slots), problem=str(got["unsupported"]))
+    error = got.get("error")
+    tokens = int(got.get("max_total_num_tokens") or 0)
+    max_reqs = int(got.get("max_running_requests") or 0)
+    per_token = float(got.get("bytes_per_token") or 0.0)
+    problem = None
+    if error:
+        problem = f"SGLang {SGLANG_VERSION} refuses to size it: {error}"
+    elif max_reqs < slots:
+        problem = (
+            f"{slots} slots: SGLang would reduce --max-running-requests to {max_reqs} "
+            f"(KV pool {tokens:,} tokens)"
+        )
+    return Capacity(
+        draft=draft, fits=problem is None, problem=problem, predicted=True,
+        weights_bytes_per_gpu=budget.weights_bytes, draft_weights_bytes_per_gpu=budget.draft_weights_bytes,
+        kv_bytes_per_token=round(per_token), per_request_bytes=0, requested_slots=slots,
+        kv_pool_bytes=int(got.get("available_bytes") or 0), kv_pool_tokens=tokens, max_running_requests=max_reqs,
+        max_slots_that_fit=int(got.get("max_slots_that_fit") or 0),
+        swa_pool_tokens=got.get("swa_max_total_num_tokens"), configurator=got.get("configurator"),
     )
 
 
+def _mirror_answer(cfg: Mapping[str, Any], case: SizingCase) -> dict[str, Any]:
+    kw = {"gpu_memory_bytes": case.gpu_memory_bytes, "pre_load_bytes": case.pre_load_bytes,
+          "free_after_load_bytes": case.free_after_load_bytes}
+    out: dict[str, Any]
+    try:
+        res = mirror.size_case(cfg, case.argv, **kw)
+        out = {"ok": True, "error": None, **asdict(res)}
+    except mirror.SglangWouldRefuse as exc:
+        out = {"ok": False, "error": str(exc)}
+    except mirror.MirrorUnsupported as exc:
+        return {"ok": False, "unsupported": f"SGLang is not installed and the mirror does not cover this: {exc}"}
+    if case.search_slots:
+        out["max_slots_that_fit"] = mirror.max_slots_that_fit(cfg, case.argv, limit=case.slots_limit, **kw)
+    return out
+
+
+def _unpredicted(draft: bool, slots: int) -> Capacity:
+    return Capacity(draft=draft, fits=False,
+                    problem="not predicted: no model.weights_gb and no model.safetensors.index.json beside "
+                            "config.json, so weights per GPU are unknown",
+                    predicted=False, weights_bytes_per_gpu=0, draft_weights_bytes_per_gpu=0, kv_bytes_per_token=0,
+                    per_request_bytes=0, requested_slots=slots, kv_pool_bytes=0, kv_pool_tokens=0,
+                    max_running_requests=slots, max_slots_that_fit=0)
+
+
+def plan_capacity(
+    spec: SeatSpec, *, slots_off: int, slots_on: int, mem_fraction: float,
+    argv_off: Sequence[str] | None = None, argv_on: Sequence[str] | None = None,
+) -> CapacityReport | None:
+    """Both draft states for a spec, or None when the spec names no config.json to plan from.
+
+    ``argv_off`` / ``argv_on`` are node 0's flags for each state (``plan`` passes them); without them the
+    sizing-relevant flags are built from the spec (:func:`sizing_argv`).
+    """
+    cfg_path = spec.model_config_path()
+    if cfg_path is None:
+        return None
+    if not cfg_path.is_file():
+        raise SpecError(
+            f"no config.json at {cfg_path}",
+            fix="point model.config at the model directory (relative to the spec file)",
+            **spec_location(spec, "model.config"),
+        )
+    cfg = read_planning_config(cfg_path)
+    arch = str((cfg.get("architectures") or ["unknown"])[0])
+    engram = engram_placement(spec, cfg)
+    total = weights_total_bytes(spec, cfg_path)
+    gpu = int(spec.cluster.gpu_memory_gb * GIB)
+    host_bytes = None
+    if engram.tables is not None and engram.host_table:
+        topo_ranks = spec.parallel.tp // spec.cluster.nodes
+        host_bytes = engram.tables.host_bytes_per_node(engram.layout, tp=spec.parallel.tp, ranks_per_node=topo_ranks)
+    model_type = str(cfg["model_type"]) if cfg.get("model_type") else None
+
+    def report(off: Capacity, on: Capacity, **more: Any) -> CapacityReport:
+        return CapacityReport(model=arch, gpu_memory_bytes=gpu, mem_fraction=mem_fraction, draft_off=off,
+                              draft_on=on, model_type=model_type, engram_host_bytes_per_node=host_bytes, **more)
+
+    if total is None:
+        return report(_unpredicted(False, slots_off), _unpredicted(True, slots_on))
+    cleanup: list[Path] = []
+    try:
+        model_dir = _model_dir(cfg_path, cleanup)
+        states = [(False, slots_off, argv_off), (True, slots_on, argv_on)]
+        budgets, cases = [], []
+        for draft, slots, argv in states:
+            budget = memory_budget(spec, weights_total=total, engram=engram, draft=draft)
+            flags = argv if argv is not None else sizing_argv(spec, draft=draft, slots=slots, mem_fraction=mem_fraction)
+            budgets.append(budget)
+            cases.append(SizingCase(
+                case_id=f"draft-{'on' if draft else 'off'}", argv=tuple(for_sizing(flags, model_dir)),
+                gpu_memory_bytes=budget.gpu_memory_bytes, pre_load_bytes=budget.pre_load_bytes,
+                free_after_load_bytes=budget.free_after_load_bytes, search_slots=True,
+            ))
+        source, version, notes = SOURCE_MIRROR, None, []
+        answers: list[dict[str, Any]]
+        want = sizing_source(spec)
+        if want == "sglang":
+            try:
+                got = size_with_sglang(cases)
+                answers, source, version = list(got.results), SOURCE_SGLANG, got.sglang_version
+            except SizingError as exc:
+                if os.environ.get(SIZING_ENV, "auto").strip().lower() == "sglang":
+                    raise CapacityError(f"SGLang's sizing could not run: {exc}",
+                                        fix=f"install SGLang {SGLANG_VERSION} (scripts/install-sglang-parser.sh) "
+                                            f"or set {SIZING_ENV}=mirror") from None
+                notes.append(f"SGLang's sizing could not run ({exc}); figures from the mirror")
+                answers = [_mirror_answer(cfg, c) for c in cases]
+        else:
+            answers = [_mirror_answer(cfg, c) for c in cases]
+    finally:
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+    off, on = (_capacity(d, s, b, a) for (d, s, _), b, a in zip(states, budgets, answers, strict=True))
+    return report(off, on, source=source, sglang_version=version, notes=tuple(notes))
+
+
 def refuse_if_unbootable(spec: SeatSpec, cap: Capacity) -> None:
-    """Raise :class:`CapacityError` with the numbers when the selected state cannot boot."""
+    """Raise :class:`CapacityError` with the numbers when the selected state does not run what was asked."""
     if cap.fits or not cap.predicted:
         return
     state = "on" if cap.draft else "off"
-    fix = "lower --slots"
+    field_name = "draft.slots" if cap.draft else "slots"
     if cap.max_slots_that_fit > 0:
         fix = f"use --slots {cap.max_slots_that_fit} or fewer, or raise --mem-fraction"
-    elif cap.problem and "memory fraction" in cap.problem:
-        fix = "raise --mem-fraction, or use more GPUs"
-    field = "draft.slots" if cap.draft else "slots"
-    if cap.problem and "memory fraction" in cap.problem:
-        field = "memory_fraction"
-    raise CapacityError(f"draft {state}: cannot boot: {cap.problem}", fix=fix, **spec_location(spec, field))
+    else:
+        fix = "raise --mem-fraction, lower the weights per GPU, or use more GPUs"
+        if cap.problem and "speculative" in cap.problem:
+            fix = "turn the draft off, or use a draft algorithm SGLang accepts for this model"
+            field_name = "draft.algorithm"
+        elif cap.problem and "mem-fraction" in cap.problem:
+            field_name = "memory_fraction"
+    raise CapacityError(f"draft {state}: cannot boot: {cap.problem}", fix=fix, **spec_location(spec, field_name))
