@@ -18,7 +18,7 @@ from sgl_seat.launch import logs as seat_logs
 from sgl_seat.launch import status as seat_status
 from sgl_seat.launch import teardown
 from sgl_seat.launch import up as seat_up
-from sgl_seat.launch.demo import run_demo
+from sgl_seat.launch.demo import DemoOptions, run_demo
 from sgl_seat.launch.record import SeatRecord, resolve_name
 from sgl_seat.launch.stages import FAILED, OK, WARN, StageTimes
 from sgl_seat.launch.state import SeatState
@@ -210,16 +210,31 @@ def logs(
         return
 
 
-def demo(seat: SeatOrDefault = None, json_out: JsonOpt = False) -> None:
-    """Bring up the local-sim seat with the draft on, ask it a few questions, print the answers, take it down.
+def demo(
+    seat: SeatOrDefault = None,
+    quick: Annotated[bool, typer.Option("--quick", help="One question and 5 s of traffic before the stall "
+                                                        "(instead of three and a minute).")] = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here (default: "
+                                                             "$SGL_SEAT_HOME/reports/<seat>/<bundle id>.html).")]
+    = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The main job on the local-sim seat: up (draft on), traffic, a row-fetch stall injected on rank 3, the
+    watchdog's bundle, its replay verdict and HTML report, and the seat down (also on error or Ctrl-C).
 
-    With --json: the seat, its endpoint and the answers as JSON on stdout (progress on stderr).
+    The sim's answers and figures are synthetic. With --json: stages with seconds, the bundle, the verdict and
+    the HTML path as one JSON document on stdout (progress on stderr).
     """
     spec = load_spec(seat or DEFAULT_PROFILE)
     out = err_console if json_out else console
     rep = ConsoleReporter(out)
     try:
-        result = run_demo(spec, reporter=rep, say=lambda s: out.print(s, markup=False))
+        result = run_demo(spec, DemoOptions(quick=quick, html=html), reporter=rep,
+                          say=lambda s: out.print(s, markup=False))
+    except KeyboardInterrupt:
+        rep.close()
+        err_console.print("interrupted: the demo took its seat down")
+        raise
     finally:
         rep.close()
     if json_out:

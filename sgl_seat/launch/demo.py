@@ -1,21 +1,45 @@
-"""The README's first command: bring a seat up with the draft on, ask it a few questions, take it down.
+"""The README's first command: the toolkit's main job, end to end, on the local-sim seat.
 
-`down` runs in ``finally``: the demo never leaves a seat behind, even when a request fails or
-the user presses Ctrl-C.
+`sgl-seat demo` brings the seat up with the draft on, sends it traffic, injects a host row-fetch stall on
+rank 3 through the sim's own loopback admin route (the fault mechanism the sim offers; nothing here writes
+a bundle), waits for the watchdog's bundle to appear, replays it offline (verdict, the gather-size bucket
+where row-fetch latency explodes, the HTML report) and takes the seat down.
+
+`down` runs in ``finally`` once `up` has returned: the demo never leaves a seat behind, whether a step
+fails or the user presses Ctrl-C (an interrupted `up` takes itself down). The sim's answers, latencies and
+token counts are synthetic; the watchdog, the capture and the replay are the toolkit's real code.
+
+Timing of "seconds to bundle" (every clock is ``time.time()`` on this host: the local-sim seat's sidecars
+run here): the start is the moment the admin route answered that the fault is armed in rank 3's process
+(it fires at that rank's next forward step, within one step under traffic); ``detected`` is the bundle
+trigger's time (the sidecar's detector fired: the stalled fetch had been in flight for the seat's
+``watchdog.rowfetch_inflight_s``), ``written`` the manifest's ``created`` (every node's part assembled and
+written), ``seen`` when this process's poll (every :data:`POLL_S`) found the complete bundle directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from sgl_seat.errors import EngineError
-from sgl_seat.launch.stages import Reporter
-from sgl_seat.launch.teardown import down
+from sgl_seat.engines import backend_for
+from sgl_seat.errors import EngineError, SeatError, UsageError
+from sgl_seat.forensics import layout, verify_bundle
+from sgl_seat.forensics.html import render_html
+from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.launch.demo_traffic import Answer, Load, ask
+from sgl_seat.launch.home import host_id, seat_home
+from sgl_seat.launch.record import SeatRecord
+from sgl_seat.launch.stages import NullReporter, Reporter, Stage, Stages, StageTimes
+from sgl_seat.launch.teardown import down, sigint_ignored
 from sgl_seat.launch.up import UpOptions, up
+from sgl_seat.plan import LaunchPlan
 from sgl_seat.spec import SeatSpec
 
 PROMPTS = (
@@ -24,70 +48,310 @@ PROMPTS = (
     "Name one reason a multi-node launch hangs at startup.",
 )
 
+#: The rank whose host row fetch is stalled (the field report's hangs were on one rank of the second node).
+STALL_RANK = 3
+POLL_S = 0.2
+SYNTHETIC_NOTE = ("sim engine: answers, token counts and latencies are synthetic; the stall is injected through "
+                  "the sim's fault route; the watchdog, capture and replay are the toolkit's real code")
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    prompt: str
-    text: str
-    completion_tokens: int | None
 
-
-def ask(endpoint: str, model: str, prompt: str, *, max_tokens: int = 48, timeout: float = 60.0) -> Answer:
-    """One non-streaming chat completion against ``endpoint``; any failure is one EngineError."""
-    url = f"{endpoint}/v1/chat/completions"
-    fix = "see `sgl-seat logs --node 0` (the demo takes the seat down either way)"
-    try:
-        # The seat's endpoint is reached directly, never through a proxy from the environment.
-        r = httpx.post(url, timeout=timeout, trust_env=False, json={
-            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0,
-        })
-    except httpx.HTTPError as exc:
-        raise EngineError(f"chat request to {url} failed: {type(exc).__name__}: {exc}", fix=fix) from None
-    if r.status_code != 200:
-        raise EngineError(f"chat request to {url} failed: HTTP {r.status_code} {r.text[:200]}", fix=fix)
-    try:
-        doc = r.json()
-        usage = doc.get("usage") or {}
-        text = doc["choices"][0]["message"]["content"]
-        tokens = usage.get("completion_tokens")
-    except (ValueError, LookupError, TypeError, AttributeError) as exc:
-        raise EngineError(f"chat request to {url}: the answer is not an OpenAI chat completion "
-                          f"({type(exc).__name__}: {exc}); it began: {r.text[:200]!r}", fix=fix) from None
-    if not isinstance(text, str) or not (tokens is None or isinstance(tokens, int)):
-        raise EngineError(f"chat request to {url}: the answer's content or usage has the wrong type; "
-                          f"it began: {r.text[:200]!r}", fix=fix)
-    return Answer(prompt, text, tokens)
+#: Traffic before the stall: --quick, else a full minute (the stack history a bundle keeps before the hang,
+#: as on a seat that has served a while).
+QUICK_WARM_S = 5.0
+FULL_WARM_S = 60.0
+#: How long the demo waits for the bundle after the injection (the watchdog acceptance is 10 s).
+BUNDLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """``quick``: one question and :data:`QUICK_WARM_S` of traffic before the stall, else three questions and
+    :data:`FULL_WARM_S`. ``html``: where the report goes (default $SGL_SEAT_HOME/reports/<seat>/<bundle id>.html)."""
+
+    quick: bool = False
+    html: Path | None = None
+    up_timeout: float = 600.0
+
+    @property
+    def prompts(self) -> Sequence[str]:
+        return PROMPTS[:1] if self.quick else PROMPTS
+
+    @property
+    def warm_s(self) -> float:
+        return QUICK_WARM_S if self.quick else FULL_WARM_S
+
+    @property
+    def concurrency(self) -> int:
+        return 4 if self.quick else 8
+
+
+@dataclass(slots=True)
 class DemoResult:
+    """What the demo did and found; ``to_json`` is the ``demo --json`` document."""
+
     seat: str
     endpoint: str
-    answers: list[Answer]
+    quick: bool
+    synthetic: bool
+    stages: StageTimes = field(default_factory=StageTimes)
+    substages: dict[str, list[Stage]] = field(default_factory=dict)  # `up`'s and `down`'s own
+    answers: list[Answer] = field(default_factory=list)
+    traffic: dict[str, int] = field(default_factory=dict)
+    injection: dict[str, Any] = field(default_factory=dict)
+    bundle: dict[str, Any] = field(default_factory=dict)
+    verdict: dict[str, Any] | None = None
+    verdict_matches_live: bool | None = None
+    exploding_bucket: dict[str, Any] | None = None
+    other_buckets_max_ms: float | None = None
+    html: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"seat": self.seat, "endpoint": self.endpoint, "draft": True,
-                "answers": [{"prompt": a.prompt, "text": a.text, "completion_tokens": a.completion_tokens}
-                            for a in self.answers]}
+        return {
+            "seat": self.seat, "endpoint": self.endpoint, "draft": True, "quick": self.quick,
+            "synthetic": self.synthetic, "synthetic_note": SYNTHETIC_NOTE if self.synthetic else None,
+            "total_s": round(self.stages.total(), 3),
+            "stages": [{**s.to_json(), **({"stages": [x.to_json() for x in self.substages[s.name]]}
+                                          if s.name in self.substages else {})} for s in self.stages.records],
+            "answers": [{"prompt": a.prompt, "text": a.text, "completion_tokens": a.completion_tokens}
+                        for a in self.answers],
+            "traffic": self.traffic, "injection": self.injection, "bundle": self.bundle,
+            "verdict": self.verdict,
+            "verdict_matches_live": self.verdict_matches_live,
+            "verdict_matches_live_note": "the replayed detectors over the bundle's records against the verdict the "
+                                         "live watchdog recorded: a consistency check of the same code, not an "
+                                         "independent diagnosis",
+            "exploding_bucket": self.exploding_bucket, "other_buckets_max_ms": self.other_buckets_max_ms,
+            "html": self.html,
+        }
 
 
-def run_demo(spec: SeatSpec, *, reporter: Reporter | None, say: Callable[[str], None],
-             prompts: Sequence[str] = PROMPTS, timeout: float = 600.0) -> DemoResult:
-    """`up --draft on`, ask ``prompts``, print the answers through ``say``, and always `down`."""
-    answers: list[Answer] = []
-    rec, _ = up(spec, UpOptions(draft=True, timeout=timeout), reporter)
-    endpoint = rec.endpoint or ""
+def check_spec(spec: SeatSpec) -> None:
+    """The demo injects its stall through the sim's fault route: a sim seat with a rank 3 is needed."""
+    if spec.engine != "sim":
+        raise UsageError(f"seat {spec.name} runs engine {spec.engine!r}; the demo injects a fault, which only the "
+                         "sim engine takes", fix="run `sgl-seat demo` without --seat (the built-in local-sim seat)")
+    if spec.parallel.tp <= STALL_RANK:
+        raise UsageError(f"seat {spec.name} has tp {spec.parallel.tp}: no rank {STALL_RANK} to stall",
+                         fix="use a sim seat with tp 4 or more, e.g. the built-in local-sim")
+
+
+def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
+    """(fault route of the sim node that runs ``rank``, that node's rank) from the seat's record.
+
+    The record holds the plan as applied (simulated nodes sharing a host carry their own port); the backend
+    says which ports a node listens on. The route is loopback-only, so the node must run on this host.
+    """
+    if rec.plan is None:
+        raise EngineError(f"seat {rec.name}'s record holds no plan", fix="run `sgl-seat down` and the demo again")
+    plan = LaunchPlan.from_json(rec.plan)
+    node = next((n for n in plan.nodes if any(r.tp_rank == rank for r in n.ranks)), None)
+    if node is None:
+        raise EngineError(f"seat {rec.name}'s plan has no rank {rank}")
+    nrec = next((n for n in rec.nodes if n.node_rank == node.node_rank), None)
+    if nrec is None or nrec.host_id != host_id():
+        raise UsageError(f"rank {rank} runs on node {node.node_rank}, not on this host; the sim's fault route "
+                         "answers on 127.0.0.1 only", fix="run the demo on the built-in local-sim seat")
+    port = backend_for(rec.engine).listen_ports(plan, node)["sim admin"]
+    return f"http://127.0.0.1:{port}/sim/faults", node.node_rank
+
+
+def bundles_dir(spec: SeatSpec) -> Path:
+    """Where the seat's sidecars write bundles: the spec's ``bundles.dir``, else the default."""
+    return Path(spec.bundles.dir).expanduser() if spec.bundles.dir else layout.seat_bundles_dir(spec.name)
+
+
+def _complete_bundles(d: Path) -> set[Path]:
+    """Bundle directories with their manifest (written last; in-progress writes are dot-named temp dirs)."""
+    if not d.is_dir():
+        return set()
+    return {p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / layout.MANIFEST).is_file()}
+
+
+def wait_for_bundle(d: Path, before: set[Path], timeout: float) -> tuple[Path, float] | None:
+    """The first new complete bundle under ``d`` and when it was seen (``time.time()``), or None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        new = sorted(_complete_bundles(d) - before)
+        if new:
+            return new[0], time.time()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(POLL_S)
+
+
+def _admin(method: str, url: str, body: dict[str, str] | None = None) -> dict[str, Any]:
     try:
-        say(f"seat {rec.name} is READY at {endpoint} (draft on)")
-        if spec.engine == "sim":
-            say("(the sim engine answers with deterministic synthetic tokens, not a model: it exercises SGLang's"
-                " wire contract, not language)")
-        for p in prompts:
-            a = ask(endpoint, spec.model.name, p)
-            answers.append(a)
-            say(f"\n> {a.prompt}\n{a.text}  [{a.completion_tokens} tokens]")
+        r = httpx.request(method, url, json=body, timeout=10.0, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise EngineError(f"sim fault route {url}: {type(exc).__name__}: {exc}",
+                          fix="the sim node did not answer; see `sgl-seat logs --node 1`") from None
+    if r.status_code != 200:
+        raise EngineError(f"sim fault route {url} refused {method}: HTTP {r.status_code} {r.text[:300]}")
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise EngineError(f"sim fault route {url} answered {method} with something other than a JSON object: "
+                          f"{r.text[:200]!r}")
+    return doc
+
+
+def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
+             say: Callable[[str], None]) -> DemoResult:
+    """Up (draft on), traffic, stall on rank 3, bundle, replay, HTML, and always down."""
+    check_spec(spec)
+    synthetic = spec.engine == "sim"
+    res = DemoResult(seat=spec.name, endpoint="", quick=opts.quick, synthetic=synthetic)
+    stages = Stages(reporter or NullReporter())
+    stages.times = res.stages
+    say(f"demo: seat {spec.name} from {spec.source}" + (" (quick)" if opts.quick else ""))
+    if synthetic:
+        say(f"({SYNTHETIC_NOTE})")
+    say("\n[1/6] up, draft on")
+    rec, times = up(spec, UpOptions(draft=True, timeout=opts.up_timeout), reporter)
+    res.stages.records.append(Stage("up", times.total(), f"READY at {rec.endpoint}"))
+    res.substages["up"] = list(times.records)
+    res.endpoint = rec.endpoint or ""
+    load: Load | None = None
+    failed = True
+    try:
+        say(f"seat {rec.name} is READY at {res.endpoint} (draft on) in {times.total():.1f} s")
+        unwatched = [f"{w.name}: {w.detail}" for w in times.warnings() if w.name == "sidecars"]
+        if rec.no_watchdog or unwatched:
+            raise EngineError("the seat is up without its watchdog sidecars, so no stall would be caught: "
+                              + ("; ".join(unwatched) or "the spec sets watchdog.enabled: false"),
+                              fix="use a seat with the watchdog on; `up` prints why its sidecars did not start")
+        load = _traffic(spec, opts, res, stages, say)
+        _inject(rec, res, stages, say, bundles_dir(spec))
+        _replay(spec, opts, res, stages, say)
+        failed = False
     finally:
-        say("\ntaking the seat down")
-        down(rec.name, reporter)
-    return DemoResult(rec.name, endpoint, answers)
+        with sigint_ignored():
+            _cleanup(rec, load, res, reporter, say, failed)
+    return res
+
+
+def _traffic(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages,
+             say: Callable[[str], None]) -> Load:
+    say(f"\n[2/6] traffic: {len(opts.prompts)} question(s), then {opts.concurrency} clients for "
+        f"{opts.warm_s:.0f} s")
+    with stages.stage("traffic", f"{opts.concurrency} clients") as note:
+        for p in opts.prompts:
+            a = ask(res.endpoint, spec.model.name, p)
+            res.answers.append(a)
+            text = a.text.strip()
+            text = text if len(text) <= 100 else text[:100] + "..."
+            say(f"> {a.prompt}\n  {text}  [{a.completion_tokens} tokens{', synthetic' if res.synthetic else ''}]")
+        load = Load(res.endpoint, spec.model.name, concurrency=opts.concurrency).start()
+        time.sleep(opts.warm_s)
+        res.traffic = load.to_json()
+        if res.traffic["requests_ok"] == 0:
+            load.stop(5.0)
+            raise EngineError(f"no request completed in {opts.warm_s:.0f} s of traffic "
+                              f"({res.traffic['requests_failed']} failed)", fix="see `sgl-seat logs --node 0`")
+        note["detail"] = (f"{res.traffic['requests_ok']} requests, {res.traffic['completion_tokens']} tokens"
+                          + (" (synthetic)" if res.synthetic else ""))
+    return load
+
+
+def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str], None], bdir: Path) -> None:
+    fault = f"rowfetch-stall:rank={STALL_RANK}"
+    url, node = admin_url(rec, STALL_RANK)
+    res.injection = {"fault": fault, "rank": STALL_RANK, "node": node, "admin_url": url, "armed_at": None}
+    say(f"\n[3/6] inject a host row-fetch stall on rank {STALL_RANK} (node {node}) through the sim's fault route")
+    with stages.stage("inject", f"{fault} -> {url}") as note:
+        before = _complete_bundles(bdir)
+        _admin("POST", url, {"fault": fault})
+        t_inj = time.time()
+        note["detail"] = f"{fault} armed on node {node} ({url})"
+    res.injection["armed_at"] = t_inj
+    say(f"\n[4/6] wait for the watchdog's bundle under {bdir}")
+    with stages.stage("bundle", f"watching {bdir}") as note:
+        found = wait_for_bundle(bdir, before, BUNDLE_TIMEOUT_S)
+        if found is None:
+            raise EngineError(f"no bundle under {bdir} within {BUNDLE_TIMEOUT_S:g} s of the injected stall",
+                              fix="the watchdog sidecars log through Ray; rerun with `sgl-seat up --draft on`, "
+                                  f"inject with `curl -X POST {url} -d '{{\"fault\": \"{fault}\"}}'` and "
+                                  "follow `sgl-seat watch`")
+        path, t_seen = found
+        m = verify_bundle(path)  # checksums and manifest, as `replay` checks them
+        res.bundle = {
+            "id": m.bundle_id, "path": str(path), "verified": True,
+            "detected_after_s": round(m.trigger_t - t_inj, 3),
+            "written_after_s": round(m.created - t_inj, 3),
+            "seen_after_s": round(t_seen - t_inj, 3),
+            "timing": "seconds after the sim's fault route answered that the stall is armed (time.time() on this "
+                      "host): detected = the bundle trigger's time (the sidecar's detector fired), written = the "
+                      f"manifest's created time, seen = this process's poll (every {POLL_S:g} s) found it",
+        }
+        note["detail"] = f"{m.bundle_id}, {res.bundle['seen_after_s']:.1f} s after the injection"
+    say(f"bundle {m.bundle_id}: trigger {res.bundle['detected_after_s']:.1f} s, written "
+        f"{res.bundle['written_after_s']:.1f} s, seen {res.bundle['seen_after_s']:.1f} s after the injection "
+        f"(checksums verified)\n  {path}")
+
+
+def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, say: Callable[[str], None]) -> None:
+    say("\n[5/6] replay the bundle offline")
+    path = Path(res.bundle["path"])
+    html = opts.html or seat_home() / "reports" / spec.name / f"{res.bundle['id']}.html"
+    with stages.stage("replay", str(path)) as note:
+        result = replay_bundle(path)
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(render_html(result), encoding="utf-8")
+        doc = result.to_json()
+        v = doc["verdict"]
+        res.verdict = None if v is None else {k: v[k] for k in ("kind", "rank", "node", "frame", "waiting_ranks")}
+        res.verdict_matches_live = result.verdict_matches
+        rf = doc["rowfetch"]
+        res.exploding_bucket = rf["worst_bucket"]
+        worst = rf["worst_bucket"]
+        others = [b["max_ms"] for b in rf["buckets"]
+                  if worst is None or b["gather_size_min"] != worst["gather_size_min"]]
+        res.other_buckets_max_ms = max(others) if others else None
+        res.html = str(html)
+        note["detail"] = f"verdict: {'none' if v is None else v['kind']}"
+    syn = " (synthetic latencies)" if res.synthetic else ""
+    if v is None:
+        say("verdict: none (the replayed detectors found no hang)")
+    else:
+        say(f"verdict: {v['kind']} on rank {v['rank']}, node {v['node']}, in {v['frame']}")
+        say(f"  ranks {', '.join(map(str, v['waiting_ranks'])) or '-'} wait in the collective; "
+            f"matches the live watchdog's verdict: {res.verdict_matches_live} (same detectors, same records)")
+    if worst is not None:
+        say(f"exploding bucket: gather {worst['gather_size_min']}-{worst['gather_size_max']} rows, max "
+            f"{worst['max_ms']:,.0f} ms" + (f" (every other bucket: max {res.other_buckets_max_ms:,.0f} ms)"
+                                           if res.other_buckets_max_ms is not None else "") + syn)
+    say(f"HTML report: {html}")
+
+
+def _cleanup(rec: SeatRecord, load: Load | None, res: DemoResult, reporter: Reporter | None,
+             say: Callable[[str], None], failed: bool) -> None:
+    """Release the stall (so in-flight requests finish), stop the traffic, take the seat down.
+
+    After a failure the first error is the one the user sees: a cleanup error is only printed then.
+    """
+    say("\n[6/6] down")
+    if load is not None:
+        load.halt()
+    if res.injection:  # the fault route was about to be called, or was: disarm (harmless when nothing is armed)
+        with contextlib.suppress(SeatError):
+            _admin("DELETE", res.injection["admin_url"])
+    if load is not None:
+        load.stop(10.0)
+        res.traffic = load.to_json()
+    try:
+        times = down(rec.name, reporter)
+    except SeatError as exc:
+        if not failed:
+            raise
+        say(f"down failed too: {exc}")
+        return
+    res.stages.records.append(Stage("down", times.total(), "no engine process remains"))
+    res.substages["down"] = list(times.records)
+    say(f"seat {rec.name} is down in {times.total():.1f} s; no engine process remains")
+    if not failed and res.verdict is not None:
+        v = res.verdict
+        say(f"\ndemo done in {res.stages.total():.1f} s of stages: the stall on rank {STALL_RANK} "
+            f"was captured {res.bundle['seen_after_s']:.1f} s after the injection and diagnosed as "
+            f"{v['kind']} on rank {v['rank']}, node {v['node']}")
