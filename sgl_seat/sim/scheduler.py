@@ -13,6 +13,10 @@ every other rank waits inside a collective. So every step here does what a TP ra
 Rank 0 then turns the step into tokens, sends them to the detokenizer and logs SGLang's lines. Each rank
 runs SGLang's watchdog on its forward count. Idle, rank 0 still broadcasts an idle header every tick so the
 others block in the collective (no busy waiting) well inside ``--dist-timeout``.
+
+One module of about 500 lines on purpose: it is one process, the :class:`Scheduler`, whose step phases
+share that rank's state and the lockstep protocol above; the batching, cost model, row fetch and faults it
+drives already live in their own modules.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ slot's sequence word odd, the fields, then the sequence word even; the end time 
 fields, then sequence words again and keeps slots whose sequence is even and unchanged.
 
 This module uses the standard library only and never raises into the engine: a probe that cannot
-install or write warns once on stderr and gets out of the way.
+install or write warns once on stderr and gets out of the way. It is one file of about 600 lines on
+purpose: ``watchdog/boot/sitecustomize.py`` loads it by path into engine interpreters that may not have
+sgl-seat installed, so the writer, the import hook and the ring reader must travel as this one module.
 """
 
 from __future__ import annotations
