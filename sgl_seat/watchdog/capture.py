@@ -35,6 +35,17 @@ from sgl_seat.core.records import (
     Verdict,
 )
 from sgl_seat.errors import BundleError
+from sgl_seat.forensics import (
+    encode_env,
+    encode_json,
+    encode_logs,
+    encode_probe_records,
+    encode_records,
+    encode_stack_samples,
+    encode_text,
+    layout,
+    write_bundle,
+)
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc
@@ -266,18 +277,6 @@ def assemble(
     now: float | None = None,
 ) -> CaptureResult:
     """Merge node parts, decide the seat-wide verdict and write one bundle. Never raises for disk trouble."""
-    from sgl_seat.forensics import (
-        encode_env,
-        encode_json,
-        encode_logs,
-        encode_probe_records,
-        encode_records,
-        encode_stack_samples,
-        encode_text,
-        layout,
-        write_bundle,
-    )
-
     t_start = time.time()
     dec = decode_parts(parts)
     obs = Observation.of(samples=dec.samples, probes=dec.probes, metrics=dec.metrics, logs=dec.logs,
