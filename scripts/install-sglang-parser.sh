@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install just enough of SGLang 0.5.23 to run its OWN command-line parser
 # (`ServerArgs.add_cli_args` + `ServerArgs.from_cli_args` from
-# `sglang.srt.server_args`) on a CPU-only machine, without a GPU and without
-# sglang's ~80 GPU-centric runtime dependencies.
+# `sglang.srt.server_args`) and its OWN startup KV-pool sizing (ServerArgs
+# resolution, ModelConfig, the pool configurators; sgl_seat/sizing_sglang_child.py)
+# on a CPU-only machine, without a GPU and without sglang's ~80 GPU-centric
+# runtime dependencies.
 #
 # Preconditions: the active interpreter (or $PYTHON) belongs to a venv that
 # already has torch installed (CI: torch==2.13.0 CPU). torch is never touched:
@@ -15,6 +17,13 @@
 #   * the import-time dependencies of `sglang.srt.server_args`, pinned below,
 #     installed only if their module is not importable already (so versions
 #     the project venv already pins are left alone).
+#   * the sizing path's import-time dependencies (SIZING_DEPS, pinned to what
+#     sglang 0.5.23's metadata asks for where it pins: transformers 5.19.0,
+#     tokenizers 0.23.2, apache-tvm-ffi 0.1.11, sentencepiece 0.2.1, openai
+#     2.8.0), and three installed without their own dependencies
+#     (NODEPS_DEPS: compressed-tensors 0.18.0 would pull a second torch).
+#     torchvision has no CPU wheel for torch 2.13 on PyPI; the sizing child
+#     stands in an import stub for it (SGLang imports it for image transforms).
 #   * triton: `sglang/srt/utils/common.py` does a top-level `import triton`;
 #     an empty stub breaks `torch._dynamo`, so the real wheel is required
 #     (~190 MB wheel for 3.7.1, ~1 GB unpacked). 3.7.1 is the triton that the
@@ -48,6 +57,20 @@ DEPS=(
   "IPython    ipython==9.18.1"
   "aiohttp    aiohttp==3.14.5"
   "triton     triton==3.7.1"
+  "transformers transformers==5.19.0"
+  "tokenizers tokenizers==0.23.2"
+  "tvm_ffi    apache-tvm-ffi==0.1.11"
+  "dill       dill==0.4.1"
+  "sentencepiece sentencepiece==0.2.1"
+  "loguru     loguru==0.7.3"
+  "gguf       gguf==0.19.0"
+  "openai     openai==2.8.0"
+)
+# Installed with --no-deps (module-to-import pip-requirement).
+NODEPS_DEPS=(
+  "compressed_tensors compressed-tensors==0.18.0"
+  "partial_json_parser partial-json-parser==0.2.1.1.post7"
+  "einops     einops==0.8.2"
 )
 
 log() { echo "[install-sglang-parser] $*" >&2; }
@@ -65,7 +88,26 @@ PYEOF
 
 start=$(date +%s)
 
-if parser_ok; then
+# Every module of DEPS and NODEPS_DEPS findable (cheap: no imports).
+deps_present() {
+  local mods=()
+  for entry in "${DEPS[@]}" "${NODEPS_DEPS[@]}"; do
+    read -r mod _ <<<"$entry"
+    mods+=("$mod")
+  done
+  "$PY" - "${mods[@]}" >/dev/null 2>&1 <<'PYEOF'
+import importlib.util, sys
+missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]
+sys.exit(1 if missing else 0)
+PYEOF
+}
+
+# SGLang's sizing path imports (run once after installing; ~10 s).
+sizing_ok() {
+  "$PY" -c 'from sgl_seat.sizing_sglang_child import Sizer; Sizer()' >/dev/null 2>&1
+}
+
+if parser_ok && deps_present; then
   log "sglang==${SGLANG_VERSION} parser already importable with $("$PY" -c 'import sys; print(sys.executable)'); nothing to do."
   exit 0
 fi
@@ -111,6 +153,18 @@ else
   log "all import-time dependencies already present"
 fi
 
+nodeps=()
+for entry in "${NODEPS_DEPS[@]}"; do
+  read -r mod req <<<"$entry"
+  if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)"; then
+    nodeps+=("$req")
+  fi
+done
+if ((${#nodeps[@]})); then
+  log "installing without dependencies: ${nodeps[*]}"
+  "${PIP[@]}" --no-deps "${nodeps[@]}"
+fi
+
 installed_sglang=$("$PY" -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || true)
 if [[ "$installed_sglang" != "$SGLANG_VERSION" ]]; then
   src="${SGLANG_WHEEL:-sglang==${SGLANG_VERSION}}"
@@ -123,6 +177,11 @@ fi
 if ! parser_ok; then
   log "ERROR: sglang.srt.server_args still fails to import; traceback follows."
   "$PY" -c 'import sglang.srt.server_args' || true
+  exit 1
+fi
+if ! sizing_ok; then
+  log "ERROR: SGLang's sizing path fails to import; traceback follows."
+  "$PY" -c 'from sgl_seat.sizing_sglang_child import Sizer; Sizer()' || true
   exit 1
 fi
 log "done in $(( $(date +%s) - start ))s"

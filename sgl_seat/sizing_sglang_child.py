@@ -46,7 +46,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sgl_seat.sizing_mirror import bisect_max, with_flag
+from sgl_seat.sizing_mirror import bisect_max
 
 GIB = 1 << 30
 #: Platform facts of a CUDA GPU node, set through SGLang's ``override_platform``.
@@ -182,13 +182,17 @@ class Sizer:
         )
         return server_args_cls.from_cli_args(ns)
 
-    def _configurator(self, server_args: Any) -> tuple[Any, Any]:
-        rc = self.rc
-        get_model, get_spec, get_schedule, get_parallel = rc.get_model, rc.get_spec, rc.get_schedule, rc.get_parallel
-        model_config = self.mc_mod.ModelConfig.from_server_args(
+    def _model_config(self, server_args: Any) -> Any:
+        get_model = self.rc.get_model
+        return self.mc_mod.ModelConfig.from_server_args(
             server_args, model_path=get_model().model_path, model_revision=get_model().revision,
             is_draft_model=False, context_length=get_model().context_length,
         )
+
+    def _configurator(self, server_args: Any, model_config: Any) -> Any:
+        """The ``KVCacheConfigurator`` as ``ModelRunner.init_kv_cache_configurator`` builds it (target runner)."""
+        rc = self.rc
+        get_model, get_spec, get_schedule, get_parallel = rc.get_model, rc.get_spec, rc.get_schedule, rc.get_parallel
         spec_algorithm = self.spec_info.SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
         aux = self.spec_aux.resolve_spec_aux_hidden_state_config(
             server_args=server_args, model_config=model_config, spec_algorithm=spec_algorithm, is_draft_worker=False,
@@ -221,7 +225,7 @@ class Sizer:
             forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None, memory_pool_config=None,
             draft_model_idx=None,
         )
-        return kvc, model_config
+        return kvc
 
     def _size(self, argv: list[str], case: dict[str, Any]) -> dict[str, Any]:
         rc = self.rc
@@ -231,7 +235,9 @@ class Sizer:
         self.memory.loaded = False
         server_args = self._server_args(argv)
         rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0, gpu_id=0))
-        kvc, model_config = self._configurator(server_args)
+        model_config = self._model_config(server_args)
+        kvc = self._configurator(server_args, model_config)
+        self._last = (server_args, model_config)
         # measure_pre_model_load_memory, then the weights load: the KV budget sees free-after-load.
         pre_model_load_gib = self.memory.available_gib()
         self.memory.loaded = True
@@ -281,19 +287,26 @@ class Sizer:
                 result["error"] = f"{type(exc).__name__}: {exc}"
                 result["traceback_tail"] = traceback.format_exc().splitlines()[-6:]
             if result["ok"] and case.get("search_slots"):
-                result["max_slots_that_fit"] = self._max_slots(argv, case)
+                result["max_slots_that_fit"] = self._max_slots(case)
         return result
 
-    def _max_slots(self, argv: list[str], case: dict[str, Any]) -> int:
-        """Largest ``--max-running-requests`` SGLang sizes without error and without reducing it."""
+    def _max_slots(self, case: dict[str, Any]) -> int:
+        """Largest ``--max-running-requests`` SGLang sizes without error and without reducing it.
+
+        Each trial re-runs the configurator with the published ``max_running_requests`` overridden through the
+        schedule bag's own ``override`` (what sizing reads; the rest of the resolved config is the case's).
+        """
+        rc = self.rc
+        server_args, model_config = self._last
+        pre_gib = self.memory.pre_load_bytes / GIB
 
         def fits(slots: int) -> bool:
-            trial = with_flag(argv, "--max-running-requests", str(slots))
-            try:
-                got = self._size(trial, case)
-            except Exception:
-                return False
-            return bool(got["max_running_requests"] == slots)
+            with rc.get_schedule().override(max_running_requests=slots):
+                try:
+                    config = self._configurator(server_args, model_config)._resolve_memory_pool_config(pre_gib)
+                except Exception:
+                    return False
+            return bool(config.max_running_requests == slots)
 
         return bisect_max(fits, int(case.get("slots_limit", 4096)))
 

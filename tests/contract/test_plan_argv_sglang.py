@@ -13,12 +13,10 @@ from sgl_seat.engines import ENGINE_MODULES
 from sgl_seat.errors import CapacityError
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import builtin_profiles, load_spec
-from tests.contract.sglang_parser import parse_with_sglang, sglang_available
+from tests.contract.sglang_parser import parse_with_sglang
 
-pytestmark = [
-    pytest.mark.contract,
-    pytest.mark.skipif(not sglang_available(), reason="run scripts/install-sglang-parser.sh (scripts/test.sh does)"),
-]
+# Without SGLang these skip, except under CI=true where they fail (tests/contract/conftest.py).
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("sglang_required")]
 
 MATRIX = [
     (seat, draft, slots, mf)

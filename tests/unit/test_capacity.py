@@ -1,143 +1,194 @@
-"""Capacity planner: cell sizes checked against numbers computed by hand, and refusals."""
+"""Capacity through the mirror (no SGLang here): cells and pools checked against arithmetic done by hand from
+SGLang 0.5.23's code, the DeepSeek-V4 pool on the published geometry, V4.1's request-cap SWA pool and its
+refusal of EAGLE, the weights input, and the refusals with their numbers.
+
+The mirror is held to SGLang's own code by tests/contract/test_sizing_mirror.py; these tests pin the
+arithmetic so a change to it is seen without SGLang installed.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
 from pathlib import Path
 
 import pytest
 
-from sgl_seat.capacity import GIB, load_model_shape, predict
+from sgl_seat.capacity import GIB, SOURCE_MIRROR, plan_capacity, refuse_if_unbootable
 from sgl_seat.errors import CapacityError
-from sgl_seat.plan import build_plan
-from sgl_seat.spec import SeatSpec, load_spec
+from sgl_seat.spec import SeatSpec
 
+MODELS = Path(__file__).resolve().parents[2] / "launch" / "models"
 DSV3 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "num_hidden_layers": 61,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "hidden_size": 7168,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "num_nextn_predict_layers": 1,
-    "torch_dtype": "bfloat16",
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
 }
 LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "hidden_size": 8192,
-    "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192, "torch_dtype": "bfloat16",
 }
 
 
-def _model_dir(tmp_path: Path, cfg: dict[str, object], total: int) -> Path:
+@pytest.fixture(autouse=True)
+def _mirror(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+
+
+def _model_dir(tmp_path: Path, cfg: dict[str, object], total: int | None) -> Path:
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}}))
+    if total is not None:
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}}))
     return d
 
 
-def _spec(model_dir: Path, *, tp: int = 8, nodes: int = 2, gpu_gb: float = 80) -> SeatSpec:
-    return SeatSpec.model_validate(
-        {
-            "schema_version": 1,
-            "name": "t",
-            "engine": "sglang",
-            "model": {"path": "/m", "context_length": 32768, "config": str(model_dir)},
-            "cluster": {"nodes": nodes, "gpus_per_node": tp // nodes, "gpu_memory_gb": gpu_gb},
-            "parallel": {"tp": tp, "ep": tp},
-            "memory_fraction": 0.85,
-            "slots": 64,
-        }
-    )
+def _spec(model_dir: Path, *, tp: int = 8, nodes: int = 2, gpu_gb: float = 80, context: int = 32768,
+          **extra: object) -> SeatSpec:
+    doc: dict[str, object] = {
+        "schema_version": 1, "name": "t", "engine": "sglang",
+        "model": {"path": "/m", "context_length": context, "config": str(model_dir)},
+        "cluster": {"nodes": nodes, "gpus_per_node": tp // nodes, "gpu_memory_gb": gpu_gb},
+        "parallel": {"tp": tp, "ep": tp}, "memory_fraction": 0.85, "slots": 64,
+    }
+    doc.update(extra)
+    return SeatSpec.model_validate(doc)
+
+
+def _rest(gpu_gb: float, weights_per_gpu: int, mf: float, draft_bytes: int = 0) -> int:
+    """SGLang's _profile_available_bytes on the budget capacity.py feeds it (1 GiB context, 2 GiB reserve)."""
+    pre = gpu_gb * GIB - GIB
+    after = pre - weights_per_gpu - draft_bytes - 2 * GIB
+    return int((after / GIB - pre / GIB * (1 - mf)) * GIB)
 
 
 def test_mla_cell_is_latent_times_layers_times_dtype_not_sharded(tmp_path: Path) -> None:
-    d = _model_dir(tmp_path, DSV3, 680 * 10**9)
-    shape = load_model_shape(d / "config.json")
-    cap = predict(_spec(d), shape, draft=False, slots=64, mem_fraction=0.85)
+    d = _model_dir(tmp_path, DSV3, 250 * 10**9)
+    cap = plan_capacity(_spec(d), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.source == SOURCE_MIRROR
     # (512 + 64) latent x 61 layers x 2 bytes (bf16), the same on every TP rank.
-    assert cap.kv_bytes_per_token == (512 + 64) * 61 * 2 == 70_272
-    cap_tp4 = predict(_spec(d, tp=4), shape, draft=False, slots=64, mem_fraction=0.85)
-    assert cap_tp4.kv_bytes_per_token == cap.kv_bytes_per_token
+    assert cap.draft_off.kv_bytes_per_token == (512 + 64) * 61 * 2 == 70_272
+    # EAGLE/MTP: one draft layer folded into the cell, int(cell * 1 / 61).
+    assert cap.draft_on.kv_bytes_per_token == 70_272 + 70_272 // 61
+    cap4 = plan_capacity(_spec(d, tp=4), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap4 is not None and cap4.draft_off.kv_bytes_per_token == 70_272
 
 
-def test_gqa_cell_is_sharded_by_tp(tmp_path: Path) -> None:
+def test_mha_cell_is_sharded_by_tp_and_the_pool_follows_sglangs_formula(tmp_path: Path) -> None:
     d = _model_dir(tmp_path, LLAMA, 140 * 10**9)
-    shape = load_model_shape(d / "config.json")
-    cap = predict(_spec(d, tp=8), shape, draft=False, slots=64, mem_fraction=0.85)
-    # 2 (K,V) x 8 kv heads / 8 TP x head_dim 128 x 80 layers x 2 bytes.
-    assert cap.kv_bytes_per_token == 2 * 1 * 128 * 80 * 2 == 40_960
-    cap4 = predict(_spec(d, tp=4), shape, draft=False, slots=64, mem_fraction=0.85)
-    assert cap4.kv_bytes_per_token == 2 * 2 * 128 * 80 * 2
+    cap = plan_capacity(_spec(d, tp=8), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap is not None
+    # 8 kv heads / 8 TP x (128 K + 128 V) x 80 layers x 2 bytes.
+    assert cap.draft_off.kv_bytes_per_token == 1 * 256 * 80 * 2 == 40_960
+    assert cap.draft_off.kv_pool_tokens == _rest(80, 140 * 10**9 // 8, 0.85) // 40_960
+    assert cap.draft_off.max_running_requests == 64
+    cap4 = plan_capacity(_spec(d, tp=4), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap4 is not None and cap4.draft_off.kv_bytes_per_token == 2 * 256 * 80 * 2
 
 
-def test_pool_follows_sglangs_formula(tmp_path: Path) -> None:
-    """rest = pre*mf - weights - reserve; pool = rest // cell (page size 1 here)."""
-    d = _model_dir(tmp_path, LLAMA, 140 * 10**9)
-    shape = load_model_shape(d / "config.json")
-    cap = predict(_spec(d, tp=8), shape, draft=False, slots=64, mem_fraction=0.85)
-    pre = 80 * GIB - 1 * GIB
-    rest = int(pre - 140 * 10**9 // 8 - 2 * GIB - pre * 0.15)
-    assert cap.kv_pool_tokens == rest // 40_960
-    assert cap.max_running_requests == 64
+def _v4_bytes_per_full_token(*, spec_decode: bool, swa_ratio: float | None) -> float:
+    """DSV4PoolConfigurator on the published geometry, by hand: 43 layers, ratios 4 on 21, 128 on 20."""
+    page = 256
+    paged = math.ceil(page * 584 / 576) * 576 / page  # V4 layout row 584 B, page stride padded to 576 B
+    paged128 = math.ceil(2 * 584 / 576) * 576 / 2
+    ring4 = 16 if spec_decode else 8
+    swa_token = paged * 43 + ring4 / page * (2 * 2 * 512 * 4 + 2 * 2 * 128 * 4) * 21
+    compressed = 21 * (paged / 4 + (128 + 4) / 4) + 20 * paged128 / 128
+    full = (swa_ratio or 0) * swa_token + compressed
+    return full * (44 / 43 if spec_decode else 1)
 
 
-def test_sliding_window_layers_are_sized_per_request(tmp_path: Path) -> None:
-    cfg = {**LLAMA, "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 40}
-    d = _model_dir(tmp_path, cfg, 140 * 10**9)
-    shape = load_model_shape(d / "config.json")
-    cap = predict(_spec(d), shape, draft=False, slots=64, mem_fraction=0.85)
-    assert cap.kv_bytes_per_token == 2 * 1 * 128 * 40 * 2
-    assert cap.per_request_bytes == 4096 * 2 * 1 * 128 * 40 * 2
+def _v4_spec(tmp_path: Path, model: str, weights_gb: float, **extra: object) -> SeatSpec:
+    d = tmp_path / model
+    shutil.copytree(MODELS / model, d)
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": int(weights_gb * GIB)}}))
+    return _spec(d, tp=4, nodes=2, gpu_gb=96, context=409_600, **extra)
+
+
+def test_published_v4_flash_pool_is_the_dsv4_configurator_by_hand(tmp_path: Path) -> None:
+    spec = _v4_spec(tmp_path, "deepseek-v4-flash", 286.0)
+    cap = plan_capacity(spec, slots_off=32, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.model_type == "deepseek_v4"
+    off, on = cap.draft_off, cap.draft_on
+    bpt = _v4_bytes_per_full_token(spec_decode=False, swa_ratio=0.1)
+    assert off.kv_bytes_per_token == round(bpt) == 7087
+    assert on.kv_bytes_per_token == round(_v4_bytes_per_full_token(spec_decode=True, swa_ratio=0.1))
+    weights = int(286 * GIB) // 4
+    # Fixed bytes: the c128 compress-state rows, (33 slots x 128 ring + 129) padded to 128, x 2 x 512 x fp32 x 20.
+    c128 = math.ceil((33 * 128 + 129) / 128) * 128 * 2 * 512 * 4 * 20
+    tokens = int((_rest(96, weights, 0.85) - c128) / bpt) // 256 * 256
+    assert off.kv_pool_tokens == tokens
+    assert off.swa_pool_tokens == int(tokens * 0.1) // 256 * 256
+    assert off.configurator == "DSV4PoolConfigurator"
+    assert on.kv_pool_tokens < off.kv_pool_tokens and on.fits and off.fits
+
+
+def test_v41_sizes_the_swa_pool_by_request_cap_and_refuses_eagle(tmp_path: Path) -> None:
+    spec = _v4_spec(tmp_path, "deepseek-v4.1-flash-engram", 286.0)
+    cap = plan_capacity(spec, slots_off=32, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.model_type == "deepseek_v41"
+    # compute_swa_request_cap: (128 window + 128 eviction + 256 page + 256 decode) x 32 + 2 x 8192 chunk + 256,
+    # plus 4 x 32 prefix tails x (128 + 256), aligned to the page.
+    cap_tokens = math.ceil(((128 + 128 + 256 + 256) * 32 + 2 * 8192 + 256 + 128 * 384) / 256) * 256
+    assert cap.draft_off.swa_pool_tokens == cap_tokens == 90_368
+    assert cap.draft_off.kv_bytes_per_token == round(_v4_bytes_per_full_token(spec_decode=False, swa_ratio=None))
+    assert not cap.draft_on.fits and cap.draft_on.kv_pool_tokens == 0
+    assert "DeepSeek-V4.1 does not support speculative decoding other than DSpark" in (cap.draft_on.problem or "")
+    with pytest.raises(CapacityError, match="DSpark"):
+        refuse_if_unbootable(spec, cap.draft_on)
 
 
 def test_draft_on_never_has_more_tokens_than_draft_off(tmp_path: Path) -> None:
-    for cfg in (DSV3, LLAMA):
-        d = tmp_path / cfg["architectures"][0]  # type: ignore[index]
+    for name, cfg in (("dsv3", DSV3), ("llama", LLAMA)):
+        d = tmp_path / name
         d.mkdir()
-        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
         (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 300 * 10**9}}))
-        shape = load_model_shape(d / "config.json")
-        for mf in (0.7, 0.8, 0.85, 0.9):
-            for slots in (1, 8, 32, 64):
-                off = predict(_spec(d), shape, draft=False, slots=slots, mem_fraction=mf)
-                on = predict(_spec(d), shape, draft=True, slots=slots, mem_fraction=mf)
-                assert on.kv_pool_tokens <= off.kv_pool_tokens
-                assert on.kv_bytes_per_token > off.kv_bytes_per_token
+        for mf in (0.7, 0.85, 0.9):
+            cap = plan_capacity(_spec(d), slots_off=8, slots_on=8, mem_fraction=mf)
+            assert cap is not None
+            assert cap.draft_on.kv_pool_tokens < cap.draft_off.kv_pool_tokens
+            assert cap.draft_on.kv_bytes_per_token > cap.draft_off.kv_bytes_per_token
 
 
-def test_draft_on_with_too_many_slots_is_refused_with_the_numbers() -> None:
-    with pytest.raises(CapacityError) as exc:
-        build_plan(load_spec("large"), draft=True, slots=16)
-    msg = str(exc.value)
-    assert "16 slots" in msg and "GiB" in msg and "--slots 11" in msg
+def test_too_many_slots_is_refused_with_the_largest_that_fits(tmp_path: Path) -> None:
+    d = _model_dir(tmp_path, LLAMA, 148 * GIB)  # 18.5 GiB per GPU leaves ~0.2 GiB of KV on 24 GiB at 0.9
+    spec = _spec(d, tp=8, gpu_gb=24)
+    cap = plan_capacity(spec, slots_off=4000, slots_on=8, mem_fraction=0.9)
+    assert cap is not None
+    off = cap.draft_off
+    assert off.max_running_requests == off.kv_pool_tokens // 2 < 4000 and not off.fits
+    assert off.max_slots_that_fit == off.kv_pool_tokens // 2
+    with pytest.raises(CapacityError, match=f"--slots {off.max_slots_that_fit} or fewer"):
+        refuse_if_unbootable(spec, off)
 
 
-def test_too_low_memory_fraction_is_refused() -> None:
-    with pytest.raises(CapacityError, match="raise it above"):
-        build_plan(load_spec("large"), draft=False, mem_fraction=0.5)
+def test_too_low_memory_fraction_is_refused_with_sglangs_words(tmp_path: Path) -> None:
+    d = _model_dir(tmp_path, LLAMA, 500 * 10**9)
+    spec = _spec(d, tp=8)
+    cap = plan_capacity(spec, slots_off=8, slots_on=8, mem_fraction=0.5)
+    assert cap is not None and not cap.draft_off.fits
+    assert "Raise --mem-fraction-static above" in (cap.draft_off.problem or "")
+    with pytest.raises(CapacityError):
+        refuse_if_unbootable(spec, cap.draft_off)
 
 
-def test_slot_ceiling_is_half_the_pool(tmp_path: Path) -> None:
-    d = _model_dir(tmp_path, LLAMA, 140 * 10**9)
-    shape = load_model_shape(d / "config.json")
-    cap = predict(_spec(d, tp=8, gpu_gb=24), shape, draft=False, slots=4000, mem_fraction=0.9)
-    assert cap.max_running_requests == min(4000, cap.kv_pool_tokens // 2)
+def test_without_weights_the_plan_is_not_predicted(tmp_path: Path) -> None:
+    """No safetensors index and no model.weights_gb: no prediction, never a refusal."""
+    d = _model_dir(tmp_path, LLAMA, None)
+    cap = plan_capacity(_spec(d), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap is not None
+    for state in (cap.draft_off, cap.draft_on):
+        assert state.predicted is False and state.kv_pool_tokens == 0 and state.max_slots_that_fit == 0
+    refuse_if_unbootable(_spec(d), cap.draft_on)  # does not raise
 
 
-def test_without_a_safetensors_index_the_plan_is_built_but_not_predicted(tmp_path: Path) -> None:
-    """The index is optional (issue 2): no weights total means no prediction, never a refusal."""
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(LLAMA))
-    plan = build_plan(_spec(d), draft=True, slots=64)
-    assert plan.capacity is not None
-    for cap in (plan.capacity.draft_off, plan.capacity.draft_on):
-        assert cap.predicted is False and cap.kv_pool_tokens == 0 and cap.max_slots_that_fit == 0
-    assert any("not predicted" in w for w in plan.warnings)
-    assert plan.slots == 64
+def test_a_model_the_mirror_does_not_cover_is_not_predicted_rather_than_guessed(tmp_path: Path) -> None:
+    d = _model_dir(tmp_path, {**LLAMA, "sliding_window": 4096, "layer_types": ["sliding_attention"] * 80},
+                   140 * 10**9)
+    cap = plan_capacity(_spec(d), slots_off=8, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and not cap.draft_off.predicted
+    assert "mirror does not cover" in (cap.draft_off.problem or "")
