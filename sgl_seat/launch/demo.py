@@ -51,6 +51,10 @@ PROMPTS = (
 #: The rank whose host row fetch is stalled (the field report's hangs were on one rank of the second node).
 STALL_RANK = 3
 POLL_S = 0.2
+#: The sim backend's name for a node's admin port, and the sim's fault route on it (sgl_seat.sim.admin; launch
+#: may not import the sim itself, only its backend).
+ADMIN_PORT = "sim admin"
+FAULT_ROUTE = "/sim/faults"
 SYNTHETIC_NOTE = ("sim engine: answers, token counts and latencies are synthetic; the stall is injected through "
                   "the sim's fault route; the watchdog, capture and replay are the toolkit's real code")
 
@@ -61,6 +65,8 @@ QUICK_WARM_S = 5.0
 FULL_WARM_S = 60.0
 #: How long the demo waits for the bundle after the injection (the watchdog acceptance is 10 s).
 BUNDLE_TIMEOUT_S = 30.0
+#: After the warm-up, how long the traffic may still take to complete its first request (a loaded box).
+FIRST_ANSWER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +157,11 @@ def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
     if nrec is None or nrec.host_id != host_id():
         raise UsageError(f"rank {rank} runs on node {node.node_rank}, not on this host; the sim's fault route "
                          "answers on 127.0.0.1 only", fix="run the demo on the built-in local-sim seat")
-    port = backend_for(rec.engine).listen_ports(plan, node)["sim admin"]
-    return f"http://127.0.0.1:{port}/sim/faults", node.node_rank
+    backend = backend_for(rec.engine)
+    port = backend.listen_ports(plan, node).get(ADMIN_PORT)
+    if port is None:
+        raise UsageError(f"engine {rec.engine!r} has no fault route", fix="run the demo on a sim seat")
+    return f"http://{backend.bind_host(node.command, ADMIN_PORT)}:{port}{FAULT_ROUTE}", node.node_rank
 
 
 def bundles_dir(spec: SeatSpec) -> Path:
@@ -213,7 +222,7 @@ def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
     res.stages.records.append(Stage("up", times.total(), f"READY at {rec.endpoint}"))
     res.substages["up"] = list(times.records)
     res.endpoint = rec.endpoint or ""
-    load: Load | None = None
+    load = Load(res.endpoint, spec.model.name, concurrency=opts.concurrency)  # halted by the cleanup on every path
     failed = True
     try:
         say(f"seat {rec.name} is READY at {res.endpoint} (draft on) in {times.total():.1f} s")
@@ -222,7 +231,7 @@ def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
             raise EngineError("the seat is up without its watchdog sidecars, so no stall would be caught: "
                               + ("; ".join(unwatched) or "the spec sets watchdog.enabled: false"),
                               fix="use a seat with the watchdog on; `up` prints why its sidecars did not start")
-        load = _traffic(spec, opts, res, stages, say)
+        _traffic(spec, opts, res, stages, say, load)
         _inject(rec, res, stages, say, bundles_dir(spec))
         _replay(spec, opts, res, stages, say)
         failed = False
@@ -232,8 +241,8 @@ def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
     return res
 
 
-def _traffic(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages,
-             say: Callable[[str], None]) -> Load:
+def _traffic(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, say: Callable[[str], None],
+             load: Load) -> None:
     say(f"\n[2/6] traffic: {len(opts.prompts)} question(s), then {opts.concurrency} clients for "
         f"{opts.warm_s:.0f} s")
     with stages.stage("traffic", f"{opts.concurrency} clients") as note:
@@ -243,16 +252,14 @@ def _traffic(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages,
             text = a.text.strip()
             text = text if len(text) <= 100 else text[:100] + "..."
             say(f"> {a.prompt}\n  {text}  [{a.completion_tokens} tokens{', synthetic' if res.synthetic else ''}]")
-        load = Load(res.endpoint, spec.model.name, concurrency=opts.concurrency).start()
+        load.start()
         time.sleep(opts.warm_s)
+        if not load.answered.wait(FIRST_ANSWER_S):  # the stall must interrupt traffic that flows
+            raise EngineError(f"no request of the traffic completed in {opts.warm_s + FIRST_ANSWER_S:.0f} s "
+                              f"({load.to_json()['requests_failed']} failed)", fix="see `sgl-seat logs --node 0`")
         res.traffic = load.to_json()
-        if res.traffic["requests_ok"] == 0:
-            load.stop(5.0)
-            raise EngineError(f"no request completed in {opts.warm_s:.0f} s of traffic "
-                              f"({res.traffic['requests_failed']} failed)", fix="see `sgl-seat logs --node 0`")
         note["detail"] = (f"{res.traffic['requests_ok']} requests, {res.traffic['completion_tokens']} tokens"
                           + (" (synthetic)" if res.synthetic else ""))
-    return load
 
 
 def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str], None], bdir: Path) -> None:
@@ -325,19 +332,18 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
     say(f"HTML report: {html}")
 
 
-def _cleanup(rec: SeatRecord, load: Load | None, res: DemoResult, reporter: Reporter | None,
+def _cleanup(rec: SeatRecord, load: Load, res: DemoResult, reporter: Reporter | None,
              say: Callable[[str], None], failed: bool) -> None:
     """Release the stall (so in-flight requests finish), stop the traffic, take the seat down.
 
     After a failure the first error is the one the user sees: a cleanup error is only printed then.
     """
     say("\n[6/6] down")
-    if load is not None:
-        load.halt()
+    load.halt()
     if res.injection:  # the fault route was about to be called, or was: disarm (harmless when nothing is armed)
         with contextlib.suppress(SeatError):
             _admin("DELETE", res.injection["admin_url"])
-    if load is not None:
+    if load.started:
         load.stop(10.0)
         res.traffic = load.to_json()
     try:

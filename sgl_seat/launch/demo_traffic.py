@@ -62,8 +62,13 @@ class Load:
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"sgl-seat-demo-load-{i}", daemon=True)
                          for i in range(concurrency)]
         self.ok = 0
+        self.answered = threading.Event()  # set at the first completed request
         self.failed = 0
         self.tokens = 0
+
+    @property
+    def started(self) -> bool:
+        return any(t.ident is not None for t in self._threads)
 
     def start(self) -> Load:
         for t in self._threads:
@@ -86,6 +91,7 @@ class Load:
                 with self._lock:
                     self.ok += 1
                     self.tokens += a.completion_tokens or 0
+                self.answered.set()
 
     def halt(self) -> None:
         """No new requests from now on (those in flight run on)."""
@@ -96,7 +102,8 @@ class Load:
         self._stop.set()
         deadline = time.monotonic() + join_s
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t.ident is not None:  # started
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def to_json(self) -> dict[str, int]:
         with self._lock:

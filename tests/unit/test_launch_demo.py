@@ -93,9 +93,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (the demo's `down`)
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv = _Server(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -140,7 +146,8 @@ def _fake_seat(monkeypatch: pytest.MonkeyPatch, server: str, path: str, tmp_path
     FakeSeat.calls = []
     FakeSeat.bundles = None
     port = int(server.rsplit(":", 1)[1])
-    plan = build_plan(load_spec("local-sim"), draft=True)
+    spec = load_spec("local-sim")  # without its model config: the capacity model is not what is tested here
+    plan = build_plan(spec.model_copy(update={"model": spec.model.model_copy(update={"config": None})}), draft=True)
     plan = replace(plan, nodes=tuple(
         replace(n, env=tuple(sorted({**n.env_dict(), NODE_PORT_ENV: str(port - 2)}.items()))) if n.node_rank == 1
         else n for n in plan.nodes))
@@ -232,6 +239,30 @@ def test_ctrl_c_while_waiting_releases_the_stall_and_takes_the_seat_down(
         main()
     assert ei.value.code == 130 and "interrupted: the demo took its seat down" in capsys.readouterr().err
     assert [c[0] for c in FakeSeat.calls] == ["POST", "DELETE"] and downs == ["demo-seat"]
+
+
+def test_ctrl_c_after_the_traffic_started_stops_its_clients(server: str, monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    downs = _fake_seat(monkeypatch, server, "/good", tmp_path)
+    loads: list[demo_traffic.Load] = []
+
+    class Recorded(demo_traffic.Load):
+        def start(self) -> demo_traffic.Load:
+            loads.append(self)
+            return super().start()
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "Load", Recorded)
+    monkeypatch.setattr(demo, "_inject", interrupted)
+    monkeypatch.setattr(sys, "argv", ["sgl-seat", "demo", "--quick"])
+    with pytest.raises(SystemExit) as ei:
+        main()
+    assert ei.value.code == 130 and downs == ["demo-seat"]
+    (load,) = loads
+    assert load.ok > 0 and load.started
+    assert not [t for t in threading.enumerate() if t.name.startswith("sgl-seat-demo-load-")], "clients left running"
 
 
 def test_a_seat_up_without_sidecars_stops_the_demo_before_the_stall(
