@@ -19,6 +19,7 @@ from sgl_seat.forensics.bundle import verify_bundle
 from sgl_seat.forensics.manifest import Manifest
 from sgl_seat.forensics.replay import load_any
 from sgl_seat.forensics.store import list_bundles, resolve_bundle
+from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
 
 app = typer.Typer(help="List, show, verify, pack and unpack forensic bundles.", no_args_is_help=True)
 
@@ -44,8 +45,10 @@ def ls(
     root: Annotated[Path | None, typer.Option("--root", help="Bundles root (default $SGL_SEAT_HOME/bundles).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """List bundles, newest first, with trigger, verdict and size."""
-    items = list_bundles(root, seat=seat)
+    """List bundles, newest first, with trigger, verdict and size (also those of recorded seats whose spec puts
+    them elsewhere with bundles.dir)."""
+    seat_dirs = [] if root is not None else [bundles_dir_for(seat)] if seat else recorded_bundle_dirs()
+    items = list_bundles(root, seat=seat, seat_dirs=seat_dirs)
     if json_out:
         print_json([s.to_json() for s in items])
         return
@@ -66,7 +69,7 @@ def ls(
 @app.command("show")
 def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     """Show a bundle's manifest: seat, trigger, verdict, versions and files (verifies it first)."""
-    b = load_any(resolve_bundle(bundle))
+    b = load_any(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()))
     m: Manifest = b.manifest
     if json_out:
         print_json(m.to_json())
@@ -109,7 +112,7 @@ def _dir_sizes(root: Path) -> dict[str, int]:
 def verify(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     """Verify a bundle's manifest, file list, sizes and sha256 digests (exit 2 if anything is off)."""
     with _json_refusal(json_out, bundle):
-        path = resolve_bundle(bundle)
+        path = resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs())
         m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
     if json_out:
         print_json({"path": str(path), "ok": True, "bundle_id": m.bundle_id, "schema_version": m.schema_version,
@@ -127,7 +130,7 @@ def pack(
 ) -> None:
     """Verify a bundle directory and pack it into a .tar.zst."""
     with _json_refusal(json_out, bundle):
-        src = resolve_bundle(bundle)
+        src = resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs())
         out = pack_bundle(src, output)
     if json_out:
         print_json({"path": str(out), "ok": True, "source": str(src), "bytes": out.stat().st_size,

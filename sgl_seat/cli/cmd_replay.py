@@ -12,11 +12,11 @@ from sgl_seat.cli.common import console, print_json
 from sgl_seat.errors import BundleError, UsageError
 from sgl_seat.forensics.exports import chrome_trace, speedscope
 from sgl_seat.forensics.html import render_html
-from sgl_seat.forensics.layout import seat_bundles_dir
 from sgl_seat.forensics.replay import replay_bundle
 from sgl_seat.forensics.report import render_report
 from sgl_seat.forensics.store import resolve_bundle
 from sgl_seat.forensics.traffic import replay_traffic
+from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
 
 
 def _write(path: Path, text: str) -> None:
@@ -55,7 +55,7 @@ def replay(
     row-fetch latency by gather size, and what the seat was doing. With --traffic, re-send its requests."""
     if traffic and not target:
         raise UsageError("--traffic needs --target", fix="e.g. --target http://127.0.0.1:30000")
-    result = replay_bundle(resolve_bundle(bundle))
+    result = replay_bundle(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()))
     if html is not None:
         _write(html, render_html(result))
     if speedscope_out is not None:
@@ -66,7 +66,7 @@ def replay(
     if traffic and target:
         seat = target_seat or result.bundle.manifest.seat
         tr = replay_traffic(result.bundle.requests, target, speed=speed, max_requests=max_requests,
-                            max_seconds=max_seconds, watch_dir=seat_bundles_dir(seat), watch_grace_s=watch_grace)
+                            max_seconds=max_seconds, watch_dir=bundles_dir_for(seat), watch_grace_s=watch_grace)
         doc["traffic"] = tr.to_json()
     if json_out:
         print_json(doc)

@@ -8,9 +8,7 @@ below: the seat's record (``launch``), the sidecars (``watchdog``) and the bundl
 
 from __future__ import annotations
 
-import contextlib
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -20,28 +18,14 @@ from rich.text import Text
 WATCH_SCHEMA_VERSION = 1
 
 
-def bundle_root(rec: Any) -> tuple[Path | None, str]:
-    """(bundles root, seat dir name) for the seat: the spec's ``bundles.dir`` if set, else the default."""
-    from sgl_seat.spec import load_spec
-
-    if rec.spec_source:
-        with contextlib.suppress(Exception):  # the spec moved or changed: fall back to the default place
-            spec = load_spec(rec.spec_source)
-            if spec.bundles.dir:
-                d = Path(spec.bundles.dir).expanduser()
-                return d.parent, d.name
-    return None, rec.name
-
-
 def collect(name: str, *, timeout: float = 10.0, connected: bool = False) -> dict[str, Any]:
     """One watch document for seat ``name`` (connects to Ray unless ``connected``)."""
-    from sgl_seat.forensics.store import list_bundles
+    from sgl_seat.forensics.store import bundles_in
     from sgl_seat.launch import cluster
-    from sgl_seat.launch.record import load_record
+    from sgl_seat.launch.record import bundles_dir_of, load_record
     from sgl_seat.watchdog.actors import snapshots
 
     rec = load_record(name)
-    root, seat_dir = bundle_root(rec)
     doc: dict[str, Any] = {"schema_version": WATCH_SCHEMA_VERSION, "seat": rec.name, "t": time.time(),
                            "state": rec.state.value, "endpoint": rec.endpoint, "nodes": [], "error": None}
     if rec.no_watchdog:
@@ -55,7 +39,7 @@ def collect(name: str, *, timeout: float = 10.0, connected: bool = False) -> dic
             doc["nodes"] = snapshots(rec.name, rec.namespace, len(rec.nodes), timeout=timeout)
         except Exception as exc:
             doc["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    doc["bundles"] = [b.to_json() for b in list_bundles(root, seat=seat_dir)]
+    doc["bundles"] = [b.to_json() for b in bundles_in(bundles_dir_of(rec))]
     return doc
 
 

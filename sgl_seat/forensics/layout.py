@@ -93,6 +93,8 @@ def bundles_home() -> Path:
     return base / "bundles"
 
 
-def seat_bundles_dir(seat: str) -> Path:
-    """Where one seat's bundles go unless its spec sets ``bundles.dir``."""
-    return bundles_home() / seat
+def seat_bundles_dir(seat: str, configured: str | None = None) -> Path:
+    """Where one seat's bundles go: ``configured`` (the spec's ``bundles.dir``) when set, else
+    ``$SGL_SEAT_HOME/bundles/<seat>``. The one place that decides it: `up` records the result for the
+    sidecars, and `watch`, `replay` and `bundle` read it back from the seat's record."""
+    return Path(configured).expanduser() if configured else bundles_home() / seat

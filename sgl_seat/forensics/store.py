@@ -1,13 +1,17 @@
-"""Finding bundles on disk: ``$SGL_SEAT_HOME/bundles/<seat>/<id>/``, listed newest first.
+"""Finding bundles on disk: ``$SGL_SEAT_HOME/bundles/<seat>/<id>/`` and the directories of seats whose spec sets
+``bundles.dir`` (``<dir>/<id>/``), listed newest first.
 
 Listing reads only each manifest (a full verify hashes every file, too slow for ``ls`` over many
 bundles); a bundle whose manifest does not parse is still listed, with its error, so a damaged capture
-is visible rather than silently skipped. ``resolve_bundle`` lets commands take a path or a bare id.
+is visible rather than silently skipped. ``resolve_bundle`` lets commands take a path or a bare id. Which
+directory belongs to which seat is not decided here (``sgl_seat.forensics.layout.seat_bundles_dir``); callers
+that know the recorded seats pass their directories as ``seat_dirs``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from sgl_seat.forensics.archive import is_archive
 from sgl_seat.forensics.codec import loads_document
 from sgl_seat.forensics.manifest import Manifest
 
-__all__ = ["BundleSummary", "list_bundles", "resolve_bundle"]
+__all__ = ["BundleSummary", "bundles_in", "list_bundles", "resolve_bundle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,31 +60,45 @@ def _summary(path: Path, seat_dir: str) -> BundleSummary:
                          len(m.files) + 1)
 
 
-def list_bundles(root: Path | None = None, *, seat: str | None = None) -> list[BundleSummary]:
-    """Every bundle under ``root`` (default ``$SGL_SEAT_HOME/bundles``), optionally one seat's, newest first."""
-    root = Path(root) if root is not None else layout.bundles_home()
-    if not root.is_dir():
+def _newest_first(items: list[BundleSummary]) -> list[BundleSummary]:
+    return sorted(items, key=lambda s: (-(s.created or 0.0), s.seat, s.bundle_id))
+
+
+def bundles_in(seat_dir: Path) -> list[BundleSummary]:
+    """The bundles directly in one seat's bundle directory, newest first."""
+    if not seat_dir.is_dir():
         return []
+    return _newest_first([_summary(Path(e.path), seat_dir.name)
+                          for e in sorted(os.scandir(seat_dir), key=lambda e: e.name)
+                          if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)])
+
+
+def list_bundles(root: Path | None = None, *, seat: str | None = None,
+                 seat_dirs: Iterable[Path] = ()) -> list[BundleSummary]:
+    """Every bundle under ``root`` (default ``$SGL_SEAT_HOME/bundles``), optionally one seat's, and every bundle in
+    ``seat_dirs`` (the directories of seats whose spec sets ``bundles.dir``), newest first, each once."""
+    root = Path(root) if root is not None else layout.bundles_home()
+    dirs: list[Path] = []
+    if root.is_dir():
+        dirs = [root / seat] if seat else sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    seen: set[Path] = set()
     out: list[BundleSummary] = []
-    seats = [root / seat] if seat else sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for sdir in seats:
-        if not sdir.is_dir():
-            continue
-        for e in sorted(os.scandir(sdir), key=lambda e: e.name):
-            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
-                continue
-            out.append(_summary(Path(e.path), sdir.name))
-    out.sort(key=lambda s: (-(s.created or 0.0), s.seat, s.bundle_id))
-    return out
+    for sdir in [*dirs, *seat_dirs]:
+        key = sdir.resolve()
+        if key not in seen:
+            seen.add(key)
+            out += bundles_in(sdir)
+    return _newest_first(out)
 
 
-def resolve_bundle(ref: str) -> Path:
-    """A bundle path from a path (directory or .tar.zst) or a bare bundle id under the bundles home."""
+def resolve_bundle(ref: str, *, seat_dirs: Iterable[Path] = ()) -> Path:
+    """A bundle path from a path (directory or .tar.zst) or a bare bundle id under the bundles home or in one of
+    ``seat_dirs``."""
     p = Path(ref).expanduser()
     if p.exists():
         return p
     if layout.BUNDLE_ID_RE.match(ref) and not is_archive(p):
-        hits = [s.path for s in list_bundles() if s.bundle_id == ref or s.path.name == ref]
+        hits = [s.path for s in list_bundles(seat_dirs=seat_dirs) if s.bundle_id == ref or s.path.name == ref]
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:

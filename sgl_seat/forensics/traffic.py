@@ -26,7 +26,7 @@ import httpx
 
 from sgl_seat.errors import UsageError
 from sgl_seat.forensics.redact import RequestShape
-from sgl_seat.forensics.store import list_bundles
+from sgl_seat.forensics.store import bundles_in
 
 __all__ = ["TrafficResult", "replay_traffic", "synth_prompt"]
 
@@ -183,14 +183,14 @@ def replay_traffic(requests: list[RequestShape], target: str, *, speed: float = 
     shapes = sorted(requests, key=lambda r: r.t)[:max_requests]
     res = TrafficResult(target=base, planned=len(shapes))
     started = time.time()
-    before = {str(s.path) for s in list_bundles(watch_dir.parent, seat=watch_dir.name)} if watch_dir else set()
+    before = {str(s.path) for s in bundles_in(watch_dir)} if watch_dir else set()
     asyncio.run(_drive(shapes, res, base=base, speed=speed, max_seconds=max_seconds, concurrency=concurrency,
                        request_timeout_s=request_timeout_s, transport=transport))
     if watch_dir is not None:
         res.watched = str(watch_dir)
         end = time.monotonic() + watch_grace_s
         while True:
-            fresh = [s for s in list_bundles(watch_dir.parent, seat=watch_dir.name)
+            fresh = [s for s in bundles_in(watch_dir)
                      if str(s.path) not in before and (s.created or 0.0) >= started - 1.0]
             if fresh or time.monotonic() >= end:
                 res.new_bundles = sorted(str(s.path) for s in fresh)

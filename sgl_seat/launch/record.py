@@ -6,7 +6,8 @@ behind for ``down``), ``status`` reconciles it with Ray and the engines and writ
 from reality (a node can die while nobody looks); it is never the authority, only the address
 book and the last thing seen.
 
-Versions: schema 1 (first version).
+Versions: schema 1 (first version; ``bundles_dir`` added later, optional: records without it read the
+seat's spec for it).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgl_seat.errors import SeatStateError, UsageError
+from sgl_seat.errors import SeatError, SeatStateError, UsageError
+from sgl_seat.forensics.layout import seat_bundles_dir
 from sgl_seat.launch.home import read_json, seats_dir, write_json_atomic
 from sgl_seat.launch.state import SeatState, parse_state, transition
+from sgl_seat.spec import load_spec
 
 RECORD_SCHEMA_VERSION = 1
 
@@ -88,6 +91,8 @@ class SeatRecord:
     busy_pid: int | None = None
     busy_host: str | None = None
     no_watchdog: bool = False
+    #: Where the seat's watchdog writes its bundles, as `up` resolved it (``forensics.layout.seat_bundles_dir``).
+    bundles_dir: str | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     schema_version: int = RECORD_SCHEMA_VERSION
@@ -171,6 +176,34 @@ def list_names() -> list[str]:
     if not d.is_dir():
         return []
     return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith("."))
+
+
+def bundles_dir_of(rec: SeatRecord) -> Path:
+    """Where seat ``rec``'s bundles are: as `up` recorded it; for a record without it, from the seat's spec
+    (``bundles.dir``) if it still loads, else the default place."""
+    if rec.bundles_dir:
+        return Path(rec.bundles_dir)
+    configured = None
+    if rec.spec_source:
+        with contextlib.suppress(SeatError, OSError):  # the spec moved or no longer parses
+            configured = load_spec(rec.spec_source).bundles.dir
+    return seat_bundles_dir(rec.name, configured)
+
+
+def bundles_dir_for(name: str) -> Path:
+    """Where seat ``name``'s bundles are: its record's directory when it is recorded here, else the default."""
+    if not record_path(name).is_file():
+        return seat_bundles_dir(name)
+    return bundles_dir_of(load_record(name))
+
+
+def recorded_bundle_dirs() -> list[Path]:
+    """The bundle directory of every seat recorded here (for commands that look a bundle up by id)."""
+    out = []
+    for name in list_names():
+        with contextlib.suppress(SeatError):  # a damaged record is `status`'s business, not a lookup's
+            out.append(bundles_dir_of(load_record(name)))
+    return out
 
 
 def resolve_name(name: str | None) -> str:

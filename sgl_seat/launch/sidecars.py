@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import SeatError
 from sgl_seat.launch.cluster import get
-from sgl_seat.launch.record import SeatRecord
+from sgl_seat.launch.record import SeatRecord, bundles_dir_of
 from sgl_seat.watchdog import actors
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode, sidecar_name
 
@@ -39,10 +39,11 @@ class SidecarsStarted:
 
 
 def context_of(rec: SeatRecord) -> SidecarContext:
-    """The watchdog's view of a recorded seat: names, the filled plan and the spec's source."""
+    """The watchdog's view of a recorded seat: names, the filled plan, the spec's source and the bundles' place."""
     return SidecarContext(
         seat=rec.name, namespace=rec.namespace, pg_name=rec.pg_name, plan_json=json.dumps(rec.plan),
         nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip) for n in rec.nodes), spec_source=rec.spec_source,
+        bundles_dir=str(bundles_dir_of(rec)),
     )
 
 

@@ -20,6 +20,7 @@ from sgl_seat.deadline import bounded
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
 from sgl_seat.errors import EngineError, SeatError, SeatStateError
+from sgl_seat.forensics.layout import seat_bundles_dir
 from sgl_seat.launch import cluster, health, localcluster, placement
 from sgl_seat.launch.agent import NodeAgent
 from sgl_seat.launch.agentclient import (
@@ -91,7 +92,8 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     rec = SeatRecord(
         name=plan.seat, state=SeatState.PLACING, engine=plan.engine, draft=plan.draft,
         cluster_address=spec.cluster.address, namespace=namespace_of(plan.seat), pg_name=pg_name(plan.seat),
-        spec_source=spec.source, token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
+        spec_source=spec.source, bundles_dir=str(seat_bundles_dir(spec.name, spec.bundles.dir)),
+        token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
         no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
         kv_predicted=_predicted_kv(plan), plan=plan.to_json(),
         nodes=[NodeRecord(node_rank=n.node_rank, agent=agent_name(plan.seat, n.node_rank)) for n in plan.nodes],

@@ -16,12 +16,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
-from sgl_seat.forensics import layout
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.config import SidecarConfig, SidecarContext, metrics_port_for, rank0_metrics_url, sidecar_name
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
@@ -122,8 +120,6 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
     plan = json.loads(ctx.plan_json)
     spec = load_spec(ctx.spec_source) if ctx.spec_source else None
     wd = spec.watchdog if spec is not None else WatchdogSpec()
-    bundle_dir = (Path(spec.bundles.dir).expanduser() if spec is not None and spec.bundles.dir
-                  else layout.seat_bundles_dir(ctx.seat))
     quota = spec.bundles.quota_mb if spec is not None else 2048
     rank_nodes = {int(r["tp_rank"]): int(n["node_rank"]) for n in plan["nodes"] for r in n["ranks"]}
     http_port = int(plan["http_port"])
@@ -143,7 +139,7 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
         except Exception as exc:
             log.warning("node %d: no engine state from agent %s (%s); finding engines by title", r, nd.agent, exc)
         out.append(SidecarConfig(
-            seat=ctx.seat, node=r, nnodes=len(plan["nodes"]), thresholds=wd.model_dump(), bundle_dir=str(bundle_dir),
+            seat=ctx.seat, node=r, nnodes=len(plan["nodes"]), thresholds=wd.model_dump(), bundle_dir=ctx.bundles_dir,
             quota_mb=quota, probe_dir=node_env.get("SGL_SEAT_PROBE_DIR"), log_path=log_path, metrics_url=metrics_url,
             metrics_port=metrics_port_for(http_port, r), rank_nodes=rank_nodes, root_pid=root_pid,
             engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,

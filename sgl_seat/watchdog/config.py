@@ -32,7 +32,8 @@ class SidecarNode:
 
 @dataclass(frozen=True, slots=True)
 class SidecarContext:
-    """What a sidecar needs to find the seat: names, the filled plan (JSON) and the spec's source.
+    """What a sidecar needs to find the seat: names, the filled plan (JSON), the spec's source and where the seat's
+    bundles go (``bundles_dir``, as `up` resolved it: ``sgl_seat.forensics.layout.seat_bundles_dir``).
 
     The driver is connected to Ray in the seat's ``namespace`` when the watchdog is handed one; each node's
     sidecar goes on bundle ``node_rank`` of the placement group ``pg_name``, beside that node's agent.
@@ -44,6 +45,7 @@ class SidecarContext:
     plan_json: str
     nodes: tuple[SidecarNode, ...]
     spec_source: str | None
+    bundles_dir: str
     timeout: float = 60.0
 
 

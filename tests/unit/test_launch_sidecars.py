@@ -28,7 +28,8 @@ from sgl_seat.launch.state import SeatState
 from sgl_seat.watchdog import actors as watchdog_sidecar
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode
 
-CTX = SidecarContext(seat="s", namespace="ns", pg_name="pg", plan_json="{}", spec_source=None, timeout=2.0,
+CTX = SidecarContext(seat="s", namespace="ns", pg_name="pg", plan_json="{}", spec_source=None, bundles_dir="/nowhere",
+                     timeout=2.0,
                      nodes=(SidecarNode(0, "a0", "127.0.0.1"), SidecarNode(1, "a1", "127.0.0.1")))
 
 

@@ -166,3 +166,69 @@ def test_cli_traffic(serve: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     doc = json.loads(capsys.readouterr().out)
     assert doc["traffic"]["sent"] == 5 and doc["traffic"]["ok"] == 5 and doc["traffic"]["reproduced"] is False
     assert doc["traffic"]["watched"].endswith(f"bundles/{read_bundle(STALL).manifest.seat}")
+
+
+def _seat_with_bundles_dir(tmp_path: Path, name: str) -> Path:
+    """Record seat ``name`` (READY) whose spec sets ``bundles.dir``; return that directory."""
+    import yaml
+
+    from sgl_seat.launch.record import SeatRecord, save_record
+    from sgl_seat.launch.state import SeatState
+    from sgl_seat.spec import load_spec
+
+    src = Path(load_spec("local-sim").source or "")
+    doc = yaml.safe_load(src.read_text(encoding="utf-8"))
+    doc["name"] = name
+    doc["model"]["config"] = str((src.parent / doc["model"]["config"]).resolve())
+    bdir = tmp_path / "elsewhere" / "my-bundles"
+    bdir.mkdir(parents=True)
+    doc["bundles"] = {"dir": str(bdir)}
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    save_record(SeatRecord(name=name, state=SeatState.READY, engine="sim", draft=True, cluster_address="local",
+                           namespace="n", pg_name="p", spec_source=str(spec)))
+    return bdir
+
+
+def test_cli_traffic_watches_the_seats_own_bundles_dir(serve: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN a recorded seat whose spec sets ``bundles.dir`` WHEN its watchdog captures a bundle there during
+    `replay --traffic --target-seat` THEN the replay reports it reproduced (it watched the default
+    ``$SGL_SEAT_HOME/bundles/<seat>`` instead and said "not reproduced")."""
+    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    bdir = _seat_with_bundles_dir(tmp_path, "s9")
+    url = serve(Seat(bundle_after=3, bundles_dir=bdir))
+    monkeypatch.setattr(sys, "argv", ["sgl-seat", "replay", str(STALL), "--traffic", "--target", url, "--target-seat",
+                                      "s9", "--speed", "500", "--max-requests", "5", "--max-seconds", "10",
+                                      "--watch-grace", "2", "--json"])
+    with pytest.raises(SystemExit) as ex:
+        main()
+    assert ex.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["traffic"]["watched"] == str(bdir)
+    assert doc["traffic"]["reproduced"] is True
+    assert doc["traffic"]["new_bundles"] == [str(bdir / "captured-during-replay")]
+
+
+def test_a_bundle_id_in_a_seats_own_bundles_dir_resolves_and_is_listed(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN a bundle in a recorded seat's ``bundles.dir`` WHEN `replay` and `bundle show` get its bare id and
+    `bundle ls` lists THEN they find it there (they looked only under ``$SGL_SEAT_HOME/bundles``)."""
+    import shutil
+
+    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    bdir = _seat_with_bundles_dir(tmp_path, "s9")
+    bid = "20260101-000000.000-rowfetch-stall-r3"
+    shutil.copytree(STALL, bdir / bid)
+    docs = []
+    for argv in (["replay", bid, "--json"], ["bundle", "show", bid, "--json"], ["bundle", "ls", "--json"]):
+        monkeypatch.setattr(sys, "argv", ["sgl-seat", *argv])
+        with pytest.raises(SystemExit) as ex:
+            main()
+        out, err = capsys.readouterr()
+        assert ex.value.code in (0, None), (argv, err)
+        docs.append(json.loads(out))
+    replayed, shown, listed = docs
+    assert replayed["bundle"]["id"] == shown["bundle_id"] == read_bundle(STALL).manifest.bundle_id
+    assert [b["path"] for b in listed] == [str(bdir / bid)]
