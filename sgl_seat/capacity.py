@@ -33,6 +33,7 @@ from typing import Any, Literal
 from sgl_seat import sizing_mirror as mirror
 from sgl_seat.errors import CapacityError, SpecError
 from sgl_seat.sizing_engram import EngramTables, engram_tables
+from sgl_seat.sizing_reconcile import has_report_shape, report_notes
 from sgl_seat.sizing_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.spec import SeatSpec, spec_location
 
@@ -88,6 +89,7 @@ class CapacityReport:
     sglang_version: str | None = None
     model_type: str | None = None
     engram_host_bytes_per_node: int | None = None
+    engram_pinned_bytes_per_process: int | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -106,6 +108,7 @@ class CapacityReport:
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "mem_fraction": self.mem_fraction,
             "engram_host_bytes_per_node": self.engram_host_bytes_per_node,
+            "engram_pinned_bytes_per_process": self.engram_pinned_bytes_per_process,
             "draft_off": self.draft_off.to_json(),
             "draft_on": self.draft_on.to_json(),
             "notes": list(self.notes),
@@ -129,9 +132,8 @@ def read_planning_config(config_path: Path) -> dict[str, Any]:
 
 def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
     """The checkpoint's weights: ``model.weights_gb`` (GiB), else the safetensors index beside config.json."""
-    weights_gb = getattr(spec.model, "weights_gb", None)
-    if weights_gb is not None:
-        return int(float(weights_gb) * GIB)
+    if spec.model.weights_gb is not None:
+        return int(spec.model.weights_gb * GIB)
     index = config_path.parent / "model.safetensors.index.json"
     if not index.is_file():
         return None
@@ -155,22 +157,16 @@ class EngramPlacement:
 
 
 def engram_placement(spec: SeatSpec, cfg: Mapping[str, Any]) -> EngramPlacement:
-    """Read ``engram`` from the spec (absent: tables stay in HBM) and check it against the config's tables."""
+    """The spec's ``engram`` block (default: tables in HBM) checked against the config's tables."""
     tables = engram_tables(cfg)
-    eng = getattr(spec, "engram", None)
-    host = bool(getattr(eng, "host_table", False))
-    layout = str(getattr(eng, "layout", "shared"))
-    if layout not in ("shared", "per_rank"):
-        raise SpecError(f"engram.layout {layout!r}", fix="use shared or per_rank",
-                        **spec_location(spec, "engram.layout"))
-    if host and tables is None:
+    eng = spec.engram
+    if eng.host_table and tables is None:
         raise SpecError(
             "engram.host_table is on but the planning config declares no Engram tables (engram_layer_ids)",
             fix="turn engram.host_table off, or point model.config at a DeepSeek-V4.1 config with Engram keys",
             **spec_location(spec, "engram.host_table"),
         )
-    return EngramPlacement(tables=tables, host_table=host, layout="per_rank" if layout == "per_rank" else "shared",
-                           staging=bool(getattr(eng, "host_staging", False)))
+    return EngramPlacement(tables=tables, host_table=eng.host_table, layout=eng.layout, staging=eng.host_staging)
 
 
 def sizing_argv(spec: SeatSpec, *, draft: bool, slots: int, mem_fraction: float) -> list[str]:
@@ -339,15 +335,17 @@ def plan_capacity(
     engram = engram_placement(spec, cfg)
     total = weights_total_bytes(spec, cfg_path)
     gpu = int(spec.cluster.gpu_memory_gb * GIB)
-    host_bytes = None
+    host_bytes = pinned = None
     if engram.tables is not None and engram.host_table:
-        topo_ranks = spec.parallel.tp // spec.cluster.nodes
-        host_bytes = engram.tables.host_bytes_per_node(engram.layout, tp=spec.parallel.tp, ranks_per_node=topo_ranks)
+        ranks = spec.parallel.tp // spec.cluster.nodes
+        host_bytes = engram.tables.host_bytes_per_node(engram.layout, tp=spec.parallel.tp, ranks_per_node=ranks)
+        pinned = engram.tables.pinned_bytes_per_process(engram.layout, tp=spec.parallel.tp)
     model_type = str(cfg["model_type"]) if cfg.get("model_type") else None
 
     def report(off: Capacity, on: Capacity, **more: Any) -> CapacityReport:
         return CapacityReport(model=arch, gpu_memory_bytes=gpu, mem_fraction=mem_fraction, draft_off=off,
-                              draft_on=on, model_type=model_type, engram_host_bytes_per_node=host_bytes, **more)
+                              draft_on=on, model_type=model_type, engram_host_bytes_per_node=host_bytes,
+                              engram_pinned_bytes_per_process=pinned, **more)
 
     if total is None:
         return report(_unpredicted(False, slots_off), _unpredicted(True, slots_on))
@@ -385,6 +383,11 @@ def plan_capacity(
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
     off, on = (_capacity(d, s, b, a) for (d, s, _), b, a in zip(states, budgets, answers, strict=True))
+    label = f"SGLang {version}'s sizing" if source == SOURCE_SGLANG else f"the mirror of SGLang {SGLANG_VERSION}"
+    if has_report_shape(spec, arch):
+        notes += report_notes(source_label=label, off_tokens=off.kv_pool_tokens or None,
+                              on_tokens=on.kv_pool_tokens or None, on_problem=on.problem,
+                              mem_fraction=mem_fraction, model_type=model_type)
     return report(off, on, source=source, sglang_version=version, notes=tuple(notes))
 
 

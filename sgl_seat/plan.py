@@ -19,6 +19,7 @@ from typing import Any
 from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.errors import PlanError
+from sgl_seat.sizing_engram import host_table_env, layout_problem
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 
@@ -268,6 +269,19 @@ def _probe_env(spec: SeatSpec, backend: EngineBackend, cap: CapacityReport | Non
         env["PYTHONPATH"] = f"{boot}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else boot
 
 
+def _engram_env(spec: SeatSpec, topo: Topology, cap: CapacityReport | None) -> dict[str, str]:
+    """SGLang's Engram host-table environment for every node (empty while the tables stay in HBM), with the
+    bytes each node's preflight must find free."""
+    if not spec.engram.host_table:
+        return {}
+    problem = layout_problem(spec.engram.layout, nnodes=topo.nnodes)
+    if problem:
+        raise PlanError(problem, fix="set engram.layout: per_rank", **spec_location(spec, "engram.layout"))
+    return host_table_env(spec.engram.layout, staging=spec.engram.host_staging,
+                          host_bytes=cap.engram_host_bytes_per_node if cap else None,
+                          pinned_bytes=cap.engram_pinned_bytes_per_process if cap else None)
+
+
 def build_plan(
     spec: SeatSpec,
     *,
@@ -290,7 +304,12 @@ def build_plan(
     chosen = slots_on if use_draft else slots_off
     faults = backend.validate_faults(faults)
 
-    cap = plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf)
+    # Capacity is sized on node 0's own command line for each draft state (SGLang's sizing reads it).
+    argv0 = {d: engine_argv(spec, topo, node_rank=0, draft=d, slots=slots_on if d else slots_off, mem_fraction=mf)
+             for d in (False, True)}
+    cap = plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf, argv_off=argv0[False],
+                        argv_on=argv0[True])
+    engram_env = _engram_env(spec, topo, cap)
     if use_draft:
         _check_draft_family(spec, cap)
     if cap is not None:
@@ -299,7 +318,7 @@ def build_plan(
     if cap is None:
         warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
     elif not cap.draft_off.predicted:
-        warnings.append("no safetensors index beside model.config: KV pool and slot ceiling are not predicted")
+        warnings.append(f"KV pool and slot ceiling are not predicted: {cap.draft_off.problem}")
     warnings += backend.plan_warnings(spec, topo)
 
     sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
@@ -310,6 +329,7 @@ def build_plan(
         if spec.network.node_env:
             env.update(spec.network.node_env[r])
         env[SEAT_ENV_NAME] = spec.name
+        env.update(engram_env)
         _probe_env(spec, backend, cap, r, env)
         env.update(backend.node_env(spec, kv_pool_tokens=sel.kv_pool_tokens if sel is not None else None,
                                     faults=faults))
@@ -343,6 +363,10 @@ def _boots(c: Capacity) -> str:
     if not c.predicted:
         return "unknown"
     return "yes" if c.fits else "NO"
+
+
+def _opt_tokens(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
 
 
 def _tokens(n: int) -> str:
@@ -381,19 +405,23 @@ def render_text(plan: LaunchPlan) -> str:
             ("weights per GPU", f"{off.weights_bytes_per_gpu / gib:.2f} GiB",
              f"{(on.weights_bytes_per_gpu + on.draft_weights_bytes_per_gpu) / gib:.2f} GiB"),
             ("KV bytes per token", _tokens(off.kv_bytes_per_token), _tokens(on.kv_bytes_per_token)),
-            ("per-request pool", f"{off.per_request_bytes / gib:.2f} GiB", f"{on.per_request_bytes / gib:.2f} GiB"),
+            ("SWA pool tokens", _opt_tokens(off.swa_pool_tokens), _opt_tokens(on.swa_pool_tokens)),
             ("slots asked", str(off.requested_slots), str(on.requested_slots)),
             ("KV pool tokens", _tokens(off.kv_pool_tokens), _tokens(on.kv_pool_tokens)),
             ("max running requests", str(off.max_running_requests), str(on.max_running_requests)),
             ("most slots that fit", _tokens(off.max_slots_that_fit), _tokens(on.max_slots_that_fit)),
             ("boots", _boots(off), _boots(on)),
         ]
-        out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, predicted):")
+        out.append(f"capacity ({cap.model}, {cap.gpu_memory_bytes / gib:g} GiB per GPU, computed by "
+                   f"{cap.source_label}):")
         for label, left, right in rows:
             out.append(f"  {label:<22}{left:>16}{right:>16}")
         for state in (off, on):
             if state.problem:
                 out.append(f"  draft {'on' if state.draft else 'off'}: {state.problem}")
+        if cap.engram_host_bytes_per_node is not None:
+            out.append(f"  Engram host table: {cap.engram_host_bytes_per_node / gib:.1f} GiB of host memory per node")
+        out += [f"  note: {n}" for n in cap.notes]
     for w in plan.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"

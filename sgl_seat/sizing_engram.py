@@ -26,6 +26,9 @@ ENGRAM_FP8_BLOCK = 32
 ENV_HOST_TABLE = "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"
 ENV_LAYOUT = "SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT"
 ENV_STAGING = "SGLANG_OPT_DSV41_ENGRAM_HOST_STAGING"
+#: sgl-seat's own variables beside SGLang's: what the node's preflight must find (bytes), set by the plan.
+ENV_SEAT_HOST_BYTES = "SGL_SEAT_ENGRAM_HOST_BYTES"
+ENV_SEAT_PIN_BYTES = "SGL_SEAT_ENGRAM_PIN_BYTES"
 Layout = Literal["shared", "per_rank"]
 THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 
@@ -74,12 +77,26 @@ def engram_tables(config: Mapping[str, Any]) -> EngramTables | None:
     return EngramTables(layer_ids=layer_ids, rows=rows, head_dim=int(cfg.get("engram_head_dim") or 0))
 
 
-def host_table_env(layout: Layout, *, staging: bool) -> dict[str, str]:
-    """The environment every node's SGLang needs for the host table (SGLang's own variable names)."""
+def host_table_env(layout: Layout, *, staging: bool, host_bytes: int | None = None,
+                   pinned_bytes: int | None = None) -> dict[str, str]:
+    """The environment every node's SGLang needs for the host table (SGLang's own variable names), plus what
+    the node's preflight must find, when known (sgl-seat's ``SGL_SEAT_ENGRAM_*``; SGLang ignores them)."""
     env = {ENV_HOST_TABLE: "1", ENV_LAYOUT: layout}
     if staging:
         env[ENV_STAGING] = "1"
+    if host_bytes is not None and pinned_bytes is not None:
+        env[ENV_SEAT_HOST_BYTES] = str(host_bytes)
+        env[ENV_SEAT_PIN_BYTES] = str(pinned_bytes)
     return env
+
+
+def needs_from_env(env: Mapping[str, str]) -> NodeNeeds | None:
+    """What a node needs, from the engine environment the plan wrote (None: host table off or sizes unknown)."""
+    if env.get(ENV_HOST_TABLE) != "1" or ENV_SEAT_HOST_BYTES not in env:
+        return None
+    layout: Layout = "per_rank" if env.get(ENV_LAYOUT) == "per_rank" else "shared"
+    return NodeNeeds(layout=layout, host_bytes=int(env[ENV_SEAT_HOST_BYTES]),
+                     pinned_bytes_per_process=int(env.get(ENV_SEAT_PIN_BYTES, env[ENV_SEAT_HOST_BYTES])))
 
 
 def layout_problem(layout: Layout, *, nnodes: int) -> str | None:

@@ -43,6 +43,11 @@ class ModelSpec(_Strict):
     kv_cache_dtype_bytes: int | None = Field(
         default=None, ge=1, le=4, description="Bytes per KV element; default from the model family."
     )
+    weights_gb: float | None = Field(
+        default=None, gt=0, le=100_000,
+        description="Checkpoint weights in GiB, all ranks together (an input for planning; default: the "
+        "safetensors index beside model.config).",
+    )
 
     @property
     def name(self) -> str:
@@ -151,6 +156,16 @@ class SimSpec(_Strict):
     faults: list[str] = Field(default_factory=list, description="KIND:key=value,... as `up --fault` takes.")
 
 
+class EngramSpec(_Strict):
+    """DeepSeek-V4.1's Engram tables: in HBM (default, TP-sharded) or in pinned host memory on every node."""
+
+    host_table: bool = Field(default=False, description="SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 on every node.")
+    layout: Literal["shared", "per_rank"] = Field(
+        default="shared", description="SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT (shared needs one PID namespace)."
+    )
+    host_staging: bool = Field(default=False, description="SGLANG_OPT_DSV41_ENGRAM_HOST_STAGING=1.")
+
+
 class SeatSpec(_Strict):
     """A whole seat. ``source`` is where it was loaded from (not part of the YAML)."""
 
@@ -168,6 +183,7 @@ class SeatSpec(_Strict):
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
     bundles: BundleSpec = Field(default_factory=BundleSpec)
     sim: SimSpec | None = None
+    engram: EngramSpec = Field(default_factory=EngramSpec)
     source: str | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")

@@ -160,6 +160,8 @@ class EngineBackend(ABC):
             model = argv_value(node.command, "--model-path")
             if model is not None:
                 out += preflight.check_model_path(r, model, probes.path_exists(model))
+        if Check.ENGRAM_HOST in self.checks:
+            out += preflight.check_engram_host_table(r, env)
         if Check.PORTS in self.checks:
             ports = self.listen_ports(plan, node)
             holders = {p: probes.port_holder(p, self.bind_host(node.command, what)) for what, p in ports.items()}

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from sgl_seat.errors import PreflightError
+from sgl_seat.sizing_engram import HostReaders, check_node, needs_from_env
 
 
 class Check(str, Enum):
@@ -28,6 +29,7 @@ class Check(str, Enum):
     PORTS = "ports-free"
     DIST_INIT_REACHABLE = "dist-init-reachable"
     OWN_HOST = "own-host"
+    ENGRAM_HOST = "engram-host-table"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,3 +228,14 @@ def check_own_host(node_rank: int, first_rank: int, host: str, supported: bool) 
     return [Failure(node_rank, Check.OWN_HOST.value,
                     f"node {node_rank} is on the same host as node {first_rank} ({host}); their ports would collide",
                     "run one Ray node per machine for a real seat (STRICT_SPREAD then puts each node on its own)")]
+
+
+def check_engram_host_table(node_rank: int, env: Mapping[str, str], readers: HostReaders | None = None,
+                            ) -> list[Failure]:
+    """With SGLang's Engram host table on (the plan sets it, with the bytes this node needs): host RAM free,
+    huge pages, ``ulimit -l`` for the pin, and /proc access between ranks for the shared layout."""
+    needs = needs_from_env(env)
+    if needs is None:
+        return []
+    problems = check_node(needs, readers or HostReaders())
+    return [Failure(node_rank, Check.ENGRAM_HOST.value, p.split("; ")[0], p.split("; ", 1)[-1]) for p in problems]

@@ -28,7 +28,7 @@ from simutil import port_range
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SIM = REPO / "launch" / "seats" / "local-sim.yaml"
-MODEL_CONFIG = REPO / "launch" / "models" / "dsv41-flash-class"
+MODEL_CONFIG = REPO / "launch" / "models" / "deepseek-v4-flash"
 PORT_BASE, PORT_TOP = port_range((33000, 33999))
 ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 

@@ -7,6 +7,8 @@ import json
 import resource
 from pathlib import Path
 
+import pytest
+
 from sgl_seat.sizing_engram import (
     HostReaders,
     NodeNeeds,
@@ -16,6 +18,7 @@ from sgl_seat.sizing_engram import (
     layout_problem,
     mem_available_bytes,
 )
+from sgl_seat.spec import SeatSpec
 
 V41 = Path(__file__).resolve().parents[2] / "launch" / "models" / "deepseek-v4.1-flash-engram" / "config.json"
 GIB = 1 << 30
@@ -122,3 +125,76 @@ def test_an_unreadable_proc_is_a_problem_not_a_pass() -> None:
 def test_meminfo_parsing() -> None:
     assert mem_available_bytes("MemAvailable:   2048 kB\n") == 2048 * 1024
     assert mem_available_bytes("MemTotal: 1 kB\n") is None
+
+
+# -- through the plan and the node preflight ---------------------------------------------------------------
+
+def _v41_seat(tmp_path: Path, engram: dict[str, object] | None) -> SeatSpec:
+    doc: dict[str, object] = {
+        "schema_version": 1, "name": "v41", "engine": "sglang",
+        "model": {"path": "/m", "context_length": 409_600, "config": str(V41.parent), "weights_gb": 475},
+        "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu_memory_gb": 96}, "parallel": {"tp": 4, "ep": 4},
+        "memory_fraction": 0.85, "slots": 8,
+    }
+    if engram is not None:
+        doc["engram"] = engram
+    return SeatSpec.model_validate(doc)
+
+
+def test_plan_with_the_host_table_sets_the_env_on_every_node_and_takes_the_tables_off_the_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sgl_seat.plan import build_plan
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    t = _tables()
+    plan = build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "per_rank"}), draft=False)
+    for node in plan.nodes:
+        env = node.env_dict()
+        assert env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "1"
+        assert env["SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT"] == "per_rank"
+        assert int(env["SGL_SEAT_ENGRAM_HOST_BYTES"]) == 2 * t.gpu_bytes_per_rank(4)
+    cap = plan.capacity
+    assert cap is not None and cap.engram_host_bytes_per_node == 2 * t.gpu_bytes_per_rank(4)
+    assert cap.draft_off.weights_bytes_per_gpu == int(475 * GIB) // 4 - t.gpu_bytes_per_rank(4)
+    assert cap.draft_off.fits and cap.draft_off.kv_pool_tokens > 0
+
+
+def test_without_the_host_table_the_checkpoint_does_not_fit_and_the_env_is_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sgl_seat.capacity import plan_capacity
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    cap = plan_capacity(_v41_seat(tmp_path, None), slots_off=8, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.engram_host_bytes_per_node is None
+    assert cap.draft_off.weights_bytes_per_gpu == int(475 * GIB) // 4
+    assert not cap.draft_off.fits and "Raise --mem-fraction-static" in (cap.draft_off.problem or "")
+
+
+def test_the_shared_layout_on_two_nodes_is_refused_by_the_plan(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from sgl_seat.errors import PlanError
+    from sgl_seat.plan import build_plan
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    with pytest.raises(PlanError, match="PID namespace"):
+        build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "shared"}), draft=False)
+
+
+def test_node_preflight_fails_clearly_without_ram_or_huge_pages(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from sgl_seat.engines.preflight import Check, check_engram_host_table
+    from sgl_seat.plan import build_plan
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    plan = build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "per_rank"}), draft=False)
+    env = plan.nodes[1].env_dict()
+    assert check_engram_host_table(1, env, _machine()) == []
+    low = check_engram_host_table(1, env, _machine(avail_gib=16))
+    assert [f.check for f in low] == [Check.ENGRAM_HOST.value]
+    assert "MemAvailable is 16.0 GiB" in low[0].problem and low[0].node_rank == 1
+    nohuge = check_engram_host_table(1, env, _machine(thp="always madvise [never]"))
+    assert len(nohuge) == 1 and "no huge pages" in nohuge[0].problem
+    # Host table off: nothing to check.
+    assert check_engram_host_table(0, {}, _machine(avail_gib=1)) == []

@@ -44,7 +44,7 @@ CASES: list[tuple[str, str, str, int | None]] = [
      None),
     ("draft-tokens", _edit("  draft_tokens: 4", "  draft_tokens: 7"), "draft_tokens = steps + 1", None),
     ("bad-name", _edit("name: large", "name: Large Seat"), "name", None),
-    ("missing-config", _edit("config: ../models/dsv41-flash-class", "config: ../models/nope"), "config.json", None),
+    ("missing-config", _edit("config: ../models/deepseek-v4-flash", "config: ../models/nope"), "config.json", None),
     ("nextn-on-v4", _edit("algorithm: EAGLE ", "algorithm: NEXTN ").replace("enabled: false", "enabled: true"),
      "NEXTN", None),
     ("empty-file", "", "must be a YAML mapping", 1),
