@@ -72,6 +72,11 @@ def plans_and_sglang(monkeypatch_module: pytest.MonkeyPatch) -> list[tuple[tuple
         if flags is None:  # refused: ask the driver with the spec's flags for the same state
             flags = ["--tp-size", "4", "--ep-size", "4", "--mem-fraction-static", str(mf),
                      "--max-running-requests", str(slots), "--context-length", str(spec.model.context_length)]
+            if draft:
+                d = spec.draft
+                flags += ["--speculative-algorithm", d.algorithm, "--speculative-num-steps", str(d.steps),
+                          "--speculative-eagle-topk", str(d.topk), "--speculative-num-draft-tokens",
+                          str(d.draft_tokens)]
         # SGLang reads <model-path>/config.json: point it at the planning config, as the plan's sizing does.
         if "--model-path" in flags:
             flags[flags.index("--model-path") + 1] = str(cfg_dir.parent)
@@ -97,10 +102,13 @@ def test_plan_json_names_sglang_and_matches_an_independent_run(
     checked = 0
     for (draft, mf, slots), plan, sglang in plans_and_sglang:
         where = f"draft {'on' if draft else 'off'}, mf {mf}, {slots} slots"
-        assert "error" not in sglang, f"{where}: the independent SGLang run failed: {sglang.get('error')}"
         if isinstance(plan, CapacityError):  # the plan refused: SGLang must not run what was asked either
-            assert sglang["max_running_requests"] < slots, f"{where}: plan refused ({plan}) but SGLang fits it"
+            assert "error" in sglang or sglang["max_running_requests"] < slots, (
+                f"{where}: plan refused ({plan}) but SGLang sizes it: {sglang}")
+            if "error" in sglang:  # the same refusal, in SGLang's words
+                assert sglang["error"].split(":", 1)[-1].strip()[:40] in str(plan), (where, sglang["error"])
             continue
+        assert "error" not in sglang, f"{where}: the independent SGLang run failed: {sglang.get('error')}"
         cap = plan["capacity"]
         assert cap["source"] == SOURCE_SGLANG and cap["sglang_version"] == "0.5.23", where
         state = cap["draft_on" if draft else "draft_off"]
