@@ -41,6 +41,7 @@ import psutil
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sim import tokens
 from sgl_seat.sim.args import ENV_STEP_FLOOR_MS as SIM_ENV_STEP_FLOOR_MS
+from sgl_seat.sim.ports import ENV_NODE_PORT
 from sgl_seat.spec import load_spec
 
 LEVELS = (1, 8, 32, 64)
@@ -95,7 +96,7 @@ class Seat:
             if self.floor_ms is not None:
                 env[SIM_ENV_STEP_FLOOR_MS] = str(self.floor_ms)
             if node.node_rank > 0:
-                env["SGL_SEAT_SIM_NODE_PORT"] = str(p1)
+                env[ENV_NODE_PORT] = str(p1)
             path = self.logdir / f"draft-{'on' if self.draft else 'off'}-node{node.node_rank}.log"
             with open(path, "wb") as log:
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -29,6 +29,7 @@ import httpx
 import yaml
 
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
+from sgl_seat.sim import ports as sim_ports
 from sgl_seat.spec import SeatSpec, load_spec, parse_spec
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.peers import local_peers
@@ -36,7 +37,6 @@ from sgl_seat.watchdog.sidecar import Sidecar
 from sgl_seat.watchdog.sources import ProbeReader
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-NODE_PORT_STEP = 10  # node r listens on http_port + 10 r (SGL_SEAT_SIM_NODE_PORT); its admin route is + 2
 
 
 def sim_spec(name: str, http_port: int, *, base: str = "local-sim", **watchdog: Any) -> SeatSpec:
@@ -62,7 +62,11 @@ class SimSeat:
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def node_port(self, r: int) -> int:
-        return self.spec.network.http_port + NODE_PORT_STEP * r
+        return sim_ports.node_port(self.spec.network.http_port, r)
+
+    def admin_url(self, r: int) -> str:
+        """Node ``r``'s loopback admin (fault) route."""
+        return f"http://{sim_ports.ADMIN_HOST}:{sim_ports.admin_port(self.node_port(r))}"
 
     @property
     def url(self) -> str:
@@ -84,7 +88,7 @@ class SimSeat:
         self.request_log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for node in self.plan.nodes:
             env = {**os.environ, **node.env_dict(), "PYTHONUNBUFFERED": "1",
-                   "SGL_SEAT_SIM_NODE_PORT": str(self.node_port(node.node_rank))}
+                   sim_ports.ENV_NODE_PORT: str(self.node_port(node.node_rank))}
             with self.log_path(node.node_rank).open("wb") as logf:
                 self.procs[node.node_rank] = subprocess.Popen(
                     list(node.command), env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
@@ -129,7 +133,7 @@ class SimSeat:
         """Arm ``fault`` on the node running ``rank``; returns the time it was armed."""
         assert self.plan is not None
         node = self.plan.topology.node_of(rank)
-        r = httpx.post(f"http://127.0.0.1:{self.node_port(node) + 2}/sim/faults", json={"fault": fault},
+        r = httpx.post(f"{self.admin_url(node)}/sim/faults", json={"fault": fault},
                        timeout=10.0, trust_env=False)
         r.raise_for_status()
         return time.time()
@@ -138,7 +142,7 @@ class SimSeat:
         """The rank's forward (step) count, from the sim's admin route (answers even while the rank is stuck)."""
         assert self.plan is not None
         node = self.plan.topology.node_of(rank)
-        r = httpx.get(f"http://127.0.0.1:{self.node_port(node) + 2}/sim/ranks", timeout=10.0, trust_env=False)
+        r = httpx.get(f"{self.admin_url(node)}/sim/ranks", timeout=10.0, trust_env=False)
         r.raise_for_status()
         return int(next(x["forward_ct"] for x in r.json()["ranks"] if x["tp_rank"] == rank))
 
@@ -146,7 +150,7 @@ class SimSeat:
         assert self.plan is not None
         for n in range(len(self.plan.nodes)):
             with contextlib.suppress(httpx.HTTPError):
-                httpx.delete(f"http://127.0.0.1:{self.node_port(n) + 2}/sim/faults", timeout=10.0, trust_env=False)
+                httpx.delete(f"{self.admin_url(n)}/sim/faults", timeout=10.0, trust_env=False)
 
     def sidecar_configs(self, bundle_dir: Path, *, metrics_port: int | None = None, recover_s: float = 10.0,
                         gpu: bool = False, **thresholds: Any) -> list[SidecarConfig]:

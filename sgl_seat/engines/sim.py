@@ -1,8 +1,8 @@
 """The sim engine: Ray's fake GPU ids stand for GPUs, no RDMA or model files, faults allowed.
 
 This is the one module above ``sgl_seat.sim`` that imports it: the sim's own knobs (its environment
-names, the admin port's offset and host, its fault parser) are read from the sim, so the launcher
-spells them as the sim reads them. ``--fault`` values are checked with the sim's parser before
+names, its port arithmetic in :mod:`sgl_seat.sim.ports`, its fault parser) are read from the sim, so the
+launcher spells and computes them as the sim does. ``--fault`` values are checked with the sim's parser before
 anything is placed.
 """
 
@@ -14,16 +14,13 @@ from typing import ClassVar
 from sgl_seat.engines.base import EngineBackend, PlannedNode, PlannedSeat
 from sgl_seat.engines.preflight import Check
 from sgl_seat.engines.targets import SIM_FAMILY, family_targets
+from sgl_seat.sim import ports
 from sgl_seat.sim.args import ENV_ACCEPT_RATE, ENV_FAULTS, ENV_KV_TOKENS, ENV_STEP_FLOOR_MS
-from sgl_seat.sim.args import ENV_NODE_PORT as NODE_PORT_ENV
-from sgl_seat.sim.contract import ADMIN_HOST, ADMIN_PORT_OFFSET
 from sgl_seat.sim.faults import parse_fault
+from sgl_seat.sim.ports import ENV_NODE_PORT as NODE_PORT_ENV
 from sgl_seat.spec import SeatSpec
 
-__all__ = ["ADMIN_PORT_OFFSET", "COLOCATED_PORT_STEP", "NODE_PORT_ENV", "SimBackend"]
-
-# Simulated node r > 0 that shares node 0's host listens on --port + 10 * r (admin on that + 2).
-COLOCATED_PORT_STEP = 10
+__all__ = ["NODE_PORT_ENV", "SimBackend"]
 
 
 class SimBackend(EngineBackend):
@@ -64,14 +61,15 @@ class SimBackend(EngineBackend):
 
     def listen_ports(self, plan: PlannedSeat, node: PlannedNode) -> dict[str, int]:
         port = int(node.env_dict().get(NODE_PORT_ENV, plan.http_port))
-        ports = {"http": port, "sim admin": port + ADMIN_PORT_OFFSET}
+        out = {"http": port, "sim admin": ports.admin_port(port)}
         if node.node_rank == 0:
-            ports["dist_init"] = plan.dist_init_port
-        return ports
+            out["dist_init"] = plan.dist_init_port
+        return out
 
     def bind_host(self, argv: Sequence[str], port_name: str) -> str:
         """The sim's admin (fault) routes listen on loopback only; the rest as SGLang binds them."""
-        return ADMIN_HOST if port_name == "sim admin" else super().bind_host(argv, port_name)
+        return ports.ADMIN_HOST if port_name == "sim admin" else super().bind_host(argv, port_name)
 
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
-        return {NODE_PORT_ENV: str(plan.http_port + COLOCATED_PORT_STEP * node_rank)}
+        """Simulated nodes on one host: each listens on its own port (:func:`sgl_seat.sim.ports.node_port`)."""
+        return {NODE_PORT_ENV: str(ports.node_port(plan.http_port, node_rank))}

@@ -1,7 +1,7 @@
 """The sim's fault-injection admin routes, on every node, bound to 127.0.0.1 only.
 
-Port: this node's listen port + 2 (``--port``, or ``SGL_SEAT_SIM_NODE_PORT`` where several simulated nodes
-share one host), always on ``127.0.0.1`` whatever ``--host`` says: fault injection is never reachable from
+Port: this node's admin port (:mod:`sgl_seat.sim.ports`: its listen port + 2), always on ``127.0.0.1``
+whatever ``--host`` says: fault injection is never reachable from
 another machine. A fault goes to the node that runs its rank (the answer names the right node otherwise).
 
 - ``GET /sim/ranks``: each local rank's forward count, whether it is mid-step and whether its row fetch is
@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim import api, contract
+from sgl_seat.sim import api, contract, ports
 from sgl_seat.sim.faults import parse_fault
 from sgl_seat.sim.node import NodeRuntime
 from sgl_seat.sim.wire import ChannelClosed
@@ -85,7 +85,8 @@ def build_admin_app(node: NodeRuntime) -> Starlette:
         if fault.rank not in node.ctl:
             other = cfg.node_of(fault.rank)
             return _err(f"rank {fault.rank} runs on node_rank {other}, not on node_rank {cfg.node_rank}; send the "
-                        f"fault to that node's admin route (its port + {contract.ADMIN_PORT_OFFSET} on 127.0.0.1)")
+                        f"fault to that node's admin route (its port + {ports.ADMIN_PORT_OFFSET} on "
+                        f"{ports.ADMIN_HOST})")
         try:
             res = await node.ask(fault.rank, {"t": "fault", "spec": fault.spec()}, ASK_TIMEOUT_S)
         except (TimeoutError, asyncio.TimeoutError):

@@ -38,8 +38,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sgl_seat.errors import UsageError
+from sgl_seat.sim import ports
 from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS
 from sgl_seat.sim.faults import parse_faults
+from sgl_seat.sim.ports import ENV_NODE_PORT
 
 PROG = "python -m sgl_seat.sim.launch_server"
 
@@ -49,7 +51,6 @@ ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
 ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"
 ENV_FAULTS = "SGL_SEAT_SIM_FAULTS"
 # The sim's own knobs (not written by the planner today).
-ENV_NODE_PORT = "SGL_SEAT_SIM_NODE_PORT"  # this node's listen port instead of --port (several nodes, one host)
 ENV_TABLE_ROWS = "SGL_SEAT_SIM_TABLE_ROWS"
 ENV_FLIP_NEAR_TIES = "SGL_SEAT_SIM_FLIP_NEAR_TIES"
 ENV_WATCHDOG_GRACE_S = "SGL_SEAT_SIM_WATCHDOG_GRACE_S"  # SGLang sleeps 5 s before SIGQUIT
@@ -166,9 +167,7 @@ class SimConfig:
 
     @property
     def admin_port(self) -> int:
-        from sgl_seat.sim.contract import ADMIN_PORT_OFFSET
-
-        return self.node_port + ADMIN_PORT_OFFSET
+        return ports.admin_port(self.node_port)
 
     @property
     def spec_on(self) -> bool:

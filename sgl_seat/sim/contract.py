@@ -54,15 +54,13 @@ DUMMY_ROUTES: Final[tuple[tuple[str, str], ...]] = (
 )
 METRICS_ROUTE: Final = "/metrics"
 
-# The sim's own admin routes: loopback only, on --port + ADMIN_PORT_OFFSET of every node. Not SGLang's.
+# The sim's own admin routes: loopback only, on each node's admin port (sgl_seat.sim.ports). Not SGLang's.
 SIM_ONLY_ROUTES: Final[tuple[tuple[str, str], ...]] = (
     ("GET", "/sim/faults"),
     ("POST", "/sim/faults"),
     ("DELETE", "/sim/faults"),
     ("GET", "/sim/ranks"),
 )
-ADMIN_HOST: Final = "127.0.0.1"
-ADMIN_PORT_OFFSET: Final = 2
 
 # --- JSON fields ----------------------------------------------------------------------------------------------
 # /server_info top level: scheduler init info (scheduler.py get_init_info) + http_server.server_info.

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgl_seat.sim import api, contract, logs, reqlog
+from sgl_seat.sim import api, contract, logs, ports, reqlog
 from sgl_seat.sim.args import SimConfig
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, SYNTHETIC_WEIGHT_GB
 from sgl_seat.sim.metrics import SimMetrics
@@ -234,7 +234,7 @@ class Frontend:
                 "accept_rate": cfg.accept_rate,
                 "step_floor_ms": cfg.floor_ms,
                 "faults": list(cfg.faults),
-                "admin": f"http://{contract.ADMIN_HOST}:{cfg.admin_port}",
+                "admin": f"http://{ports.ADMIN_HOST}:{cfg.admin_port}",
             },
         }
 

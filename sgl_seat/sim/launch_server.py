@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim import args, contract, logs
+from sgl_seat.sim import args, logs, ports
 
 
 class PortInUse(Exception):
@@ -71,7 +71,7 @@ async def _serve(cfg: args.SimConfig, node: object, http_sock: socket.socket, ad
 
         main = make_server(build_dummy_app(cfg))
     node.servers = [main, admin]
-    node.log.info(f"serving on http://{cfg.host}:{cfg.node_port} (admin on http://{contract.ADMIN_HOST}:{cfg.admin_port})")
+    node.log.info(f"serving on http://{cfg.host}:{cfg.node_port} (admin on http://{ports.ADMIN_HOST}:{cfg.admin_port})")
     await asyncio.gather(main.serve(sockets=[http_sock]), admin.serve(sockets=[admin_sock]))
     if warmup is not None and not warmup.done():
         warmup.cancel()
@@ -92,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, dist_init_addr=f"127.0.0.1:{free_port()}")
     try:
         http_sock = bind(cfg.host, cfg.node_port, "HTTP server" if cfg.node_rank == 0 else "health server")
-        admin_sock = bind(contract.ADMIN_HOST, cfg.admin_port, "sim admin server")
+        admin_sock = bind(ports.ADMIN_HOST, cfg.admin_port, "sim admin server")
     except PortInUse as e:
         log.error(f"{e}; the port is in use: pick a free --port (the admin port is --port + "
-                  f"{contract.ADMIN_PORT_OFFSET}) or stop what holds it")
+                  f"{ports.ADMIN_PORT_OFFSET}) or stop what holds it")
         return 1
 
     from sgl_seat.sim.node import LaunchError, NodeRuntime

@@ -97,8 +97,9 @@ class SidecarConfig:
         return WatchdogSpec.model_validate(self.thresholds)
 
 
-#: The exporter of node r listens on 127.0.0.1 at the seat's HTTP port + 15 + r (r < 5; beyond, a free port).
-#: The seat already uses http, +2 (sim admin), +5 (dist-init), +10 r and +10 r + 2 (co-located sim nodes).
+#: The exporter of node r listens on 127.0.0.1 at the seat's HTTP port + 15 + r (r < 5; beyond, a free port),
+#: clear of the seat's other ports: dist-init (+5 in the shipped profiles) and the co-located sim nodes' listen
+#: and admin ports (``sgl_seat.sim.ports``); tests/unit/test_watchdog_config.py checks that they never meet.
 EXPORTER_PORT_OFFSET = 15
 
 

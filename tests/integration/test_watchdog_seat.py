@@ -52,6 +52,7 @@ from launchutil import (
 from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import rerun_detectors
+from sgl_seat.sim import ports as sim_ports
 from tests.simrig import SimSeat, Traffic, sim_spec
 
 pytestmark = pytest.mark.integration
@@ -75,7 +76,7 @@ class Seat:
         return sorted(p for p in d.glob("*") if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
 
     def admin(self, node: int) -> str:
-        return f"http://127.0.0.1:{HTTP + 10 * node + 2}/sim/faults"
+        return f"http://127.0.0.1:{sim_ports.admin_port(sim_ports.node_port(HTTP, node))}/sim/faults"
 
     def watch(self) -> dict[str, Any]:
         res = run_cli(["watch", SEAT, "--once", "--json"], self.home, timeout=90)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -120,13 +121,20 @@ def test_sglang_refuses_faults_and_sim_accepts_them() -> None:
         backend_for("tgi")
 
 
-def test_sim_backend_constants_match_the_sim() -> None:
-    """The launcher's copy of the sim's knobs must spell them as the sim reads them."""
-    from sgl_seat.engines import sim as sim_backend
-    from sgl_seat.sim import args, contract
+def test_the_ports_the_launcher_checks_are_the_ports_the_sim_binds(plan: LaunchPlan) -> None:
+    """GIVEN node 1 co-located with node 0 (the backend's own-host environment) WHEN the sim parses node 1's
+    argv and environment THEN it listens on the HTTP port and serves its admin routes on the admin port that
+    preflight checks for it."""
+    from sgl_seat.sim import args
 
-    assert sim_backend.NODE_PORT_ENV == args.ENV_NODE_PORT
-    assert sim_backend.ADMIN_PORT_OFFSET == contract.ADMIN_PORT_OFFSET
+    sim = backend_for("sim")
+    filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
+    node = filled.nodes[1]
+    env = {**node.env_dict(), **(sim.colocated_env(filled, 1) or {})}
+    cfg = args.parse(list(node.command[3:]), env)
+    colocated = dataclasses.replace(node, env=tuple(sorted(env.items())))
+    assert sim.listen_ports(filled, colocated) == {"http": cfg.node_port, "sim admin": cfg.admin_port}
+    assert cfg.node_port != filled.http_port  # its own port, not node 0's
 
 
 def test_sim_faults_are_checked_with_the_sims_parser() -> None:

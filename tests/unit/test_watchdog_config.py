@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from sgl_seat.plan import Placeholder, build_plan
+from sgl_seat.sim import ports as sim_ports
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.config import SidecarConfig, metrics_port_for, rank0_metrics_url, sidecar_name
 
@@ -41,7 +42,8 @@ def test_rank0_metrics_url() -> None:
 
 def test_exporter_ports_avoid_the_seats_own_ports() -> None:
     http = 31000
-    used = {http, http + 2, http + 5, http + 10, http + 12, http + 20, http + 22}  # sim nodes 0-2 and admin
+    nodes = [sim_ports.node_port(http, r) for r in range(3)]  # co-located sim nodes 0-2 and their admin routes
+    used = {http, http + 5, *nodes, *(sim_ports.admin_port(p) for p in nodes)}  # + dist-init (the profiles' choice)
     ports = [metrics_port_for(http, r) for r in range(5)]
     assert len(set(ports)) == 5 and not used & set(ports)
     assert metrics_port_for(http, 7) == 0  # beyond: a free port from the OS
