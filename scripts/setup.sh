@@ -19,7 +19,7 @@ python -c "import torch" 2>/dev/null || { echo "setup: installing torch==2.13.0 
 extras="sim"
 [ $want_test = 1 ] && extras="sim,test"
 need=0
-python -c "import sgl_seat, ray, uvicorn, setproctitle" 2>/dev/null || need=1
+python -c "import sgl_seat, ray, uvicorn, setproctitle, numpy" 2>/dev/null || need=1
 if [ $want_test = 1 ]; then python -c "import pytest, mypy, hypothesis, jsonschema" 2>/dev/null || need=1; fi
 if [ $need = 1 ]; then
   echo "setup: installing sgl-seat[$extras]"
