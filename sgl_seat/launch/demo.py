@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from sgl_seat.forensics.html import render_html
 from sgl_seat.forensics.replay import replay_bundle
 from sgl_seat.launch.demo_traffic import Answer, Load, ask
 from sgl_seat.launch.home import host_id, seat_home
-from sgl_seat.launch.record import SeatRecord
+from sgl_seat.launch.record import SeatRecord, bundles_dir_of
 from sgl_seat.launch.stages import NullReporter, Reporter, Stage, Stages, StageTimes
 from sgl_seat.launch.teardown import down, sigint_ignored
 from sgl_seat.launch.up import UpOptions, up
@@ -164,11 +164,6 @@ def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
     return f"http://{backend.bind_host(node.command, ADMIN_PORT)}:{port}{FAULT_ROUTE}", node.node_rank
 
 
-def bundles_dir(spec: SeatSpec) -> Path:
-    """Where the seat's sidecars write bundles: the spec's ``bundles.dir``, else the default."""
-    return Path(spec.bundles.dir).expanduser() if spec.bundles.dir else layout.seat_bundles_dir(spec.name)
-
-
 def _complete_bundles(d: Path) -> set[Path]:
     """Bundle directories with their manifest (written last; in-progress writes are dot-named temp dirs)."""
     if not d.is_dir():
@@ -206,6 +201,17 @@ def _admin(method: str, url: str, body: dict[str, str] | None = None) -> dict[st
     return doc
 
 
+@contextlib.contextmanager
+def _stage(stages: Stages, name: str, detail: str) -> Iterator[dict[str, str]]:
+    """One of the demo's own stages; Ctrl-C shows as "interrupted" on its line."""
+    with stages.stage(name, detail) as note:
+        try:
+            yield note
+        except KeyboardInterrupt:
+            note["detail"] = "interrupted"
+            raise
+
+
 def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
              say: Callable[[str], None]) -> DemoResult:
     """Up (draft on), traffic, stall on rank 3, bundle, replay, HTML, and always down."""
@@ -232,7 +238,7 @@ def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
                               + ("; ".join(unwatched) or "the spec sets watchdog.enabled: false"),
                               fix="use a seat with the watchdog on; `up` prints why its sidecars did not start")
         _traffic(spec, opts, res, stages, say, load)
-        _inject(rec, res, stages, say, bundles_dir(spec))
+        _inject(rec, res, stages, say, bundles_dir_of(rec))  # where `up` told the sidecars to write
         _replay(spec, opts, res, stages, say)
         failed = False
     finally:
@@ -245,7 +251,7 @@ def _traffic(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages,
              load: Load) -> None:
     say(f"\n[2/6] traffic: {len(opts.prompts)} question(s), then {opts.concurrency} clients for "
         f"{opts.warm_s:.0f} s")
-    with stages.stage("traffic", f"{opts.concurrency} clients") as note:
+    with _stage(stages, "traffic", f"{opts.concurrency} clients") as note:
         for p in opts.prompts:
             a = ask(res.endpoint, spec.model.name, p)
             res.answers.append(a)
@@ -267,14 +273,14 @@ def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str
     url, node = admin_url(rec, STALL_RANK)
     res.injection = {"fault": fault, "rank": STALL_RANK, "node": node, "admin_url": url, "armed_at": None}
     say(f"\n[3/6] inject a host row-fetch stall on rank {STALL_RANK} (node {node}) through the sim's fault route")
-    with stages.stage("inject", f"{fault} -> {url}") as note:
+    with _stage(stages, "inject", f"{fault} -> {url}") as note:
         before = _complete_bundles(bdir)
         _admin("POST", url, {"fault": fault})
         t_inj = time.time()
         note["detail"] = f"{fault} armed on node {node} ({url})"
     res.injection["armed_at"] = t_inj
     say(f"\n[4/6] wait for the watchdog's bundle under {bdir}")
-    with stages.stage("bundle", f"watching {bdir}") as note:
+    with _stage(stages, "bundle", f"watching {bdir}") as note:
         found = wait_for_bundle(bdir, before, BUNDLE_TIMEOUT_S)
         if found is None:
             raise EngineError(f"no bundle under {bdir} within {BUNDLE_TIMEOUT_S:g} s of the injected stall",
@@ -302,7 +308,7 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
     say("\n[5/6] replay the bundle offline")
     path = Path(res.bundle["path"])
     html = opts.html or seat_home() / "reports" / spec.name / f"{res.bundle['id']}.html"
-    with stages.stage("replay", str(path)) as note:
+    with _stage(stages, "replay", str(path)) as note:
         result = replay_bundle(path)
         html.parent.mkdir(parents=True, exist_ok=True)
         html.write_text(render_html(result), encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG, Proc, alive, cli_argv, cli_env, descendants, in_groups, run_cli
+from launchutil import LOCAL_SIM, Proc, alive, cli_argv, cli_env, descendants, in_groups, run_cli
 from simutil import _free, port_range
 
 from sgl_seat.forensics import verify_bundle
@@ -42,7 +42,8 @@ def _seat_file(tmp: Path) -> Path:
     doc["name"] = SEAT
     doc["network"]["http_port"] = http
     doc["network"]["dist_init_port"] = http + 5
-    doc["model"]["config"] = str(MODEL_CONFIG)
+    if doc["model"].get("config"):  # relative to the profile's directory: make it absolute for the copy
+        doc["model"]["config"] = str((LOCAL_SIM.parent / doc["model"]["config"]).resolve())
     path = tmp / f"{SEAT}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -153,6 +153,7 @@ def _fake_seat(monkeypatch: pytest.MonkeyPatch, server: str, path: str, tmp_path
         else n for n in plan.nodes))
     rec = SeatRecord(name="demo-seat", state=SeatState.READY, engine="sim", draft=True, cluster_address="local",
                      namespace="n", pg_name="p", endpoint=f"{server}{path}", plan=plan.to_json(),
+                     bundles_dir=str(tmp_path / "bundles"),
                      nodes=[NodeRecord(node_rank=r, agent=f"a{r}", host_id=host_id()) for r in (0, 1)])
     downs: list[str] = []
 
@@ -187,7 +188,7 @@ def test_demo_json_injects_on_rank3s_node_and_prints_one_document(server: str, m
                                                                   capsys: pytest.CaptureFixture[str],
                                                                   tmp_path: Path) -> None:
     downs = _fake_seat(monkeypatch, server, "/good", tmp_path)
-    bundles = tmp_path / "home" / "bundles" / "local-sim"  # the seat's default place: the spec sets none
+    bundles = tmp_path / "bundles"  # where `up` recorded that the seat's sidecars write
     bundles.mkdir(parents=True)
     FakeSeat.bundles = bundles
     html = tmp_path / "report.html"
@@ -237,7 +238,9 @@ def test_ctrl_c_while_waiting_releases_the_stall_and_takes_the_seat_down(
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "demo", "--quick"])
     with pytest.raises(SystemExit) as ei:
         main()
-    assert ei.value.code == 130 and "interrupted: the demo took its seat down" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert ei.value.code == 130 and "interrupted: the demo took its seat down" in err
+    assert "FAIL bundle" in out and "KeyboardInterrupt" not in out  # the stage says "interrupted"
     assert [c[0] for c in FakeSeat.calls] == ["POST", "DELETE"] and downs == ["demo-seat"]
 
 
