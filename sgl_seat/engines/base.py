@@ -35,10 +35,16 @@ def parse_kv_tokens(text: str) -> int | None:
 
 
 def argv_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value after ``flag`` in an argv, if present."""
-    for i, a in enumerate(argv[:-1]):
-        if a == flag:
+    """The value of ``flag`` in an engine's argv (``--flag value`` or ``--flag=value``; the first), if present.
+
+    The one lookup of a flag in an engine command line: the plan's argv (bind hosts, the model path, rank 0's
+    ``/metrics``) and a running engine's ``/proc`` command line (which node and port a process serves).
+    """
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
             return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sgl_seat.engines.base import argv_value
 from sgl_seat.spec import WatchdogSpec
 
 #: Seconds of quiet detectors (and progress) before a latched sidecar re-arms.
@@ -106,10 +107,9 @@ EXPORTER_PORT_OFFSET = 15
 def rank0_metrics_url(plan: Mapping[str, Any], node0_ip: str | None) -> str | None:
     """Rank 0's ``/metrics``: node 0's address when the engine binds every interface, else its ``--host``."""
     argv = list(plan["nodes"][0]["command"])
-    host = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "0.0.0.0")
+    host = argv_value(argv, "--host") or "0.0.0.0"
     if host in ("0.0.0.0", "::", ""):
-        dist = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dist-init-addr"), "")
-        host = node0_ip or dist.rsplit(":", 1)[0]
+        host = node0_ip or (argv_value(argv, "--dist-init-addr") or "").rsplit(":", 1)[0]
     if not host or "${" in host:
         return None
     return f"http://{'[' + host + ']' if ':' in host else host}:{int(plan['http_port'])}/metrics"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import psutil
 
 from sgl_seat.engines import ENGINE_MODULES
+from sgl_seat.engines.base import argv_value
 
 #: What an engine node's main process runs (``python -m <module>``), from the engine backends.
 MAIN_MODULES = tuple(sorted(ENGINE_MODULES.values()))
@@ -39,15 +40,6 @@ def rank_of_title(title: str) -> int | None:
         return int(m.group(1))
     if title.startswith(SCHEDULER_PREFIX):
         return 0
-    return None
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
     return None
 
 
@@ -102,9 +94,9 @@ def find_engine_processes(*, node_rank: int | None = None, port: int | None = No
             argv = p.info.get("cmdline") or []
             if not is_main_cmdline(argv):
                 continue
-            if node_rank is not None and int(_flag(argv, "--node-rank") or 0) != node_rank:
+            if node_rank is not None and int(argv_value(argv, "--node-rank") or 0) != node_rank:
                 continue
-            if port is not None and _flag(argv, "--port") != str(port):
+            if port is not None and argv_value(argv, "--port") != str(port):
                 continue
             mains.append(p)
     out: dict[int, EngineProc] = {}

@@ -85,6 +85,9 @@ def test_ports_are_checked_on_the_address_the_engine_binds(plan: LaunchPlan) -> 
     assert bind_host(argv, "sim admin") == "127.0.0.1"  # the sim's fault routes are loopback only
     assert bind_host(["x", "--dist-init-addr", "[fd00::1]:5000"], "dist_init") == "fd00::1"
     assert bind_host(["x"], "http") == "127.0.0.1"  # SGLang's default --host
+    assert bind_host(["x", "--host=10.0.0.9", "--dist-init-addr=10.0.0.8:5000"], "dist_init") == "10.0.0.8"
+    assert argv_value(["x", "--host=10.0.0.9"], "--host") == "10.0.0.9"  # argparse's --flag=value form too
+    assert argv_value(["x", "--hostname", "h", "--host"], "--host") is None  # no value, and not a prefix match
     filled = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
     assert {bind_host(filled.nodes[0].command, w) for w in ("http", "dist_init", "sim admin")} == {"127.0.0.1"}
 
