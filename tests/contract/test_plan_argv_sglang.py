@@ -16,7 +16,14 @@ from sgl_seat.spec import builtin_profiles, load_spec
 from tests.contract.sglang_parser import parse_with_sglang
 
 # Without SGLang these skip, except under CI=true where they fail (tests/contract/conftest.py).
-pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("sglang_required")]
+pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("sglang_required", "_mirror_sizing")]
+
+
+@pytest.fixture
+def _mirror_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command lines are the point here: capacity through the mirror keeps the matrix fast (SGLang's own
+    sizing of these plans is checked in test_sizing_sglang.py, the mirror against it in test_sizing_mirror.py)."""
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
 
 MATRIX = [
     (seat, draft, slots, mf)

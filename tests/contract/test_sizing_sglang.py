@@ -85,8 +85,17 @@ def plans_and_sglang(monkeypatch_module: pytest.MonkeyPatch) -> list[tuple[tuple
         cases.append({"argv": flags, "gpu_gib": spec.cluster.gpu_memory_gb,
                       "weights_per_gpu_bytes": int(weights_gb * GIB) // spec.parallel.tp,
                       "draft_bytes": int(spec.draft.extra_weights_gb * GIB) if draft else 0})
-    answers = _driver({"cases": cases})["cases"]
-    return list(zip(GRID, plans, answers, strict=True))
+    # One driver run (one SGLang import) answers both tests: the grid and every shipped config.
+    answers = _driver({"cases": cases, "configs": [str(d) for d in _shipped()]})
+    _CONFIG_ANSWERS.extend(answers["configs"])
+    return list(zip(GRID, plans, answers["cases"], strict=True))
+
+
+_CONFIG_ANSWERS: list[dict[str, Any]] = []
+
+
+def _shipped() -> list[Path]:
+    return sorted(p.parent for p in MODELS.glob("*/config.json"))
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +129,12 @@ def test_plan_json_names_sglang_and_matches_an_independent_run(
     assert checked >= 12, "most of the acceptance grid must produce a plan"
 
 
-def test_every_shipped_planning_config_loads_in_sglangs_model_config() -> None:
-    require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    dirs = sorted(p.parent for p in MODELS.glob("*/config.json"))
+def test_every_shipped_planning_config_loads_in_sglangs_model_config(
+    plans_and_sglang: list[tuple[tuple[bool, float, int], Any, Any]],
+) -> None:
+    dirs = _shipped()
     assert dirs, "no planning configs shipped"
-    answers = _driver({"configs": [str(d) for d in dirs]})["configs"]
+    answers = _CONFIG_ANSWERS
     for d, got in zip(dirs, answers, strict=True):
         cfg = json.loads((d / "config.json").read_text())
         assert "error" not in got, f"{d.name}: SGLang's ModelConfig fails: {got.get('error')}"
