@@ -10,7 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from sgl_seat.cli.common import console, print_json
+from rich.console import Console
+
+from sgl_seat.cli.common import err_console, print_json, styled
 
 
 def watch(
@@ -18,6 +20,8 @@ def watch(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
     once: Annotated[bool, typer.Option("--once", help="Print one view and exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 1.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.5,
+                                           help="Seconds to wait for the seat's Ray cluster.")] = 15.0,
 ) -> None:
     """Live view per rank: state, top frame, row-fetch p50/p99 and in-flight age, tokens/s, and the bundles
     captured so far. Ctrl-C ends it; the seat and its watchdog keep running."""
@@ -27,32 +31,41 @@ def watch(
     from sgl_seat.launch import cluster
     from sgl_seat.launch.record import load_record, resolve_name
 
+    # The view's own console: no soft wrap, so tables are fitted to the terminal's width (one line per rank).
+    view = Console(highlight=False, markup=False)
     seat = resolve_name(name)
     rec = load_record(seat)
     connected = False
+    unreachable: str | None = None
     if rec.gcs_address and not rec.no_watchdog:
         try:
-            cluster.connect(rec.gcs_address, rec.namespace, token_env=rec.token_env, timeout=15.0)
+            cluster.connect(rec.gcs_address, rec.namespace, token_env=rec.token_env, timeout=timeout)
             connected = True
         except Exception as exc:  # collect() reports the seat without sidecars
-            console.print(f"[yellow]cannot reach the seat's Ray cluster: {exc}[/]")
+            unreachable = f"cannot reach the seat's Ray cluster: {exc}".splitlines()[0][:300]
+            # stderr: under --json stdout carries the JSON documents and nothing else.
+            err_console.print(styled("yellow", "cannot reach the seat's Ray cluster: ", str(exc)))
+
+    def doc_now() -> dict[str, Any]:
+        return collect(seat, connected=connected, unreachable=unreachable, timeout=timeout)
+
     try:
         if once:
-            doc = collect(seat, connected=connected)
+            doc = doc_now()
             if json_out:
                 print_json(doc)
             else:
-                console.print(render(doc))
+                view.print(render(doc, width=view.width))
             return
         if json_out:
             while True:
-                sys.stdout.write(json.dumps(collect(seat, connected=connected)) + "\n")
+                sys.stdout.write(json.dumps(doc_now()) + "\n")
                 sys.stdout.flush()
                 time.sleep(interval)
-        with Live(render(collect(seat, connected=connected)), console=console, refresh_per_second=4) as live:
+        with Live(render(doc_now(), width=view.width), console=view, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(collect(seat, connected=connected)))
+                live.update(render(doc_now(), width=view.width))
     except KeyboardInterrupt:
         return
     finally:

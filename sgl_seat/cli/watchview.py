@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -18,8 +19,13 @@ from rich.text import Text
 WATCH_SCHEMA_VERSION = 1
 
 
-def collect(name: str, *, timeout: float = 10.0, connected: bool = False) -> dict[str, Any]:
-    """One watch document for seat ``name`` (connects to Ray unless ``connected``)."""
+def collect(name: str, *, timeout: float = 10.0, connected: bool = False,
+            unreachable: str | None = None) -> dict[str, Any]:
+    """One watch document for seat ``name`` (connects to Ray unless ``connected``).
+
+    ``unreachable``: the caller already failed to reach the seat's cluster (this error); the document says so
+    and lists the bundles on disk without waiting on the cluster again.
+    """
     from sgl_seat.forensics.store import bundles_in
     from sgl_seat.launch import cluster
     from sgl_seat.launch.record import bundles_dir_of, load_record
@@ -32,6 +38,8 @@ def collect(name: str, *, timeout: float = 10.0, connected: bool = False) -> dic
         doc["error"] = "the seat was started with --no-watchdog: no sidecars"
     elif not rec.gcs_address:
         doc["error"] = "the seat has no Ray cluster address (not up?)"
+    elif unreachable is not None:
+        doc["error"] = unreachable
     else:
         try:
             if not connected:
@@ -51,8 +59,17 @@ def _state_style(state: str) -> str:
     return {"running": "green", "collective": "yellow", "fetching": "red", "exited": "bold red"}.get(state, "dim")
 
 
-def render(doc: dict[str, Any]) -> RenderableType:
-    """The live view: a header, one row per rank, then the bundles captured so far."""
+#: What the fixed columns of the rank table take (widths plus two-space gaps); the top frame gets the rest.
+_RANK_FIXED = 4 + 4 + 10 + 6 + 6 + 5 + 5 + 7 * 2
+_BUNDLE_ID = 40
+
+
+def render(doc: dict[str, Any], width: int = 80) -> RenderableType:
+    """The live view: a header, one row per rank, then the bundles captured so far.
+
+    ``width`` is the terminal's: each rank stays on one line (rich shrinks only wrapping columns, so the one
+    long cell, the top frame, is given the width left over and ends in an ellipsis).
+    """
     parts: list[RenderableType] = []
     nodes = doc.get("nodes") or []
     tps = next((n.get("tokens_per_s") for n in nodes if n.get("tokens_per_s") is not None), None)
@@ -61,9 +78,14 @@ def render(doc: dict[str, Any]) -> RenderableType:
     parts.append(head)
     if doc.get("error"):
         parts.append(Text(f"watchdog: {doc['error']}", style="yellow"))
-    t = Table(show_edge=False, pad_edge=False)
-    for c in ("rank", "node", "state", "top frame", "fetch p50 ms", "p99 ms", "in flight s", "fetches/30s"):
-        t.add_column(c, justify="right" if c not in ("state", "top frame") else "left")
+    # One line per rank on an 80-column terminal: short headers, numbers never wrap, and the top frame (the
+    # only long cell) takes what is left and ends in an ellipsis instead of wrapping into a second line.
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for c, cw in (("rank", 4), ("node", 4), ("state", 10)):
+        t.add_column(c, justify="left" if c == "state" else "right", no_wrap=True, min_width=cw)
+    t.add_column("top frame", no_wrap=True, overflow="ellipsis", max_width=max(12, width - _RANK_FIXED - 1))
+    for c in ("p50 ms", "p99 ms", "age s", "n/30s"):
+        t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
     for n in nodes:
         if n.get("error"):
             t.add_row("-", str(n.get("node")), Text("no sidecar", style="dim"), str(n["error"]), "", "", "", "")
@@ -89,9 +111,11 @@ def render(doc: dict[str, Any]) -> RenderableType:
             parts.append(Text(f"node {n.get('node')}: " + "; ".join(bits), style="yellow"))
     bundles = doc.get("bundles") or []
     if bundles:
-        bt = Table(title=f"bundles ({len(bundles)})", show_edge=False, pad_edge=False, title_justify="left")
-        for c in ("id", "verdict", "size"):
-            bt.add_column(c)
+        bt = Table(title=f"bundles ({len(bundles)})", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                   collapse_padding=True, title_justify="left")
+        bt.add_column("id", no_wrap=True, overflow="ellipsis", max_width=_BUNDLE_ID)
+        bt.add_column("verdict", no_wrap=True, overflow="ellipsis", max_width=max(12, width - _BUNDLE_ID - 8 - 5))
+        bt.add_column("size", justify="right", no_wrap=True, min_width=8)
         for b in bundles[:10]:
             v = b.get("verdict") or {}
             vt = f"{v.get('kind')} rank {v.get('rank')} node {v.get('node')} {v.get('frame') or ''}" if v else "-"

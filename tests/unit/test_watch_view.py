@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
+import socket
+from pathlib import Path
 
+import pytest
 from rich.console import Console
+
+from sgl_seat.launch.home import HOME_ENV
+from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
+from sgl_seat.launch.state import SeatState
+from tests.cli_runner import run_cli
 
 from sgl_seat.cli.watchview import render
 from sgl_seat.watchdog.exporter import gather_bucket
@@ -51,3 +60,32 @@ def test_render_without_sidecars_or_bundles() -> None:
 def test_gather_buckets() -> None:
     assert [gather_bucket(n) for n in (-1, 1, 64, 65, 16384, 16385)] == [
         "unknown", "<=64", "<=64", "<=256", "<=16384", ">16384"]
+
+
+def test_each_rank_stays_on_one_line_at_80_columns() -> None:
+    buf = io.StringIO()
+    Console(file=buf, width=80, color_system=None).print(render(DOC, width=80))
+    lines = buf.getvalue().splitlines()
+    assert all(len(ln) <= 80 for ln in lines), [len(ln) for ln in lines]
+    rank_rows = [ln for ln in lines if ln.lstrip().startswith(("0 ", "3 ", "- "))]
+    assert len(rank_rows) == 3, lines  # rank 0, rank 3, node 2's missing sidecar: one line each
+    assert all("n/30s" in ln for ln in lines if ln.startswith("rank")), "the last column was dropped"
+    assert any("fetch_rows (rowfetch.py:" in ln and ln.rstrip().endswith("850") for ln in lines), lines
+
+
+def test_watch_json_keeps_stdout_for_json_and_warns_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A seat whose Ray cluster is gone: `watch --once --json` prints one JSON document on stdout and the
+    warning, as plain styled text (no literal rich markup), on stderr."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    with socket.socket() as s:  # a loopback port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    save_record(SeatRecord(name="w", state=SeatState.READY, engine="sim", draft=True, cluster_address="local",
+                           namespace="sgl-seat-w", pg_name="sgl-seat-w-pg", gcs_address=f"127.0.0.1:{port}",
+                           nodes=[NodeRecord(node_rank=0, agent="a0", ranks=[])]))
+    assert run_cli(["watch", "w", "--once", "--json", "--timeout", "1"], monkeypatch) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["seat"] == "w" and "cannot reach the seat's Ray cluster" in doc["error"]
+    assert "cannot reach the seat's Ray cluster" in err and "[yellow]" not in err + out
