@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-
 from rich.console import Console
 
 from sgl_seat.cli.common import err_console, print_json, styled

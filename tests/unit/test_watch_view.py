@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from sgl_seat.cli.watchview import render
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
 from sgl_seat.launch.state import SeatState
-from tests.cli_runner import run_cli
-
-from sgl_seat.cli.watchview import render
 from sgl_seat.watchdog.exporter import gather_bucket
+from tests.cli_runner import run_cli
 
 DOC = {
     "schema_version": 1, "seat": "local-sim", "t": 0.0, "state": "READY", "endpoint": "http://127.0.0.1:31000",
