@@ -44,6 +44,7 @@ from sgl_seat.core.observation import (
     python_samples,
 )
 from sgl_seat.core.records import EngineProcess, MetricsPoint, StackSample, Verdict, VerdictKind
+from sgl_seat.core.stats import percentile
 from sgl_seat.spec import WatchdogSpec
 
 RUNNING = "sglang:num_running_reqs"
@@ -64,15 +65,6 @@ EVIDENCE_WINDOW_S = 60.0
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 #: SGLang's SubprocessWatchdog line (contracts section 5), also what the sim logs.
 _CRASHED = re.compile(r"Subprocess \S+ \(pid=(\d+)\) crashed with exit code (-?\d+|None)")
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (deterministic; no interpolation)."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
-    return s[k]
 
 
 def _fmt_s(x: float) -> str:

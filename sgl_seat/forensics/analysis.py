@@ -18,7 +18,6 @@ conventions over several files.
 from __future__ import annotations
 
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
 from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
+from sgl_seat.core.stats import percentile
 from sgl_seat.forensics.bundle import Bundle
 
 __all__ = [
@@ -91,21 +91,15 @@ def gather_bucket(g: int) -> tuple[int, int]:
     return (1 << (b - 1), (1 << b) - 1)
 
 
-def _pct(sorted_vals: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (deterministic, no interpolation): the value at ceil(q n) - 1."""
-    if not sorted_vals:
-        return 0.0
-    return sorted_vals[max(0, math.ceil(q * len(sorted_vals)) - 1)]
-
-
 def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
 def _latency_stats(vals: list[float]) -> dict[str, float | int]:
-    vals.sort()
-    return {"count": len(vals), "p50_ms": _r(_pct(vals, 0.50)), "p99_ms": _r(_pct(vals, 0.99)),
-            "max_ms": _r(vals[-1] if vals else 0.0)}
+    if not vals:
+        return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    return {"count": len(vals), "p50_ms": _r(percentile(vals, 50)), "p99_ms": _r(percentile(vals, 99)),
+            "max_ms": _r(max(vals))}
 
 
 def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
@@ -376,7 +370,7 @@ def activity(bundle: Bundle, trig: float) -> dict[str, Any]:
         "recorded": len(bundle.requests),
         "before_trigger": len(reqs),
         "open_at_trigger": len(open_at),
-        "prompt_tokens_p50": int(_pct(toks, 0.5)) if toks else None,
+        "prompt_tokens_p50": int(percentile(toks, 50)) if toks else None,
         "prompt_tokens_max": toks[-1] if toks else None,
         "prefix_groups": len({r.prefix_group for r in reqs}),
         "redacted": all(r.prompt is None for r in reqs),

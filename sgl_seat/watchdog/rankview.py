@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sgl_seat.core.detect import percentile
 from sgl_seat.core.frames import collective_frame, stuck_frame
 from sgl_seat.core.observation import Observation, in_flight, latest_by_pid, node_of, probe_targets, python_samples
 from sgl_seat.core.records import MetricsPoint
+from sgl_seat.core.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
