@@ -14,6 +14,7 @@ from rich.text import Text
 
 from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
 from sgl_seat.cli.common import console, err_console, print_json, styled
+from sgl_seat.engines import backend_for
 from sgl_seat.launch import logs as seat_logs
 from sgl_seat.launch import status as seat_status
 from sgl_seat.launch import teardown
@@ -157,7 +158,8 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 
 
 def _print_status(rec: SeatRecord) -> None:
-    color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.FAILED: "red"}.get(rec.state, "cyan")
+    color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
+             SeatState.FAILED: "red"}.get(rec.state, "cyan")
     console.print(Text.assemble(
         f"seat {rec.name}  ", (rec.state.value, f"bold {color}"),
         f"  endpoint {rec.endpoint or '-'}  ({rec.engine}, draft {'on' if rec.draft else 'off'})",
@@ -168,8 +170,10 @@ def _print_status(rec: SeatRecord) -> None:
     def tok(n: int | None) -> str:
         return f"{n:,}" if n is not None else "unknown"
 
-    console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens"
-                  + (" (synthetic: sim engine)" if rec.engine == "sim" else ""))
+    if rec.state is SeatState.HUNG and rec.hang_bundle:
+        console.print(f"bundle: {rec.hang_bundle}  (`sgl-seat replay {rec.hang_bundle}` explains it)")
+    source = backend_for(rec.engine).kv_actual_source
+    console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens ({source})")
     for n in rec.nodes:
         alive = {True: "alive", False: "DEAD", None: "-"}[n.alive]
         console.print(f"node {n.node_rank}  {n.ip or '?'}  agent pid {n.agent_pid or '-'}  engine pid "

@@ -81,6 +81,10 @@ class EngineBackend(ABC):
     #: True when the engine installs the watchdog probe itself; otherwise the plan puts the probe's
     #: ``sitecustomize`` loader (``${watchdog_boot}``) first on the engine's ``PYTHONPATH``.
     loads_probe_itself: ClassVar[bool] = False
+    #: Where ``status``'s "actual" KV pool comes from, said wherever that figure is shown.
+    kv_actual_source: ClassVar[str] = "measured: the engine's own 'KV Cache is allocated' log line"
+    #: True when the engine's answers and figures are synthetic (a stand-in, not a model).
+    synthetic: ClassVar[bool] = False
 
     # -- the plan ----------------------------------------------------------------------------------
 

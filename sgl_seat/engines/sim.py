@@ -33,6 +33,8 @@ class SimBackend(EngineBackend):
     )
     #: Each sim scheduler installs the probe at start when ``SGL_SEAT_PROBE`` is set.
     loads_probe_itself: ClassVar[bool] = True
+    kv_actual_source: ClassVar[str] = "synthetic: the sim echoes the plan's prediction, nothing is measured"
+    synthetic: ClassVar[bool] = True
 
     def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
         for f in faults:

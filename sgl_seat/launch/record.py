@@ -93,6 +93,9 @@ class SeatRecord:
     no_watchdog: bool = False
     #: Where the seat's watchdog writes its bundles, as `up` resolved it (``forensics.layout.seat_bundles_dir``).
     bundles_dir: str | None = None
+    #: While HUNG: the bundle the watchdog captured for the hang it has latched on (id, verdict line).
+    hang_bundle: str | None = None
+    hang_verdict: str | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     schema_version: int = RECORD_SCHEMA_VERSION

@@ -3,7 +3,9 @@
 ::
 
     (none) -> PLACING -> STARTING -> READY <-> DEGRADED
-                 |          |          |         |
+                 |          |          |  ^      |  ^
+                 |          |          v  |      v  |
+                 |          |          HUNG <-----+-+   (any of READY / DEGRADED / HUNG to any other)
                  +----------+----------+---------+--> FAILED
                  +----------+----------+---------+--> STOPPING -> STOPPED
                                                FAILED --> STOPPING
@@ -15,6 +17,10 @@
   A rank >= 1 HTTP answer is never trusted (SGLang's dummy health server answers 200 regardless).
 - DEGRADED: every engine process is alive but rank 0's ``/health_generate`` does not answer 200
   (for example a hung scheduler); it can go back to READY.
+- HUNG: every engine process is alive but the watchdog has latched a hang: it captured a bundle (the
+  record names it) and has not seen the seat progress since. Health alone cannot tell: rank 0's
+  ``/health_generate`` may still answer while a rank is stalled. It goes back to READY when the
+  watchdog unlatches (its detectors quiet and progress seen).
 - FAILED: an engine process or node agent is gone, or the cluster cannot be reached; sticky until
   ``down``. The record keeps the reason and the log tail.
 - STOPPING / STOPPED: ``down`` is tearing down / has verified nothing remains (terminal).
@@ -36,6 +42,7 @@ class SeatState(str, Enum):
     STARTING = "STARTING"
     READY = "READY"
     DEGRADED = "DEGRADED"
+    HUNG = "HUNG"
     FAILED = "FAILED"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
@@ -45,7 +52,7 @@ class SeatState(str, Enum):
 
     def is_up(self) -> bool:
         """Serving or able to serve: what `up` refuses to start over."""
-        return self in (SeatState.READY, SeatState.DEGRADED)
+        return self in (SeatState.READY, SeatState.DEGRADED, SeatState.HUNG)
 
     def can_become(self, new: SeatState) -> bool:
         return new is self or new in TRANSITIONS[self]
@@ -54,8 +61,9 @@ class SeatState(str, Enum):
 TRANSITIONS: dict[SeatState, frozenset[SeatState]] = {
     SeatState.PLACING: frozenset({SeatState.STARTING, SeatState.FAILED, SeatState.STOPPING}),
     SeatState.STARTING: frozenset({SeatState.READY, SeatState.FAILED, SeatState.STOPPING}),
-    SeatState.READY: frozenset({SeatState.DEGRADED, SeatState.FAILED, SeatState.STOPPING}),
-    SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.READY: frozenset({SeatState.DEGRADED, SeatState.HUNG, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.HUNG, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.HUNG: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.FAILED, SeatState.STOPPING}),
     SeatState.FAILED: frozenset({SeatState.STOPPING}),
     SeatState.STOPPING: frozenset({SeatState.STOPPED, SeatState.FAILED}),
     SeatState.STOPPED: frozenset(),

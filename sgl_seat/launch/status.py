@@ -2,8 +2,9 @@
 
 The local record is a cache that can drift from Ray (DESIGN: ``status`` reconciles it): a seat whose `up`
 or `down` died half-way, whose local cluster is gone, whose agents or engines died, or whose rank 0 does not
-answer its health route is marked FAILED or DEGRADED here, with the reason. ``status_json`` is what
-``status --json`` prints.
+answer its health route is marked FAILED or DEGRADED here, with the reason; a seat whose watchdog has latched
+a hang is HUNG, naming the bundle (health alone cannot see a stalled rank: rank 0 may still answer).
+``status_json`` is what ``status --json`` prints.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_re
 from sgl_seat.launch.record import SeatRecord, load_record, save_record
 from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
+from sgl_seat.watchdog.actors import snapshots
+
+#: Seconds to wait for the sidecars' snapshots (a wedged sidecar must not hold `status` up).
+SIDECAR_TIMEOUT_S = 5.0
 
 
 def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
@@ -88,11 +93,42 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         return
     backend = backend_for(rec.engine)
     code, err = health.probe(f"{rec.endpoint}{backend.health_path}", timeout=5.0)
+    hang = None if rec.no_watchdog else hang_of(snapshots(rec.name, rec.namespace, len(rec.nodes),
+                                                          timeout=min(timeout, SIDECAR_TIMEOUT_S)))
+    if hang is not None:
+        rec.hang_bundle, rec.hang_verdict = hang
+        rec.set_state(SeatState.HUNG, "the watchdog latched a hang: "
+                      + (f"bundle {rec.hang_bundle}" if rec.hang_bundle else "capture in progress")
+                      + (f" ({rec.hang_verdict})" if rec.hang_verdict else "")
+                      + ("" if code == 200 else f"; rank 0 {backend.health_path}: {err}"))
+        return
+    rec.hang_bundle = rec.hang_verdict = None
     if code == 200:
         rec.set_state(SeatState.READY)
         rec.reason = None
     else:
         rec.set_state(SeatState.DEGRADED, f"every engine process is alive but rank 0 {backend.health_path}: {err}")
+
+
+def hang_of(snaps: Sequence[dict[str, Any]]) -> tuple[str | None, str | None] | None:
+    """The hang the watchdog is latched on, from the sidecars' snapshots: (bundle id, verdict line), or None.
+
+    A sidecar latches when a capture starts and unlatches only after its detectors are quiet and it has seen
+    progress, so "latched" is the watchdog's own word that the seat is hung. The bundle is found on whichever
+    node coordinated the capture (its ``bundles`` entries carry the ``capture_id`` that every latch names);
+    while the capture is still being written there is none yet.
+    """
+    latched = {s.get("latched_by") for s in snaps if s.get("latched")}
+    if not latched:
+        return None
+    for s in snaps:
+        for b in reversed(s.get("bundles") or []):
+            if b.get("capture_id") in latched:
+                v = b.get("verdict") or {}
+                line = (f"{v.get('kind')} rank {v.get('rank')} node {v.get('node')} {v.get('frame') or ''}".strip()
+                        if v else None)
+                return b.get("bundle_id"), line
+    return None, None
 
 
 def status_json(rec: SeatRecord) -> dict[str, Any]:
@@ -107,7 +143,11 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
         "cluster": {"address": rec.cluster_address, "gcs_address": rec.gcs_address, "local": rec.local_cluster},
         "namespace": rec.namespace,
         "placement_group": rec.pg_name,
-        "kv_pool": {"predicted": rec.kv_predicted, "actual": rec.kv_actual},
+        # The sim echoes the plan's prediction as its pool, so for a sim seat "actual" is not a measurement.
+        "kv_pool": {"predicted": rec.kv_predicted, "actual": rec.kv_actual,
+                    "actual_source": backend_for(rec.engine).kv_actual_source},
+        "hang": ({"bundle": rec.hang_bundle, "verdict": rec.hang_verdict}
+                 if rec.state is SeatState.HUNG else None),
         "nodes": [
             {
                 "node_rank": n.node_rank,

@@ -376,6 +376,8 @@ class Sidecar:
                 "tokens_per_s": tokens_per_s(obs.metrics, now),
                 "verdict": self.verdict.to_json() if self.verdict else None,
                 "latched": self.latched_at is not None,
+                # The capture that holds the latch: its bundle (in some node's "bundles") is what `status` names.
+                "latched_by": self.latched_by,
                 "bundles": list(self.bundles),
                 "capture_errors": list(self.capture_errors),
                 "processes": [p.to_json() for p in obs.processes],

@@ -14,7 +14,7 @@ from sgl_seat.launch import cluster
 from sgl_seat.launch.agentclient import dead_reason
 from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
 from sgl_seat.launch.state import SeatState
-from sgl_seat.launch.status import status_json
+from sgl_seat.launch.status import hang_of, status_json
 from sgl_seat.launch.up import _colocate, endpoint_of
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
@@ -73,6 +73,39 @@ def test_status_json_has_the_documented_keys() -> None:
     doc = status_json(rec)
     assert {"name", "state", "endpoint", "nodes", "kv_pool", "reason"} <= set(doc)
     assert doc["nodes"][0]["node_rank"] == 0 and doc["nodes"][0]["ranks"][0]["pid"] == 5
+    assert doc["kv_pool"]["actual_source"].startswith("synthetic"), "a sim seat's pool is not a measurement"
+    assert doc["hang"] is None
+
+
+def test_status_json_of_a_hung_seat_names_the_bundle() -> None:
+    rec = SeatRecord(name="s", state=SeatState.HUNG, engine="sglang", draft=True, cluster_address="local",
+                     namespace="n", pg_name="p", hang_bundle="20261130-1-row-fetch-stall-r3",
+                     hang_verdict="row-fetch stall rank 3 node 1")
+    doc = status_json(rec)
+    assert doc["state"] == "HUNG"
+    assert doc["hang"] == {"bundle": "20261130-1-row-fetch-stall-r3", "verdict": "row-fetch stall rank 3 node 1"}
+    assert doc["kv_pool"]["actual_source"].startswith("measured")
+
+
+_BUNDLE = {"capture_id": "c1", "bundle_id": "B1", "path": "/x/B1",
+           "verdict": {"kind": "row-fetch stall", "rank": 3, "node": 1, "frame": "fetch_rows (rowfetch.py:65)"}}
+
+
+@pytest.mark.parametrize(("snaps", "want"), [
+    ([{"node": 0, "latched": False, "bundles": []}, {"node": 1, "latched": False}], None),
+    # an old capture's bundle on record but nobody latched: recovered, not hung
+    ([{"node": 0, "latched": False, "latched_by": None, "bundles": [_BUNDLE]}], None),
+    # node 1 holds the latch of capture c1; node 0 coordinated it and holds the bundle
+    ([{"node": 0, "latched": True, "latched_by": "c1", "bundles": [_BUNDLE]},
+      {"node": 1, "latched": True, "latched_by": "c1", "bundles": []}],
+     ("B1", "row-fetch stall rank 3 node 1 fetch_rows (rowfetch.py:65)")),
+    # latched, the capture still being written: hung, no bundle yet
+    ([{"node": 0, "latched": True, "latched_by": "pending", "bundles": [_BUNDLE]}, {"node": 1, "error": "x"}],
+     (None, None)),
+])
+def test_hang_of_reads_the_latch_and_finds_its_bundle(snaps: list[dict[str, Any]],
+                                                      want: tuple[str | None, str | None] | None) -> None:
+    assert hang_of(snaps) == want
 
 
 def test_token_auth_is_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:

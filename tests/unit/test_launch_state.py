@@ -18,6 +18,10 @@ def test_every_state_has_a_transition_row() -> None:
     (SeatState.STARTING, SeatState.READY),
     (SeatState.READY, SeatState.DEGRADED),
     (SeatState.DEGRADED, SeatState.READY),
+    (SeatState.READY, SeatState.HUNG),        # the watchdog latched a hang
+    (SeatState.HUNG, SeatState.READY),        # ... and unlatched after progress
+    (SeatState.HUNG, SeatState.FAILED),
+    (SeatState.HUNG, SeatState.STOPPING),
     (SeatState.READY, SeatState.FAILED),
     (SeatState.FAILED, SeatState.STOPPING),
     (SeatState.STOPPING, SeatState.STOPPED),
@@ -32,6 +36,7 @@ def test_documented_transitions_are_allowed(old: SeatState, new: SeatState) -> N
     (SeatState.STOPPED, SeatState.PLACING),   # terminal
     (SeatState.PLACING, SeatState.READY),     # no skipping preflight
     (SeatState.READY, SeatState.STARTING),
+    (SeatState.STARTING, SeatState.HUNG),     # not hung before it ever served
 ])
 def test_other_transitions_are_refused(old: SeatState, new: SeatState) -> None:
     with pytest.raises(SeatStateError, match=f"from {old.value} to {new.value}"):
@@ -40,7 +45,7 @@ def test_other_transitions_are_refused(old: SeatState, new: SeatState) -> None:
 
 def test_only_stopped_is_terminal_and_up_means_serving() -> None:
     assert [s for s in SeatState if s.is_terminal()] == [SeatState.STOPPED]
-    assert {s for s in SeatState if s.is_up()} == {SeatState.READY, SeatState.DEGRADED}
+    assert {s for s in SeatState if s.is_up()} == {SeatState.READY, SeatState.DEGRADED, SeatState.HUNG}
 
 
 def test_unknown_state_in_a_record_is_an_error_not_a_new_state() -> None:
