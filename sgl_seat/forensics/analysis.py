@@ -4,13 +4,14 @@ Pure functions over a :class:`~sgl_seat.forensics.bundle.Bundle` (no I/O), so th
 a golden bundle in a unit test and on a one-hour bundle in the bench. The pieces answer the questions an
 operator asks of a hang, in order: which rank lags and where (divergence: ranks waiting in a collective vs
 one elsewhere), how long each thread had been stuck, what each rank did over time (timeline), whether row
-fetches slowed with gather size (latency by power-of-two bucket, the in-flight fetch highlighted), and what
-the seat was doing before the trigger (running requests, throughput, accept length).
+fetches slowed with gather size (latency by power-of-two bucket, the live exporter's buckets too, the in-flight
+fetch highlighted), and what the seat was doing before the trigger (running requests, throughput, accept
+length).
 
 Times in the report are seconds relative to the trigger (negative = before it), so reports compare across
 bundles and golden files stay stable.
 
-One module of about 450 lines on purpose: it is one thing, the report's analysis. Each section is one
+One module of about 440 lines on purpose: it is one thing, the report's analysis. Each section is one
 function over the same bundle, with the same time base and rounding; splitting it would spread those
 conventions over several files.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
 from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
-from sgl_seat.core.stats import percentile
+from sgl_seat.core.stats import gather_bucket, percentile
 from sgl_seat.forensics.bundle import Bundle
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
     "RankState",
     "analyse",
     "classify_thread",
-    "gather_bucket",
     "rowfetch_buckets",
 ]
 
@@ -83,14 +83,6 @@ def classify_thread(th: ThreadStack | None, rowfetch_funcs: frozenset[str] = ROW
     return RankState("running", frame.label)
 
 
-def gather_bucket(g: int) -> tuple[int, int]:
-    """Power-of-two bucket of a gather size: 0 -> [0, 0], 1 -> [1, 1], 5 -> [4, 7], 100 -> [64, 127]."""
-    if g <= 0:
-        return (0, 0)
-    b = g.bit_length()
-    return (1 << (b - 1), (1 << b) - 1)
-
-
 def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
@@ -100,6 +92,11 @@ def _latency_stats(vals: list[float]) -> dict[str, float | int]:
         return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
     return {"count": len(vals), "p50_ms": _r(percentile(vals, 50)), "p99_ms": _r(percentile(vals, 99)),
             "max_ms": _r(max(vals))}
+
+
+def _bucket_key(g: int) -> int:
+    """One int per :func:`~sgl_seat.core.stats.gather_bucket` (its bit length; -1: unknown), cheap per record."""
+    return g.bit_length() if g >= 0 else -1
 
 
 def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
@@ -120,17 +117,17 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
         if e != e:  # NaN: still in flight
             d = (now - start[i]) * 1000.0
             inflight.append(i)
-            inflight_by_bucket[gather[i].bit_length()] += 1
+            inflight_by_bucket[_bucket_key(gather[i])] += 1
         else:
             d = (e - start[i]) * 1000.0
         if d < 0.0:
             d = 0.0
-        by_bucket[gather[i].bit_length()].append(d)
+        by_bucket[_bucket_key(gather[i])].append(d)
         by_rank[group_rank[group[i]]].append(d)
     stall_ms = stall_s * 1000.0
     buckets = []
     for b in sorted(by_bucket):
-        lo, hi = (0, 0) if b == 0 else (1 << (b - 1), (1 << b) - 1)
+        lo, hi = gather_bucket(-1 if b < 0 else 0 if b == 0 else 1 << (b - 1))
         st = _latency_stats(by_bucket[b])
         buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": inflight_by_bucket[b],
                         "stalled": st["max_ms"] >= stall_ms and inflight_by_bucket[b] > 0})

@@ -20,6 +20,7 @@ from html import escape
 from typing import Any
 
 from sgl_seat import __version__
+from sgl_seat.core.stats import gather_bucket_label
 from sgl_seat.forensics.analysis import rowfetch_scatter, throughput_series
 from sgl_seat.forensics.replay import ReplayResult
 
@@ -333,7 +334,7 @@ def render_html(result: ReplayResult) -> str:
                f"at the trigger (stall threshold {rf['stall_threshold_ms'] / 1000:g} s)</p>")
     out.append(_rowfetch_plot(result))
     out.append(_table(["gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
-                      [[_td(f"{x['gather_size_min']}-{x['gather_size_max']}"), _td(x["count"], True),
+                      [[_td(gather_bucket_label(x["gather_size_min"])), _td(x["count"], True),
                         _td(x["p50_ms"], True), _td(x["p99_ms"], True), _td(x["max_ms"], True),
                         _td(x["in_flight"], True)] for x in rf["buckets"]], [x["stalled"] for x in rf["buckets"]]))
     for f in rf["in_flight_fetches"][:10]:

@@ -15,6 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sgl_seat.core.stats import gather_bucket_label
 from sgl_seat.forensics.replay import ReplayResult
 
 __all__ = ["STATE_GLYPH", "render_report", "timeline_strip"]
@@ -100,7 +101,7 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
         t.add_column(c, justify="right")
     for b in rf["buckets"]:
         style = "bold red" if b["stalled"] else ""
-        t.add_row(f"{b['gather_size_min']}-{b['gather_size_max']}", f"{b['count']:,}", _fmt(b["p50_ms"]),
+        t.add_row(gather_bucket_label(b["gather_size_min"]), f"{b['count']:,}", _fmt(b["p50_ms"]),
                   _fmt(b["p99_ms"]), _fmt(b["max_ms"]), str(b["in_flight"]) + (" STALLED" if b["stalled"] else ""),
                   style=style)
     parts: list[RenderableType] = [t]

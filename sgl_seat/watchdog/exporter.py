@@ -1,7 +1,7 @@
 """A sidecar's own Prometheus metrics (samples, errors, captures, detections, row-fetch latency), on 127.0.0.1.
 
-The row-fetch histogram is labelled by gather-size bucket (:func:`gather_bucket`), so a latency that grows
-with the gather size shows as one exploding bucket.
+The row-fetch histogram is labelled by gather-size bucket (:func:`sgl_seat.core.stats.gather_bucket_label`, the
+report's buckets too), so a latency that grows with the gather size shows as one exploding bucket.
 """
 
 from __future__ import annotations
@@ -11,21 +11,9 @@ import logging
 from typing import Any
 
 from sgl_seat.core.records import ProbeRecord
+from sgl_seat.core.stats import gather_bucket_label
 
 log = logging.getLogger("sgl_seat.watchdog")
-
-#: Row-fetch latency buckets (upper bounds of the gather size) for the exported histogram's label.
-GATHER_BUCKETS = (64, 256, 1024, 4096, 16384)
-
-
-def gather_bucket(size: int) -> str:
-    if size < 0:
-        return "unknown"
-    for b in GATHER_BUCKETS:
-        if size <= b:
-            return f"<={b}"
-    return f">{GATHER_BUCKETS[-1]}"
-
 
 class Exporter:
     """The sidecar's own Prometheus metrics, on 127.0.0.1 only."""
@@ -67,7 +55,8 @@ class Exporter:
 
     def observe_fetch(self, rec: ProbeRecord) -> None:
         if rec.end is not None:
-            self.rowfetch.labels(node=self.node, gather=gather_bucket(rec.gather_size)).observe(rec.end - rec.start)
+            bucket = gather_bucket_label(rec.gather_size)
+            self.rowfetch.labels(node=self.node, gather=bucket).observe(rec.end - rec.start)
 
     def close(self) -> None:
         if self._server is not None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sgl_seat.core.stats import percentile
+from sgl_seat.core.stats import gather_bucket, gather_bucket_label, percentile
 
 
 def test_percentile_is_the_nearest_rank_without_interpolation() -> None:
@@ -26,3 +26,14 @@ def test_percentile_returns_a_member_at_or_above_its_share(n: int) -> None:
         p = percentile(vals, q)
         assert p in vals
         assert sum(v <= p for v in vals) / n >= q / 100.0
+
+
+def test_gather_buckets_are_powers_of_two_live_and_offline() -> None:
+    """The exporter's label and the report's bucket of a gather size are one bucket."""
+    sizes = (-1, 0, 1, 2, 3, 5, 64, 127, 128, 200, 16384, 16385)
+    assert [gather_bucket(n) for n in sizes] == [(-1, -1), (0, 0), (1, 1), (2, 3), (2, 3), (4, 7), (64, 127),
+                                                  (64, 127), (128, 255), (128, 255), (16384, 32767), (16384, 32767)]
+    assert [gather_bucket_label(n) for n in (-1, 0, 8, 200)] == ["unknown", "0-0", "8-15", "128-255"]
+    for n in range(0, 5000, 7):
+        lo, hi = gather_bucket(n)
+        assert lo <= n <= hi and gather_bucket(lo) == gather_bucket(hi) == (lo, hi)

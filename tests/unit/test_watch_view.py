@@ -14,7 +14,6 @@ from sgl_seat.cli.watchview import render
 from sgl_seat.launch.home import HOME_ENV
 from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
 from sgl_seat.launch.state import SeatState
-from sgl_seat.watchdog.exporter import gather_bucket
 from tests.cli_runner import run_cli
 
 DOC = {
@@ -54,11 +53,6 @@ def test_render_shows_ranks_detector_and_bundles() -> None:
 def test_render_without_sidecars_or_bundles() -> None:
     out = _text({"seat": "s", "state": "READY", "nodes": [], "bundles": [], "error": "started with --no-watchdog"})
     assert "watchdog: started with --no-watchdog" in out and "no bundles" in out
-
-
-def test_gather_buckets() -> None:
-    assert [gather_bucket(n) for n in (-1, 1, 64, 65, 16384, 16385)] == [
-        "unknown", "<=64", "<=64", "<=256", "<=16384", ">16384"]
 
 
 def test_each_rank_stays_on_one_line_at_80_columns() -> None:
