@@ -10,8 +10,9 @@ The order comes from the README's "Rehearsal order"; each runbook starts where t
 
 The seat: launch/seats/local-sim.yaml under another name, ports 37000-37016 (HTTP, admins, dist-init, the
 sidecar exporters), ``SGL_SEAT_HOME`` in a tmp dir, and ``cluster.address`` pointing at one two-node local Ray
-cluster that this module starts once (GCS on 37090) and stops at the end: the runbooks' four `up`s then cost
-engine start-up only, and the seats run the way an operator's do (an existing cluster, ``address: auto``).
+cluster that this module starts once (GCS on the first free port of 37090-37099) and stops at the end: the
+runbooks' `up`s then cost engine start-up only, and the seats run the way an operator's do (an existing
+cluster, ``address: auto``).
 The spec arms the rehearsal fault that watchdog-fired.md describes (``sim.faults``: a row-fetch stall on rank 3
 for gathers of 128 rows or more, once per engine start); the short requests of the other runbooks never
 reach it. Nothing may be left behind: every engine group, agent and sidecar that was ever under the cluster is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +37,7 @@ from typing import Any
 
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG, REPO, Proc, alive, descendants, in_groups, run_cli, wait_until
+from launchutil import LOCAL_SIM, REPO, Proc, alive, descendants, in_groups, run_cli, wait_until
 from runbookdoc import Block, RunbookError, parse_runbook, rehearsal_order
 
 from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
@@ -43,7 +45,7 @@ from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
 RUNBOOKS = REPO / "runbooks"
 NAME = "runbook-seat"
 HTTP = 37000  # +2 node 0 admin, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
-GCS_PORT = 37090
+GCS_PORTS = range(37090, 37100)  # the first one free: our range lies in Linux's ephemeral range (see launchutil)
 STALL = "rowfetch-stall:rank=3,gather_ge=128,for_s=10"  # the rehearsal fault of watchdog-fired.md
 TRANSCRIPT_ENV = "RUNBOOK_TRANSCRIPT"
 _SHELL_NOISE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "BASHOPTS", "SHELLOPTS"})
@@ -128,10 +130,20 @@ def _spec(path: Path, address: str) -> Path:
     doc["cluster"]["address"] = address
     doc["network"]["http_port"] = HTTP
     doc["network"]["dist_init_port"] = HTTP + 5
-    doc["model"]["config"] = str(MODEL_CONFIG)
+    if doc["model"].get("config"):  # the profile's planning config, wherever the profile points it
+        doc["model"]["config"] = str((LOCAL_SIM.parent / doc["model"]["config"]).resolve())
     doc.setdefault("sim", {})["faults"] = [STALL]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +152,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     home, work = tmp / "home", tmp / "work"
     work.mkdir()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    port = next((p for p in GCS_PORTS if _free(p)), 0)
     rec = start_local_cluster(NAME, nodes=2, gpus_per_node=2, cpus_per_node=3, timeout=180,
-                              record=tmp / "cluster.json", port=GCS_PORT)
+                              record=tmp / "cluster.json", port=port)
     assert rec.gcs_address
     spec = _spec(work / f"{NAME}.yaml", rec.gcs_address)
     venv_bin = str(Path(sys.executable).parent)
@@ -175,7 +188,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         assert strays == [], f"engine processes left under the cluster: {strays}"
         assert survivors == [], survivors
         assert wait_until(lambda: alive(r.seen) == [], 10.0), f"processes left behind: {alive(r.seen)}"
-        rings = Path(f"/dev/shm/sgl-seat-{NAME}")  # noqa: S108 (the probe's ring directory of our seat name)
+        rings = Path(f"/dev/shm/sgl-seat-{NAME}")  # the probe rings of our seat name
         left_rings = rings.exists()
         shutil.rmtree(rings, ignore_errors=True)
         assert r.failed or not left_rings, "probe rings left in /dev/shm after the last `down`"
