@@ -1,6 +1,6 @@
 """Forensic bundles: format (write, read, verify, redact, scrub), archives, analysis, reports, traffic replay.
 
-The live watchdog writes bundles with :func:`write_bundle` and the ``encode_*`` helpers; ``replay``
+The live watchdog writes bundles with :func:`encode_bundle` and :func:`write_bundle`; ``replay``
 reads them back with :func:`read_bundle` into the same record types (``sgl_seat.core.records``).
 File names and limits live in :mod:`sgl_seat.forensics.layout`.
 """
@@ -17,6 +17,7 @@ from sgl_seat.forensics.codec import (
     encode_stack_samples,
     encode_text,
 )
+from sgl_seat.forensics.encode import encode_bundle
 from sgl_seat.forensics.manifest import BundleVersionError, Manifest
 from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.redact import Redactor, RequestShape
@@ -30,6 +31,7 @@ __all__ = [
     "Redactor",
     "RequestRecorder",
     "RequestShape",
+    "encode_bundle",
     "encode_env",
     "encode_json",
     "encode_logs",

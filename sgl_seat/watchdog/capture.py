@@ -35,17 +35,7 @@ from sgl_seat.core.records import (
     Verdict,
 )
 from sgl_seat.errors import BundleError
-from sgl_seat.forensics import (
-    encode_env,
-    encode_json,
-    encode_logs,
-    encode_probe_records,
-    encode_records,
-    encode_stack_samples,
-    encode_text,
-    layout,
-    write_bundle,
-)
+from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc
@@ -289,29 +279,21 @@ def assemble(
     bid = bundle_id_for(verdict, float(trigger.get("t") or t_eval))
     steps = [dict(s) for p in parts for s in p.get("capture", [])] + [dict(m) for m in missing]
     nodes = sorted({int(p["node"]) for p in parts})
-    files: dict[str, bytes] = {
-        layout.STACKS: encode_stack_samples(obs.samples),
-        layout.NATIVE_STACKS: encode_stack_samples(sorted(dec.native, key=lambda s: (s.node, s.pid))),
-        layout.PROBE: encode_probe_records(obs.probes),
-        layout.METRICS: encode_records(obs.metrics),
-        layout.PROCESSES: encode_records(obs.processes),
-        layout.LOGS: encode_logs(obs.logs),
-        layout.ENV: encode_env({int(p["node"]): dict(p.get("env") or {}) for p in parts}),
-    }
     redaction: dict[str, Any] = {"prompts": "not captured", "locals": False}
     recorded = [p for p in parts if p.get("requests") is not None]
+    shapes: list[RequestShape] | None = None
     if recorded:
         shapes = sorted((RequestShape.from_json(d) for p in recorded for d in p["requests"]), key=lambda r: r.t)
-        files[layout.REQUESTS] = encode_records(shapes)
         redaction = {**{k: v for k, v in (recorded[0].get("request_redaction") or {}).items()
                         if v is None or isinstance(v, (bool, int, float, str))},
                      "requests": len(shapes), "locals": False}
-    for p in parts:
-        n = int(p["node"])
-        files[layout.log_file(n)] = encode_text(str(p.get("log_text") or ""))
-        files[layout.process_state_file(n)] = encode_json(p.get("process_state") or {})
-        if p.get("gpu"):
-            files[layout.gpu_file(n)] = encode_text(str(p["gpu"]))
+    files = encode_bundle(
+        stacks=obs.samples, native_stacks=sorted(dec.native, key=lambda s: (s.node, s.pid)), probes=obs.probes,
+        metrics=obs.metrics, processes=obs.processes, logs=obs.logs,
+        env={int(p["node"]): dict(p.get("env") or {}) for p in parts}, requests=shapes,
+        log_text={int(p["node"]): str(p.get("log_text") or "") for p in parts},
+        process_state={int(p["node"]): p.get("process_state") or {} for p in parts},
+        gpu={int(p["node"]): str(p["gpu"]) for p in parts if p.get("gpu")})
     starts = [s.t for s in obs.samples] + [m.t for m in obs.metrics] + [p.start for p in obs.probes]
     t_end = max([t_eval, *(float(p.get("t") or 0) for p in parts)])
     versions: dict[str, Any] = {"sgl_seat": __version__, "python": platform.python_version()}
