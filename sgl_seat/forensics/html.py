@@ -310,12 +310,10 @@ def render_html(result: ReplayResult) -> str:
     ]
     if v:
         ev = "".join(f"<li>{_e(x)}</li>" for x in v["evidence"])
-        match = {True: "replayed detectors reproduce the live verdict", False: "replayed verdict DIFFERS from the "
-                 "live one", None: f"verdict {doc['verdict_source']}: {doc['detector_note'] or ''}"}
         out.append(f'<div class="verdict"><div class="kind">{_e(v["kind"])}</div>'
                    f"<div>rank <b>{_e(v['rank'])}</b>, node <b>{_e(v['node'])}</b>, frame <b>{_e(v['frame'])}</b>"
                    f"; waiting ranks: {_e(', '.join(map(str, v['waiting_ranks'])) or 'none')}</div><ul>{ev}</ul>"
-                   f'<div class="dim">{_e(match[doc["verdict_matches"]])}</div></div>')
+                   f'<div class="dim">{_e(doc["comparison"])}</div></div>')
     else:
         out.append('<div class="verdict">no verdict recorded and none re-derived</div>')
     out.append("<h2>Ranks at the trigger</h2>")

@@ -108,6 +108,9 @@ class Manifest:
     redaction: dict[str, Any] = field(default_factory=dict)
     capture: tuple[dict[str, Any], ...] = ()
     record_schema_version: int = 1
+    #: The triggering sidecar's own live verdict (its node's view, before the merge); None for a manual
+    #: capture or a bundle written before this field existed. ``verdict`` is recomputed over the merged records.
+    live_verdict: Verdict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,6 +142,8 @@ class Manifest:
             "record_schema_version": self.record_schema_version,
             "files": {n: {"size": f.size, "sha256": f.sha256} for n, f in sorted(self.files.items())},
         }
+        if self.live_verdict is not None:  # optional (1.x): absent in bundles written before it existed
+            doc["live_verdict"] = self.live_verdict.to_json()
         for k, v in self.extra.items():
             doc.setdefault(k, v)
         return doc
@@ -170,6 +175,12 @@ class Manifest:
                 verdict = Verdict.from_json(d["verdict"])
             except (RecordError, TypeError, ValueError) as exc:
                 raise _bad("verdict", str(exc)) from None
+        live_verdict = None
+        if d.get("live_verdict") is not None:
+            try:
+                live_verdict = Verdict.from_json(d["live_verdict"])
+            except (RecordError, TypeError, ValueError) as exc:
+                raise _bad("live_verdict", str(exc)) from None
         tr = d.get("time_range")
         if not isinstance(tr, dict):
             raise _bad("time_range", "expected an object with start and end")
@@ -209,7 +220,7 @@ class Manifest:
         rsv = d.get("record_schema_version", 1)
         known = {"schema_version", "bundle_id", "seat", "created", "trigger", "verdict", "nodes", "ranks",
                  "rank_nodes", "versions", "time_range", "plan", "thresholds", "redaction", "capture",
-                 "record_schema_version", "files"}
+                 "record_schema_version", "files", "live_verdict"}
         return cls(
             schema_version=sv,
             bundle_id=bundle_id,
@@ -217,6 +228,7 @@ class Manifest:
             created=created,
             trigger=trig,
             verdict=verdict,
+            live_verdict=live_verdict,
             nodes=_int_list(d.get("nodes"), "nodes"),
             ranks=_int_list(d.get("ranks"), "ranks"),
             rank_nodes=rank_nodes,

@@ -42,11 +42,51 @@ class ReplayResult:
 
     @property
     def verdict_matches(self) -> bool | None:
-        """Whether the replayed verdict names the same kind, rank, node and frame as the live one."""
+        """Whether the replayed verdict names the same kind, rank, node and frame as the capture's.
+
+        A consistency check of the bundle, not independent evidence: the capture computed its verdict with the
+        same detectors over the same records.
+        """
         if self.replayed is None or self.recorded is None:
             return None
         a, b = self.replayed, self.recorded
         return (a.kind, a.rank, a.node, a.frame) == (b.kind, b.rank, b.node, b.frame)
+
+    @property
+    def live(self) -> Verdict | None:
+        """The triggering sidecar's own live verdict (its node's view before the merge), if the bundle has it."""
+        return self.bundle.manifest.live_verdict
+
+    @property
+    def live_matches(self) -> bool | None:
+        """Whether the replayed verdict names the same kind, rank and node as the triggering sidecar did live.
+
+        That sidecar judged its own node's live records before any other node's were merged in, so agreement
+        here is a comparison between two views, unlike :attr:`verdict_matches`. The frame is not compared:
+        the live view may have sampled the rank a tick earlier.
+        """
+        if self.verdict is None or self.live is None:
+            return None
+        a, b = self.verdict, self.live
+        return (a.kind, a.rank, a.node) == (b.kind, b.rank, b.node)
+
+    @property
+    def comparison(self) -> str:
+        """One line that says what the verdict was compared with and what that comparison is worth."""
+        live = self.live
+        if self.live_matches is True and live is not None:
+            return (f"agrees with the verdict the triggering sidecar reached live ({live.kind.value}, rank "
+                    f"{live.rank}, node {live.node})")
+        if self.live_matches is False and live is not None:
+            return (f"DIFFERS from the triggering sidecar's live verdict ({live.kind.value}, rank {live.rank}, node "
+                    f"{live.node}): the merged records of every node tell more than that node saw")
+        if self.verdict_matches is True:
+            return ("the bundle holds no live verdict of the triggering sidecar; recomputing from its records gives "
+                    "the capture's verdict again (the same detectors over the same records: a consistency check)")
+        if self.verdict_matches is False:
+            return "replayed verdict DIFFERS from the one the capture recorded from the same records"
+        return f"verdict {'replayed' if self.replayed is not None else 'recorded'}" + (
+            f" ({self.detector_note})" if self.detector_note else "")
 
     def to_json(self) -> dict[str, Any]:
         """The ``replay --json`` document (times relative to the trigger, in seconds)."""
@@ -79,6 +119,9 @@ class ReplayResult:
             "verdict_source": "replayed" if self.replayed is not None else "recorded",
             "recorded_verdict": vj(self.recorded),
             "verdict_matches": self.verdict_matches,
+            "live_verdict": vj(self.live),
+            "live_verdict_matches": self.live_matches,
+            "comparison": self.comparison,
             "detector_note": self.detector_note,
             "divergence": a.divergence,
             "stuck": a.stuck,

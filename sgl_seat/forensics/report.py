@@ -57,15 +57,9 @@ def _verdict(doc: dict[str, Any]) -> RenderableType:
         lines.append(f"  - {e}\n")
     if v["waiting_ranks"]:
         lines.append(f"  waiting ranks: {', '.join(map(str, v['waiting_ranks']))}\n")
-    src = doc["verdict_source"]
-    if doc["verdict_matches"] is True:
-        lines.append("replayed detectors reproduce the live verdict", style="green")
-    elif doc["verdict_matches"] is False:
-        rv = doc["recorded_verdict"]
-        lines.append(f"replayed verdict differs from the live one ({rv['kind']}, rank {rv['rank']})",
-                     style="bold yellow")
-    else:
-        lines.append(f"verdict: {src}" + (f" ({doc['detector_note']})" if doc["detector_note"] else ""), style="dim")
+    style = {True: "green", False: "bold yellow"}.get(doc["live_verdict_matches"],
+                                                       "bold yellow" if doc["verdict_matches"] is False else "dim")
+    lines.append(doc["comparison"], style=style)
     return Panel(lines, title="verdict", border_style="red")
 
 

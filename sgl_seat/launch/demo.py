@@ -107,6 +107,7 @@ class DemoResult:
     bundle: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] | None = None
     verdict_matches_live: bool | None = None
+    comparison: str | None = None
     exploding_bucket: dict[str, Any] | None = None
     other_buckets_max_ms: float | None = None
     html: str | None = None
@@ -122,10 +123,9 @@ class DemoResult:
                         for a in self.answers],
             "traffic": self.traffic, "injection": self.injection, "bundle": self.bundle,
             "verdict": self.verdict,
+            # the replayed verdict against the one the triggering sidecar reached live on its own node's view
             "verdict_matches_live": self.verdict_matches_live,
-            "verdict_matches_live_note": "the replayed detectors over the bundle's records against the verdict the "
-                                         "live watchdog recorded: a consistency check of the same code, not an "
-                                         "independent diagnosis",
+            "comparison": self.comparison,
             "exploding_bucket": self.exploding_bucket, "other_buckets_max_ms": self.other_buckets_max_ms,
             "html": self.html,
         }
@@ -315,7 +315,8 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
         doc = result.to_json()
         v = doc["verdict"]
         res.verdict = None if v is None else {k: v[k] for k in ("kind", "rank", "node", "frame", "waiting_ranks")}
-        res.verdict_matches_live = result.verdict_matches
+        res.verdict_matches_live = result.live_matches
+        res.comparison = result.comparison
         rf = doc["rowfetch"]
         res.exploding_bucket = rf["worst_bucket"]
         worst = rf["worst_bucket"]
@@ -329,8 +330,8 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
         say("verdict: none (the replayed detectors found no hang)")
     else:
         say(f"verdict: {v['kind']} on rank {v['rank']}, node {v['node']}, in {v['frame']}")
-        say(f"  ranks {', '.join(map(str, v['waiting_ranks'])) or '-'} wait in the collective; "
-            f"matches the live watchdog's verdict: {res.verdict_matches_live} (same detectors, same records)")
+        say(f"  ranks {', '.join(map(str, v['waiting_ranks'])) or '-'} wait in the collective")
+        say(f"  {res.comparison}")
     if worst is not None:
         say(f"exploding bucket: gather {worst['gather_size_min']}-{worst['gather_size_max']} rows, max "
             f"{worst['max_ms']:,.0f} ms" + (f" (every other bucket: max {res.other_buckets_max_ms:,.0f} ms)"

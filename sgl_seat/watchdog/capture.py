@@ -307,6 +307,9 @@ def assemble(
         "plan": dict(plan) if plan is not None else None,
         "trigger": trig,
         "verdict": verdict.to_json() if verdict else None,
+        # What the triggering sidecar concluded live, from its own node's view, before the merge: the one
+        # verdict in the bundle that was not computed from the bundle's records (replay compares with it).
+        "live_verdict": trigger_verdict.to_json() if trigger_verdict else None,
         "nodes": nodes,
         "ranks": sorted(rank_nodes),
         "rank_nodes": {str(r): n for r, n in sorted(rank_nodes.items())},

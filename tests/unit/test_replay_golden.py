@@ -51,7 +51,10 @@ def test_replay_matches_golden_report(name: str) -> None:
     got = json.loads(json.dumps(result.to_json(), sort_keys=True))
     want = json.loads((GOLDEN / f"{name}.report.json").read_text())
     assert _without_evidence(got) == _without_evidence(want)
-    assert result.verdict_matches is True, "replayed detectors must reproduce the live verdict"
+    assert result.verdict_matches is True, "replayed detectors must reproduce the capture's verdict"
+    # The golden bundles predate the live verdict field: the report must not claim a live comparison.
+    assert result.live is None and result.live_matches is None
+    assert "consistency check" in result.comparison
     assert result.replayed is not None and result.recorded is not None
     assert result.replayed.evidence[0] == result.recorded.evidence[0]
 
@@ -127,7 +130,7 @@ def test_cli_replay_terminal_and_json(monkeypatch: pytest.MonkeyPatch, capsys: p
     monkeypatch.setenv("COLUMNS", "140")
     assert run_cli(["replay", str(GOLDEN / "stall")], monkeypatch) == 0
     out = capsys.readouterr().out
-    for s in ("row-fetch stall", "rank 3", "fetch_rows", "STALLED", "128-255", "reproduce the live verdict"):
+    for s in ("row-fetch stall", "rank 3", "fetch_rows", "STALLED", "128-255", "consistency"):
         assert s in out, s
     assert run_cli(["replay", str(GOLDEN / "crash"), "--json"], monkeypatch) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -139,3 +142,24 @@ def test_cli_replay_usage_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     assert "--target" in capsys.readouterr().err
     assert run_cli(["replay", "/nonexistent/bundle"], monkeypatch) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("live_rank", "agrees"), [(3, True), (2, False)])
+def test_replay_compares_with_the_triggering_sidecars_live_verdict(tmp_path: Path, live_rank: int,
+                                                                    agrees: bool) -> None:
+    """GIVEN a bundle whose manifest carries the triggering sidecar's live verdict WHEN replayed THEN the report
+    compares the replayed verdict with it (kind, rank, node) and says so; a different rank is reported."""
+    import shutil
+
+    shutil.copytree(GOLDEN / "stall", tmp_path / "stall")
+    man = tmp_path / "stall" / "manifest.json"
+    doc = json.loads(man.read_text())
+    doc["live_verdict"] = {**doc["verdict"], "rank": live_rank, "evidence": ["seen live on node 1"]}
+    man.write_text(json.dumps(doc))
+    result = replay_bundle(tmp_path / "stall")
+    assert result.live is not None and result.live.rank == live_rank
+    assert result.live_matches is agrees
+    out = result.to_json()
+    assert out["live_verdict"]["rank"] == live_rank and out["live_verdict_matches"] is agrees
+    want = "agrees with the verdict the triggering sidecar reached live" if agrees else "DIFFERS from the triggering"
+    assert out["comparison"].startswith(want), out["comparison"]
