@@ -81,8 +81,8 @@ class ReplayResult:
             return (f"DIFFERS from the triggering sidecar's live verdict ({live.kind.value}, rank {live.rank}, node "
                     f"{live.node}): the merged records of every node tell more than that node saw")
         if self.verdict_matches is True:
-            return ("the bundle holds no live verdict of the triggering sidecar; recomputing from its records gives "
-                    "the capture's verdict again (the same detectors over the same records: a consistency check)")
+            return ("consistency check only: replay gives the capture's verdict again (same detectors, same "
+                    "records); this bundle holds no live verdict of the triggering sidecar to compare with")
         if self.verdict_matches is False:
             return "replayed verdict DIFFERS from the one the capture recorded from the same records"
         return f"verdict {'replayed' if self.replayed is not None else 'recorded'}" + (
