@@ -65,6 +65,14 @@ EVIDENCE_WINDOW_S = 60.0
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 #: SGLang's SubprocessWatchdog line (contracts section 5), also what the sim logs.
 _CRASHED = re.compile(r"Subprocess \S+ \(pid=(\d+)\) crashed with exit code (-?\d+|None)")
+#: SGLang's log prefix names the rank: ``[2026-.. .. TP2 EP2] msg`` (contracts: utils/common.py prefix).
+_LINE_TP = re.compile(r"^\[[^\]]*?\bTP(\d+)\b[^\]]*\]")
+#: A scheduler's own error (it logs this and SIGQUITs its node).
+_SCHED_EXC = re.compile(r"Scheduler hit an exception: (.*)")
+#: Errors that say a *peer* died: the rank that logs one is a victim of the crash, not its cause (gloo's
+#: "Connection closed by peer ... typically caused by a remote worker crashing", NCCL's remote errors).
+_PEER_FAILURE = re.compile(r"Connection (?:closed|reset) by peer|remote worker crash|remote process exited"
+                           r"|ncclRemoteError|communicator was aborted", re.IGNORECASE)
 
 
 def _fmt_s(x: float) -> str:
@@ -103,8 +111,17 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         m = _CRASHED.search(ln.text)
         if m and ln.t <= now and int(m.group(1)) not in crashed:
             crashed[int(m.group(1))] = int(m.group(2)) if m.group(2) not in (None, "None") else None
+    # Whose fault: a rank that logged an error of its own goes first, then ranks that died without a word, and
+    # last the ranks whose error says a peer died (victims). Polling alone cannot order deaths within one tick.
+    own, victims = _rank_errors(obs, now)
     order = list(crashed)
-    gone.sort(key=lambda p: (order.index(p.pid) if p.pid in order else len(order),
+
+    def cause(p: EngineProcess) -> int:
+        key = (p.node, p.rank)
+        return 0 if key in own else 2 if key in victims else 1
+
+    gone.sort(key=lambda p: (cause(p), own.get((p.node, p.rank), (math.inf, ""))[0],
+                             order.index(p.pid) if p.pid in order else len(order),
                              p.gone_t if p.gone_t is not None else math.inf,
                              p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
     first = gone[0]
@@ -118,12 +135,43 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     frame = stuck_frame(last.main_thread(), probe_targets(obs)) if last else None
     ev = [f"engine process {first.pid} ({first.title}) on node {first.node} is gone"
           + (f" (exit code {first.exit_code})" if first.exit_code is not None else "")]
+    if (first.node, first.rank) in own:
+        ev.append(f"rank {first.rank}'s own error: {own[(first.node, first.rank)][1][:300]}")
+    elif first.rank is not None:
+        silent = [p for p in gone[1:] if p.rank is not None and cause(p) == 1]
+        if silent:
+            ev.append("also died without an error of its own: "
+                      + ", ".join(f"rank {p.rank} (node {p.node})" for p in silent[:6])
+                      + "; which went first is only the sidecars' polling order, not the engine's word")
+    hit = sorted(r for (_, r) in victims if r is not None)
+    if hit:
+        ev.append(f"ranks {', '.join(map(str, hit))} failed their collective because a peer died (victims)")
     for p in gone[1:6]:
         ev.append(f"also gone: {p.pid} ({p.title}) on node {p.node}")
     if last is not None and frame is not None:
         ev.append(f"last sampled at {frame.label}")
     return Verdict(kind=VerdictKind.PROCESS_EXITED, rank=first.rank, node=first.node,
                    frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+
+
+def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | None], tuple[float, str]],
+                                                          set[tuple[int, int | None]]]:
+    """Scheduler errors by (node, rank) up to ``now``: (own errors with their first time and text, victims)."""
+    own: dict[tuple[int, int | None], tuple[float, str]] = {}
+    victims: set[tuple[int, int | None]] = set()
+    for ln in obs.logs:
+        if ln.t > now:
+            continue
+        m = _SCHED_EXC.search(ln.text)
+        tp = _LINE_TP.match(ln.text)
+        if m is None or tp is None:
+            continue
+        key = (ln.node, int(tp.group(1)))
+        if _PEER_FAILURE.search(m.group(1)):
+            victims.add(key)
+        elif key not in own:
+            own[key] = (ln.t, m.group(1))
+    return own, victims - set(own)
 
 
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:

@@ -7,6 +7,9 @@ parsed at launch), and the loopback admin route at run time. Kinds:
 - ``rowfetch-stall``: the rank's host row fetch stops returning (it waits inside ``rowfetch.fetch_rows``)
   for ``for_s`` seconds, or until the process dies.
 - ``crash``: the rank dies abruptly (SIGKILL to itself, as a segfault or an NCCL abort would look).
+- ``error``: the rank raises inside its forward, as a CUDA error or a failed assertion would: the scheduler
+  logs SGLang's "Scheduler hit an exception: ..." and SIGQUITs its node (the peers then fail their collective
+  with "Connection closed by peer", the path a real in-rank error takes).
 - ``slow``: the rank adds ``ms`` milliseconds to every step (for ``for_s`` seconds, or for good).
 
 Triggers (all optional; every one given must hold): ``after_steps`` (the rank's forward count),
@@ -24,12 +27,14 @@ from sgl_seat.errors import UsageError
 STALL = "rowfetch-stall"
 CRASH = "crash"
 SLOW = "slow"
-KINDS: tuple[str, ...] = (STALL, CRASH, SLOW)
+ERROR = "error"
+KINDS: tuple[str, ...] = (STALL, CRASH, ERROR, SLOW)
 
 _TRIGGERS = ("after_steps", "after_s", "gather_ge")
 _KEYS: dict[str, tuple[str, ...]] = {
     STALL: ("rank", *_TRIGGERS, "for_s"),
     CRASH: ("rank", *_TRIGGERS),
+    ERROR: ("rank", *_TRIGGERS),
     SLOW: ("rank", "ms", *_TRIGGERS, "for_s"),
 }
 _INT_KEYS = frozenset({"rank", "after_steps", "gather_ge"})
@@ -137,6 +142,7 @@ class StepFaults:
     stall: Fault | None = None
     stall_s: float | None = None  # None with ``stall`` set: until the process dies
     extra_ms: float = 0.0
+    error: Fault | None = None
 
 
 @dataclass(slots=True)
@@ -169,6 +175,7 @@ class FaultState:
     def on_step(self, *, step: int, gather: int, now: float) -> StepFaults:
         """Evaluate every armed fault for the step about to run."""
         crash: Fault | None = None
+        error: Fault | None = None
         stall: Fault | None = None
         stall_s: float | None = None
         extra = 0.0
@@ -180,12 +187,14 @@ class FaultState:
                 a.fired_at = now
                 if f.kind == CRASH:
                     crash = f
+                elif f.kind == ERROR:
+                    error = f
                 elif f.kind == STALL:
                     stall, stall_s = f, f.for_s
                     continue
             if f.kind == SLOW and (f.for_s is None or now - a.fired_at < f.for_s):
                 extra += f.ms or 0.0
-        return StepFaults(crash=crash, stall=stall, stall_s=stall_s, extra_ms=extra)
+        return StepFaults(crash=crash, stall=stall, stall_s=stall_s, extra_ms=extra, error=error)
 
 
 def _due(f: Fault, armed_at: float, *, step: int, gather: int, now: float) -> bool:

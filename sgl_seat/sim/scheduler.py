@@ -287,6 +287,8 @@ class Scheduler:
             self.log.error(f"sim fault: crashing rank {self.tp_rank} now ({fx.crash.spec()})")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if fx.error is not None:
+            raise RuntimeError(f"sim fault: rank {self.tp_rank} failed in its forward ({fx.error.spec()})")
         if fx.stall is not None:
             until = "until the process dies" if fx.stall_s is None else f"for {fx.stall_s:g} s"
             self.log.warning(f"sim fault: row fetch on rank {self.tp_rank} stalls {until} ({fx.stall.spec()})")

@@ -189,10 +189,16 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     doc = seat.watch()
     assert [x["id"] for x in doc["bundles"]] == [path.name]
     assert any(n.get("latched") for n in doc["nodes"])
+    # `status` says HUNG and names the bundle while the watchdog is latched (every process is still alive)
+    st = status_json(SEAT, seat.home)
+    assert st["state"] == "HUNG", st["reason"]
+    assert st["hang"]["bundle"] == path.name and "rank 3 node 1" in st["hang"]["verdict"], st["hang"]
     # release the stall: tokens flow again and the sidecars re-arm
     r = httpx.delete(seat.admin(1), timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
     assert wait_until(lambda: not any(n.get("latched") for n in seat.watch()["nodes"]), 60.0, interval=2.0)
+    st = status_json(SEAT, seat.home)
+    assert st["state"] == "READY" and st["hang"] is None, st["reason"]
 
 
 def _replay_outputs() -> ModuleType:
@@ -212,7 +218,10 @@ def test_replay_of_the_live_stall_bundle_names_rank3_and_the_exploding_bucket(se
     doc = json.loads(res.stdout)
     v = doc["verdict"]
     assert (v["kind"], v["rank"], v["node"]) == ("row-fetch stall", 3, 1) and "fetch_rows" in v["frame"], v
-    assert doc["verdict_matches"] is True
+    assert doc["verdict_matches"] is True  # a consistency check: the same detectors over the same records
+    # ... and the comparison that is not a round trip: the verdict node 1's sidecar reached live, on its own view
+    assert doc["live_verdict"] is not None and doc["live_verdict_matches"] is True, doc["live_verdict"]
+    assert doc["comparison"].startswith("agrees with the verdict the triggering sidecar reached live")
     (fetch,) = doc["rowfetch"]["in_flight_fetches"]
     assert (fetch["rank"], fetch["node"]) == (3, 1) and fetch["stalled"]
     buckets = doc["rowfetch"]["buckets"]
@@ -269,7 +278,9 @@ def test_replayed_traffic_reproduces_the_stall_on_a_fresh_seat(seat: Seat, tmp_p
 
 def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat) -> None:
     before = set(seat.bundles())
-    r = httpx.post(seat.admin(1), json={"fault": "crash:rank=2"}, timeout=10, trust_env=False)
+    # Rank 2 fails in its forward (SGLang's scheduler-exception path); its peers then fail their collective.
+    # Which sidecar polls first is luck; the verdict must not depend on it (it did with a silent SIGKILL).
+    r = httpx.post(seat.admin(1), json={"fault": "error:rank=2"}, timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
     assert wait_until(lambda: set(seat.bundles()) - before, 15.0), "no bundle after the crash"
     (path,) = sorted(set(seat.bundles()) - before)
@@ -279,5 +290,6 @@ def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat
     assert (v.rank, v.node) == (2, 1), v
     assert any(not p.alive and p.rank == 2 for p in b.processes)
     tail = b.log_text[1]
-    assert "KV Cache is allocated" in tail or "sim fault: crashing rank 2" in tail, tail[-2000:]
+    assert "Scheduler hit an exception: RuntimeError: sim fault: rank 2 failed in its forward" in tail, tail[-2000:]
+    assert any("rank 2's own error" in e for e in v.evidence), v.evidence
     assert b.logs or tail

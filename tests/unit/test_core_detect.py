@@ -322,3 +322,30 @@ def test_engine_process_gone_t_is_optional_in_json() -> None:
     old = {"node": 1, "pid": 5, "title": "t", "rank": 2, "alive": False, "exit_code": None}
     assert EngineProcess.from_json(old).gone_t is None
     assert "gone_t" not in EngineProcess(node=1, pid=5, title="t", rank=2, alive=True).to_json()
+
+
+_PEER = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+         "[127.0.0.1]:53679. This is typically caused by a remote worker crashing.")
+
+
+def _exc_line(t: float, rank: int, msg: str) -> LogLine:
+    return LogLine(t=t, node=RANK_NODES[rank], text=f"[2026-11-29 21:14:50 TP{rank} EP{rank}] Scheduler hit an "
+                                                    f"exception: {msg}")
+
+
+def test_process_exited_names_the_rank_with_its_own_error_over_its_victims_and_polling_order() -> None:
+    """GIVEN rank 2 fails in its forward (its own error) and its peers fail their collective ("Connection closed
+    by peer"), WHEN node 0's sidecar happened to poll first (ranks 0-1 seen gone before 2-3) THEN rank 2 is named:
+    the engine's words decide, not which sidecar ticked first."""
+    ps = [EngineProcess(node=RANK_NODES[r], pid=100 + r, title=title(r), rank=r, alive=False,
+                        gone_t=T0 + (0.0 if RANK_NODES[r] == 0 else 0.4)) for r in range(4)]
+    logs = [_exc_line(T0 + 0.1, 1, _PEER), _exc_line(T0 + 0.1, 3, _PEER),
+            _exc_line(T0 + 0.3, 2, "RuntimeError: CUDA error: an illegal memory access was encountered")]
+    v = d.detect(obs(processes=ps, logs=logs), TH, T0 + 2)
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (2, 1), v
+    assert any("rank 2's own error: RuntimeError: CUDA error" in e for e in v.evidence), v.evidence
+    assert any(e.startswith("ranks 1, 3 failed their collective because a peer died") for e in v.evidence)
+    # without the rank's own line, polling order is all there is: rank 0 (seen first), and the report says so
+    v = d.detect(obs(processes=ps, logs=logs[:2]), TH, T0 + 2)
+    assert v is not None and (v.rank, v.node) == (0, 0), v
+    assert any("rank 2 (node 1)" in e and "polling order" in e for e in v.evidence), v.evidence
