@@ -92,3 +92,16 @@ def test_slow_adds_latency_for_its_window() -> None:
     assert st.on_step(step=2, gather=1, now=2.5).extra_ms == 5.0
     st.clear()
     assert st.on_step(step=3, gather=1, now=3.0).extra_ms == 0.0
+
+
+def test_error_fault_fires_once_as_an_error_not_a_crash() -> None:
+    from sgl_seat.sim.faults import FaultState, parse_fault
+
+    f = parse_fault("error:rank=2,after_steps=3")
+    assert (f.kind, f.rank, f.after_steps) == ("error", 2, 3) and parse_fault(f.spec()) == f
+    st = FaultState(rank=2)
+    assert st.arm(f, now=0.0)
+    assert st.on_step(step=1, gather=8, now=1.0).error is None
+    fired = st.on_step(step=3, gather=8, now=2.0)
+    assert fired.error == f and fired.crash is None
+    assert st.on_step(step=4, gather=8, now=3.0).error is None  # once
