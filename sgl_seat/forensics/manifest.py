@@ -30,6 +30,16 @@ class BundleVersionError(BundleError):
     """A bundle whose ``schema_version`` major this sgl-seat does not read."""
 
 
+
+def _verdict(d: dict[str, Any], key: str) -> Verdict | None:
+    """``d[key]`` as a Verdict (None when absent or null); a malformed one is a bad manifest."""
+    if d.get(key) is None:
+        return None
+    try:
+        return Verdict.from_json(d[key])
+    except (RecordError, TypeError, ValueError) as exc:
+        raise _bad(key, str(exc)) from None
+
 @dataclass(frozen=True, slots=True)
 class FileEntry:
     """One file of the bundle as the writer saw it."""
@@ -169,18 +179,7 @@ class Manifest:
         trig = _scalars(d.get("trigger"), "trigger", optional=False)
         if "t" in trig:
             _num(trig, "t", "trigger.")
-        verdict = None
-        if d.get("verdict") is not None:
-            try:
-                verdict = Verdict.from_json(d["verdict"])
-            except (RecordError, TypeError, ValueError) as exc:
-                raise _bad("verdict", str(exc)) from None
-        live_verdict = None
-        if d.get("live_verdict") is not None:
-            try:
-                live_verdict = Verdict.from_json(d["live_verdict"])
-            except (RecordError, TypeError, ValueError) as exc:
-                raise _bad("live_verdict", str(exc)) from None
+        verdict, live_verdict = _verdict(d, "verdict"), _verdict(d, "live_verdict")
         tr = d.get("time_range")
         if not isinstance(tr, dict):
             raise _bad("time_range", "expected an object with start and end")
