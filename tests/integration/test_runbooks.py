@@ -46,7 +46,7 @@ RUNBOOKS = REPO / "runbooks"
 NAME = "runbook-seat"
 HTTP = 37000  # +2 node 0 admin, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
 GCS_PORTS = range(37090, 37100)  # the first one free: our range lies in Linux's ephemeral range (see launchutil)
-STALL = "rowfetch-stall:rank=3,gather_ge=128,for_s=10"  # the rehearsal fault of watchdog-fired.md
+STALL = "rowfetch-stall:rank=3,gather_ge=128,for_s=30"  # the rehearsal fault of watchdog-fired.md
 TRANSCRIPT_ENV = "RUNBOOK_TRANSCRIPT"
 _SHELL_NOISE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "BASHOPTS", "SHELLOPTS"})
 
