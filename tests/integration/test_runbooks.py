@@ -18,6 +18,9 @@ for gathers of 128 rows or more, once per engine start); the short requests of t
 reach it. Nothing may be left behind: every engine group, agent and sidecar that was ever under the cluster is
 checked by pid after the cluster is stopped, and every shell a block ran must leave no process in its group.
 
+Wall time on a 2-core box: 3.2-3.4 min at load average 3-4, 4.5-5 min while other suites load it (6-9); the
+three successful `up`s and the failing one are most of it.
+
 ``RUNBOOK_TRANSCRIPT=path`` appends each command and its output to ``path`` (to refresh the runbooks' excerpts).
 """
 
