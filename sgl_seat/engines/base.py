@@ -143,6 +143,11 @@ class EngineBackend(ABC):
                 return addr.rpartition(":")[0].strip("[]")
         return argv_value(argv, "--host") or "127.0.0.1"
 
+    def fault_url(self, plan: PlannedSeat, node: PlannedNode) -> str | None:
+        """The URL that arms a fault on ``node`` at run time (POST ``{"fault": SPEC}``, DELETE clears), or None
+        when the engine takes no injected faults (real SGLang)."""
+        return None
+
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
         """Environment for node ``node_rank`` when it shares a host with a lower node of the seat.
 

@@ -72,6 +72,11 @@ class SimBackend(EngineBackend):
         """The sim's admin (fault) routes listen on loopback only; the rest as SGLang binds them."""
         return ports.ADMIN_HOST if port_name == "sim admin" else super().bind_host(argv, port_name)
 
+    def fault_url(self, plan: PlannedSeat, node: PlannedNode) -> str | None:
+        """The sim's loopback admin route (``sgl_seat.sim.admin``: POST arms, DELETE clears)."""
+        port = self.listen_ports(plan, node)["sim admin"]
+        return f"http://{self.bind_host(node.command, 'sim admin')}:{port}/sim/faults"
+
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
         """Simulated nodes on one host: each listens on its own port (:func:`sgl_seat.sim.ports.node_port`)."""
         return {NODE_PORT_ENV: str(ports.node_port(plan.http_port, node_rank))}

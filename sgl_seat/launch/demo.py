@@ -53,8 +53,6 @@ STALL_RANK = 3
 POLL_S = 0.2
 #: The sim backend's name for a node's admin port, and the sim's fault route on it (sgl_seat.sim.admin; launch
 #: may not import the sim itself, only its backend).
-ADMIN_PORT = "sim admin"
-FAULT_ROUTE = "/sim/faults"
 SYNTHETIC_NOTE = ("sim engine: answers, token counts and latencies are synthetic; the stall is injected through "
                   "the sim's fault route; the watchdog, capture and replay are the toolkit's real code")
 
@@ -133,7 +131,7 @@ class DemoResult:
 
 def check_spec(spec: SeatSpec) -> None:
     """The demo injects its stall through the sim's fault route: a sim seat with a rank 3 is needed."""
-    if spec.engine != "sim":
+    if not backend_for(spec.engine).synthetic:
         raise UsageError(f"seat {spec.name} runs engine {spec.engine!r}; the demo injects a fault, which only the "
                          "sim engine takes", fix="run `sgl-seat demo` without --seat (the built-in local-sim seat)")
     if spec.parallel.tp <= STALL_RANK:
@@ -157,11 +155,10 @@ def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
     if nrec is None or nrec.host_id != host_id():
         raise UsageError(f"rank {rank} runs on node {node.node_rank}, not on this host; the sim's fault route "
                          "answers on 127.0.0.1 only", fix="run the demo on the built-in local-sim seat")
-    backend = backend_for(rec.engine)
-    port = backend.listen_ports(plan, node).get(ADMIN_PORT)
-    if port is None:
+    url = backend_for(rec.engine).fault_url(plan, node)
+    if url is None:
         raise UsageError(f"engine {rec.engine!r} has no fault route", fix="run the demo on a sim seat")
-    return f"http://{backend.bind_host(node.command, ADMIN_PORT)}:{port}{FAULT_ROUTE}", node.node_rank
+    return url, node.node_rank
 
 
 def _complete_bundles(d: Path) -> set[Path]:
@@ -216,7 +213,7 @@ def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
              say: Callable[[str], None]) -> DemoResult:
     """Up (draft on), traffic, stall on rank 3, bundle, replay, HTML, and always down."""
     check_spec(spec)
-    synthetic = spec.engine == "sim"
+    synthetic = backend_for(spec.engine).synthetic
     res = DemoResult(seat=spec.name, endpoint="", quick=opts.quick, synthetic=synthetic)
     stages = Stages(reporter or NullReporter())
     stages.times = res.stages
