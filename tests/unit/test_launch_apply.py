@@ -125,3 +125,14 @@ def test_addresses() -> None:
     assert cluster.split_address("[::1]:6379") == ("::1", 6379)
     with pytest.raises(ClusterError, match="not host:port"):
         cluster.split_address("head-node")
+
+
+def test_fault_route_comes_from_the_backend() -> None:
+    """The sim's run-time fault route is its loopback admin port; real SGLang takes no injected faults."""
+    from sgl_seat.sim import ports
+
+    plan = build_plan(load_spec("local-sim"), draft=True)
+    node = plan.nodes[0]
+    assert backend_for("sim").fault_url(plan, node) == \
+        f"http://127.0.0.1:{ports.admin_port(plan.http_port)}/sim/faults"
+    assert backend_for("sglang").fault_url(plan, node) is None
