@@ -17,6 +17,7 @@ The inputs are the only thing sgl-seat supplies, and each is an input, never a f
   reserve (APPROX, 2 GiB: NCCL buffers and the like resident before the KV pool is profiled).
 
 Read the engine's ``KV Cache is allocated ... #tokens: N`` line to compare (``sgl-seat status`` does).
+About 400 lines: the inputs, the choice of source and the report are one decision and stay together.
 """
 
 from __future__ import annotations

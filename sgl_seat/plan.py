@@ -5,7 +5,8 @@ frozen plan that prints to stable text and JSON. Nothing here touches Ray or sta
 ``sgl_seat.launch`` applies a plan. What differs between engines (module, environment, probe targets,
 faults) comes from the engine's backend (``sgl_seat.engines``); nothing here compares engine names.
 Values only known at apply time (node 0's address, the node's Python) are typed placeholders that
-:meth:`LaunchPlan.fill` replaces.
+:meth:`LaunchPlan.fill` replaces. About 430 lines: the plan's types, its builder and its text/JSON
+rendering belong together (the golden files pin all three at once).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The live sidecar (``sgl_seat.watchdog``) and offline ``replay`` (``sgl_seat.fore
 :func:`detect` on the same record types, so a replayed bundle reproduces the live verdict. Nothing here
 touches Ray, psutil, files or the clock: ``now`` is an argument, and every record later than ``now`` is
 ignored (a fetch that ended after ``now`` counts as in flight at ``now``), so ``detect(obs, thresholds, now)``
-is a function of its inputs.
+is a function of its inputs. About 400 lines: every detector and the one ordering that picks among them.
 
 Detectors, in priority order when several fire (the first is the verdict; the others are kept in
 the evidence):
