@@ -11,11 +11,16 @@ the evidence):
 
 1. **process exited**: an engine process seen earlier is gone. Definitive, and it explains every
    other symptom (ranks waiting on a peer that died, no tokens).
-2. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``. It names the
-   culprit rank directly, the moment the fetch is late, while its peers only look stuck.
+2. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``, on the host or
+   on the GPU (its CUDA events say its work started on the stream and has not finished: a stalled kernel
+   whose CPU thread ran on into the collective). It names the culprit rank directly, the moment the fetch
+   is late, while its peers only look stuck, even when every rank's stack is the same device sync.
 3. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
    samples while requests run and nothing progresses. Ranks stuck in a collective are victims, so the
-   rank that is *not* in a collective is named; the frame is where it sits.
+   rank that is *not* in a collective is named; the frame is where it sits. When every unchanged rank
+   waits in a collective or device sync and the probe records carry GPU timing, the stacks are
+   undecided (on a GPU the culprit's CPU thread waits there too): no verdict from stacks, the GPU record
+   decides (detector 2) or the no-progress detector reports it later.
 4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
    ``--watchdog-timeout``, but definitive when nothing above fired).
 5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
@@ -43,7 +48,7 @@ from sgl_seat.core.observation import (
     probe_targets,
     python_samples,
 )
-from sgl_seat.core.records import EngineProcess, MetricsPoint, StackSample, Verdict, VerdictKind
+from sgl_seat.core.records import EngineProcess, MetricsPoint, ProbeRecord, StackSample, Verdict, VerdictKind
 from sgl_seat.core.stats import percentile
 from sgl_seat.spec import WatchdogSpec
 
@@ -174,12 +179,23 @@ def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | No
     return own, victims - set(own)
 
 
+def _late_since(p: ProbeRecord, now: float, threshold: float) -> float | None:
+    """When a late probed call began to be late: its host start (call in flight) or its GPU start (work in
+    flight on the stream), whichever is past ``threshold`` at ``now``; None when it is not late."""
+    if in_flight(p, now) and now - p.start >= threshold:
+        return p.start
+    if p.gpu_in_flight(now) and p.gpu_start is not None and now - p.gpu_start >= threshold:
+        return p.gpu_start
+    return None
+
+
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
-    late = [p for p in obs.probes if in_flight(p, now) and now - p.start >= th.rowfetch_inflight_s]
+    late = [(t, p) for p in obs.probes if (t := _late_since(p, now, th.rowfetch_inflight_s)) is not None]
     if not late:
         return None
-    late.sort(key=lambda p: (p.start, p.rank, p.pid, p.seq))
-    worst = late[0]
+    late.sort(key=lambda tp: (tp[0], tp[1].rank, tp[1].pid, tp[1].seq))
+    since, worst = late[0]
+    on_gpu = not in_flight(worst, now)
     rank = worst.rank if worst.rank >= 0 else _rank_of_pid(obs, worst.pid)
     node = worst.node if worst.node >= 0 else node_of(obs, rank)
     func = worst.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
@@ -192,12 +208,16 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
                 break
     done = [p.duration(now) for p in obs.probes if p.pid == worst.pid and p.end is not None
             and now - EVIDENCE_WINDOW_S <= p.end <= now and p.target == worst.target]
-    ev = [f"{worst.target} in flight for {_fmt_s(now - worst.start)} on rank {rank} (pid {worst.pid}, "
+    where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
+        if on_gpu else "in flight"
+    ev = [f"{worst.target} {where} for {_fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
           f"thread {worst.thread}, gather size {worst.gather_size}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
+    if on_gpu:
+        frame_label = f"{func} ({worst.target}) [GPU record]"
     if done:
         ev.append(f"its fetches in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
                   f"p50 {percentile(done, 50) * 1e3:.2f} ms, p99 {percentile(done, 99) * 1e3:.2f} ms")
-    others = sorted({p.rank for p in late[1:]} - {rank})
+    others = sorted({p.rank for _, p in late[1:]} - {rank})
     if others:
         ev.append(f"also late: ranks {others}")
     return Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=rank, node=node, frame=frame_label, t=now,
@@ -289,6 +309,10 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     ev = [f"rank {rank} main-thread stack unchanged for {k} samples over {_fmt_s(sample.t - t0)}"
           + (f" at {frame.label}" if frame else "")]
     if not lagging:
+        if any(p.gpu for p in obs.probes if p.start <= now):
+            # On a GPU the culprit's CPU thread runs on into the collective too (its stalled kernel does not
+            # hold it): identical waits do not say who lags, and the GPU records can. Undecided, no verdict.
+            return None
         ev.append(f"every unchanged rank on record ({sorted(c[1] for c in cands)}) waits in a collective; "
                   "the lagging rank was not sampled")
         return Verdict(kind=VerdictKind.STACK_UNCHANGED, rank=None, node=None,
@@ -344,14 +368,16 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
 def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, str | None, str | None]:
     """Who lags, for a verdict that does not say: the oldest in-flight probe, else the one scheduler
     whose latest stack is not in a collective while the others are."""
-    infl = sorted((p for p in obs.probes if in_flight(p, now)), key=lambda p: (p.start, p.rank, p.pid))
+    infl = sorted(((p.start if in_flight(p, now) else p.gpu_start or p.start, p) for p in obs.probes
+                   if in_flight(p, now) or p.gpu_in_flight(now)), key=lambda tp: (tp[0], tp[1].rank, tp[1].pid))
     targets = probe_targets(obs)
     if infl:
-        p = infl[0]
+        since, p = infl[0]
         rank = p.rank if p.rank >= 0 else _rank_of_pid(obs, p.pid)
+        where = "in flight" if in_flight(p, now) else "in flight on the GPU"
         return (rank, node_of(obs, rank, p.node if p.node >= 0 else None),
                 f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
-                f"rank {rank} has a row fetch in flight for {_fmt_s(now - p.start)}")
+                f"rank {rank} has a row fetch {where} for {_fmt_s(now - since)}")
     latest = [s for s in latest_by_pid(python_samples(obs, now)).values()
               if s.rank is not None and s.title.startswith("sglang::scheduler")]
     free = [s for s in latest if collective_frame(s.main_thread()) is None]

@@ -149,7 +149,15 @@ class StackSample:
 
 @dataclass(frozen=True, slots=True)
 class ProbeRecord:
-    """One wrapped call (a row fetch): ``end`` is None while it is still in flight."""
+    """One wrapped call (a row fetch): ``end`` is None while it is still in flight.
+
+    ``start``/``end`` time the Python call. On a GPU the call mostly *enqueues* work, and a stalled host
+    read stalls a kernel, not the call: the GPU fields (optional, added compatibly in schema 1; absent in
+    older bundles) time the call's work on its CUDA stream. ``gpu`` says CUDA events were recorded around
+    the call; ``gpu_start`` is when the engine's event reader saw the start event complete (the stream
+    reached the call's work; None while it is still queued behind earlier work), ``gpu_end`` when the end
+    event completed (None while the work is in flight on the GPU).
+    """
 
     node: int
     rank: int
@@ -160,6 +168,9 @@ class ProbeRecord:
     start: float
     end: float | None
     gather_size: int
+    gpu: bool = False
+    gpu_start: float | None = None
+    gpu_end: float | None = None
 
     def duration(self, now: float) -> float:
         """Seconds taken, or the age so far for a fetch still in flight."""
@@ -169,9 +180,24 @@ class ProbeRecord:
     def in_flight(self) -> bool:
         return self.end is None
 
+    def gpu_in_flight(self, now: float) -> bool:
+        """The call's GPU work had started by ``now`` and had not finished at ``now``."""
+        return (self.gpu and self.gpu_start is not None and self.gpu_start <= now
+                and (self.gpu_end is None or self.gpu_end > now))
+
+    def gpu_age(self, now: float) -> float:
+        """Seconds the call's GPU work has run at ``now`` (0 when it had not started)."""
+        if self.gpu_start is None or self.gpu_start > now:
+            return 0.0
+        return (self.gpu_end if self.gpu_end is not None and self.gpu_end <= now else now) - self.gpu_start
+
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "rank": self.rank, "pid": self.pid, "thread": self.thread, "seq": self.seq,
-                "target": self.target, "start": self.start, "end": self.end, "gather_size": self.gather_size}
+        d: dict[str, Any] = {"node": self.node, "rank": self.rank, "pid": self.pid, "thread": self.thread,
+                             "seq": self.seq, "target": self.target, "start": self.start, "end": self.end,
+                             "gather_size": self.gather_size}
+        if self.gpu:
+            d.update(gpu=True, gpu_start=self.gpu_start, gpu_end=self.gpu_end)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProbeRecord:
@@ -186,6 +212,9 @@ class ProbeRecord:
             start=float(_get(d, "start", _NUM)),
             end=None if end is None else float(end),
             gather_size=_get(d, "gather_size", int),
+            gpu=bool(_get(d, "gpu", bool, optional=True) or False),
+            gpu_start=_opt_float(_get(d, "gpu_start", _NUM, optional=True)),
+            gpu_end=_opt_float(_get(d, "gpu_end", _NUM, optional=True)),
         )
 
 

@@ -285,7 +285,7 @@ class ProbeTable(Sequence[ProbeRecord]):
     the analysis (latency by gather size) reads the columns directly. ``end`` is NaN while in flight.
     """
 
-    __slots__ = ("end", "gather_size", "group", "groups", "seq", "start")
+    __slots__ = ("end", "gather_size", "gpu", "gpu_end", "gpu_start", "group", "groups", "seq", "start")
 
     def __init__(self) -> None:
         self.groups: list[ProbeGroup] = []
@@ -294,6 +294,10 @@ class ProbeTable(Sequence[ProbeRecord]):
         self.start: array[float] = array("d")
         self.end: array[float] = array("d")
         self.gather_size: array[int] = array("q")
+        # GPU-stream timing (optional columns: 0 / NaN where no CUDA events were recorded).
+        self.gpu: array[int] = array("b")
+        self.gpu_start: array[float] = array("d")
+        self.gpu_end: array[float] = array("d")
 
     @classmethod
     def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeTable:
@@ -310,6 +314,9 @@ class ProbeTable(Sequence[ProbeRecord]):
             table.start.append(r.start)
             table.end.append(math.nan if r.end is None else r.end)
             table.gather_size.append(r.gather_size)
+            table.gpu.append(1 if r.gpu else 0)
+            table.gpu_start.append(math.nan if r.gpu_start is None else r.gpu_start)
+            table.gpu_end.append(math.nan if r.gpu_end is None else r.gpu_end)
         return table
 
     def __len__(self) -> int:
@@ -317,10 +324,11 @@ class ProbeTable(Sequence[ProbeRecord]):
 
     def record(self, i: int) -> ProbeRecord:
         g = self.groups[self.group[i]]
-        end = self.end[i]
+        end, gs, ge = self.end[i], self.gpu_start[i], self.gpu_end[i]
         return ProbeRecord(node=g.node, rank=g.rank, pid=g.pid, thread=g.thread, seq=self.seq[i], target=g.target,
                            start=self.start[i], end=None if math.isnan(end) else end,
-                           gather_size=self.gather_size[i])
+                           gather_size=self.gather_size[i], gpu=bool(self.gpu[i]),
+                           gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge)
 
     @overload
     def __getitem__(self, i: int) -> ProbeRecord: ...
@@ -347,7 +355,7 @@ class ProbeTable(Sequence[ProbeRecord]):
         return [self.record(i) for i, e in enumerate(self.end) if math.isnan(e)]
 
     def add_block(self, group: ProbeGroup, seq: array[int], start: array[float], end: array[float],
-                  gather: array[int]) -> None:
+                  gather: array[int], gpu: tuple[array[int], array[float], array[float]] | None = None) -> None:
         try:
             gi = self.groups.index(group)
         except ValueError:
@@ -358,6 +366,14 @@ class ProbeTable(Sequence[ProbeRecord]):
         self.start.extend(start)
         self.end.extend(end)
         self.gather_size.extend(gather)
+        if gpu is None:
+            self.gpu.extend(array("b", [0]) * len(seq))
+            self.gpu_start.extend(array("d", [math.nan]) * len(seq))
+            self.gpu_end.extend(array("d", [math.nan]) * len(seq))
+        else:
+            self.gpu.extend(array("b", gpu[0]))
+            self.gpu_start.extend(gpu[1])
+            self.gpu_end.extend(gpu[2])
 
 
 def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
@@ -376,6 +392,13 @@ def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
         cols["start"].append(r.start)
         cols["end"].append(r.end)
         cols["gather_size"].append(r.gather_size)
+        if r.gpu and "gpu" not in cols:  # GPU columns only in groups that have GPU timing (older readers skip them)
+            n = len(cols["seq"]) - 1
+            cols.update(gpu=[0] * n, gpu_start=[None] * n, gpu_end=[None] * n)
+        if "gpu" in cols:
+            cols["gpu"].append(1 if r.gpu else 0)
+            cols["gpu_start"].append(r.gpu_start)
+            cols["gpu_end"].append(r.gpu_end)
     out: list[str] = []
     for g, cols in groups.items():
         for i in range(0, len(cols["seq"]), PROBE_BLOCK_ROWS):
@@ -409,18 +432,29 @@ def _float_col(v: Any, what: str, *, nullable: bool = False) -> array[float]:
     return array("d", v)
 
 
-def _block(d: Any) -> tuple[ProbeGroup, array[int], array[float], array[float], array[int]]:
+def _block(d: Any) -> tuple[ProbeGroup, array[int], array[float], array[float], array[int],
+                            tuple[array[int], array[float], array[float]] | None]:
     if not isinstance(d, dict):
         raise RecordError("probe_block must be an object")
     # The shared fields go through ProbeRecord's own validation.
-    head = ProbeRecord.from_json({**d, "seq": 0, "start": 0.0, "end": None, "gather_size": 0})
+    head = ProbeRecord.from_json({**{k: v for k, v in d.items() if k not in ("gpu", "gpu_start", "gpu_end")},
+                                  "seq": 0, "start": 0.0, "end": None, "gather_size": 0})
     seq = _int_col(d.get("seq"), "seq")
     start = _float_col(d.get("start"), "start")
     end = _float_col(d.get("end"), "end", nullable=True)
     gather = _int_col(d.get("gather_size"), "gather_size")
     if not len(seq) == len(start) == len(end) == len(gather):
         raise RecordError("probe_block columns differ in length")
-    return ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather
+    gpu: tuple[array[int], array[float], array[float]] | None = None
+    if "gpu" in d:
+        flags = _int_col(d.get("gpu"), "gpu")
+        if any(x not in (0, 1) for x in flags):
+            raise RecordError("probe_block 'gpu' must hold only 0 or 1")
+        gpu = (flags, _float_col(d.get("gpu_start"), "gpu_start", nullable=True),
+               _float_col(d.get("gpu_end"), "gpu_end", nullable=True))
+        if not len(gpu[0]) == len(gpu[1]) == len(gpu[2]) == len(seq):
+            raise RecordError("probe_block columns differ in length")
+    return ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather, gpu
 
 
 def decode_probe_records(stream: IO[bytes], name: str) -> ProbeTable:
@@ -434,7 +468,10 @@ def decode_probe_records(stream: IO[bytes], name: str) -> ProbeTable:
                 r = ProbeRecord.from_json(obj)
                 table.add_block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target), array("q", [r.seq]),
                                 array("d", [r.start]), array("d", [math.nan if r.end is None else r.end]),
-                                array("q", [r.gather_size]))
+                                array("q", [r.gather_size]),
+                                (array("q", [1 if r.gpu else 0]),
+                                 array("d", [math.nan if r.gpu_start is None else r.gpu_start]),
+                                 array("d", [math.nan if r.gpu_end is None else r.gpu_end])))
             else:
                 raise RecordError("expected a JSON object")
         except (RecordError, OverflowError) as exc:

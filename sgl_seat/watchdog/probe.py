@@ -17,6 +17,17 @@ Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
 ``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``. Without ``@``, the first
 parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
 
+GPU stream (``SGL_SEAT_PROBE_GPU``: ``auto`` (default: on when the process has initialised CUDA by its
+first wrapped call), ``1``, ``0``): on a GPU a wrapped call mostly *enqueues* work, and a stalled host read
+(SGLang's Engram table read over UVA) stalls a kernel, not the call. So each call also records a CUDA event
+on the current stream before and after it (pooled events, no synchronisation on the hot path; skipped while
+the stream is being captured into a CUDA graph). A reader thread in the engine process
+(``sgl-seat-probe-gpu``) queries pending events every ``SGL_SEAT_PROBE_GPU_POLL_S`` (0.02 s) and publishes
+into the same ring: the slot's last word says none / queued / started / done, and a side area after the
+slots holds the GPU start and end (wall clock, as the reader saw the events complete; the end is refined
+with the events' own elapsed time). A call whose start event completed and whose end event has not is "in
+flight on the GPU", with its age. Calls replayed inside a CUDA graph run no Python and are not seen.
+
 Writer protocol (no locks): a call claims slot ``c mod N`` from a process-wide counter, writes the
 slot's sequence word odd, the fields, then the sequence word even; the end time is one aligned
 8-byte store, written only if the slot still holds call ``c``. A reader copies sequence words,
@@ -31,6 +42,7 @@ sgl-seat installed, so the writer, the import hook and the ring reader must trav
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import importlib
@@ -60,6 +72,8 @@ ENV_DIR = "SGL_SEAT_PROBE_DIR"
 ENV_SLOTS = "SGL_SEAT_PROBE_SLOTS"
 ENV_RANK = "SGL_SEAT_RANK"
 ENV_NODE = "SGL_SEAT_NODE_RANK"
+ENV_GPU = "SGL_SEAT_PROBE_GPU"
+ENV_GPU_POLL = "SGL_SEAT_PROBE_GPU_POLL_S"
 
 MAGIC = b"SGLPRB01"
 RING_VERSION = 1
@@ -73,10 +87,16 @@ _TARGETS_OFF = 256
 
 # Header: magic, version, slot_words, nslots, pid, rank, node, created, ntargets.
 _HDR = struct.Struct("<8sIIIIiidI")
-# Slot: seq, call number, start, end, gather size, thread, target index, reserved.
+# Slot: seq, call number, start, end, gather size, thread, target index, GPU state (GPU_NONE..GPU_DONE).
 _SLOT = struct.Struct("<qqddqqqq")
-_SLOT_HEAD = struct.Struct("<qqddqqq")  # what the writer packs at call start (all but the reserved word)
-_W_CALL, _W_END = 1, 3
+_W_CALL, _W_END, _W_GPU = 1, 3, 7
+#: The slot's last word: what the engine's event reader knows of the call's GPU work.
+GPU_NONE, GPU_QUEUED, GPU_STARTED, GPU_DONE = 0, 1, 2, 3
+#: Header word (at byte 48, inside the header's reserved space) holding the GPU side area's offset; 0: none.
+_GPU_OFF_AT = 48
+_GPU_OFF = struct.Struct("<Q")
+GPU_SLOT_BYTES = 16  # gpu_start, gpu_end (doubles)
+_GPU_PAIR = struct.Struct("<dd")
 
 _TITLE_RANK = re.compile(r"_TP(\d+)(?:_|$)")
 _SIZE_PARAMS = ("ids", "indices", "hash_ids", "input_ids")
@@ -103,7 +123,7 @@ _D: memoryview[float] | None = None
 _MASK = 0
 _COUNTER: Any = itertools.count(1)
 _NEXT: Callable[[], int] = _COUNTER.__next__
-_PACK = _SLOT_HEAD.pack_into
+_PACK = _SLOT.pack_into
 _RING_FAILED = False
 _RING_LOCK = threading.Lock()  # only ring creation takes it (once per process), never the hot path
 _TARGET_NAMES: list[str] = []
@@ -111,6 +131,7 @@ _WARNED: set[str] = set()
 _INSTALLED: dict[str, str] = {}  # target spec -> "installed" | "pending" | "failed: ..."
 _PENDING: dict[str, list[TargetSpec]] = {}
 _FINDER: _ProbeFinder | None = None
+_GPU: GpuTimer | None = None
 
 
 def _warn(key: str, msg: str) -> None:
@@ -157,7 +178,8 @@ def _ensure_ring() -> bool:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             _check_private_dir(directory)
             path = ring_path(directory, os.getpid())
-            size = HEADER_BYTES + nslots * SLOT_BYTES
+            gpu_off = HEADER_BYTES + nslots * SLOT_BYTES
+            size = gpu_off + nslots * GPU_SLOT_BYTES
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # a dead process's ring with a recycled pid (or a planted link)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -171,6 +193,7 @@ def _ensure_ring() -> bool:
             # The magic goes last: a reader never sees a half-written header as valid.
             _HDR.pack_into(mm, 0, b"\0" * 8, RING_VERSION, SLOT_WORDS, nslots, os.getpid(), _own_rank(),
                            _own_node(), time.time(), len(_TARGET_NAMES))
+            _GPU_OFF.pack_into(mm, _GPU_OFF_AT, gpu_off)
             mm[0:8] = MAGIC
             atexit.register(_unlink_ring, path, os.getpid())
             _Q = memoryview(mm).cast("q")
@@ -179,6 +202,7 @@ def _ensure_ring() -> bool:
             _COUNTER = itertools.count(1)
             _NEXT = _COUNTER.__next__
             _MM = mm
+            _maybe_enable_gpu(gpu_off, nslots)
             return True
         except Exception as exc:
             _RING_FAILED = True
@@ -224,22 +248,206 @@ def _register_target(name: str) -> int:
 
 
 def _after_fork_in_child() -> None:
-    global _MM, _Q, _D, _RING_FAILED, _RING_LOCK
+    global _MM, _Q, _D, _RING_FAILED, _RING_LOCK, _GPU
     _MM = _Q = _D = None
+    _GPU = None  # the parent's event reader thread does not exist here
     _RING_FAILED = False
     _RING_LOCK = threading.Lock()
 
 
 def reset() -> None:
     """Forget this process's ring (the next wrapped call creates a new one from the environment); tests."""
-    global _MM, _Q, _D, _RING_FAILED
+    global _MM, _Q, _D, _RING_FAILED, _GPU
     with _RING_LOCK:
         _MM = _Q = _D = None
         _RING_FAILED = False
+        if _GPU is not None:
+            _GPU.stop()
+        _GPU = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU stream timing: CUDA events around each call, resolved by a reader thread in this process
+
+
+class GpuTimer:
+    """Records a CUDA event pair around each wrapped call and resolves them off the hot path.
+
+    ``event_factory`` makes one timing event (``torch.cuda.Event(enable_timing=True)``, or a fake in tests)
+    with ``record()``, ``query()`` and ``elapsed_time(other)`` (ms); ``capturing`` says whether the current
+    stream is being captured into a CUDA graph (an event recorded then would break the capture). The hot
+    path takes a pooled pair, records the start event, and after the call records the end event and queues
+    the pair: no synchronisation, no allocation once the pool is warm. :meth:`poll` (the reader thread, or a
+    test directly) queries the queued pairs in order and publishes what completed into the ring.
+    """
+
+    def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
+                 nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time) -> None:
+        self._factory = event_factory
+        self._capturing = capturing
+        self._gpu_word = gpu_off // 8  # first double of the side area, in 8-byte words
+        self._base = HEADER_BYTES // SLOT_BYTES
+        self._limit = nslots
+        self.poll_s = poll_s
+        self._clock = clock
+        self._free: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._pending: collections.deque[tuple[int, int, tuple[Any, Any]]] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.manual = False  # True: no reader thread, poll() is called by the owner (tests)
+        self.errors = 0
+
+    # -- hot path ------------------------------------------------------------------------------------
+    def begin(self) -> tuple[Any, Any] | None:
+        """A recorded start event (with its end event), or None: capturing, or too many unresolved calls."""
+        try:
+            if len(self._pending) >= self._limit or self._capturing():
+                return None
+            try:
+                ev = self._free.pop()
+            except IndexError:
+                ev = (self._factory(), self._factory())
+            ev[0].record()
+            return ev
+        except Exception as exc:
+            self.errors += 1
+            _warn("gpu-begin", f"cannot record a CUDA event ({exc}); calls run without GPU timing")
+            return None
+
+    def end(self, b: int, c: int, ev: tuple[Any, Any]) -> None:
+        """Record the end event and queue the pair for the reader (``b`` < 0: the call was not in the ring)."""
+        try:
+            ev[1].record()
+        except Exception as exc:
+            self.errors += 1
+            _warn("gpu-end", f"cannot record a CUDA event ({exc})")
+            return
+        if b >= 0:
+            self._pending.append((b, c, ev))
+            if self._thread is None and not self.manual:
+                self._start_thread()
+        else:
+            self._free.append(ev)
+
+    # -- reader ----------------------------------------------------------------------------------------
+    def poll(self, now: float | None = None) -> int:
+        """Publish what completed since the last poll; returns how many calls are still unresolved.
+
+        Events complete in stream order, so once a pair's start event is still pending the later pairs on
+        the same stream are too; pairs are still all queried (calls may run on several streams).
+        """
+        q, d = _Q, _D
+        t = self._clock() if now is None else now
+        keep: list[tuple[int, int, tuple[Any, Any]]] = []
+        while True:
+            try:
+                item = self._pending.popleft()
+            except IndexError:
+                break
+            b, c, (e0, e1) = item
+            if q is None or d is None or q[b + _W_CALL] != c:
+                self._free.append((e0, e1))  # the slot was reused (or the ring is gone): nothing to publish
+                continue
+            g = self._gpu_word + 2 * ((b >> 3) - self._base)
+            try:
+                state = q[b + _W_GPU]
+                if state == GPU_QUEUED and e0.query():
+                    d[g] = t
+                    q[b + _W_GPU] = state = GPU_STARTED
+                if state == GPU_STARTED and e1.query():
+                    end = t
+                    with contextlib.suppress(Exception):  # elapsed time refines the start, never past it
+                        d[g] = min(d[g], t - float(e0.elapsed_time(e1)) / 1e3)
+                    d[g + 1] = end
+                    q[b + _W_GPU] = GPU_DONE
+                    self._free.append((e0, e1))
+                    continue
+            except Exception as exc:
+                self.errors += 1
+                _warn("gpu-query", f"cannot query a CUDA event ({exc})")
+                self._free.append((e0, e1))
+                continue
+            keep.append(item)
+        self._pending.extendleft(reversed(keep))
+        return len(keep)
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-gpu", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            with contextlib.suppress(Exception):  # never raise into the engine
+                self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] = lambda: False, *,
+               poll_s: float | None = None, start_thread: bool = True) -> GpuTimer | None:
+    """Time wrapped calls on the GPU stream too (the ring must exist; created if need be). Tests pass fakes.
+
+    ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests).
+    """
+    global _GPU
+    if not _ensure_ring() or _MM is None:
+        return None
+    gpu_off = _GPU_OFF.unpack_from(_MM, _GPU_OFF_AT)[0]
+    nslots = _MASK + 1
+    if _GPU is not None:
+        _GPU.stop()
+    timer = GpuTimer(event_factory, capturing, gpu_off=gpu_off, nslots=nslots,
+                     poll_s=poll_s if poll_s is not None else _gpu_poll_s())
+    timer.manual = not start_thread
+    _GPU = timer
+    return timer
+
+
+def disable_gpu() -> None:
+    global _GPU
+    if _GPU is not None:
+        _GPU.stop()
+    _GPU = None
+
+
+def gpu_timer() -> GpuTimer | None:
+    return _GPU
+
+
+def _gpu_poll_s() -> float:
+    try:
+        val = float(os.environ.get(ENV_GPU_POLL, "0.02"))
+    except ValueError:
+        return 0.02
+    return val if 0.001 <= val <= 5.0 else 0.02
+
+
+def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
+    """At ring creation: turn GPU timing on per ``SGL_SEAT_PROBE_GPU`` (auto: CUDA initialised here)."""
+    global _GPU
+    mode = os.environ.get(ENV_GPU, "auto").strip().lower()
+    if mode in ("0", "off", "false", "no"):
+        return
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None:
+            if mode in ("1", "on", "true", "yes"):
+                torch = importlib.import_module("torch")
+            else:
+                return
+        cuda = torch.cuda
+        if not (cuda.is_initialized() if mode == "auto" else cuda.is_available()):
+            return
+        factory = functools.partial(cuda.Event, enable_timing=True)
+        _GPU = GpuTimer(factory, cuda.is_current_stream_capturing, gpu_off=gpu_off, nslots=nslots,
+                        poll_s=_gpu_poll_s())
+    except Exception as exc:
+        _warn("gpu", f"GPU stream timing not enabled ({type(exc).__name__}: {exc}); calls are timed on the host")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,14 +558,21 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
                 gs = -1
         except Exception:
             gs = -1
+        g = _GPU
+        ev = g.begin() if g is not None else None
         try:
-            _PACK(_MM, b << 3, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx)  # type: ignore[arg-type]
+            _PACK(_MM, b << 3, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx,  # type: ignore[arg-type]
+                  GPU_NONE if ev is None else GPU_QUEUED)
             q[b] = 2 * c + 2
         except Exception:  # a size that is not an int, a ring gone: the call runs untimed
+            if ev is not None and g is not None:
+                g.end(-1, 0, ev)
             return fn(*args, **kwargs)
         try:
             return fn(*args, **kwargs)
         finally:
+            if ev is not None and g is not None:
+                g.end(b, c, ev)
             d = _D
             if d is not None and q[b + _W_CALL] == c:
                 d[b + _W_END] = now()
@@ -559,6 +774,10 @@ class RingReader:
             first = HEADER_BYTES // 8
             seq_before = qv[first:end // 8:SLOT_WORDS].tolist()
             body = bytes(mm[HEADER_BYTES:end])
+            gpu_off = _GPU_OFF.unpack_from(mm, _GPU_OFF_AT)[0]
+            gpu_end_at = gpu_off + hdr.nslots * GPU_SLOT_BYTES
+            # Copied after the slots: the event reader writes a time before the state word that announces it.
+            gpu_area = bytes(mm[gpu_off:gpu_end_at]) if gpu_off >= end and size >= gpu_end_at else b""
             seq_after = qv[first:end // 8:SLOT_WORDS].tolist()
             qv.release()
         finally:
@@ -576,12 +795,19 @@ class RingReader:
             if s0 & 1 or s0 != seq_after[i]:
                 still_open.add(i)
                 continue
-            _seq, call, start, fin, gs, thread, tidx, _r = _SLOT.unpack_from(body, i * SLOT_BYTES)
-            if fin <= 0.0:
+            _seq, call, start, fin, gs, thread, tidx, gstate = _SLOT.unpack_from(body, i * SLOT_BYTES)
+            if fin <= 0.0 or gstate in (GPU_QUEUED, GPU_STARTED):
                 still_open.add(i)
+            gpu_start = gpu_end = None
+            if gpu_area and gstate in (GPU_STARTED, GPU_DONE):
+                g0, g1 = _GPU_PAIR.unpack_from(gpu_area, i * GPU_SLOT_BYTES)
+                gpu_start = g0
+                gpu_end = g1 if gstate == GPU_DONE else None
             target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
             out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
-                                   target=target, start=start, end=fin if fin > 0.0 else None, gather_size=gs))
+                                   target=target, start=start, end=fin if fin > 0.0 else None, gather_size=gs,
+                                   gpu=bool(gpu_area) and gstate != GPU_NONE, gpu_start=gpu_start,
+                                   gpu_end=gpu_end))
         self._seq = seq_before
         self._open = still_open
         out.sort(key=lambda r: r.seq)

@@ -8,6 +8,7 @@ it records an error count and carries on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -61,12 +62,12 @@ class ProbeReader:
                     key = (r.pid, r.seq)
                     old = self._records.get(key)
                     if r.rank < 0 and rank is not None:
-                        r = ProbeRecord(node=r.node, rank=rank, pid=r.pid, thread=r.thread, seq=r.seq,
-                                        target=r.target, start=r.start, end=r.end, gather_size=r.gather_size)
-                    if old is None or (old.end is None and r.end is not None):
+                        r = dataclasses.replace(r, rank=rank)
+                    if old is None or (old.end is None and r.end is not None) or _gpu_moved(old, r):
                         self._records[key] = r
-                        if r.end is not None:
+                        if r.end is not None and (old is None or old.end is None):
                             fresh_done.append(r)
+                        if r.end is not None and not _gpu_open(r):
                             self._inflight.pop(key, None)
                         else:
                             self._inflight[key] = r
@@ -84,7 +85,8 @@ class ProbeReader:
         self._last_prune = now
         cutoff = now - self.history_s
         with self._lock:
-            for key in [k for k, r in self._records.items() if r.end is not None and r.end < cutoff]:
+            for key in [k for k, r in self._records.items()
+                        if r.end is not None and r.end < cutoff and not _gpu_open(r)]:
                 del self._records[key]
 
     def records(self, since: float | None = None) -> list[ProbeRecord]:
@@ -92,7 +94,7 @@ class ProbeReader:
         with self._lock:
             if since is None:
                 return list(self._records.values())
-            return [r for r in self._records.values() if r.end is None or r.end >= since]
+            return [r for r in self._records.values() if r.end is None or r.end >= since or _gpu_open(r)]
 
     def in_flight(self) -> list[ProbeRecord]:
         with self._lock:
@@ -121,6 +123,16 @@ class ProbeReader:
             except OSError:
                 continue
         return removed
+
+
+def _gpu_open(r: ProbeRecord) -> bool:
+    """CUDA events were recorded for the call and its GPU work has not been seen to finish."""
+    return r.gpu and r.gpu_end is None
+
+
+def _gpu_moved(old: ProbeRecord, new: ProbeRecord) -> bool:
+    """The engine's event reader resolved more of the call's GPU timing since the last read."""
+    return (new.gpu_start, new.gpu_end) != (old.gpu_start, old.gpu_end)
 
 
 def _pid_alive(pid: int) -> bool:
