@@ -40,7 +40,7 @@ from typing import Any
 from sgl_seat.errors import UsageError
 from sgl_seat.sim import ports
 from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS
-from sgl_seat.sim.faults import parse_faults
+from sgl_seat.sim.faults import GPU_STALL, parse_faults
 from sgl_seat.sim.ports import ENV_NODE_PORT
 
 PROG = "python -m sgl_seat.sim.launch_server"
@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-requests-level", type=int, default=2, choices=[0, 1, 2, 3])
     a("--log-requests-format", default="text", choices=["text", "json"])
     a("--log-requests-target", nargs="+", default=None, help="stdout and/or directories.")
+    a("--device", default="cpu", choices=["cpu", "cuda"],
+      help="cpu: gloo and host work (the default here; SGLang's is cuda); cuda: NCCL, one GPU per rank, "
+           "pinned-table copies and a matmul per step (see sgl_seat.sim.device).")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--speculative-algorithm", default=None)
@@ -148,6 +151,7 @@ class SimConfig:
     log_requests_level: int = 2
     log_requests_format: str = "text"
     log_requests_target: tuple[str, ...] | None = None
+    device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -282,6 +286,8 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
     for f in faults:
         _check(f.rank < ns.tp_size,
                f"{ENV_FAULTS}: fault {f.spec()!r} names rank {f.rank}, but the seat has ranks 0..{ns.tp_size - 1}")
+        _check(f.kind != GPU_STALL or ns.device == "cuda",
+               f"{ENV_FAULTS}: fault {f.spec()!r} stalls a GPU stream, but the sim runs with --device {ns.device}")
 
     requested = ns.max_running_requests
     cap = requested if requested is not None else (SPEC_DEFAULT_MAX_RUNNING if algo else DEFAULT_MAX_RUNNING)
@@ -327,6 +333,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         log_requests_level=ns.log_requests_level,
         log_requests_format=ns.log_requests_format,
         log_requests_target=None if ns.log_requests_target is None else tuple(ns.log_requests_target),
+        device=ns.device,
     )
 
 

@@ -6,6 +6,9 @@ parsed at launch), and the loopback admin route at run time. Kinds:
 
 - ``rowfetch-stall``: the rank's host row fetch stops returning (it waits inside ``rowfetch.fetch_rows``)
   for ``for_s`` seconds, or until the process dies.
+- ``gpu-stall`` (``--device cuda`` only): the rank's row fetch stalls *on its GPU stream* (a spin kernel
+  inside ``rowfetch.fetch_rows`` stands in for a UVA read of the host table that does not return) for
+  ``for_s`` seconds, or about an hour; its CPU thread runs on into the collective like its peers'.
 - ``crash``: the rank dies abruptly (SIGKILL to itself, as a segfault or an NCCL abort would look).
 - ``error``: the rank raises inside its forward, as a CUDA error or a failed assertion would: the scheduler
   logs SGLang's "Scheduler hit an exception: ..." and SIGQUITs its node (the peers then fail their collective
@@ -25,14 +28,16 @@ from dataclasses import dataclass, field
 from sgl_seat.errors import UsageError
 
 STALL = "rowfetch-stall"
+GPU_STALL = "gpu-stall"
 CRASH = "crash"
 SLOW = "slow"
 ERROR = "error"
-KINDS: tuple[str, ...] = (STALL, CRASH, ERROR, SLOW)
+KINDS: tuple[str, ...] = (STALL, GPU_STALL, CRASH, ERROR, SLOW)
 
 _TRIGGERS = ("after_steps", "after_s", "gather_ge")
 _KEYS: dict[str, tuple[str, ...]] = {
     STALL: ("rank", *_TRIGGERS, "for_s"),
+    GPU_STALL: ("rank", *_TRIGGERS, "for_s"),
     CRASH: ("rank", *_TRIGGERS),
     ERROR: ("rank", *_TRIGGERS),
     SLOW: ("rank", "ms", *_TRIGGERS, "for_s"),
@@ -143,6 +148,8 @@ class StepFaults:
     stall_s: float | None = None  # None with ``stall`` set: until the process dies
     extra_ms: float = 0.0
     error: Fault | None = None
+    gpu_stall: Fault | None = None
+    gpu_stall_s: float | None = None  # None with ``gpu_stall`` set: about an hour (until the process dies)
 
 
 @dataclass(slots=True)
@@ -178,6 +185,8 @@ class FaultState:
         error: Fault | None = None
         stall: Fault | None = None
         stall_s: float | None = None
+        gpu_stall: Fault | None = None
+        gpu_stall_s: float | None = None
         extra = 0.0
         for a in self._armed:
             f = a.fault
@@ -192,9 +201,13 @@ class FaultState:
                 elif f.kind == STALL:
                     stall, stall_s = f, f.for_s
                     continue
+                elif f.kind == GPU_STALL:
+                    gpu_stall, gpu_stall_s = f, f.for_s
+                    continue
             if f.kind == SLOW and (f.for_s is None or now - a.fired_at < f.for_s):
                 extra += f.ms or 0.0
-        return StepFaults(crash=crash, stall=stall, stall_s=stall_s, extra_ms=extra, error=error)
+        return StepFaults(crash=crash, stall=stall, stall_s=stall_s, extra_ms=extra, error=error,
+                          gpu_stall=gpu_stall, gpu_stall_s=gpu_stall_s)
 
 
 def _due(f: Fault, armed_at: float, *, step: int, gather: int, now: float) -> bool:

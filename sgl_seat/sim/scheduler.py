@@ -10,6 +10,10 @@ every other rank waits inside a collective. So every step here does what a TP ra
 3. every rank sleeps to the modelled end of the step (wall time is the cost model);
 4. every rank joins an ``all_reduce`` (the MoE/TP reduction), so one late rank holds everyone here.
 
+With ``--device cuda`` (:mod:`sgl_seat.sim.device`) the same steps run on GPUs: NCCL instead of gloo, the
+rows copied from a pinned host table to the rank's GPU, a matmul on them, and a device sync after the
+all-reduce; a ``gpu-stall`` fault stalls the fetch on the GPU stream while the host thread runs on.
+
 Rank 0 then turns the step into tokens, sends them to the detokenizer and logs SGLang's lines. Each rank
 runs SGLang's watchdog on its forward count. Idle, rank 0 still broadcasts an idle header every tick so the
 others block in the collective (no busy waiting) well inside ``--dist-timeout``.
@@ -43,7 +47,8 @@ from sgl_seat.sim import contract, logs, rowfetch
 from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
-from sgl_seat.sim.faults import FaultState, parse_fault
+from sgl_seat.sim.device import CUDA, CudaRank
+from sgl_seat.sim.faults import GPU_STALL, FaultState, parse_fault
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
 HEADER_LEN = 8  # kind, step_no, n_running, gather, seed, step_us, n_queue, reserved
@@ -114,6 +119,8 @@ class Scheduler:
         self.table = torch.empty(0)
         self.header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self.red = torch.zeros(8, dtype=torch.float32)
+        self.gpu: CudaRank | None = None  # --device cuda: this rank's GPU (sgl_seat.sim.device)
+        self._hdr_dev = self.header
         # Rank 0's log and gauge bookkeeping.
         self._decode_ct = 0
         self._last_log_t = time.monotonic()
@@ -128,6 +135,16 @@ class Scheduler:
     def run(self) -> int:
         _maybe_install_probe()
         torch.set_num_threads(1)
+        if self.cfg.device == CUDA:
+            try:  # before NCCL starts: the rank's GPU; CUDA is initialised before the first probed fetch
+                self.gpu = CudaRank(self.tp_rank, self.cfg.ranks_per_node)
+            except Exception as e:
+                msg = f"--device cuda on rank {self.tp_rank}: {type(e).__name__}: {e}"
+                self.log.error(msg)
+                self._send_ctl({"t": "fatal", "rank": self.tp_rank, "message": msg})
+                return 1
+            self.red = self.red.to(self.gpu.device)
+            self._hdr_dev = self.header.to(self.gpu.device)
         try:
             self._rendezvous()
         except RendezvousError as e:
@@ -135,6 +152,9 @@ class Scheduler:
             self._send_ctl({"t": "fatal", "rank": self.tp_rank, "message": str(e)})
             return 1
         self.table = rowfetch.make_table(self.cfg.table_rows, seed=self.tp_rank)
+        if self.gpu is not None:
+            self.table = rowfetch.pin_table(self.table)
+            rowfetch.use_cuda(self.gpu.device, self.gpu.cycles_per_s, min(MAX_GATHER, self.cfg.table_rows))
         cfg = self.cfg
         kv_gb = cfg.kv_tokens * KV_BYTES_PER_TOKEN / 1e9
         self.log.info(contract.log_kv_allocated(cfg.kv_tokens, kv_gb))
@@ -210,8 +230,8 @@ class Scheduler:
             listen_fd = _listen_fd(host, port) if self.tp_rank == 0 else None
             store = TCPStore(host, port, world_size=cfg.tp_size, is_master=self.tp_rank == 0, timeout=timeout,
                              master_listen_fd=listen_fd)
-            dist.init_process_group(backend="gloo", store=store, world_size=cfg.tp_size, rank=self.tp_rank,
-                                    timeout=timeout)
+            dist.init_process_group(backend="nccl" if self.gpu is not None else "gloo", store=store,
+                                    world_size=cfg.tp_size, rank=self.tp_rank, timeout=timeout)
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RendezvousError(
@@ -235,7 +255,12 @@ class Scheduler:
             if self.tp_rank == 0:
                 kind, plan = self._next_plan(tick)
                 self._fill_header(kind, plan)
-            dist.broadcast(self.header, src=0)
+            if self.gpu is None:
+                dist.broadcast(self.header, src=0)
+            else:  # NCCL broadcasts device tensors; the copy back waits for it
+                self._hdr_dev.copy_(self.header)
+                dist.broadcast(self._hdr_dev, src=0)
+                self.header.copy_(self._hdr_dev)
             kind = int(self.header[0])
             if kind == SHUTDOWN:
                 return
@@ -293,15 +318,27 @@ class Scheduler:
             until = "until the process dies" if fx.stall_s is None else f"for {fx.stall_s:g} s"
             self.log.warning(f"sim fault: row fetch on rank {self.tp_rank} stalls {until} ({fx.stall.spec()})")
             rowfetch.arm_stall(fx.stall_s)
+        if fx.gpu_stall is not None:
+            until = "for about an hour" if fx.gpu_stall_s is None else f"for {fx.gpu_stall_s:g} s"
+            self.log.warning(f"sim fault: the GPU stream of rank {self.tp_rank}'s row fetch stalls {until} "
+                             f"({fx.gpu_stall.spec()})")
+            rowfetch.arm_gpu_stall(fx.gpu_stall_s)
         ids = rowfetch.make_ids(seed, gather, self.table.shape[0])
         rows = rowfetch.fetch_rows(self.table, ids)
+        if self.gpu is not None:
+            rows = self.gpu.compute(rows)  # enqueued behind the copy: no host sync until the step's end
         remaining = step_s + fx.extra_ms / 1000.0 - (time.monotonic() - t0)
         if remaining > 0:
             time.sleep(remaining)
         self.red.zero_()
         if rows.numel():
-            self.red[0] = float(rows[0, 0])
+            if self.gpu is not None:
+                self.red[:1].copy_(rows[0, :1])  # device to device: the host does not wait for the rows
+            else:
+                self.red[0] = float(rows[0, 0])
         dist.all_reduce(self.red)
+        if self.gpu is not None:
+            self.gpu.sync()  # a step's end: a rank whose stream stalled waits here like its peers
 
     # --- rank 0: deciding steps ----------------------------------------------------------------------------
     def _next_plan(self, tick: float) -> tuple[int, StepPlan | None]:
@@ -443,6 +480,10 @@ class Scheduler:
             fault = parse_fault(str(msg.get("spec", "")))
         except Exception as e:
             self._send_ctl({"t": "error", "id": msg.get("id"), "message": str(e)})
+            return
+        if fault.kind == GPU_STALL and self.gpu is None:
+            self._send_ctl({"t": "error", "id": msg.get("id"),
+                            "message": f"{fault.spec()} stalls a GPU stream, but this sim runs with --device cpu"})
             return
         with self._fault_lock:
             armed = self.faults.arm(fault, time.monotonic())
