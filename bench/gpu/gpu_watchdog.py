@@ -82,52 +82,65 @@ def versions() -> dict[str, Any]:
 
 
 def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
-    """ns per call: bare, probe (host only), probe + CUDA events; min over batches (the least disturbed)."""
+    """ns per call: bare, probe (host only), probe + CUDA events (Event.record(), and the raw cudaEventRecord
+    path the probe uses by itself); min over batches (the least disturbed)."""
     import torch
 
     from sgl_seat.watchdog import probe
 
+    saved = {k: os.environ.get(k) for k in (probe.ENV_DIR, probe.ENV_GPU)}
     os.environ[probe.ENV_DIR] = tempfile.mkdtemp(prefix="probe-cost-")
     os.environ[probe.ENV_GPU] = "0"
     probe.reset()
+    try:
+        def bare(table: object, ids: object) -> None:
+            return None
 
-    def bare(table: object, ids: object) -> None:
-        return None
+        wrapped = probe.make_wrapper(bare, probe.parse_target("bench_gpu:bare@ids:none"))
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")
+        out: dict[str, Any] = {"calls_per_batch": batch, "batches": batches}
 
-    wrapped = probe.make_wrapper(bare, probe.parse_target("bench_gpu:bare@ids:none"))
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    out: dict[str, Any] = {"calls_per_batch": batch, "batches": batches}
+        def per_call(fn: Any, after: Any = None) -> float:
+            best = float("inf")
+            for _ in range(batches):
+                t = timeit.timeit(lambda: fn(None, None), number=batch) / batch
+                best = min(best, t)
+                if after is not None:
+                    after()
+            return best * 1e9
 
-    def per_call(fn: Any, after: Any = None) -> float:
-        best = float("inf")
-        for _ in range(batches):
-            t = timeit.timeit(lambda: fn(None, None), number=batch) / batch
-            best = min(best, t)
-            if after is not None:
-                after()
-        return best * 1e9
+        wrapped(None, None)
+        out["bare_ns"] = per_call(bare)
+        out["probe_host_ns"] = per_call(wrapped)
+        raw = probe._raw_recorder(torch)
+        variants = {"event_record_method": (lambda: torch.cuda.Event(enable_timing=True), None)}
+        if raw is not None:
+            variants["raw_cudaEventRecord"] = raw
+        for name, (factory, record) in variants.items():
+            timer = probe.enable_gpu(factory, torch.cuda.is_current_stream_capturing, start_thread=False,
+                                     record=record)
+            assert timer is not None
+            recorded: list[int] = []
 
-    wrapped(None, None)
-    out["bare_ns"] = per_call(bare)
-    out["probe_host_ns"] = per_call(wrapped)
-    timer = probe.enable_gpu(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.is_current_stream_capturing,
-                             start_thread=False)
-    assert timer is not None
-    recorded = []
+            def drain(timer: Any = timer, recorded: list[int] = recorded) -> None:
+                recorded.append(len(timer._pending))
+                torch.cuda.synchronize()
+                timer.poll()
 
-    def drain() -> None:
-        recorded.append(len(timer._pending))
-        torch.cuda.synchronize()
-        timer.poll()
-
-    out["probe_events_ns"] = per_call(wrapped, drain)
-    out["events_pairs_per_batch_min"] = min(recorded)
-    out["added_by_events_ns"] = out["probe_events_ns"] - out["probe_host_ns"]
-    out["added_by_probe_with_events_ns"] = out["probe_events_ns"] - out["bare_ns"]
-    probe.disable_gpu()
-    probe.reset()
-    return out
+            ns = per_call(wrapped, drain)
+            out[f"probe_events_{name}_ns"] = ns
+            out[f"added_by_events_{name}_ns"] = ns - out["probe_host_ns"]
+            out[f"event_pairs_per_batch_min_{name}"] = min(recorded)
+            probe.disable_gpu()
+        return out
+    finally:
+        probe.reset()
+        for k, v in saved.items():  # the seats started later inherit this environment
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _free_port(span: int = 3) -> int:
@@ -306,7 +319,9 @@ def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> d
         for n in (0, 1):
             log = tmp / f"node{n}.log"
             if log.exists():
-                out.setdefault("log_tail", {})[n] = log.read_text(errors="replace")[-1500:]
+                text = log.read_text(errors="replace")
+                out.setdefault("log_tail", {})[n] = text[-1500:]
+                out.setdefault("probe_lines", {})[n] = [ln for ln in text.splitlines() if "sgl-seat probe" in ln][:5]
 
 
 def main() -> int:

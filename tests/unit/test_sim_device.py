@@ -1,7 +1,7 @@
 """The sim's CUDA mode on a CPU-only machine: the flag, the gpu-stall fault, the GPU choice per rank.
 
 The GPU paths themselves (NCCL, pinned copies, the spin kernel) need a GPU: the last test runs them where torch
-sees one and is skipped, saying why, where it does not (CI). ``bench/gpu/gpu_probe.py`` runs them on H200s.
+sees one and is skipped, saying why, where it does not (CI). ``bench/gpu/gpu_watchdog.py`` runs them on H200s.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_cpu_fetch_is_unchanged_by_the_cuda_mode_code() -> None:
 def test_cuda_fetch_and_gpu_stall_return_at_once() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here (CI has none): the CUDA fetch and spin run in bench/gpu/gpu_probe.py")
+        pytest.skip("no CUDA device here (CI has none): the CUDA fetch and spin run in bench/gpu/gpu_watchdog.py")
     rank = device.CudaRank(0, 1)
     table = rowfetch.pin_table(rowfetch.make_table(rows=64))
     rowfetch.use_cuda(rank.device, rank.cycles_per_s, 64)

@@ -217,7 +217,7 @@ def test_real_cuda_events_time_a_stalled_kernel(ring_dir: Path, monkeypatch: pyt
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here (CI has none): the fake-event tests above cover the logic; "
-                    "bench/gpu/gpu_probe.py runs this on a GPU machine")
+                    "bench/gpu/gpu_watchdog.py runs this on a GPU machine")
     torch.cuda.init()
     monkeypatch.setenv(probe.ENV_GPU, "1")
     probe.reset()
