@@ -120,6 +120,10 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     # last the ranks whose error says a peer died (victims). Polling alone cannot order deaths within one tick.
     own, victims = _rank_errors(obs, now)
     order = list(crashed)
+    # A rank that logged its own error SIGQUITs its node, whose cleanup may kill its neighbours before the
+    # failing rank itself has finished exiting: it is the cause even if it is still seen alive.
+    gone_keys = {(p.node, p.pid) for p in gone}
+    gone += [p for p in obs.processes if (p.node, p.rank) in own and (p.node, p.pid) not in gone_keys]
 
     def cause(p: EngineProcess) -> int:
         key = (p.node, p.rank)
@@ -138,7 +142,8 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         if s.pid == first.pid and s.error is None and s.threads:
             last = s
     frame = stuck_frame(last.main_thread(), probe_targets(obs)) if last else None
-    ev = [f"engine process {first.pid} ({first.title}) on node {first.node} is gone"
+    ev = [f"engine process {first.pid} ({first.title}) on node {first.node} "
+          + ("is gone" if not first.alive else "is exiting after its own error")
           + (f" (exit code {first.exit_code})" if first.exit_code is not None else "")]
     if (first.node, first.rank) in own:
         ev.append(f"rank {first.rank}'s own error: {own[(first.node, first.rank)][1][:300]}")

@@ -349,3 +349,18 @@ def test_process_exited_names_the_rank_with_its_own_error_over_its_victims_and_p
     v = d.detect(obs(processes=ps, logs=logs[:2]), TH, T0 + 2)
     assert v is not None and (v.rank, v.node) == (0, 0), v
     assert any("rank 2 (node 1)" in e and "polling order" in e for e in v.evidence), v.evidence
+
+
+def test_a_rank_with_its_own_error_is_named_while_it_is_still_exiting() -> None:
+    """GIVEN rank 2 logged its own error and SIGQUIT its node, whose cleanup killed rank 3 first WHEN the sidecar
+    sees only rank 3 gone THEN rank 2 is named (it is exiting), not its neighbour."""
+    ps = [EngineProcess(node=RANK_NODES[r], pid=100 + r, title=title(r), rank=r, alive=r != 3,
+                        gone_t=T0 + 0.2 if r == 3 else None) for r in range(4)]
+    logs = [_exc_line(T0 + 0.1, 2, "RuntimeError: sim fault: rank 2 failed in its forward")]
+    v = d.detect(obs(processes=ps, logs=logs), TH, T0 + 2)
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (2, 1), v
+    assert "is exiting after its own error" in v.evidence[0]
+    assert any("also gone: 103" in e for e in v.evidence), v.evidence
+    # no own error line: the one process seen gone is named
+    v = d.detect(obs(processes=ps), TH, T0 + 2)
+    assert v is not None and v.rank == 3
