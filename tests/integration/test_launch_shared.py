@@ -211,13 +211,14 @@ def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp
 
 
 def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: None, tmp_path: Path) -> None:
-    """GIVEN `up --fault rowfetch-stall` on rank 3 (fires 12 s after start) WHEN it fires THEN every process is
-    still alive but rank 0's /health_generate cannot finish, so `status` says DEGRADED (never READY from a
-    rank >= 1 answer); `down` takes the hung seat down."""
+    """GIVEN `up --no-watchdog --fault rowfetch-stall` on rank 3 (fires 12 s after start) WHEN it fires THEN every
+    process is still alive but rank 0's /health_generate cannot finish, so `status` says DEGRADED (never READY from
+    a rank >= 1 answer); `down` takes the hung seat down. With the watchdog on, its latch makes the same seat HUNG
+    with the bundle named (tests/integration/test_watchdog_seat.py); here health alone decides."""
     home = tmp_path / "home"
     spec = write_spec(tmp_path, "lt-hang", address=shared.address, slot=5)
-    up = run_cli(["up", "--seat", str(spec), "--fault", "rowfetch-stall:rank=3,after_s=12", "--timeout", "120"],
-                 home, timeout=180)
+    up = run_cli(["up", "--seat", str(spec), "--no-watchdog", "--fault", "rowfetch-stall:rank=3,after_s=12",
+                  "--timeout", "120"], home, timeout=180)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         st = status_json("lt-hang", home)
