@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -158,6 +158,26 @@ class _Worker:
 
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
+#: Open :func:`sizing_session` blocks. Outside any, each call starts its own child and stops it before it
+#: returns: a library call must not leave a process behind in its caller (tests check that by pid).
+_SESSIONS = 0
+
+
+@contextlib.contextmanager
+def sizing_session() -> Iterator[None]:
+    """Keep one child for every sizing call inside the block (a grid, a test module): SGLang's imports cost
+    seconds of CPU, so a run of many plans pays them once. The child is stopped when the last block ends."""
+    global _SESSIONS
+    with _WORKER_LOCK:
+        _SESSIONS += 1
+    try:
+        yield
+    finally:
+        with _WORKER_LOCK:
+            _SESSIONS -= 1
+            last = _SESSIONS == 0
+        if last:
+            shutdown()
 
 
 def _worker(python: str | None = None) -> _Worker:
@@ -197,7 +217,11 @@ def size_with_sglang(cases: Sequence[SizingCase], *, timeout_s: float = REQUEST_
         raise SizingError(f"sglang {have} is installed; sgl-seat follows {SGLANG_VERSION}'s sizing")
     t0 = time.perf_counter()
     worker = _worker()
-    results = worker.ask(cases, timeout_s)
+    try:
+        results = worker.ask(cases, timeout_s)
+    finally:
+        if _SESSIONS == 0:
+            shutdown()
     return SglangAnswers(
         results=tuple(results), sglang_version=str(worker.hello.get("sglang_version")),
         stubs=tuple(worker.hello.get("stubs") or ()), elapsed_s=time.perf_counter() - t0,

@@ -4,6 +4,7 @@ SGLang, or a missing dependency of its sizing path, FAILS the tests that need it
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,3 +27,12 @@ def sglang_required() -> None:
     from tests.contract.sglang_parser import sglang_available
 
     require(sglang_available(), "SGLang 0.5.23's parser cannot be imported")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_sizing_child_per_module() -> Iterator[None]:
+    """SGLang's imports cost seconds: a contract module's many plans share one sizing child, stopped after it."""
+    from sgl_seat.sizing_sglang import sizing_session
+
+    with sizing_session():
+        yield
