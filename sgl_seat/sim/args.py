@@ -23,6 +23,8 @@ Environment (the first four are written by the planner, through ``sgl_seat.engin
 - ``SGL_SEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
 - ``SGL_SEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
 - ``SGL_SEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
+- ``SGL_SEAT_SIM_DEVICE``: ``cpu`` (default), ``cuda`` or ``auto`` (cuda where torch sees a GPU) when
+  ``--device`` is not given.
 - ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.reqlog`).
 """
 
@@ -55,6 +57,7 @@ ENV_TABLE_ROWS = "SGL_SEAT_SIM_TABLE_ROWS"
 ENV_FLIP_NEAR_TIES = "SGL_SEAT_SIM_FLIP_NEAR_TIES"
 ENV_WATCHDOG_GRACE_S = "SGL_SEAT_SIM_WATCHDOG_GRACE_S"  # SGLang sleeps 5 s before SIGQUIT
 ENV_PROBE = "SGL_SEAT_PROBE"
+ENV_DEVICE = "SGL_SEAT_SIM_DEVICE"  # cpu | cuda | auto, when --device is not given
 
 DEFAULT_KV_TOKENS_OFF = 890_368  # the paper's large seat, draft off
 DEFAULT_KV_TOKENS_ON = 260_352  # ... draft on
@@ -94,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-requests-level", type=int, default=2, choices=[0, 1, 2, 3])
     a("--log-requests-format", default="text", choices=["text", "json"])
     a("--log-requests-target", nargs="+", default=None, help="stdout and/or directories.")
-    a("--device", default="cpu", choices=["cpu", "cuda"],
-      help="cpu: gloo and host work (the default here; SGLang's is cuda); cuda: NCCL, one GPU per rank, "
-           "pinned-table copies and a matmul per step (see sgl_seat.sim.device).")
+    a("--device", default=None, choices=["cpu", "cuda"],
+      help="cpu: gloo and host work; cuda: NCCL, one GPU per rank, pinned-table copies and a matmul per step "
+           f"(see sgl_seat.sim.device). Unset: ${ENV_DEVICE} (cpu, cuda or auto: cuda where torch sees a GPU), "
+           "else cpu.")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--speculative-algorithm", default=None)
@@ -227,6 +231,19 @@ def _check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
+def _device(flag: str | None, env: Mapping[str, str]) -> str:
+    """``--device`` if given, else ``SGL_SEAT_SIM_DEVICE`` (``auto``: cuda where torch sees a GPU), else cpu."""
+    if flag is not None:
+        return flag
+    raw = (env.get(ENV_DEVICE) or "cpu").strip().lower()
+    _check(raw in ("cpu", "cuda", "auto"), f"{ENV_DEVICE}={raw!r} is not cpu, cuda or auto")
+    if raw != "auto":
+        return raw
+    import torch  # only here: planning imports this module and must not pay for torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str]) -> SimConfig:
     """Semantic checks and defaults (SGLang's resolution, reduced to what the sim needs)."""
     _check(ns.nnodes >= 1, f"--nnodes {ns.nnodes} must be at least 1")
@@ -282,12 +299,13 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
     grace = _env_float(env, ENV_WATCHDOG_GRACE_S, 5.0, lo=0.0, hi=600.0)
     node_port = _env_int(env, ENV_NODE_PORT, ns.port, minimum=1)
     _check(node_port <= 65535, f"{ENV_NODE_PORT}={node_port} is not a TCP port")
+    device = _device(ns.device, env)
     faults = parse_faults(env.get(ENV_FAULTS, ""))
     for f in faults:
         _check(f.rank < ns.tp_size,
                f"{ENV_FAULTS}: fault {f.spec()!r} names rank {f.rank}, but the seat has ranks 0..{ns.tp_size - 1}")
-        _check(f.kind != GPU_STALL or ns.device == "cuda",
-               f"{ENV_FAULTS}: fault {f.spec()!r} stalls a GPU stream, but the sim runs with --device {ns.device}")
+        _check(f.kind != GPU_STALL or device == "cuda",
+               f"{ENV_FAULTS}: fault {f.spec()!r} stalls a GPU stream, but the sim runs with --device {device}")
 
     requested = ns.max_running_requests
     cap = requested if requested is not None else (SPEC_DEFAULT_MAX_RUNNING if algo else DEFAULT_MAX_RUNNING)
@@ -333,7 +351,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         log_requests_level=ns.log_requests_level,
         log_requests_format=ns.log_requests_format,
         log_requests_target=None if ns.log_requests_target is None else tuple(ns.log_requests_target),
-        device=ns.device,
+        device=device,
     )
 
 

@@ -398,8 +398,8 @@ def _record_method(ev: Any) -> Any:
 def _raw_recorder(torch: Any) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
     """(event factory, record) through the CUDA runtime's own ``cudaEventRecord`` on the current raw stream.
 
-    Why: ``torch.cuda.Event.record()`` builds a Python ``Stream`` object per call (measured 8.2 us on an H200
-    host, against 2.4 us for this path; ``bench/gpu/event_cost.py``). None when the runtime library or torch's
+    Why: ``torch.cuda.Event.record()`` builds a Python ``Stream`` object per call (measured 5.8-8.2 us on an
+    H200 host, against 1.6-2.4 us for this path; ``bench/gpu/event_cost.py``). None when the runtime library or torch's
     raw-stream accessor is not there (the caller then uses ``Event.record()``).
     """
     import ctypes

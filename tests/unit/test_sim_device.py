@@ -25,6 +25,16 @@ def test_device_flag_defaults_to_cpu_and_takes_cuda() -> None:
         args.parse([*ARGV, "--device", "tpu"], {})
 
 
+def test_device_from_the_environment_when_the_flag_is_absent() -> None:
+    assert args.parse(ARGV, {args.ENV_DEVICE: "cuda"}).device == "cuda"
+    assert args.parse([*ARGV, "--device", "cpu"], {args.ENV_DEVICE: "cuda"}).device == "cpu"
+    torch = pytest.importorskip("torch")
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert args.parse(ARGV, {args.ENV_DEVICE: "auto"}).device == want
+    with pytest.raises(UsageError, match="cpu, cuda or auto"):
+        args.parse(ARGV, {args.ENV_DEVICE: "gpu"})
+
+
 def test_gpu_stall_fault_parses_and_fires_once() -> None:
     f = parse_fault("gpu-stall:rank=1,after_steps=20,for_s=30")
     assert (f.kind, f.rank, f.after_steps, f.for_s) == (GPU_STALL, 1, 20, 30.0)
