@@ -56,7 +56,8 @@ def _ms(x: Any) -> str:
 
 
 def _state_style(state: str) -> str:
-    return {"running": "green", "collective": "yellow", "fetching": "red", "exited": "bold red"}.get(state, "dim")
+    return {"running": "green", "collective": "yellow", "fetching": "red", "gpu fetch": "red",
+            "exited": "bold red"}.get(state, "dim")
 
 
 #: What the fixed columns of the rank table take (widths plus two-space gaps); the top frame gets the rest.

@@ -27,15 +27,18 @@ class RankView:
     fetch_p99_ms: float | None
     inflight_age_s: float | None
     fetches: int
+    #: The oldest in-flight fetch is in flight on the GPU (its CUDA events), the call itself having returned.
+    inflight_on_gpu: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node, "pid": self.pid, "state": self.state, "frame": self.frame,
                 "rowfetch_p50_ms": self.fetch_p50_ms, "rowfetch_p99_ms": self.fetch_p99_ms,
-                "inflight_age_s": self.inflight_age_s, "fetches": self.fetches}
+                "inflight_age_s": self.inflight_age_s, "fetches": self.fetches,
+                "inflight_on_gpu": self.inflight_on_gpu}
 
 
 def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[RankView]:
-    """State per scheduler rank: running / waiting (collective) / fetching / exited / unknown."""
+    """State per scheduler rank: running / waiting (collective) / fetching / gpu fetch / exited / unknown."""
     latest = {s.rank: s for s in latest_by_pid(python_samples(obs, now)).values()
               if s.rank is not None and s.title.startswith("sglang::scheduler")}
     procs = {p.rank: p for p in obs.processes if p.rank is not None and p.title.startswith("sglang::scheduler")}
@@ -48,11 +51,14 @@ def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[
         mine = [p for p in obs.probes if p.rank == r and p.start <= now]
         done = [p.duration(now) for p in mine if p.end is not None and p.end <= now and p.end >= now - window_s]
         infl = [now - p.start for p in mine if in_flight(p, now)]
+        gpu_infl = [p.gpu_age(now) for p in mine if not in_flight(p, now) and p.gpu_in_flight(now)]
+        on_gpu = bool(gpu_infl) and max(gpu_infl) > max(infl, default=0.0)
+        infl += gpu_infl
         thread = s.main_thread() if s else None
         if proc is not None and not proc.alive:
             state = "exited"
         elif infl and max(infl) >= 1.0:
-            state = "fetching"
+            state = "gpu fetch" if on_gpu else "fetching"  # gpu fetch: the call returned, its kernel has not
         elif s is None:
             state = "unknown"
         elif collective_frame(thread) is not None:
@@ -65,7 +71,7 @@ def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[
             frame=f.label if f else None,
             fetch_p50_ms=percentile(done, 50) * 1e3 if done else None,
             fetch_p99_ms=percentile(done, 99) * 1e3 if done else None,
-            inflight_age_s=max(infl) if infl else None, fetches=len(done)))
+            inflight_age_s=max(infl) if infl else None, fetches=len(done), inflight_on_gpu=on_gpu))
     return out
 
 

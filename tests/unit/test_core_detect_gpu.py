@@ -16,6 +16,7 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Frame, MetricsPoint, ProbeRecord, StackSample, ThreadStack, VerdictKind
 from sgl_seat.forensics.codec import decode_probe_records, encode_probe_records
 from sgl_seat.spec import WatchdogSpec
+from sgl_seat.watchdog.rankview import rank_views
 
 TH = WatchdogSpec()
 RANK_NODES = {0: 0, 1: 1}
@@ -139,3 +140,12 @@ def test_records_without_gpu_fields_read_as_before() -> None:
            "gather_size": 4}
     r = ProbeRecord.from_json(old)
     assert not r.gpu and r.gpu_start is None and r.to_json() == old
+
+
+def test_watch_rank_view_shows_the_gpu_in_flight_fetch() -> None:
+    now = STALL_AT + 7.4
+    views = {v.rank: v for v in rank_views(obs(records(now, culprit_gpu_end=None)), now)}
+    assert views[1].state == "gpu fetch" and views[1].inflight_on_gpu
+    assert views[1].inflight_age_s == pytest.approx(7.399, abs=0.01)
+    assert views[0].state == "collective" and not views[0].inflight_on_gpu and views[0].inflight_age_s is None
+    assert views[1].to_json()["inflight_on_gpu"] is True
