@@ -191,6 +191,16 @@ class ProbeRecord:
             return 0.0
         return (self.gpu_end if self.gpu_end is not None and self.gpu_end <= now else now) - self.gpu_start
 
+    def inflight_age(self, now: float) -> float | None:
+        """Seconds in flight at ``now``: the call's (still running) or, once it returned, its GPU work's
+        (started on the stream, not finished); None when neither is in flight (GPU work still queued counts
+        as not in flight: it waits behind earlier work)."""
+        if self.start <= now and (self.end is None or self.end > now):
+            return now - self.start
+        if self.gpu_in_flight(now):
+            return self.gpu_age(now)
+        return None
+
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"node": self.node, "rank": self.rank, "pid": self.pid, "thread": self.thread,
                              "seq": self.seq, "target": self.target, "start": self.start, "end": self.end,

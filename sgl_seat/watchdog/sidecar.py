@@ -183,7 +183,7 @@ class Sidecar:
             self.metrics.poll(now)
         self.logs.poll(now)
         self.exporter.sampler_up.set(1 if self.sampler.state == "ok" else 0)
-        infl = [now - p.start for p in (self.probes.in_flight() if self.probes else [])]
+        infl = [a for p in (self.probes.in_flight() if self.probes else []) if (a := p.inflight_age(now)) is not None]
         self.exporter.inflight.set(max(infl) if infl else 0.0)
 
     def observation(self, *, probe_window_s: float | None = None, now: float | None = None) -> Observation:
@@ -202,7 +202,7 @@ class Sidecar:
     def _urgent(self, now: float) -> bool:
         """Cheap checks between full detections: a process gone, or a row fetch past its threshold."""
         dead = sum(1 for p in self.sampler.processes() if not p.alive)
-        late = any(now - p.start >= self.th.rowfetch_inflight_s for p in
+        late = any((a := p.inflight_age(now)) is not None and a >= self.th.rowfetch_inflight_s for p in
                    (self.probes.in_flight() if self.probes else []))
         urgent = dead != self._dead_seen or (late and self.verdict is None)
         self._dead_seen = dead

@@ -149,3 +149,14 @@ def test_watch_rank_view_shows_the_gpu_in_flight_fetch() -> None:
     assert views[1].inflight_age_s == pytest.approx(7.399, abs=0.01)
     assert views[0].state == "collective" and not views[0].inflight_on_gpu and views[0].inflight_age_s is None
     assert views[1].to_json()["inflight_on_gpu"] is True
+
+
+def test_inflight_age_counts_the_call_then_its_gpu_work_never_queued_work() -> None:
+    cpu = ProbeRecord(0, 0, 1, 1, 1, TARGET, 10.0, None, 4)
+    assert cpu.inflight_age(12.5) == pytest.approx(2.5)
+    on_gpu = fetch(1, 2, 10.0, gpu_start=11.0, gpu_end=None)
+    assert on_gpu.inflight_age(14.0) == pytest.approx(3.0)
+    queued = fetch(1, 3, 10.0, gpu_start=None, gpu_end=None)
+    assert queued.inflight_age(100.0) is None
+    done = fetch(1, 4, 10.0, gpu_start=10.1, gpu_end=10.2)
+    assert done.inflight_age(11.0) is None and done.inflight_age(10.15) == pytest.approx(0.05)
