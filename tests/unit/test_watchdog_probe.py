@@ -7,7 +7,6 @@ import sys
 import textwrap
 import threading
 import time
-import timeit
 import types
 from pathlib import Path
 
@@ -219,20 +218,6 @@ def test_install_from_env(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> No
     mod.fetch_rows(None, [1, 2, 3, 4])
     monkeypatch.delenv(probe.ENV_TARGETS)
     assert probe.install_from_env() == {}
-
-
-def test_overhead_per_call_is_about_a_microsecond(ring_dir: Path) -> None:
-    """The bench measures this precisely; here only a loose bound that holds on a busy CI box."""
-    def bare(table: object, ids: list[int]) -> int:
-        return 0
-
-    wrapped = probe.make_wrapper(bare, probe.parse_target("probe_bench:bare@ids"))
-    ids = list(range(8))
-    wrapped(None, ids)
-    n = 20_000
-    t_bare = min(timeit.repeat(lambda: bare(None, ids), number=n, repeat=5)) / n
-    t_wrap = min(timeit.repeat(lambda: wrapped(None, ids), number=n, repeat=5)) / n
-    assert t_wrap - t_bare < 5e-6, f"probe adds {(t_wrap - t_bare) * 1e6:.2f} µs per call"
 
 
 def test_ring_reader_decodes_only_what_changed(ring_dir: Path) -> None:
