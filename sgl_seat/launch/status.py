@@ -152,6 +152,9 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
             {
                 "node_rank": n.node_rank,
                 "ip": n.ip,
+                # The node's address as Ray reports it, and the cluster.hosts entry it was matched to.
+                "address": n.ip,
+                "host": n.host,
                 "node_id": n.node_id,
                 "agent": n.agent,
                 "agent_pid": n.agent_pid,
