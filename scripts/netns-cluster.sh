@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# A two-host Ray cluster on one machine: two network namespaces on a bridge, each a "host" with its
+# own address and its own interface name, `ray start` head in one and worker in the other, token auth on.
+# It is what issue 11's tests run multi-host seats on; people use it the same way:
+#
+#   sudo scripts/netns-cluster.sh up   [STATE_DIR]   # prints the env file it wrote (addresses, token path)
+#   sudo ip netns exec <prefix>-a sgl-seat up --seat my-seat.yaml   # a driver runs inside host a
+#   sudo scripts/netns-cluster.sh down [STATE_DIR]
+#
+# Addresses come from 198.18.0.0/15 only (set aside for test networks); the namespaces get no default
+# route, so nothing they run can reach beyond the bridge. `down` ends processes by pid (every pid
+# `ip netns pids` lists in the two namespaces: only what runs there, never `ray stop`), then removes the
+# namespaces and links. Every wait is bounded. Needs root (CAP_NET_ADMIN) and iproute2.
+#
+# Knobs (environment): NETNS_PREFIX (default sgl11; names are <prefix>-a, <prefix>-b, bridge <prefix>br),
+# NETNS_NET (default 198.18.0; host a is .1, host b .2, the bridge .254), NETNS_IF_A / NETNS_IF_B
+# (default ethA0 / ensB1: different on purpose), NETNS_GCS_PORT (default 6390), NETNS_GPUS (simulated
+# GPUs per host, default 2), NETNS_CPUS (default 4), RAY (default: `ray` on PATH).
+set -euo pipefail
+
+cmd=${1:-}
+P=${NETNS_PREFIX:-sgl11}
+STATE=${2:-/tmp/netns-cluster-$P}
+NET=${NETNS_NET:-198.18.0}
+IF_A=${NETNS_IF_A:-ethA0}
+IF_B=${NETNS_IF_B:-ensB1}
+PORT=${NETNS_GCS_PORT:-6390}
+GPUS=${NETNS_GPUS:-2}
+CPUS=${NETNS_CPUS:-4}
+RAY=${RAY:-$(command -v ray || true)}
+BR="${P}br"
+NS_A="$P-a"
+NS_B="$P-b"
+
+case "$NET" in 198.18.*|198.19.*) ;; *) echo "NETNS_NET=$NET is outside 198.18.0.0/15" >&2; exit 2 ;; esac
+
+ns_pids() { ip netns pids "$1" 2>/dev/null || true; }
+
+kill_ns() {  # TERM every process in namespace $1, wait up to 5 s, then KILL; bounded
+    local ns=$1 pids i
+    pids=$(ns_pids "$ns")
+    [ -z "$pids" ] && return 0
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+    for i in $(seq 1 10); do
+        pids=$(ns_pids "$ns"); [ -z "$pids" ] && return 0; sleep 0.5
+    done
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+    for i in $(seq 1 10); do
+        pids=$(ns_pids "$ns"); [ -z "$pids" ] && return 0; sleep 0.5
+    done
+    echo "processes left in $ns: $pids" >&2
+    return 1
+}
+
+down() {
+    local rc=0
+    for ns in "$NS_A" "$NS_B"; do
+        if ip netns list | grep -qw "$ns"; then kill_ns "$ns" || rc=1; fi
+    done
+    for ns in "$NS_A" "$NS_B"; do
+        if ip netns list | grep -qw "$ns"; then ip netns del "$ns" || rc=1; fi
+    done
+    for link in "$BR" "${P}va" "${P}vb"; do
+        if ip link show "$link" >/dev/null 2>&1; then ip link del "$link" || rc=1; fi
+    done
+    rm -rf "$STATE"
+    return $rc
+}
+
+wait_port() {  # wait_port NS ADDR PORT SECONDS: TCP connect from inside NS, bounded
+    local ns=$1 addr=$2 port=$3 secs=$4 i
+    for i in $(seq 1 $((secs * 2))); do
+        if ip netns exec "$ns" timeout 2 bash -c "exec 3<>/dev/tcp/$addr/$port" 2>/dev/null; then return 0; fi
+        sleep 0.5
+    done
+    echo "nothing listens on $addr:$port in $ns after $secs s" >&2
+    return 1
+}
+
+start_ray() {  # start_ray NS LOG ARGS...: `ray start --block` in NS, detached, its pid in $STATE/<ns>.pid
+    local ns=$1 log=$2; shift 2
+    # shellcheck disable=SC2016
+    ip netns exec "$ns" env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER RAY_USAGE_STATS_ENABLED=0 \
+        RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$(cat "$STATE/token")" \
+        setsid "$RAY" start --block "$@" >"$log" 2>&1 </dev/null &
+    echo $! >"$STATE/$ns.pid"
+}
+
+up() {
+    [ -n "$RAY" ] || { echo "no ray on PATH (activate the venv or set RAY)" >&2; exit 2; }
+    if ip netns list | grep -qw "$NS_A"; then echo "$NS_A exists: run '$0 down' first" >&2; exit 1; fi
+    mkdir -p "$STATE"; chmod 700 "$STATE"
+    trap 'tail -n 20 "$STATE"/ray-*.log >&2 2>/dev/null; down; exit 1' ERR INT TERM
+    python3 -c 'import secrets; print(secrets.token_hex(32))' >"$STATE/token"; chmod 600 "$STATE/token"
+    ip link add "$BR" type bridge
+    ip addr add "$NET.254/24" dev "$BR"
+    ip link set "$BR" up
+    local ns ifn addr v
+    for spec in "a:$NS_A:$IF_A:$NET.1" "b:$NS_B:$IF_B:$NET.2"; do
+        IFS=: read -r v ns ifn addr <<<"$spec"
+        ip netns add "$ns"
+        ip link add "${P}v$v" type veth peer name "$ifn" netns "$ns"
+        ip link set "${P}v$v" master "$BR" up
+        ip -n "$ns" addr add "$addr/24" dev "$ifn"
+        ip -n "$ns" link set "$ifn" up
+        ip -n "$ns" link set lo up
+    done
+    start_ray "$NS_A" "$STATE/ray-a.log" --head --node-ip-address "$NET.1" --port "$PORT" \
+        --temp-dir "$STATE/ray-a" --num-gpus "$GPUS" --num-cpus "$CPUS" --resources '{"sgl-host-a": 1}' \
+        --include-dashboard false --dashboard-host "$NET.1" --object-store-memory 100000000 \
+        --disable-usage-stats
+    wait_port "$NS_A" "$NET.1" "$PORT" 60
+    start_ray "$NS_B" "$STATE/ray-b.log" --address "$NET.1:$PORT" --node-ip-address "$NET.2" \
+        --temp-dir "$STATE/ray-b" --num-gpus "$GPUS" --num-cpus "$CPUS" --resources '{"sgl-host-b": 1}' \
+        --object-store-memory 100000000 --disable-usage-stats
+    cat >"$STATE/env" <<EOF
+NETNS_A=$NS_A
+NETNS_B=$NS_B
+ADDR_A=$NET.1
+ADDR_B=$NET.2
+IF_A=$IF_A
+IF_B=$IF_B
+GCS=$NET.1:$PORT
+TOKEN_FILE=$STATE/token
+EOF
+    trap - ERR INT TERM
+    echo "$STATE/env"
+}
+
+case "$cmd" in
+    up) up ;;
+    down) down ;;
+    *) echo "usage: $0 up|down [STATE_DIR]" >&2; exit 2 ;;
+esac
