@@ -29,6 +29,8 @@ log = logging.getLogger("sgl_seat.watchdog")
 
 #: Seconds a capture waits for every node's part (the coordinator's deadline).
 CAPTURE_TIMEOUT_S = 20.0
+#: Seconds the coordinator waits for each other sidecar to answer a ping before it captures without that node.
+PING_TIMEOUT_S = 4.0
 
 
 class SidecarActor:
@@ -88,14 +90,28 @@ class RayPeers:
         import ray
 
         futures: dict[int, Any] = {}
+        pings: dict[int, Any] = {}
         missing: list[dict[str, Any]] = []
         for n in range(self.cfg.nnodes):
             if n == self.cfg.node:
                 continue
             try:
-                futures[n] = self._actor(n).capture_part.remote(capture_id, t)
+                actor = self._actor(n)
+                futures[n] = actor.capture_part.remote(capture_id, t)
+                pings[n] = actor.ping.remote()  # the actor is threaded: a ping is answered beside the capture
             except Exception as exc:
                 missing.append({"node": n, "step": "capture", "status": "error", "detail": f"no sidecar: {exc}"})
+        # A node that does not answer a ping in PING_TIMEOUT_S (link down, raylet or host dead) is not waited
+        # for: the capture finishes without it, and the verdict names it (core.nodeloss).
+        ping_deadline = time.monotonic() + PING_TIMEOUT_S
+        for n, ref in pings.items():
+            try:
+                ray.get(ref, timeout=max(0.1, ping_deadline - time.monotonic()))
+            except Exception as exc:
+                del futures[n]
+                missing.append({"node": n, "step": "reach", "status": "unreachable",
+                                "detail": f"no answer to a ping within {PING_TIMEOUT_S:g} s"
+                                          f" ({type(exc).__name__})"})
         parts = [local()]
         deadline = time.monotonic() + CAPTURE_TIMEOUT_S
         for n, fut in futures.items():
