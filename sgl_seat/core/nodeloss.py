@@ -50,7 +50,8 @@ def node_unreachable(missing: Sequence[int], rank_nodes: Mapping[int, int], t: f
             ev.append(f"node {n} last seen: {last_seen[n]}")
     seen = sorted(r for r, n in rank_nodes.items() if n not in set(missing))
     if partial is not None:
-        ev.append(f"over the {len(seen)} ranks that answered ({names(seen)}) only: {partial.kind.value}, rank"
-                  f" {partial.rank}, node {partial.node} (partial: not a seat-wide finding)")
+        who = "".join(f", {k} {v}" for k, v in (("rank", partial.rank), ("node", partial.node)) if v is not None)
+        ev.append(f"over the {len(seen)} ranks that answered ({names(seen)}) only: {partial.kind.value}{who}"
+                  " (partial: not a seat-wide finding)")
     return Verdict(kind=VerdictKind.NODE_UNREACHABLE, rank=None, node=first, frame=None, t=t, evidence=tuple(ev),
                    node_ranks=tuple(ranks))

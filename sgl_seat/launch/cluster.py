@@ -126,13 +126,16 @@ def disconnect() -> None:
 def get(ref: Any, timeout: float, what: str) -> Any:
     """``ray.get`` with a timeout; Ray's failures become ClusterError naming ``what``."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
     try:
         return ray.get(ref, timeout=timeout)
     except GetTimeoutError:
         raise NoAnswer(f"{what} did not answer within {timeout:.0f} s",
                        fix="check the node (`sgl-seat status`), or raise --timeout") from None
+    except ActorUnavailableError:  # Ray cannot reach the actor now (its node unreachable), not known dead
+        raise NoAnswer(f"{what}: unreachable (ActorUnavailableError)",
+                       fix="check the node's host and link; `sgl-seat status` again once it is back") from None
     except RayActorError as exc:
         if "node" in str(exc).lower() and "died" in str(exc).lower():
             raise NoAnswer(f"{what}: its node died ({type(exc).__name__})",

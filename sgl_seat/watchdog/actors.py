@@ -30,7 +30,7 @@ log = logging.getLogger("sgl_seat.watchdog")
 #: Seconds a capture waits for every node's part (the coordinator's deadline).
 CAPTURE_TIMEOUT_S = 20.0
 #: Seconds the coordinator waits for each other sidecar to answer a ping before it captures without that node.
-PING_TIMEOUT_S = 4.0
+PING_TIMEOUT_S = 3.0
 
 
 class SidecarActor:
@@ -67,11 +67,18 @@ class RayPeers:
 
     def __init__(self, cfg: SidecarConfig) -> None:
         self.cfg = cfg
+        self._handles: dict[int, Any] = {}
 
     def _actor(self, node: int) -> Any:
+        """Node ``node``'s sidecar. The lookup asks the GCS, which a node cut off from the head cannot reach: it
+        is bounded, and a handle once found is kept (calls on it go to the actor directly, not via the GCS)."""
         import ray
 
-        return ray.get_actor(sidecar_name(self.cfg.seat, node), namespace=self.cfg.namespace)
+        if node not in self._handles:
+            self._handles[node] = bounded(f"ray.get_actor(watchdog {node})", ray.get_actor,
+                                          sidecar_name(self.cfg.seat, node), namespace=self.cfg.namespace,
+                                          timeout=PING_TIMEOUT_S)
+        return self._handles[node]
 
     def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
         import ray
