@@ -36,29 +36,32 @@ case "$NET" in 198.18.*|198.19.*) ;; *) echo "NETNS_NET=$NET is outside 198.18.0
 
 ns_pids() { ip netns pids "$1" 2>/dev/null || true; }
 
-kill_ns() {  # TERM every process in namespace $1, wait up to 5 s, then KILL; bounded
-    local ns=$1 pids i
-    pids=$(ns_pids "$ns")
+kill_all() {  # TERM every process in the namespaces named, wait up to 5 s, then KILL; bounded
+    local pids i ns
+    all_pids() { for ns in "$@"; do ns_pids "$ns"; done; }
+    pids=$(all_pids "$@")
     [ -z "$pids" ] && return 0
     # shellcheck disable=SC2086
     kill -TERM $pids 2>/dev/null || true
     for i in $(seq 1 10); do
-        pids=$(ns_pids "$ns"); [ -z "$pids" ] && return 0; sleep 0.5
+        pids=$(all_pids "$@"); [ -z "$pids" ] && return 0; sleep 0.5
     done
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true
     for i in $(seq 1 10); do
-        pids=$(ns_pids "$ns"); [ -z "$pids" ] && return 0; sleep 0.5
+        pids=$(all_pids "$@"); [ -z "$pids" ] && return 0; sleep 0.5
     done
-    echo "processes left in $ns: $pids" >&2
+    echo "processes left in $*: $pids" >&2
     return 1
 }
 
 down() {
     local rc=0
+    local present=()
     for ns in "$NS_A" "$NS_B"; do
-        if ip netns list | grep -qw "$ns"; then kill_ns "$ns" || rc=1; fi
+        if ip netns list | grep -qw "$ns"; then present+=("$ns"); fi
     done
+    if [ ${#present[@]} -gt 0 ]; then kill_all "${present[@]}" || rc=1; fi
     for ns in "$NS_A" "$NS_B"; do
         if ip netns list | grep -qw "$ns"; then ip netns del "$ns" || rc=1; fi
     done

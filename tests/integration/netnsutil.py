@@ -45,6 +45,13 @@ class NetnsCluster:
     def ns_of(self, addr: str) -> str:
         return {self.addr_a: self.ns_a, self.addr_b: self.ns_b}[addr]
 
+    def addr_of(self, host: str) -> str:
+        return {"a": self.addr_a, "b": self.addr_b}[host]
+
+    def link_of(self, host: str) -> str:
+        """The bridge side of a host's link (``ip link set <it> down`` cuts that host off)."""
+        return f"{self.prefix}v{host}"
+
     def pids(self) -> dict[str, list[int]]:
         """Every pid in each namespace, as ``ip netns pids`` lists it."""
         out = {}
