@@ -28,6 +28,7 @@ PORT=${NETNS_GCS_PORT:-6390}
 GPUS=${NETNS_GPUS:-2}
 CPUS=${NETNS_CPUS:-4}
 RAY=${RAY:-$(command -v ray || true)}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 BR="${P}br"
 NS_A="$P-a"
 NS_B="$P-b"
@@ -82,13 +83,27 @@ wait_port() {  # wait_port NS ADDR PORT SECONDS: TCP connect from inside NS, bou
     return 1
 }
 
-start_ray() {  # start_ray NS LOG ARGS...: `ray start --block` in NS, detached, its pid in $STATE/<ns>.pid
-    local ns=$1 log=$2; shift 2
-    # shellcheck disable=SC2016
-    ip netns exec "$ns" env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER RAY_USAGE_STATS_ENABLED=0 \
-        RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$(cat "$STATE/token")" \
-        setsid "$RAY" start --block "$@" >"$log" 2>&1 </dev/null &
+start_ray() {  # start_ray NS LOG SCRIPT ENV_FILE: launch/ray/<script> in NS, detached, pid in $STATE/<ns>.pid
+    local ns=$1 log=$2 script=$3 envf=$4
+    ip netns exec "$ns" env -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER PATH="$(dirname "$RAY"):$PATH" \
+        setsid bash "$REPO/launch/ray/$script" "$envf" >"$log" 2>&1 </dev/null &
     echo $! >"$STATE/$ns.pid"
+}
+
+host_env() {  # host_env FILE ADDR IFNAME RESOURCE EXTRA: the env file launch/ray/{head,worker}.sh read
+    cat >"$1" <<ENVEOF
+NODE_IP=$2
+HEAD_IP=$NET.1
+GCS_PORT=$PORT
+GLOO_SOCKET_IFNAME=$3
+NCCL_SOCKET_IFNAME=$3
+HOST_RESOURCE=$4
+TOKEN_FILE=$STATE/token
+NUM_GPUS=$GPUS
+NUM_CPUS=$CPUS
+BLOCK=1
+RAY_EXTRA_ARGS="--object-store-memory 100000000 $5"
+ENVEOF
 }
 
 up() {
@@ -110,14 +125,12 @@ up() {
         ip -n "$ns" link set "$ifn" up
         ip -n "$ns" link set lo up
     done
-    start_ray "$NS_A" "$STATE/ray-a.log" --head --node-ip-address "$NET.1" --port "$PORT" \
-        --temp-dir "$STATE/ray-a" --num-gpus "$GPUS" --num-cpus "$CPUS" --resources '{"sgl-host-a": 1}' \
-        --include-dashboard false --dashboard-host "$NET.1" --object-store-memory 100000000 \
-        --disable-usage-stats
+    # The hosts start the way an operator's do: launch/ray/head.sh and worker.sh with a per-host env file.
+    host_env "$STATE/a.env" "$NET.1" "$IF_A" sgl-host-a "--temp-dir $STATE/ray-a --include-dashboard false"
+    host_env "$STATE/b.env" "$NET.2" "$IF_B" sgl-host-b "--temp-dir $STATE/ray-b"
+    start_ray "$NS_A" "$STATE/ray-a.log" head.sh "$STATE/a.env"
     wait_port "$NS_A" "$NET.1" "$PORT" 60
-    start_ray "$NS_B" "$STATE/ray-b.log" --address "$NET.1:$PORT" --node-ip-address "$NET.2" \
-        --temp-dir "$STATE/ray-b" --num-gpus "$GPUS" --num-cpus "$CPUS" --resources '{"sgl-host-b": 1}' \
-        --object-store-memory 100000000 --disable-usage-stats
+    start_ray "$NS_B" "$STATE/ray-b.log" worker.sh "$STATE/b.env"
     cat >"$STATE/env" <<EOF
 NETNS_A=$NS_A
 NETNS_B=$NS_B
