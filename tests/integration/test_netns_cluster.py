@@ -183,3 +183,4 @@ def test_a_client_without_the_token_is_refused(netns_cluster: NetnsCluster) -> N
     res = subprocess.run(["ip", "netns", "exec", cl.ns_a, "timeout", "60", sys.executable, "-c", code, cl.gcs],
                          env=env, capture_output=True, text=True, timeout=90, check=False)
     assert res.returncode == 3 and "REFUSED" in res.stdout, res.stdout + res.stderr[-2000:]
+    assert "InvalidAuthToken" in res.stderr, res.stderr[-2000:]  # refused for the token, not for anything else
