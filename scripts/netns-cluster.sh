@@ -36,6 +36,8 @@ NS_B="$P-b"
 case "$NET" in 198.18.*|198.19.*) ;; *) echo "NETNS_NET=$NET is outside 198.18.0.0/15" >&2; exit 2 ;; esac
 
 ns_pids() { ip netns pids "$1" 2>/dev/null || true; }
+# Not `ip netns list | grep -q`: under pipefail grep's early exit can fail the pipe (SIGPIPE to ip).
+ns_exists() { local all; all=$(ip netns list 2>/dev/null || true); grep -qw "$1" <<<"$all"; }
 
 kill_all() {  # TERM every process in the namespaces named, wait up to 5 s, then KILL; bounded
     local pids i ns
@@ -60,14 +62,18 @@ down() {
     local rc=0
     local present=()
     for ns in "$NS_A" "$NS_B"; do
-        if ip netns list | grep -qw "$ns"; then present+=("$ns"); fi
+        if ns_exists "$ns"; then present+=("$ns"); fi
     done
     if [ ${#present[@]} -gt 0 ]; then kill_all "${present[@]}" || rc=1; fi
     for ns in "$NS_A" "$NS_B"; do
-        if ip netns list | grep -qw "$ns"; then ip netns del "$ns" || rc=1; fi
+        if ns_exists "$ns"; then ip netns del "$ns" || rc=1; fi
+        rm -rf "/etc/netns/$ns"
     done
     for link in "$BR" "${P}va" "${P}vb"; do
-        if ip link show "$link" >/dev/null 2>&1; then ip link del "$link" || rc=1; fi
+        # A veth goes with its namespace, asynchronously: gone by the time of `del` is fine.
+        if ip link show "$link" >/dev/null 2>&1; then
+            ip link del "$link" 2>/dev/null || ! ip link show "$link" >/dev/null 2>&1 || rc=1
+        fi
     done
     rm -rf "$STATE"
     return $rc
@@ -106,9 +112,21 @@ RAY_EXTRA_ARGS="--object-store-memory 100000000 $5"
 ENVEOF
 }
 
+wait_started() {  # wait_started NS LOG SECONDS: `ray start --block` reached its blocking loop, bounded
+    local ns=$1 log=$2 secs=$3 i pid
+    pid=$(cat "$STATE/$ns.pid")
+    for i in $(seq 1 $((secs * 2))); do
+        if grep -q "block forever" "$log" 2>/dev/null; then return 0; fi
+        if ! kill -0 "$pid" 2>/dev/null; then echo "ray start in $ns exited:" >&2; tail -n 20 "$log" >&2; return 1; fi
+        sleep 0.5
+    done
+    echo "ray start in $ns not up after $secs s" >&2
+    return 1
+}
+
 up() {
     [ -n "$RAY" ] || { echo "no ray on PATH (activate the venv or set RAY)" >&2; exit 2; }
-    if ip netns list | grep -qw "$NS_A"; then echo "$NS_A exists: run '$0 down' first" >&2; exit 1; fi
+    if ns_exists "$NS_A"; then echo "$NS_A exists: run '$0 down' first" >&2; exit 1; fi
     mkdir -p "$STATE"; chmod 700 "$STATE"
     trap 'tail -n 20 "$STATE"/ray-*.log >&2 2>/dev/null; down; exit 1' ERR INT TERM
     python3 -c 'import secrets; print(secrets.token_hex(32))' >"$STATE/token"; chmod 600 "$STATE/token"
@@ -119,6 +137,11 @@ up() {
     for spec in "a:$NS_A:$IF_A:$NET.1" "b:$NS_B:$IF_B:$NET.2"; do
         IFS=: read -r v ns ifn addr <<<"$spec"
         ip netns add "$ns"
+        # Name resolution inside the host without a network beyond the bridge: its own name maps to its
+        # address and no DNS server is tried (Ray resolves the hostname while it starts).
+        mkdir -p "/etc/netns/$ns"
+        printf '127.0.0.1 localhost\n%s %s\n' "$addr" "$(hostname)" >"/etc/netns/$ns/hosts"
+        : >"/etc/netns/$ns/resolv.conf"
         ip link add "${P}v$v" type veth peer name "$ifn" netns "$ns"
         ip link set "${P}v$v" master "$BR" up
         ip -n "$ns" addr add "$addr/24" dev "$ifn"
@@ -130,7 +153,9 @@ up() {
     host_env "$STATE/b.env" "$NET.2" "$IF_B" sgl-host-b "--temp-dir $STATE/ray-b"
     start_ray "$NS_A" "$STATE/ray-a.log" head.sh "$STATE/a.env"
     wait_port "$NS_A" "$NET.1" "$PORT" 60
+    wait_started "$NS_A" "$STATE/ray-a.log" 60
     start_ray "$NS_B" "$STATE/ray-b.log" worker.sh "$STATE/b.env"
+    wait_started "$NS_B" "$STATE/ray-b.log" 60
     cat >"$STATE/env" <<EOF
 NETNS_A=$NS_A
 NETNS_B=$NS_B

@@ -12,7 +12,9 @@ ENV_FILE=${1:-${SGL_SEAT_RAY_ENV:-/etc/sgl-seat/ray.env}}
 # shellcheck disable=SC1090
 . "$ENV_FILE"
 [ -n "${NODE_IP:-}" ] || die "NODE_IP is not set in $ENV_FILE (this host's address on the cluster network)"
-ip -o addr show 2>/dev/null | grep -qw "inet ${NODE_IP}" || die "NODE_IP=$NODE_IP is not an address of this host"
+# Read the addresses first: `ip ... | grep -q` under pipefail fails when grep's early exit kills ip (SIGPIPE).
+_addrs=$(ip -o addr show 2>/dev/null || true)
+grep -qw "inet ${NODE_IP}" <<<"$_addrs" || die "NODE_IP=$NODE_IP is not an address of this host"
 GCS_PORT=${GCS_PORT:-6379}
 for var in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX; do
     if [ -n "${!var:-}" ]; then export "${var?}"; fi
