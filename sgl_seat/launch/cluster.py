@@ -137,7 +137,8 @@ def get(ref: Any, timeout: float, what: str) -> Any:
         raise NoAnswer(f"{what}: unreachable (ActorUnavailableError)",
                        fix="check the node's host and link; `sgl-seat status` again once it is back") from None
     except RayActorError as exc:
-        if "node" in str(exc).lower() and "died" in str(exc).lower():
+        # Ray's words when the actor's node was lost ("... because its node has died"), not a crashed worker.
+        if any(w in str(exc).lower() for w in ("node has died", "node died")):
             raise NoAnswer(f"{what}: its node died ({type(exc).__name__})",
                            fix="check the host and its raylet; `sgl-seat down` stops what it can reach") from None
         raise ClusterError(f"{what}: the actor is gone ({type(exc).__name__})",
