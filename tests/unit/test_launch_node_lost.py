@@ -74,3 +74,31 @@ def test_other_ray_errors_and_dead_engines_stay_failed(monkeypatch: pytest.Monke
     dead = {**_alive(0), "alive": False, "returncode": -9, "reason": "node 0 engine (pid 99) was killed"}
     rec = _run(monkeypatch, {0: dead, 1: NoAnswer("silent")})
     assert rec.state is SeatState.FAILED  # a dead engine is the finding; the silent node does not hide it
+
+
+@pytest.mark.parametrize(("exc", "lost"), [
+    ("timeout", True),
+    ("unavailable", True),
+    ("node-died", True),
+    ("worker-died", False),
+])
+def test_which_ray_errors_mean_the_node_is_lost(monkeypatch: pytest.MonkeyPatch, exc: str, lost: bool) -> None:
+    import ray
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+    from sgl_seat.launch import cluster
+
+    errors = {
+        "timeout": GetTimeoutError(),
+        "unavailable": ActorUnavailableError("unreachable", None),
+        "node-died": RayActorError(error_msg="The actor died because its node has died. Node Id: 0a1b"),
+        "worker-died": RayActorError(error_msg="The actor is dead because its worker process has died."),
+    }
+
+    def get(ref: Any, timeout: float) -> Any:
+        raise errors[exc]
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(ClusterError) as info:
+        cluster.get(object(), 1.0, "node 1 agent (engine_state)")
+    assert isinstance(info.value, NoAnswer) is lost
