@@ -489,8 +489,9 @@ def render_text(plan: LaunchPlan) -> str:
     out += _hosts_text(plan)
     for n in plan.nodes:
         ranks = ", ".join(r.process_title.removeprefix("sglang::") for r in n.ranks)
-        host_of = f" on host {n.host}" if n.host else (" on the host Ray picks (its env below + that host's)"
-                                                  if plan.hosts else "")
+        pin = next((h.name for h in plan.hosts if h.node_rank == n.node_rank), None)
+        host_of = (f" on host {n.host}" if n.host else f" on host {pin} (pinned; its env below + that host's)" if pin
+                   else " on the host Ray picks (its env below + that host's)" if plan.hosts else "")
         out += ["", f"node {n.node_rank}{' (HTTP)' if n.serves_http else ''}{host_of}: {ranks}"]
         out.append("  command: " + shlex.join(n.command))
         for k, v in n.env:

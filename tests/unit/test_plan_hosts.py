@@ -47,6 +47,7 @@ def test_hosts_parse_and_pin_goes_into_the_bundle() -> None:
     assert "host a (198.18.0.1): node 0, pinned by resource sgl-host-a" in text
     assert "host b (hostb.example): whichever node rank Ray places there" in text
     assert "env GLOO_SOCKET_IFNAME=ethB0" in text
+    assert "node 0 (HTTP) on host a (pinned;" in text and "node 1 on the host Ray picks" in text
 
 
 @pytest.mark.parametrize("order", [("198.18.0.1", "198.18.0.9"), ("198.18.0.9", "198.18.0.1")])
