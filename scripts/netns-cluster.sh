@@ -69,6 +69,7 @@ down() {
         if ns_exists "$ns"; then ip netns del "$ns" || rc=1; fi
         rm -rf "/etc/netns/$ns"
     done
+    rmdir /etc/netns 2>/dev/null || true  # only when empty: nothing of anyone else's goes
     for link in "$BR" "${P}va" "${P}vb"; do
         # A veth goes with its namespace, asynchronously: gone by the time of `del` is fine.
         if ip link show "$link" >/dev/null 2>&1; then
