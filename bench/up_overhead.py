@@ -10,6 +10,12 @@ The engine is the sim: the engine stages measure sgl-seat's overhead plus the si
 SGLang's weight loading.
 
     python bench/up_overhead.py [--runs 3] [--draft on|off] [--seat local-sim] [--port 33900] [--json]
+
+The existing-cluster case (issue 11): ``--existing-cluster --seat SPEC`` with a spec whose ``cluster.address``
+is a cluster you run (e.g. the two-namespace cluster of ``scripts/netns-cluster.sh``; run the bench on one of
+its hosts: ``ip netns exec <prefix>-a``, with the token in the variable ``cluster.token_env`` names). The line
+"up excluding engine start" is the total less the stages that wait for the engines (engine-node0, engines,
+ready): what sgl-seat itself costs on a cluster that is already up.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from pathlib import Path
 
 import yaml
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray
+# Before anything imports ray. Not for an existing multi-host cluster: there a driver must use its host's address.
+if "--existing-cluster" not in sys.argv:
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from sgl_seat.launch.stages import StageTimes
 from sgl_seat.launch.teardown import down
@@ -76,6 +84,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=None, help="move the seat's HTTP port (dist-init = +5)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
+    ap.add_argument("--existing-cluster", action="store_true",
+                    help="the seat's cluster.address is a running multi-host cluster (no one-host Ray mode)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="sgl-seat-bench-") as tmp:
@@ -98,6 +108,10 @@ def main() -> int:
           f"cluster {spec.cluster.address}), draft {a.draft}, {a.runs} runs, seconds (watchdog off)\n")
     up_rows = _table("up stage", ups)
     down_rows = _table("down stage", downs)
+    engine = ("engine-node0", "engines", "ready")
+    rest = [sum(t for n, t in r.stages if n not in engine) for r in ups]
+    print(f"up excluding engine start ({', '.join(engine)}): median {statistics.median(rest):.2f} s; runs "
+          + ", ".join(f"{v:.2f}" for v in rest))
     print(f"wall clock (incl. planning and connection setup): up median {statistics.median(w[0] for w in walls):.2f} s,"
           f" down median {statistics.median(w[1] for w in walls):.2f} s")
     if a.json:

@@ -54,9 +54,42 @@ class NodePlan:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     serves_http: bool
+    #: The ``cluster.hosts`` entry this node was matched to at apply time (None: no hosts, or not yet bound).
+    host: str | None = None
+    #: Interfaces preflight expects on that host (``cluster.hosts[].interfaces``).
+    expect_interfaces: tuple[str, ...] = ()
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    """One ``cluster.hosts`` entry as the plan carries it: matched to a node only once Ray has placed it."""
+
+    name: str
+    address: str
+    env: tuple[tuple[str, str], ...]
+    interfaces: tuple[str, ...] = ()
+    ray_resource: str | None = None
+    node_rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "address": self.address, "env": dict(self.env),
+                "interfaces": list(self.interfaces), "ray_resource": self.ray_resource, "node_rank": self.node_rank}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HostPlan:
+        return cls(name=d["name"], address=d["address"], env=tuple(sorted(d.get("env", {}).items())),
+                   interfaces=tuple(d.get("interfaces", [])), ray_resource=d.get("ray_resource"),
+                   node_rank=d.get("node_rank"))
+
+    def matches(self, ip: str | None, hostname: str | None) -> bool:
+        return self.address in (ip, hostname)
+
+
+#: How much of a host's pinning resource one bundle takes: a fraction, so several seats can pin one host.
+PIN_AMOUNT = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +119,7 @@ class LaunchPlan:
     placement: Placement
     capacity: CapacityReport | None
     warnings: tuple[str, ...] = field(default=())
+    hosts: tuple[HostPlan, ...] = field(default=())
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -109,6 +143,40 @@ class LaunchPlan:
             for n in self.nodes
         )
         return replace(self, nodes=nodes)
+
+    def bind_hosts(self, found: dict[int, tuple[str | None, str | None]]) -> LaunchPlan:
+        """Give every node the env of the host Ray actually put it on (``found``: node rank -> (ip, hostname)).
+
+        The per-host env wins over ``network.env``; a node on no named host, a host holding two nodes, or a
+        pinned rank found elsewhere is a :class:`PlanError` naming the addresses seen.
+        """
+        if not self.hosts:
+            return self
+        nodes = []
+        used: dict[str, int] = {}
+        problems = []
+        for nd in self.nodes:
+            ip, hostname = found.get(nd.node_rank, (None, None))
+            host = next((h for h in self.hosts if h.matches(ip, hostname)), None)
+            if host is None:
+                problems.append(f"node {nd.node_rank} is at {ip} ({hostname}), which matches no cluster.hosts address"
+                                f" {[h.address for h in self.hosts]}")
+                continue
+            if host.name in used:
+                problems.append(f"nodes {used[host.name]} and {nd.node_rank} both landed on host {host.name!r}")
+            used[host.name] = nd.node_rank
+            pinned = next((h for h in self.hosts if h.node_rank == nd.node_rank), None)
+            if pinned is not None and pinned.name != host.name:
+                problems.append(f"node {nd.node_rank} is pinned to host {pinned.name!r} but Ray put it on"
+                                f" {host.name!r}")
+            env = {**nd.env_dict(), **dict(host.env)}
+            nodes.append(replace(nd, env=tuple(sorted(env.items())), host=host.name,
+                                 expect_interfaces=host.interfaces))
+        if problems:
+            raise PlanError("the nodes do not match cluster.hosts: " + "; ".join(problems),
+                            fix="give each host's node IP (as `ray status` lists it) or its hostname in"
+                                " cluster.hosts[].address")
+        return replace(self, nodes=tuple(nodes))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +209,8 @@ class LaunchPlan:
                     ],
                     "command": list(n.command),
                     "env": n.env_dict(),
+                    **({"host": n.host} if n.host is not None else {}),
+                    **({"expect_interfaces": list(n.expect_interfaces)} if n.expect_interfaces else {}),
                 }
                 for n in self.nodes
             ],
@@ -148,6 +218,7 @@ class LaunchPlan:
                           "http_bundle": 0},
             "capacity": self.capacity.to_json() if self.capacity else None,
             "warnings": list(self.warnings),
+            **({"hosts": [h.to_json() for h in self.hosts]} if self.hosts else {}),
         }
 
     def dumps(self) -> str:
@@ -168,6 +239,8 @@ class LaunchPlan:
                 command=tuple(n["command"]),
                 env=tuple(sorted(n["env"].items())),
                 serves_http=n["serves_http"],
+                host=n.get("host"),
+                expect_interfaces=tuple(n.get("expect_interfaces", [])),
             )
             for n in doc["nodes"]
         )
@@ -179,6 +252,7 @@ class LaunchPlan:
             seat=doc["seat"], engine=doc["engine"], draft=doc["draft"], slots=doc["slots"],
             mem_fraction=doc["mem_fraction"], http_port=doc["http_port"], dist_init_port=doc["dist_init_port"],
             topology=topo, nodes=nodes, placement=placement, capacity=None, warnings=tuple(doc["warnings"]),
+            hosts=tuple(HostPlan.from_json(h) for h in doc.get("hosts", [])),
         )
 
 
@@ -344,6 +418,12 @@ def build_plan(
             )
         )
     bundle = (("CPU", float(spec.cluster.cpus_per_node)), ("GPU", float(topo.gpus_per_node)))
+    hosts = tuple(HostPlan(name=h.name, address=h.address, env=tuple(sorted(h.env.items())),
+                           interfaces=tuple(h.interfaces), ray_resource=h.ray_resource, node_rank=h.node_rank)
+                  for h in spec.cluster.hosts)
+    pins = {h.node_rank: h.ray_resource for h in hosts if h.node_rank is not None and h.ray_resource}
+    bundles = tuple(tuple(sorted((*bundle, (pins[r], PIN_AMOUNT)))) if r in pins else bundle
+                    for r in range(topo.nnodes))
     return LaunchPlan(
         seat=spec.name,
         engine=spec.engine,
@@ -354,9 +434,10 @@ def build_plan(
         dist_init_port=spec.network.dist_init_port,
         topology=topo,
         nodes=tuple(nodes),
-        placement=Placement(bundles=tuple(bundle for _ in range(topo.nnodes))),
+        placement=Placement(bundles=bundles),
         capacity=cap,
         warnings=tuple(warnings),
+        hosts=hosts,
     )
 
 
@@ -374,6 +455,23 @@ def _tokens(n: int) -> str:
     return f"{n:,}"
 
 
+def _hosts_text(plan: LaunchPlan) -> list[str]:
+    """The ``cluster.hosts`` block of the text plan: which rank each host holds, and its own env."""
+    if not plan.hosts:
+        return []
+    out = ["", f"hosts: {len(plan.hosts)} (each node gets the env of the host Ray puts it on)"]
+    for h in plan.hosts:
+        if h.node_rank is not None:
+            where = f"node {h.node_rank}, pinned by resource {h.ray_resource}"
+        else:
+            where = "whichever node rank Ray places there"
+        out.append(f"  host {h.name} ({h.address}): {where}")
+        out += [f"    env {k}={v}" for k, v in h.env]
+        if h.interfaces:
+            out.append(f"    expects interfaces: {', '.join(h.interfaces)}")
+    return out
+
+
 def render_text(plan: LaunchPlan) -> str:
     """Stable, readable text of a plan (golden files pin it)."""
     t = plan.topology
@@ -388,9 +486,13 @@ def render_text(plan: LaunchPlan) -> str:
     for i, b in enumerate(plan.placement.bundle_dicts()):
         res = ", ".join(f"{k}: {_fmt_float(v)}" for k, v in b.items())
         out.append(f"  bundle {i} -> node {i}: {{{res}}}")
+    out += _hosts_text(plan)
     for n in plan.nodes:
         ranks = ", ".join(r.process_title.removeprefix("sglang::") for r in n.ranks)
-        out += ["", f"node {n.node_rank}{' (HTTP)' if n.serves_http else ''}: {ranks}"]
+        pin = next((h.name for h in plan.hosts if h.node_rank == n.node_rank), None)
+        host_of = (f" on host {n.host}" if n.host else f" on host {pin} (pinned; its env below + that host's)" if pin
+                   else " on the host Ray picks (its env below + that host's)" if plan.hosts else "")
+        out += ["", f"node {n.node_rank}{' (HTTP)' if n.serves_http else ''}{host_of}: {ranks}"]
         out.append("  command: " + shlex.join(n.command))
         for k, v in n.env:
             out.append(f"  env {k}={v}")

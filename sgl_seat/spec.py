@@ -54,6 +54,47 @@ class ModelSpec(_Strict):
         return self.served_name or self.path.rstrip("/").split("/")[-1]
 
 
+class HostSpec(_Strict):
+    """One machine of the cluster and what is true of it alone (its NIC and HCA names, what preflight expects).
+
+    Ray, not the spec, decides which host a placement bundle (a node rank) lands on, so settings that
+    belong to a machine are keyed on the machine: ``up`` matches each node agent's address (or hostname)
+    to a host here and gives that node the host's env. ``node_rank`` pins a rank to this host through
+    ``ray_resource``, a custom resource only this host's raylet declares (``ray start --resources``).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="Label used in plan and status.")
+    address: str = Field(min_length=1, description="The host's node IP as Ray reports it, or its hostname.")
+    env: dict[str, str] = Field(default_factory=dict, description="This host's env (NCCL/Gloo interface, HCA, GID).")
+    interfaces: list[str] = Field(
+        default_factory=list, description="Preflight expectation: interfaces that must exist on this host."
+    )
+    ray_resource: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="Custom Ray resource only this host declares (`ray start --resources '{\"<name>\": 1}'`).",
+    )
+    node_rank: int | None = Field(
+        default=None, ge=0, le=63, description="Pin this node rank to this host (needs ray_resource)."
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key.startswith("SGL_SEAT_"):
+                raise ValueError(f"{key!r}: SGL_SEAT_* variables are set by sgl-seat itself")
+        return value
+
+    @model_validator(mode="after")
+    def _pin(self) -> HostSpec:
+        if self.node_rank is not None and self.ray_resource is None:
+            raise ValueError(f"host {self.name!r} pins node_rank {self.node_rank} but names no ray_resource;"
+                             " Ray can only be told where a bundle goes through a resource this host alone has")
+        return self
+
+
 class ClusterSpec(_Strict):
     """Where the seat runs: a Ray address (or ``local`` / ``auto``) and the node shape."""
 
@@ -65,6 +106,28 @@ class ClusterSpec(_Strict):
     token_env: str | None = Field(
         default=None, description="Name of the environment variable that holds the Ray auth token, if any."
     )
+    hosts: list[HostSpec] = Field(
+        default_factory=list,
+        description="Per-host settings (replaces network.node_env); each node gets the env of the host Ray put it on.",
+    )
+
+    @model_validator(mode="after")
+    def _hosts(self) -> ClusterSpec:
+        for attr in ("name", "address"):
+            seen = [getattr(h, attr) for h in self.hosts]
+            dup = sorted({v for v in seen if seen.count(v) > 1})
+            if dup:
+                raise ValueError(f"cluster.hosts: {attr} {dup} given more than once")
+        if self.hosts and len(self.hosts) < self.nodes:
+            raise ValueError(f"cluster.hosts names {len(self.hosts)} hosts for {self.nodes} nodes; name every host"
+                             " a node may land on")
+        pins = [h.node_rank for h in self.hosts if h.node_rank is not None]
+        if len(set(pins)) != len(pins):
+            raise ValueError(f"cluster.hosts pins node ranks {pins}; a rank can be pinned to one host only")
+        over = [p for p in pins if p >= self.nodes]
+        if over:
+            raise ValueError(f"cluster.hosts pins node rank {over[0]}, but the seat has {self.nodes} nodes")
+        return self
 
 
 class ParallelSpec(_Strict):
@@ -193,6 +256,9 @@ class SeatSpec(_Strict):
                 f"network.node_env has {len(self.network.node_env)} entries for {self.cluster.nodes} nodes;"
                 " give one mapping per node rank"
             )
+        if self.network.node_env and self.cluster.hosts:
+            raise ValueError("network.node_env (per node rank) and cluster.hosts (per host) both set; Ray picks"
+                             " which host holds which rank, so give the per-machine env in cluster.hosts only")
         if self.sim is not None and self.engine != "sim":
             raise ValueError("a 'sim' block is only valid with engine: sim")
         return self

@@ -17,11 +17,12 @@ from sgl_seat.errors import SeatError
 from sgl_seat.forensics.archive import is_archive, pack_bundle, unpack_bundle
 from sgl_seat.forensics.bundle import verify_bundle
 from sgl_seat.forensics.manifest import Manifest
+from sgl_seat.forensics.merge import merge_bundles
 from sgl_seat.forensics.replay import load_any
 from sgl_seat.forensics.store import list_bundles, resolve_bundle
 from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
 
-app = typer.Typer(help="List, show, verify, pack and unpack forensic bundles.", no_args_is_help=True)
+app = typer.Typer(help="List, show, verify, pack, unpack and merge forensic bundles.", no_args_is_help=True)
 
 BundleArg = Annotated[str, typer.Argument(help="A bundle directory, a .tar.zst, or a bundle id under $SGL_SEAT_HOME.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
@@ -154,3 +155,22 @@ def unpack(
                     **_dir_sizes(out)})
         return
     console.print(f"unpacked and verified: {out}")
+
+
+@app.command("merge")
+def merge(
+    bundles: Annotated[list[str], typer.Argument(help="The coordinator's bundle first, then the partial ones.")],
+    into: Annotated[Path | None, typer.Option("--into", help="Directory for the merged bundle (default: the"
+                                              " first bundle's).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Join the bundles one incident left on both sides of a partition (each node's records from its own)."""
+    with _json_refusal(json_out, bundles[0] if bundles else "-"):
+        paths = [resolve_bundle(b, seat_dirs=recorded_bundle_dirs()) for b in bundles]
+        out = merge_bundles(paths, into if into is not None else paths[0].parent)
+        m = verify_bundle(out)
+    if json_out:
+        print_json({"path": str(out), "ok": True, "nodes": list(m.nodes),
+                    "verdict": m.verdict.to_json() if m.verdict else None, "sources": [str(p) for p in paths]})
+        return
+    console.print(f"merged {len(paths)} bundles into {out} (nodes {', '.join(map(str, m.nodes))})")

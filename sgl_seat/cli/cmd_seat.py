@@ -159,7 +159,7 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 
 def _print_status(rec: SeatRecord) -> None:
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
-             SeatState.FAILED: "red"}.get(rec.state, "cyan")
+             SeatState.NODE_LOST: "red", SeatState.FAILED: "red"}.get(rec.state, "cyan")
     console.print(Text.assemble(
         f"seat {rec.name}  ", (rec.state.value, f"bold {color}"),
         f"  endpoint {rec.endpoint or '-'}  ({rec.engine}, draft {'on' if rec.draft else 'off'})",

@@ -313,6 +313,8 @@ class VerdictKind(str, Enum):
     ROWFETCH_STALL = "row-fetch stall"
     ENGINE_WATCHDOG = "engine watchdog"
     PROCESS_EXITED = "process exited"
+    #: A whole node did not answer the capture (link down, raylet or host dead): its ranks are unseen.
+    NODE_UNREACHABLE = "node-unreachable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,10 +328,15 @@ class Verdict:
     t: float
     evidence: tuple[str, ...] = ()
     waiting_ranks: tuple[int, ...] = ()
+    #: node-unreachable: the ranks on the unreachable node (optional in schema 1: absent otherwise).
+    node_ranks: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "rank": self.rank, "node": self.node, "frame": self.frame, "t": self.t,
-                "evidence": list(self.evidence), "waiting_ranks": list(self.waiting_ranks)}
+        doc = {"kind": self.kind.value, "rank": self.rank, "node": self.node, "frame": self.frame, "t": self.t,
+               "evidence": list(self.evidence), "waiting_ranks": list(self.waiting_ranks)}
+        if self.node_ranks:
+            doc["node_ranks"] = list(self.node_ranks)
+        return doc
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Verdict:
@@ -340,8 +347,9 @@ class Verdict:
             raise RecordError(f"unknown verdict kind {kind!r}") from None
         ev = _get(d, "evidence", list, optional=True) or []
         wr = _get(d, "waiting_ranks", list, optional=True) or []
-        if not all(isinstance(e, str) for e in ev) or not all(isinstance(r, int) for r in wr):
-            raise RecordError("verdict evidence must be strings and waiting_ranks integers")
+        nr = _get(d, "node_ranks", list, optional=True) or []
+        if not all(isinstance(e, str) for e in ev) or not all(isinstance(r, int) for r in (*wr, *nr)):
+            raise RecordError("verdict evidence must be strings and waiting_ranks / node_ranks integers")
         return cls(
             kind=vk,
             rank=_get(d, "rank", int, optional=True),
@@ -350,4 +358,5 @@ class Verdict:
             t=float(_get(d, "t", _NUM)),
             evidence=tuple(ev),
             waiting_ranks=tuple(wr),
+            node_ranks=tuple(nr),
         )

@@ -30,6 +30,7 @@ class Check(str, Enum):
     DIST_INIT_REACHABLE = "dist-init-reachable"
     OWN_HOST = "own-host"
     ENGRAM_HOST = "engram-host-table"
+    HOST_MATCH = "host-match"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,8 @@ def check_socket_ifnames(node_rank: int, env: Mapping[str, str], interfaces: Seq
             out.append(Failure(
                 node_rank, Check.SOCKET_IFNAME.value,
                 f"NCCL_SOCKET_IFNAME={nccl} selects none of this node's interfaces {have}",
-                "set network.node_env[<node>].NCCL_SOCKET_IFNAME to this node's fabric interface",
+                "set NCCL_SOCKET_IFNAME in this host's cluster.hosts[].env (or network.node_env[<node>])"
+                " to its fabric interface",
             ))
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
@@ -149,9 +151,25 @@ def check_socket_ifnames(node_rank: int, env: Mapping[str, str], interfaces: Seq
                 out.append(Failure(
                     node_rank, Check.SOCKET_IFNAME.value,
                     f"GLOO_SOCKET_IFNAME names {missing}, not an interface of this node {have}",
-                    "set network.node_env[<node>].GLOO_SOCKET_IFNAME to an interface that exists here",
+                    "set GLOO_SOCKET_IFNAME in this host's cluster.hosts[].env (or network.node_env[<node>])"
+                    " to an interface that exists here",
                 ))
     return out
+
+
+def check_host_interfaces(node_rank: int, host: str, expected: Sequence[str],
+                          interfaces: Sequence[str]) -> list[Failure]:
+    """Every interface the spec expects on this host (``cluster.hosts[].interfaces``) exists here.
+
+    A node that lands on a machine the spec describes differently (a renamed NIC, a wrong address
+    in ``cluster.hosts``) is found before any engine starts, naming the host the node was matched to.
+    """
+    missing = [n for n in expected if n not in interfaces]
+    if not missing:
+        return []
+    return [Failure(node_rank, Check.SOCKET_IFNAME.value,
+                    f"host {host!r} should have interfaces {missing}, but this node has {sorted(interfaces)}",
+                    f"fix cluster.hosts[{host}].interfaces, or its address if the node is not that host")]
 
 
 def check_ib_hca(node_rank: int, value: str | None, devices: Mapping[str, Sequence[int]]) -> list[Failure]:

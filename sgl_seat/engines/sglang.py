@@ -32,7 +32,7 @@ class SGLangBackend(EngineBackend):
         return family_targets(model_family) if model_family else ()
 
     def plan_warnings(self, spec: SeatSpec, topo: Topology) -> list[str]:
-        if topo.nnodes > 1 and not spec.network.node_env:
+        if topo.nnodes > 1 and not spec.network.node_env and not spec.cluster.hosts:
             return ["network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node"]
         return []
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
+from sgl_seat.core.nodeloss import missing_nodes, names
 from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile
 from sgl_seat.forensics.bundle import Bundle
@@ -269,6 +270,28 @@ def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[di
 
 
 def divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str, Any]:
+    """Each rank's state at the trigger (:func:`_divergence`), never claiming "every rank" over part of the seat.
+
+    When nodes are missing from the bundle (unreachable at capture), the summary names them and their ranks:
+    ranks seen waiting in a collective may be waiting for exactly those.
+    """
+    out = _divergence(bundle, trig, funcs)
+    rank_nodes = bundle.manifest.rank_nodes
+    lost = missing_nodes(rank_nodes, bundle.manifest.nodes)
+    if lost:
+        unseen = sorted(r for r, n in rank_nodes.items() if n in set(lost))
+        gone = f"node{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} ({names(unseen)}) missing from" \
+               " this bundle (unreachable at capture)"
+        if out["waiting"] and not out["lagging"]:
+            out["summary"] = f"{names(out['waiting'])} wait in a collective; {gone}: the ranks there are unseen"
+        else:
+            out["summary"] = f"{out['summary']}; {gone}"
+        out["missing_nodes"] = lost
+        out["missing_ranks"] = unseen
+    return out
+
+
+def _divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str, Any]:
     """Each rank's state at the trigger: who waits in a collective, who is elsewhere (the lagging ranks).
 
     A rank whose process exited is "exited" (its frame is the last one seen), so a crash reads as the

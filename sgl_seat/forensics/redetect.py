@@ -11,11 +11,12 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from sgl_seat.core.detect import detect, thresholds_from
+from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.forensics.bundle import Bundle
 
-__all__ = ["observation_of", "rerun_detectors"]
+__all__ = ["observation_of", "rerun_detectors", "why_missing"]
 
 
 def observation_of(bundle: Bundle) -> Observation:
@@ -35,7 +36,20 @@ def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
     except ValidationError as exc:
         return None, f"the manifest's thresholds are not valid watchdog thresholds ({exc.error_count()} errors)"
     v = detect(observation_of(bundle), thresholds, now)
+    lost = missing_nodes(m.rank_nodes, m.nodes)
+    if lost:  # the same rule as the capture (watchdog.capture.assemble): a missing node comes first
+        return node_unreachable(lost, m.rank_nodes, now, why=why_missing(bundle), partial=v), None
     if v is None:
         return None, "the detectors find no hang in these records (the capture was manual or its trigger came " \
                      "from outside them)"
     return v, None
+
+
+def why_missing(bundle: Bundle) -> dict[int, str]:
+    """Per missing node, what the capture got instead of its part (the manifest's optional ``missing_nodes``)."""
+    out: dict[int, str] = {}
+    raw = bundle.manifest.extra.get("missing_nodes")
+    for d in raw if isinstance(raw, list) else []:
+        if isinstance(d, dict) and type(d.get("node")) is int and isinstance(d.get("detail"), str):
+            out[d["node"]] = d["detail"][:300]
+    return out

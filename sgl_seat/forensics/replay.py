@@ -96,8 +96,11 @@ class ReplayResult:
         def vj(v: Verdict | None) -> dict[str, Any] | None:
             if v is None:
                 return None
-            return {"kind": v.kind.value, "rank": v.rank, "node": v.node, "frame": v.frame,
-                    "t_s": round(v.t - trig, 3), "evidence": list(v.evidence), "waiting_ranks": list(v.waiting_ranks)}
+            doc = {"kind": v.kind.value, "rank": v.rank, "node": v.node, "frame": v.frame,
+                   "t_s": round(v.t - trig, 3), "evidence": list(v.evidence), "waiting_ranks": list(v.waiting_ranks)}
+            if v.node_ranks:  # node-unreachable only: the golden reports of other verdicts keep their keys
+                doc["node_ranks"] = list(v.node_ranks)
+            return doc
 
         a = self.analysis
         return {

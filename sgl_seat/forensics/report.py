@@ -57,6 +57,8 @@ def _verdict(doc: dict[str, Any]) -> RenderableType:
         lines.append(f"  - {e}\n")
     if v["waiting_ranks"]:
         lines.append(f"  waiting ranks: {', '.join(map(str, v['waiting_ranks']))}\n")
+    if v.get("node_ranks"):
+        lines.append(f"  ranks on the unreachable node: {', '.join(map(str, v['node_ranks']))}\n")
     style = {True: "green", False: "bold yellow"}.get(doc["live_verdict_matches"],
                                                        "bold yellow" if doc["verdict_matches"] is False else "dim")
     lines.append(doc["comparison"], style=style)

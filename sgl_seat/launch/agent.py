@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -99,6 +100,7 @@ class NodeAgent:
         return json.dumps({
             "node_rank": self.node_rank,
             "ip": node_ip(),
+            "hostname": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "host_id": host_id(),
             "python": sys.executable,
@@ -123,8 +125,12 @@ class NodeAgent:
 
     def local_checks(self, plan: LaunchPlan, node: NodePlan, gpu_ids: list[str]) -> list[Failure]:
         """The engine backend's checks on this host, with the environment the engine will start with."""
-        return self.backend.local_checks(plan, node, gpus=plan.topology.gpus_per_node, gpu_ids=gpu_ids,
-                                         env={**os.environ, **node.env_dict()})
+        found = self.backend.local_checks(plan, node, gpus=plan.topology.gpus_per_node, gpu_ids=gpu_ids,
+                                          env={**os.environ, **node.env_dict()})
+        if node.host is not None and node.expect_interfaces:
+            found += preflight.check_host_interfaces(self.node_rank, node.host, node.expect_interfaces,
+                                                     probes.interfaces())
+        return found
 
     def check_dist_init(self, addr: str, port: int, timeout: float) -> str:
         """From a rank >= 1 node: can node 0's dist-init port be reached (TCP, with a timeout)?"""

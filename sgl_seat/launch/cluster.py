@@ -112,6 +112,10 @@ def connect(address: str, namespace: str, *, token_env: str | None = None, timeo
                            fix="check cluster.address and, if the cluster uses token auth, cluster.token_env") from exc
 
 
+class NoAnswer(ClusterError):
+    """An actor's node did not answer in time, or Ray reports that node dead: the node, not the engine, is lost."""
+
+
 def disconnect() -> None:
     import ray
 
@@ -122,14 +126,21 @@ def disconnect() -> None:
 def get(ref: Any, timeout: float, what: str) -> Any:
     """``ray.get`` with a timeout; Ray's failures become ClusterError naming ``what``."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
     try:
         return ray.get(ref, timeout=timeout)
     except GetTimeoutError:
-        raise ClusterError(f"{what} did not answer within {timeout:.0f} s",
-                           fix="check the node (`sgl-seat status`), or raise --timeout") from None
+        raise NoAnswer(f"{what} did not answer within {timeout:.0f} s",
+                       fix="check the node (`sgl-seat status`), or raise --timeout") from None
+    except ActorUnavailableError:  # Ray cannot reach the actor now (its node unreachable), not known dead
+        raise NoAnswer(f"{what}: unreachable (ActorUnavailableError)",
+                       fix="check the node's host and link; `sgl-seat status` again once it is back") from None
     except RayActorError as exc:
+        # Ray's words when the actor's node was lost ("... because its node has died"), not a crashed worker.
+        if any(w in str(exc).lower() for w in ("node has died", "node died")):
+            raise NoAnswer(f"{what}: its node died ({type(exc).__name__})",
+                           fix="check the host and its raylet; `sgl-seat down` stops what it can reach") from None
         raise ClusterError(f"{what}: the actor is gone ({type(exc).__name__})",
                            fix="the node or its agent died; `sgl-seat down` cleans up") from None
     except RayTaskError as exc:

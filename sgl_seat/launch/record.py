@@ -46,6 +46,8 @@ class NodeRecord:
     node_rank: int
     agent: str
     ip: str | None = None
+    #: The ``cluster.hosts`` entry Ray's placement put this node on (None without ``cluster.hosts``).
+    host: str | None = None
     node_id: str | None = None
     host_id: str | None = None
     agent_pid: int | None = None

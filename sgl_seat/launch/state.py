@@ -2,7 +2,7 @@
 
 ::
 
-    (none) -> PLACING -> STARTING -> READY <-> DEGRADED
+    (none) -> PLACING -> STARTING -> READY <-> DEGRADED      (READY / DEGRADED / HUNG <-> NODE-LOST)
                  |          |          |  ^      |  ^
                  |          |          v  |      v  |
                  |          |          HUNG <-----+-+   (any of READY / DEGRADED / HUNG to any other)
@@ -21,6 +21,10 @@
   record names it) and has not seen the seat progress since. Health alone cannot tell: rank 0's
   ``/health_generate`` may still answer while a rank is stalled. It goes back to READY when the
   watchdog unlatches (its detectors quiet and progress seen).
+- NODE-LOST: a whole node does not answer (its agent's call timed out, or Ray reports its node dead) while
+  the engines that can be reached are alive: a link down or a dead host, not a hang and not an engine
+  crash. The reason names the node, its address and host, and its ranks. It goes back to READY when the
+  node answers again; an engine found dead makes it FAILED.
 - FAILED: an engine process or node agent is gone, or the cluster cannot be reached; sticky until
   ``down``. The record keeps the reason and the log tail.
 - STOPPING / STOPPED: ``down`` is tearing down / has verified nothing remains (terminal).
@@ -43,6 +47,7 @@ class SeatState(str, Enum):
     READY = "READY"
     DEGRADED = "DEGRADED"
     HUNG = "HUNG"
+    NODE_LOST = "NODE-LOST"
     FAILED = "FAILED"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
@@ -52,7 +57,7 @@ class SeatState(str, Enum):
 
     def is_up(self) -> bool:
         """Serving or able to serve: what `up` refuses to start over."""
-        return self in (SeatState.READY, SeatState.DEGRADED, SeatState.HUNG)
+        return self in (SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.NODE_LOST)
 
     def can_become(self, new: SeatState) -> bool:
         return new is self or new in TRANSITIONS[self]
@@ -61,9 +66,14 @@ class SeatState(str, Enum):
 TRANSITIONS: dict[SeatState, frozenset[SeatState]] = {
     SeatState.PLACING: frozenset({SeatState.STARTING, SeatState.FAILED, SeatState.STOPPING}),
     SeatState.STARTING: frozenset({SeatState.READY, SeatState.FAILED, SeatState.STOPPING}),
-    SeatState.READY: frozenset({SeatState.DEGRADED, SeatState.HUNG, SeatState.FAILED, SeatState.STOPPING}),
-    SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.HUNG, SeatState.FAILED, SeatState.STOPPING}),
-    SeatState.HUNG: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.READY: frozenset({SeatState.DEGRADED, SeatState.HUNG, SeatState.NODE_LOST, SeatState.FAILED,
+                                SeatState.STOPPING}),
+    SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.HUNG, SeatState.NODE_LOST, SeatState.FAILED,
+                                   SeatState.STOPPING}),
+    SeatState.HUNG: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.NODE_LOST, SeatState.FAILED,
+                               SeatState.STOPPING}),
+    SeatState.NODE_LOST: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.FAILED,
+                                    SeatState.STOPPING}),
     SeatState.FAILED: frozenset({SeatState.STOPPING}),
     SeatState.STOPPING: frozenset({SeatState.STOPPED, SeatState.FAILED}),
     SeatState.STOPPED: frozenset(),

@@ -16,6 +16,7 @@ from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import cluster, health
 from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_reason, get_agent
+from sgl_seat.launch.cluster import NoAnswer
 from sgl_seat.launch.record import SeatRecord, load_record, save_record
 from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
@@ -75,10 +76,14 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         else:
             clients.append(c)
     states: list[dict[str, Any]] = []
+    lost: list[str] = []
     refs = [(c, c.submit("engine_state")) for c in clients]
     for c, ref in refs:
         try:
             st = c.wait(ref, timeout, "engine_state")
+        except NoAnswer as exc:
+            lost.append(node_lost_line(rec, c.node_rank, exc.message))
+            continue
         except ClusterError as exc:
             _fail(rec, exc.message)
             continue
@@ -90,6 +95,9 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
     if dead:
         _fail(rec, dead[0], dead[1])
     if rec.state is SeatState.FAILED:
+        return
+    if lost:
+        rec.set_state(SeatState.NODE_LOST, "; ".join(lost))
         return
     backend = backend_for(rec.engine)
     code, err = health.probe(f"{rec.endpoint}{backend.health_path}", timeout=5.0)
@@ -108,6 +116,14 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         rec.reason = None
     else:
         rec.set_state(SeatState.DEGRADED, f"every engine process is alive but rank 0 {backend.health_path}: {err}")
+
+
+def node_lost_line(rec: SeatRecord, node_rank: int, why: str) -> str:
+    """One lost node for the NODE-LOST reason: its address and host, its ranks, and what the call got."""
+    node = rec.nodes[node_rank]
+    ranks = ", ".join(str(r.tp_rank) for r in node.ranks) or "-"
+    where = f"{node.ip or '?'}" + (f", host {node.host}" if node.host else "")
+    return f"node {node_rank} ({where}; ranks {ranks}) unreachable: {why}"
 
 
 def hang_of(snaps: Sequence[dict[str, Any]]) -> tuple[str | None, str | None] | None:
@@ -152,6 +168,9 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
             {
                 "node_rank": n.node_rank,
                 "ip": n.ip,
+                # The node's address as Ray reports it, and the cluster.hosts entry it was matched to.
+                "address": n.ip,
+                "host": n.host,
                 "node_id": n.node_id,
                 "agent": n.agent,
                 "agent_pid": n.agent_pid,

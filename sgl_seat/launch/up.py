@@ -165,6 +165,10 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             node.agent_pid, node.python, node.gpu_ids = inf["pid"], inf["python"], inf["gpu_ids"]
             node.log_path = inf["log_path"]
         node0 = infos[0]["ip"]
+        # Per-host settings follow the host Ray actually chose for each bundle (cluster.hosts).
+        plan = plan.bind_hosts({i["node_rank"]: (i["ip"], i.get("hostname")) for i in infos})
+        for node, planned in zip(rec.nodes, plan.nodes, strict=True):
+            node.host = planned.host
         plan = _colocate(plan, backend, rec.nodes)
         plan = plan.fill({Placeholder.NODE0_ADDR: node0})
         rec.plan = plan.to_json()
@@ -172,6 +176,8 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
         save_record(rec)
         note["detail"] = f"node 0 at {node0}; GPUs " + " ".join(f"n{i['node_rank']}:{','.join(i['gpu_ids'])}"
                                                               for i in infos)
+        if plan.hosts:
+            note["detail"] += "; hosts " + " ".join(f"n{nd.node_rank}:{nd.host}" for nd in plan.nodes)
     plan_json = json.dumps(plan.to_json())
 
     with stages.stage("preflight", "every node"):

@@ -29,6 +29,8 @@ log = logging.getLogger("sgl_seat.watchdog")
 
 #: Seconds a capture waits for every node's part (the coordinator's deadline).
 CAPTURE_TIMEOUT_S = 20.0
+#: Seconds the coordinator waits for each other sidecar to answer a ping before it captures without that node.
+PING_TIMEOUT_S = 3.0
 
 
 class SidecarActor:
@@ -65,11 +67,18 @@ class RayPeers:
 
     def __init__(self, cfg: SidecarConfig) -> None:
         self.cfg = cfg
+        self._handles: dict[int, Any] = {}
 
     def _actor(self, node: int) -> Any:
+        """Node ``node``'s sidecar. The lookup asks the GCS, which a node cut off from the head cannot reach: it
+        is bounded, and a handle once found is kept (calls on it go to the actor directly, not via the GCS)."""
         import ray
 
-        return ray.get_actor(sidecar_name(self.cfg.seat, node), namespace=self.cfg.namespace)
+        if node not in self._handles:
+            self._handles[node] = bounded(f"ray.get_actor(watchdog {node})", ray.get_actor,
+                                          sidecar_name(self.cfg.seat, node), namespace=self.cfg.namespace,
+                                          timeout=PING_TIMEOUT_S)
+        return self._handles[node]
 
     def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
         import ray
@@ -88,14 +97,28 @@ class RayPeers:
         import ray
 
         futures: dict[int, Any] = {}
+        pings: dict[int, Any] = {}
         missing: list[dict[str, Any]] = []
         for n in range(self.cfg.nnodes):
             if n == self.cfg.node:
                 continue
             try:
-                futures[n] = self._actor(n).capture_part.remote(capture_id, t)
+                actor = self._actor(n)
+                futures[n] = actor.capture_part.remote(capture_id, t)
+                pings[n] = actor.ping.remote()  # the actor is threaded: a ping is answered beside the capture
             except Exception as exc:
                 missing.append({"node": n, "step": "capture", "status": "error", "detail": f"no sidecar: {exc}"})
+        # A node that does not answer a ping in PING_TIMEOUT_S (link down, raylet or host dead) is not waited
+        # for: the capture finishes without it, and the verdict names it (core.nodeloss).
+        ping_deadline = time.monotonic() + PING_TIMEOUT_S
+        for n, ref in pings.items():
+            try:
+                ray.get(ref, timeout=max(0.1, ping_deadline - time.monotonic()))
+            except Exception as exc:
+                del futures[n]
+                missing.append({"node": n, "step": "reach", "status": "unreachable",
+                                "detail": f"no answer to a ping within {PING_TIMEOUT_S:g} s"
+                                          f" ({type(exc).__name__})"})
         parts = [local()]
         deadline = time.monotonic() + CAPTURE_TIMEOUT_S
         for n, fut in futures.items():

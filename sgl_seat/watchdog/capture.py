@@ -25,6 +25,7 @@ import psutil
 
 from sgl_seat import __version__
 from sgl_seat.core.detect import detect
+from sgl_seat.core.nodeloss import missing_nodes, node_unreachable, ranks_of
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import (
     EngineProcess,
@@ -273,12 +274,16 @@ def assemble(
                          processes=dec.processes, rank_nodes=rank_nodes)
     t_eval = now if now is not None else time.time()
     verdict = detect(obs, thresholds, t_eval)
+    nodes = sorted({int(p["node"]) for p in parts})
+    lost = missing_nodes(rank_nodes, nodes)
+    why = {int(m["node"]): str(m.get("detail") or "") for m in missing if isinstance(m.get("node"), int)}
+    if lost:  # over half the ranks "every rank waits in a collective" is no finding: the missing node is
+        verdict = node_unreachable(lost, rank_nodes, t_eval, why=why, partial=verdict)
     reproducible = verdict is not None
     if verdict is None:
         verdict = trigger_verdict
     bid = bundle_id_for(verdict, float(trigger.get("t") or t_eval))
     steps = [dict(s) for p in parts for s in p.get("capture", [])] + [dict(m) for m in missing]
-    nodes = sorted({int(p["node"]) for p in parts})
     redaction: dict[str, Any] = {"prompts": "not captured", "locals": False}
     recorded = [p for p in parts if p.get("requests") is not None]
     shapes: list[RequestShape] | None = None
@@ -319,6 +324,9 @@ def assemble(
         "redaction": redaction,
         "capture": steps,
     }
+    if lost:  # optional in schema 1: absent when every node answered
+        fields["missing_nodes"] = [{"node": n, "ranks": ranks_of(rank_nodes, n), "detail": why.get(n, "")[:300]}
+                                   for n in lost]
     try:
         path = write_bundle(dest_root, bid, fields, files, quota_mb=quota_mb)
     except (BundleError, OSError) as exc:

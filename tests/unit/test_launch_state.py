@@ -45,7 +45,8 @@ def test_other_transitions_are_refused(old: SeatState, new: SeatState) -> None:
 
 def test_only_stopped_is_terminal_and_up_means_serving() -> None:
     assert [s for s in SeatState if s.is_terminal()] == [SeatState.STOPPED]
-    assert {s for s in SeatState if s.is_up()} == {SeatState.READY, SeatState.DEGRADED, SeatState.HUNG}
+    assert {s for s in SeatState if s.is_up()} == {SeatState.READY, SeatState.DEGRADED, SeatState.HUNG,
+                                                   SeatState.NODE_LOST}
 
 
 def test_unknown_state_in_a_record_is_an_error_not_a_new_state() -> None:

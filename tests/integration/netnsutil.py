@@ -1,0 +1,131 @@
+"""The two-host test cluster (issue 11): ``scripts/netns-cluster.sh`` driven from a test, and the CLI run
+as a driver inside host a's network namespace.
+
+Two network namespaces on a bridge are two hosts with their own addresses (198.18.0.0/15 only) and their
+own interface names; each runs its own raylet (`ray start`, token auth on). Creating them needs root
+(CAP_NET_ADMIN); where that is missing the tests are skipped with the reason. Every check of processes is
+by pid: the pids ``ip netns pids`` lists in the two namespaces, which only these tests started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from launchutil import REPO, cli_argv
+
+SCRIPT = REPO / "scripts" / "netns-cluster.sh"
+TOKEN_ENV = "SGL_SEAT_TEST_RAY_TOKEN"
+
+
+@dataclass(frozen=True)
+class NetnsCluster:
+    """What ``netns-cluster.sh up`` wrote to its env file."""
+
+    prefix: str
+    state: Path
+    ns_a: str
+    ns_b: str
+    addr_a: str
+    addr_b: str
+    if_a: str
+    if_b: str
+    gcs: str
+    token: str
+
+    def env(self) -> dict[str, str]:
+        return {"NETNS_PREFIX": self.prefix, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+
+    def ns_of(self, addr: str) -> str:
+        return {self.addr_a: self.ns_a, self.addr_b: self.ns_b}[addr]
+
+    def addr_of(self, host: str) -> str:
+        return {"a": self.addr_a, "b": self.addr_b}[host]
+
+    def link_of(self, host: str) -> str:
+        """The bridge side of a host's link (``ip link set <it> down`` cuts that host off)."""
+        return f"{self.prefix}v{host}"
+
+    def pids(self) -> dict[str, list[int]]:
+        """Every pid in each namespace, as ``ip netns pids`` lists it."""
+        out = {}
+        for ns in (self.ns_a, self.ns_b):
+            res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=False)
+            out[ns] = [int(p) for p in res.stdout.split()]
+        return out
+
+    def run_cli(self, args: list[str], home: Path, *, timeout: float = 300.0,
+                token: bool = True) -> subprocess.CompletedProcess[str]:
+        """The CLI as a driver on host a (a driver needs a raylet on its own host)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a real cluster: no one-host mode
+        env.update({"SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", "RAY_USAGE_STATS_ENABLED": "0"})
+        if token:
+            env[TOKEN_ENV] = self.token
+        return subprocess.run(["ip", "netns", "exec", self.ns_a, *cli_argv(), *args], env=env, capture_output=True,
+                              text=True, timeout=timeout, check=False, cwd=home.parent)
+
+
+def cannot_run() -> str | None:
+    """Why the two-host cluster cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CAP_NET_ADMIN); CI runs as root"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    probe = f"sgprobe{os.getpid() % 100000}"
+    res = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10, check=False)
+    if res.returncode != 0:
+        return f"`ip netns add` failed here: {res.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=False)
+    return None
+
+
+def start(prefix: str, state: Path, timeout: float = 90.0) -> NetnsCluster:
+    """``netns-cluster.sh up`` (it removes what it made if it fails)."""
+    env = {**os.environ, "NETNS_PREFIX": prefix, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", str(SCRIPT), "up", str(state)], env=env, capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"netns-cluster.sh up failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    kv = dict(line.split("=", 1) for line in (state / "env").read_text().splitlines() if "=" in line)
+    return NetnsCluster(prefix=prefix, state=state, ns_a=kv["NETNS_A"], ns_b=kv["NETNS_B"], addr_a=kv["ADDR_A"],
+                        addr_b=kv["ADDR_B"], if_a=kv["IF_A"], if_b=kv["IF_B"], gcs=kv["GCS"],
+                        token=Path(kv["TOKEN_FILE"]).read_text().strip())
+
+
+def stop(cl: NetnsCluster, timeout: float = 60.0) -> str:
+    """``netns-cluster.sh down``; returns what it reported on failure ('' when everything went)."""
+    pids = [p for ps in cl.pids().values() for p in ps]
+    res = subprocess.run(["bash", str(SCRIPT), "down", str(cl.state)], env={**os.environ, **cl.env()},
+                         capture_output=True, text=True, timeout=timeout, check=False)
+    left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    problems = []
+    if res.returncode != 0:
+        problems.append(f"down exited {res.returncode}: {res.stderr.strip()}")
+    if left:
+        problems.append(f"pids still alive after down: {left}")
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=False).stdout
+    if cl.ns_a in ns or cl.ns_b in ns:
+        problems.append(f"namespaces left: {ns}")
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10, check=False)
+    if cl.prefix in links.stdout:
+        problems.append("links left: " + " ".join(ln.split(":")[1] for ln in links.stdout.splitlines()
+                                                  if cl.prefix in ln))
+    return "; ".join(problems)
+
+
+def engine_pids(cl: NetnsCluster) -> Iterator[tuple[str, int, str]]:
+    """(namespace, pid, title/cmdline) of every engine process (sim ranks, the sim launcher) in either namespace."""
+    for ns, pids in cl.pids().items():
+        for pid in pids:
+            try:
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except psutil.Error:
+                continue
+            if "sglang::" in cmd or "sgl_seat.sim" in cmd:
+                yield ns, pid, cmd
