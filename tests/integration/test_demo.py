@@ -3,7 +3,7 @@ with the draft on, gets traffic and a row-fetch stall injected on rank 3 through
 watchdog's bundle must exist and verify, the verdict name rank 3 on node 1, the HTML report exist, and every
 process the demo started (seen while it ran, by pid and create time, and its engine process groups) be gone.
 
-Ports 37100-37199 (``SGL_SEAT_TEST_PORTS`` moves them); one seat uses http, +2, +5, +10, +12, +15, +16.
+Ports 30600-30699, below the ephemeral range (``SGL_SEAT_TEST_PORTS`` moves them); one seat uses http, +2, +5, +10, +12, +15, +16.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sgl_seat.forensics import verify_bundle
 pytestmark = pytest.mark.integration
 
 SEAT = "demo-it"
-PORT_LO, PORT_HI = port_range((37100, 37199))
+PORT_LO, PORT_HI = port_range((30600, 30699))
 SEAT_PORT_OFFSETS = (0, 2, 5, 10, 12, 15, 16)  # http, sim admin, dist-init, node 1 and its admin, 2 exporters
 DEMO_TIMEOUT_S = 110.0  # `up` ~20-40 s on a small box, 5 s of traffic, the bundle <~10 s, replay, `down`
 

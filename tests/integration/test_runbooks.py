@@ -8,9 +8,9 @@ compared with ``exit=`` (default 0), and each ``expect="..."`` looked up in thei
 listed, never executed; ```bash vars blocks are the operator's settings, for which the test supplies its own.
 The order comes from the README's "Rehearsal order"; each runbook starts where the one before it left the seat.
 
-The seat: launch/seats/local-sim.yaml under another name, ports 37000-37016 (HTTP, admins, dist-init, the
+The seat: launch/seats/local-sim.yaml under another name, ports 30500-30516 (HTTP, admins, dist-init, the
 sidecar exporters), ``SGL_SEAT_HOME`` in a tmp dir, and ``cluster.address`` pointing at one two-node local Ray
-cluster that this module starts once (GCS on the first free port of 37090-37099) and stops at the end: the
+cluster that this module starts once (GCS on the first free port of 30590-30599) and stops at the end: the
 runbooks' `up`s then cost engine start-up only, and the seats run the way an operator's do (an existing
 cluster, ``address: auto``).
 The spec arms the rehearsal fault that watchdog-fired.md describes (``sim.faults``: a row-fetch stall on rank 3
@@ -47,8 +47,10 @@ from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
 
 RUNBOOKS = REPO / "runbooks"
 NAME = "runbook-seat"
-HTTP = 37000  # +2 node 0 admin, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
-GCS_PORTS = range(37090, 37100)  # the first one free: our range lies in Linux's ephemeral range (see launchutil)
+# Below Linux's ephemeral range (32768-60999): a fixed port in it can be taken at random as the local port of
+# any outgoing connection (Ray's, gloo's, an HTTP client's), which made preflight refuse it once in CI.
+HTTP = 30500  # +2 node 0 admin, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
+GCS_PORTS = range(30590, 30600)  # the first one free
 STALL = "rowfetch-stall:rank=3,gather_ge=128,for_s=30"  # the rehearsal fault of watchdog-fired.md
 TRANSCRIPT_ENV = "RUNBOOK_TRANSCRIPT"
 _SHELL_NOISE = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "BASHOPTS", "SHELLOPTS"})
