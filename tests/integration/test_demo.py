@@ -3,7 +3,8 @@ with the draft on, gets traffic and a row-fetch stall injected on rank 3 through
 watchdog's bundle must exist and verify, the verdict name rank 3 on node 1, the HTML report exist, and every
 process the demo started (seen while it ran, by pid and create time, and its engine process groups) be gone.
 
-Ports 30600-30699, below the ephemeral range (``SGL_SEAT_TEST_PORTS`` moves them); one seat uses http, +2, +5, +10, +12, +15, +16.
+Ports 30600-30699, below the ephemeral range (``SGL_SEAT_TEST_PORTS`` moves them); one seat uses http, +2,
++5, +10, +12, +15, +16.
 """
 
 from __future__ import annotations
