@@ -16,6 +16,9 @@ Environment (the first four are written by the planner, through ``sgl_seat.engin
   260,352 draft on (the paper's large seat).
 - ``SGL_SEAT_SIM_ACCEPT_RATE``: accepted / proposed draft tokens, default 0.81.
 - ``SGL_SEAT_SIM_STEP_FLOOR_MS``: the per-step floor of the cost model, default 30.
+- ``SGL_SEAT_SIM_PREFILL_TOKEN_MS``: the cost model's prefill milliseconds per uncached prompt token (default
+  0.02; 0.08 makes a 400k-token prompt one forward of about 32 s, the long prefill a watchdog must not call a
+  hang). Synthetic, as every sim figure.
 - ``SGL_SEAT_SIM_FAULTS``: ``;``-separated fault specs (see :mod:`sgl_seat.sim.faults`).
 - ``SGL_SEAT_SIM_NODE_PORT``: the port this node listens on instead of ``--port`` (and its admin port is
   this + 2), so several simulated nodes can share one host; SGLang itself uses ``--port`` on every node.
@@ -25,6 +28,9 @@ Environment (the first four are written by the planner, through ``sgl_seat.engin
 - ``SGL_SEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
 - ``SGL_SEAT_SIM_DEVICE``: ``cpu`` (default), ``cuda`` or ``auto`` (cuda where torch sees a GPU) when
   ``--device`` is not given.
+- ``SGL_SEAT_SIM_DRAFT_COST``: sim-only (no SGLang flag or variable does this): a multiplier in [0, 1] on
+  the draft's own costs (its forwards, its extra prefill, its per-request KV look-ahead); default 1, and 0
+  is a free draft, the "what if the draft cost nothing" case of ``sgl-seat gate``'s acceptance bench.
 - ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.reqlog`).
 """
 
@@ -41,7 +47,7 @@ from typing import Any
 
 from sgl_seat.errors import UsageError
 from sgl_seat.sim import ports
-from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS
+from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS, CostModel
 from sgl_seat.sim.faults import GPU_STALL, parse_faults
 from sgl_seat.sim.ports import ENV_NODE_PORT
 
@@ -58,6 +64,8 @@ ENV_FLIP_NEAR_TIES = "SGL_SEAT_SIM_FLIP_NEAR_TIES"
 ENV_WATCHDOG_GRACE_S = "SGL_SEAT_SIM_WATCHDOG_GRACE_S"  # SGLang sleeps 5 s before SIGQUIT
 ENV_PROBE = "SGL_SEAT_PROBE"
 ENV_DEVICE = "SGL_SEAT_SIM_DEVICE"  # cpu | cuda | auto, when --device is not given
+ENV_DRAFT_COST = "SGL_SEAT_SIM_DRAFT_COST"  # sim-only: 0 makes the draft free (no SGLang equivalent)
+ENV_PREFILL_MS = "SGL_SEAT_SIM_PREFILL_TOKEN_MS"
 
 DEFAULT_KV_TOKENS_OFF = 890_368  # the paper's large seat, draft off
 DEFAULT_KV_TOKENS_ON = 260_352  # ... draft on
@@ -109,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
+    a("--speculative-adaptive", action="store_true",
+      help="Draft steps per batch-size tier (SGLang's defaults or --speculative-adaptive-config); see "
+           "sgl_seat.sim.adaptive.")
+    a("--speculative-adaptive-config", default=None, help="SGLang's adaptive tier JSON.")
     return p
 
 
@@ -156,6 +168,10 @@ class SimConfig:
     log_requests_format: str = "text"
     log_requests_target: tuple[str, ...] | None = None
     device: str = "cpu"
+    prefill_token_ms: float = CostModel().prefill_token_ms
+    speculative_adaptive: bool = False
+    speculative_adaptive_config: str | None = None
+    draft_cost: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -290,16 +306,25 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
     else:
         _check(steps is None and topk is None and draft is None,
                "--speculative-* shape flags need --speculative-algorithm")
+    adaptive, adaptive_off = bool(ns.speculative_adaptive), None
+    if adaptive:  # SGLang warns and falls back to static params (speculative_hook.py), it does not refuse
+        if algo not in ("EAGLE", "EAGLE3"):
+            adaptive_off = f"speculative_algorithm={algo} (only EAGLE/EAGLE3 are supported)"
+        elif topk != 1:
+            adaptive_off = f"speculative_eagle_topk={topk} (only topk=1 is supported)"
+        adaptive = adaptive_off is None
 
     kv_default = DEFAULT_KV_TOKENS_ON if algo else DEFAULT_KV_TOKENS_OFF
     kv_tokens = _env_int(env, ENV_KV_TOKENS, kv_default, minimum=2)
     accept = _env_float(env, ENV_ACCEPT_RATE, DEFAULT_ACCEPT_RATE, lo=0.0, hi=1.0)
     floor = _env_float(env, ENV_STEP_FLOOR_MS, DEFAULT_FLOOR_MS, lo=0.0, hi=60_000.0)
+    prefill_ms = _env_float(env, ENV_PREFILL_MS, CostModel().prefill_token_ms, lo=0.0, hi=1_000.0)
     rows = _env_int(env, ENV_TABLE_ROWS, DEFAULT_TABLE_ROWS, minimum=1)
     grace = _env_float(env, ENV_WATCHDOG_GRACE_S, 5.0, lo=0.0, hi=600.0)
     node_port = _env_int(env, ENV_NODE_PORT, ns.port, minimum=1)
     _check(node_port <= 65535, f"{ENV_NODE_PORT}={node_port} is not a TCP port")
     device = _device(ns.device, env)
+    draft_cost = _env_float(env, ENV_DRAFT_COST, 1.0, lo=0.0, hi=1.0)
     faults = parse_faults(env.get(ENV_FAULTS, ""))
     for f in faults:
         _check(f.rank < ns.tp_size,
@@ -352,6 +377,11 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         log_requests_format=ns.log_requests_format,
         log_requests_target=None if ns.log_requests_target is None else tuple(ns.log_requests_target),
         device=device,
+        speculative_adaptive=adaptive,
+        speculative_adaptive_config=ns.speculative_adaptive_config,
+        draft_cost=draft_cost,
+        extra={} if adaptive_off is None else {"adaptive_disabled": adaptive_off},
+        prefill_token_ms=prefill_ms,
     )
 
 

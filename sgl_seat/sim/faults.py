@@ -13,7 +13,11 @@ parsed at launch), and the loopback admin route at run time. Kinds:
 - ``error``: the rank raises inside its forward, as a CUDA error or a failed assertion would: the scheduler
   logs SGLang's "Scheduler hit an exception: ..." and SIGQUITs its node (the peers then fail their collective
   with "Connection closed by peer", the path a real in-rank error takes).
-- ``slow``: the rank adds ``ms`` milliseconds to every step (for ``for_s`` seconds, or for good).
+- ``slow``: the rank adds ``ms`` milliseconds to every step, or stretches every step ``factor`` times (a rank
+  5x slower but alive: ``factor=5``), for ``for_s`` seconds or for good.
+- ``slow-stall``: the rank's host row fetches each take ``ms`` milliseconds longer for ``slow_s`` seconds
+  (a fetch tail growing before the hang, as the field report saw), then its row fetch stalls as
+  ``rowfetch-stall`` does (for ``for_s`` seconds, or until the process dies).
 
 Triggers (all optional; every one given must hold): ``after_steps`` (the rank's forward count),
 ``after_s`` (seconds since the fault was armed: engine start for launch faults, injection for admin ones),
@@ -32,7 +36,8 @@ GPU_STALL = "gpu-stall"
 CRASH = "crash"
 SLOW = "slow"
 ERROR = "error"
-KINDS: tuple[str, ...] = (STALL, GPU_STALL, CRASH, ERROR, SLOW)
+SLOW_STALL = "slow-stall"
+KINDS: tuple[str, ...] = (STALL, GPU_STALL, CRASH, ERROR, SLOW, SLOW_STALL)
 
 _TRIGGERS = ("after_steps", "after_s", "gather_ge")
 _KEYS: dict[str, tuple[str, ...]] = {
@@ -40,7 +45,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
     GPU_STALL: ("rank", *_TRIGGERS, "for_s"),
     CRASH: ("rank", *_TRIGGERS),
     ERROR: ("rank", *_TRIGGERS),
-    SLOW: ("rank", "ms", *_TRIGGERS, "for_s"),
+    SLOW: ("rank", "ms", "factor", *_TRIGGERS, "for_s"),
+    SLOW_STALL: ("rank", "ms", "slow_s", *_TRIGGERS, "for_s"),
 }
 _INT_KEYS = frozenset({"rank", "after_steps", "gather_ge"})
 _EXAMPLE = "rowfetch-stall:rank=3,after_steps=200"
@@ -57,10 +63,12 @@ class Fault:
     gather_ge: int | None = None
     for_s: float | None = None
     ms: float | None = None
+    factor: float | None = None
+    slow_s: float | None = None
 
     def spec(self) -> str:
         parts = [f"rank={self.rank}"]
-        for key in ("ms", *_TRIGGERS, "for_s"):
+        for key in ("ms", "factor", "slow_s", *_TRIGGERS, "for_s"):
             val = getattr(self, key)
             if val is not None:
                 parts.append(f"{key}={format(val, 'g') if isinstance(val, float) else val}")
@@ -98,10 +106,17 @@ def parse_fault(text: str) -> Fault:
         values[key] = _number(text, key, val)
     if "rank" not in values:
         raise _bad(text, "rank is required", f"add rank=N, e.g. {kind}:rank=0")
-    if kind == SLOW and "ms" not in values:
-        raise _bad(text, "slow needs ms (milliseconds added to each step)", "e.g. slow:rank=1,ms=50")
-    if kind == SLOW and values["ms"] <= 0:
-        raise _bad(text, "ms must be above 0", "e.g. slow:rank=1,ms=50")
+    if kind == SLOW and "ms" not in values and "factor" not in values:
+        raise _bad(text, "slow needs ms (milliseconds added to each step) or factor (steps stretched that many "
+                   "times)", "e.g. slow:rank=1,ms=50 or slow:rank=1,factor=5")
+    if kind == SLOW_STALL and ("ms" not in values or "slow_s" not in values):
+        raise _bad(text, "slow-stall needs ms (added to each row fetch) and slow_s (seconds before the stall)",
+                   "e.g. slow-stall:rank=1,ms=200,slow_s=5")
+    if kind in (SLOW, SLOW_STALL) and "ms" in values and values["ms"] <= 0:
+        raise _bad(text, "ms must be above 0", f"e.g. {kind}:rank=1,ms=50")
+    if "factor" in values and values["factor"] < 1:
+        raise _bad(text, "factor must be at least 1 (a step cannot run faster than the cost model)",
+                   "e.g. slow:rank=1,factor=5")
     return Fault(
         kind=kind,
         rank=int(values["rank"]),
@@ -110,6 +125,8 @@ def parse_fault(text: str) -> Fault:
         gather_ge=_opt_int(values.get("gather_ge")),
         for_s=_opt_float(values.get("for_s")),
         ms=_opt_float(values.get("ms")),
+        factor=_opt_float(values.get("factor")),
+        slow_s=_opt_float(values.get("slow_s")),
     )
 
 
@@ -150,6 +167,8 @@ class StepFaults:
     error: Fault | None = None
     gpu_stall: Fault | None = None
     gpu_stall_s: float | None = None  # None with ``gpu_stall`` set: about an hour (until the process dies)
+    slow_factor: float = 1.0  # the step's modelled time is stretched this many times
+    fetch_delay_ms: float = 0.0  # added inside the row fetch (``slow-stall`` before it stalls)
 
 
 @dataclass(slots=True)
@@ -157,6 +176,7 @@ class _Armed:
     fault: Fault
     armed_at: float
     fired_at: float | None = None
+    stalled_at: float | None = None  # slow-stall: when its slow phase ended in the stall
 
 
 @dataclass(slots=True)
@@ -188,8 +208,17 @@ class FaultState:
         gpu_stall: Fault | None = None
         gpu_stall_s: float | None = None
         extra = 0.0
+        factor = 1.0
+        fetch_delay = 0.0
         for a in self._armed:
             f = a.fault
+            if f.kind == SLOW_STALL and a.fired_at is not None and a.stalled_at is None:
+                if now - a.fired_at < (f.slow_s or 0.0):
+                    fetch_delay += f.ms or 0.0
+                else:
+                    a.stalled_at = now
+                    stall, stall_s = f, f.for_s
+                continue
             if a.fired_at is None:
                 if not _due(f, a.armed_at, step=step, gather=gather, now=now):
                     continue
@@ -204,10 +233,15 @@ class FaultState:
                 elif f.kind == GPU_STALL:
                     gpu_stall, gpu_stall_s = f, f.for_s
                     continue
+                elif f.kind == SLOW_STALL:
+                    fetch_delay += f.ms or 0.0
+                    continue
             if f.kind == SLOW and (f.for_s is None or now - a.fired_at < f.for_s):
                 extra += f.ms or 0.0
+                factor *= f.factor or 1.0
         return StepFaults(crash=crash, stall=stall, stall_s=stall_s, extra_ms=extra, error=error,
-                          gpu_stall=gpu_stall, gpu_stall_s=gpu_stall_s)
+                          gpu_stall=gpu_stall, gpu_stall_s=gpu_stall_s, slow_factor=factor,
+                          fetch_delay_ms=fetch_delay)
 
 
 def _due(f: Fault, armed_at: float, *, step: int, gather: int, now: float) -> bool:

@@ -111,7 +111,7 @@ class Scheduler:
             if cfg.spec_on
             else None
         )
-        self.cost = CostModel(floor_ms=cfg.floor_ms)
+        self.cost = CostModel(floor_ms=cfg.floor_ms, prefill_token_ms=cfg.prefill_token_ms)
         self.batcher = Batcher(
             capacity=cfg.kv_tokens, max_running=cfg.max_running_requests, cost=self.cost, spec=self.spec,
             flip_near_ties=cfg.flip_near_ties, disable_radix=cfg.disable_radix_cache,
@@ -318,6 +318,8 @@ class Scheduler:
             until = "until the process dies" if fx.stall_s is None else f"for {fx.stall_s:g} s"
             self.log.warning(f"sim fault: row fetch on rank {self.tp_rank} stalls {until} ({fx.stall.spec()})")
             rowfetch.arm_stall(fx.stall_s)
+        elif fx.fetch_delay_ms > 0:  # slow-stall's slow phase: this fetch takes that much longer
+            rowfetch.arm_stall(fx.fetch_delay_ms / 1000.0)
         if fx.gpu_stall is not None:
             until = "for about an hour" if fx.gpu_stall_s is None else f"for {fx.gpu_stall_s:g} s"
             self.log.warning(f"sim fault: the GPU stream of rank {self.tp_rank}'s row fetch stalls {until} "
@@ -327,7 +329,7 @@ class Scheduler:
         rows = rowfetch.fetch_rows(self.table, ids)
         if self.gpu is not None:
             rows = self.gpu.compute(rows)  # enqueued behind the copy: no host sync until the step's end
-        remaining = step_s + fx.extra_ms / 1000.0 - (time.monotonic() - t0)
+        remaining = step_s * fx.slow_factor + fx.extra_ms / 1000.0 - (time.monotonic() - t0)
         if remaining > 0:
             time.sleep(remaining)
         self.red.zero_()
