@@ -1,0 +1,218 @@
+"""The warning before a hang: a row-fetch tail growing at the largest gather sizes.
+
+Why: the field report's hangs came with variable gather sizes, and the row fetches at the largest gathers
+slowed down before one stopped returning. The hang detectors (:mod:`sgl_seat.core.detect`) fire once a fetch
+is *late* (``rowfetch_inflight_s``); this one says earlier that the tail is moving, while every fetch still
+returns. It is a warning, not a verdict: it never triggers a capture. The sidecar exports it (a gauge
+Prometheus alerts on), ``watch`` prints it and ``replay`` finds it in a bundle's probe history, all through
+:func:`detect_prehang` over the same :class:`~sgl_seat.core.records.ProbeRecord` type.
+
+The rule, per rank: among that rank's fetches of the last ``recent_s`` seconds, take the largest gather-size
+buckets (:func:`~sgl_seat.core.stats.gather_bucket`, the exporter's and the report's buckets). Compare each
+with the same bucket over the ``baseline_s`` before that: warn when at least ``min_slow`` recent fetches (a
+fetch still in flight counts with its age so far) are slower than ``ratio`` times the baseline p99 and than
+``floor_s``. Several slow fetches, not one outlier; a floor, so that microsecond jitter is no trend; the same
+bucket, so that a larger gather being slower is no trend either. A bucket with too little baseline says
+nothing. Pure: ``now`` is an argument and records after it are ignored, as in the detectors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sgl_seat.core.records import ProbeRecord, RecordError
+from sgl_seat.core.stats import gather_bucket, gather_bucket_label, percentile
+
+__all__ = ["PREHANG_KIND", "PreHangWarning", "TailReading", "WarningRule", "detect_prehang", "first_warning",
+           "tail_readings"]
+
+#: What the warning is called in `watch`, the exporter's help text and the replay report.
+PREHANG_KIND = "row-fetch tail growing"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarningRule:
+    """The warning's knobs. Defaults are the shipped rule; :meth:`for_stall` ties the floor to the stall threshold."""
+
+    #: The window whose fetches are judged.
+    recent_s: float = 15.0
+    #: The window before it that sets each bucket's normal tail.
+    baseline_s: float = 45.0
+    #: How many of the largest gather buckets seen in the recent window are judged.
+    top_buckets: int = 2
+    #: Recent fetches slower than ``ratio`` x the baseline p99 count as slow.
+    ratio: float = 4.0
+    #: ... and slower than this (seconds): below it a "tail" is jitter.
+    floor_s: float = 0.03
+    #: Slow recent fetches needed in one bucket of one rank.
+    min_slow: int = 3
+    #: Completed baseline fetches needed in that bucket for its p99 to mean anything.
+    min_baseline: int = 10
+
+    @classmethod
+    def for_stall(cls, rowfetch_inflight_s: float) -> WarningRule:
+        """The shipped rule for a stall threshold: the floor is 1 % of it (30 ms at the default 3 s)."""
+        return cls(floor_s=rowfetch_inflight_s / 100.0)
+
+
+@dataclass(frozen=True, slots=True)
+class TailReading:
+    """One rank's tail in one gather bucket: recent vs baseline (seconds). ``ratio`` is NaN without a baseline."""
+
+    rank: int
+    node: int
+    gather_lo: int
+    gather_hi: int
+    recent_count: int
+    recent_p99_s: float
+    baseline_count: int
+    baseline_p99_s: float
+    slow: int
+    in_flight: int
+
+    @property
+    def gather(self) -> str:
+        return gather_bucket_label(self.gather_lo)
+
+    @property
+    def ratio(self) -> float:
+        if self.baseline_count == 0 or self.baseline_p99_s <= 0.0:
+            return math.nan
+        return self.recent_p99_s / self.baseline_p99_s
+
+
+@dataclass(frozen=True, slots=True)
+class PreHangWarning:
+    """The warning: the rank and gather bucket whose tail grew most, by how much, and why."""
+
+    t: float
+    rank: int
+    node: int
+    gather: str
+    recent_p99_s: float
+    baseline_p99_s: float
+    slow: int
+    evidence: tuple[str, ...] = ()
+
+    kind = PREHANG_KIND
+
+    @property
+    def ratio(self) -> float:
+        return self.recent_p99_s / self.baseline_p99_s if self.baseline_p99_s > 0 else math.inf
+
+    def summary(self) -> str:
+        """One line for `watch` and the report."""
+        return (f"{PREHANG_KIND}: rank {self.rank} node {self.node} gather {self.gather}, p99 "
+                f"{self.recent_p99_s * 1e3:.1f} ms vs {self.baseline_p99_s * 1e3:.1f} ms before "
+                f"({self.ratio:.1f}x, {self.slow} slow)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": PREHANG_KIND, "t": self.t, "rank": self.rank, "node": self.node, "gather": self.gather,
+                "recent_p99_s": self.recent_p99_s, "baseline_p99_s": self.baseline_p99_s, "slow": self.slow,
+                "evidence": list(self.evidence)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PreHangWarning:
+        try:
+            ev = d.get("evidence") or []
+            if d.get("kind") != PREHANG_KIND or not all(isinstance(e, str) for e in ev):
+                raise RecordError(f"not a {PREHANG_KIND!r} warning")
+            return cls(t=float(d["t"]), rank=int(d["rank"]), node=int(d["node"]), gather=str(d["gather"]),
+                       recent_p99_s=float(d["recent_p99_s"]), baseline_p99_s=float(d["baseline_p99_s"]),
+                       slow=int(d["slow"]), evidence=tuple(ev))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"bad warning: {exc}") from None
+
+
+def _duration_at(p: ProbeRecord, now: float) -> float | None:
+    """Seconds the fetch took, or its age at ``now`` while in flight; None if it started after ``now``."""
+    if p.start > now:
+        return None
+    return (p.end if p.end is not None and p.end <= now else now) - p.start
+
+
+def tail_readings(probes: Iterable[ProbeRecord], now: float, rule: WarningRule = WarningRule()) -> list[TailReading]:
+    """Per rank, the largest gather buckets of its recent fetches, each with its baseline (largest first)."""
+    recent_t0 = now - rule.recent_s
+    base_t0 = recent_t0 - rule.baseline_s
+    recent: dict[tuple[int, int], list[float]] = defaultdict(list)
+    inflight: dict[tuple[int, int], int] = defaultdict(int)
+    base: dict[tuple[int, int], list[float]] = defaultdict(list)
+    nodes: dict[int, int] = {}
+    for p in probes:
+        if p.gather_size < 0 or p.rank < 0:
+            continue
+        d = _duration_at(p, now)
+        if d is None:
+            continue
+        done = p.end is not None and p.end <= now
+        key = (p.rank, gather_bucket(p.gather_size)[0])
+        if not done or p.start >= recent_t0:
+            recent[key].append(d)
+            inflight[key] += 0 if done else 1
+            nodes[p.rank] = p.node
+        elif p.end is not None and p.start >= base_t0:
+            base[key].append(d)
+    out: list[TailReading] = []
+    for rank in sorted({r for r, _ in recent}):
+        los = sorted((lo for r, lo in recent if r == rank), reverse=True)[:rule.top_buckets]
+        for lo in los:
+            key = (rank, lo)
+            b = base.get(key, [])
+            bp99 = percentile(b, 99) if b else math.nan
+            vals = recent[key]
+            limit = max(rule.floor_s, rule.ratio * bp99) if b else math.inf
+            out.append(TailReading(rank=rank, node=nodes[rank], gather_lo=lo, gather_hi=gather_bucket(lo)[1],
+                                   recent_count=len(vals), recent_p99_s=percentile(vals, 99),
+                                   baseline_count=len(b), baseline_p99_s=bp99,
+                                   slow=sum(1 for v in vals if v > limit), in_flight=inflight[key]))
+    return out
+
+
+def detect_prehang(probes: Iterable[ProbeRecord], now: float,
+                   rule: WarningRule = WarningRule()) -> PreHangWarning | None:
+    """The warning at ``now``, or None: the reading with the most slow fetches (then the largest ratio) that
+    passes the rule."""
+    hits = [r for r in tail_readings(probes, now, rule)
+            if r.baseline_count >= rule.min_baseline and r.slow >= rule.min_slow]
+    if not hits:
+        return None
+    worst = max(hits, key=lambda r: (r.slow, r.ratio, r.gather_lo, -r.rank))
+    ev = [f"rank {worst.rank}: {worst.slow} of {worst.recent_count} fetches at gather {worst.gather} in the last "
+          f"{rule.recent_s:.0f}s slower than {rule.ratio:g}x the p99 of the {rule.baseline_s:.0f}s before "
+          f"({worst.baseline_p99_s * 1e3:.2f} ms over {worst.baseline_count} fetches) and than "
+          f"{rule.floor_s * 1e3:.0f} ms"]
+    if worst.in_flight:
+        ev.append(f"{worst.in_flight} of them still in flight (counted with their age so far)")
+    others = sorted({(r.rank, r.gather) for r in hits} - {(worst.rank, worst.gather)})
+    if others:
+        ev.append("also: " + ", ".join(f"rank {r} gather {g}" for r, g in others[:6]))
+    return PreHangWarning(t=now, rank=worst.rank, node=worst.node, gather=worst.gather,
+                          recent_p99_s=worst.recent_p99_s, baseline_p99_s=worst.baseline_p99_s, slow=worst.slow,
+                          evidence=tuple(ev))
+
+
+def first_warning(probes: Iterable[ProbeRecord], t0: float, t1: float, *, step_s: float = 1.0,
+                  rule: WarningRule = WarningRule()) -> PreHangWarning | None:
+    """The earliest warning when :func:`detect_prehang` is evaluated every ``step_s`` from ``t0`` to ``t1``
+    (what a sidecar ticking at that period would have raised first); None if it never fires."""
+    if step_s <= 0:
+        raise ValueError("step_s must be positive")
+    ordered = sorted(probes, key=lambda p: p.start)
+    starts = [p.start for p in ordered]
+    span = rule.recent_s + rule.baseline_s
+    # A fetch that started before a window yet matters to it is in flight at its end: long or unfinished.
+    long = [p for p in ordered if p.end is None or p.end - p.start > span]
+    for i in range(max(0, math.floor((t1 - t0) / step_s)) + 1):
+        now = t0 + i * step_s
+        a, b = bisect.bisect_left(starts, now - span), bisect.bisect_right(starts, now)
+        window = ordered[a:b] + [p for p in long if p.start < now - span]
+        w = detect_prehang(window, now, rule)
+        if w is not None:
+            return w
+    return None

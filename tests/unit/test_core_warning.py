@@ -1,0 +1,165 @@
+"""The pre-hang warning (sgl_seat.core.warning): a row-fetch tail growing at the largest gather buckets.
+
+Synthetic probe records (every latency here is made up): a steady seat whose fetches take a few ms at every
+gather size, then one rank whose fetches at its largest gather slow down. The warning must name that rank and
+bucket, and stay quiet for what is not a trend: a larger gather being slower, one outlier, microsecond jitter, a
+slowdown at a small gather, records after ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sgl_seat.core.records import ProbeRecord, RecordError
+from sgl_seat.core.warning import (
+    PREHANG_KIND,
+    PreHangWarning,
+    WarningRule,
+    detect_prehang,
+    first_warning,
+    tail_readings,
+)
+
+GATHERS = (8, 100, 700)  # buckets 8-15, 64-127, 512-1023
+
+
+class Seat:
+    """Records of a synthetic seat: each rank fetches every ``period`` s, cycling through GATHERS."""
+
+    def __init__(self, ranks: int = 4, seed: int = 0) -> None:
+        self.ranks = ranks
+        self.rng = random.Random(seed)
+        self.recs: list[ProbeRecord] = []
+        self.seq = 0
+
+    def add(self, rank: int, start: float, dur: float | None, gather: int) -> None:
+        self.seq += 1
+        self.recs.append(ProbeRecord(node=rank // 2, rank=rank, pid=1000 + rank, thread=1, seq=self.seq,
+                                     target="sgl_seat.sim.rowfetch:fetch_rows", start=start,
+                                     end=None if dur is None else start + dur, gather_size=gather))
+
+    def steady(self, t0: float, t1: float, period: float = 0.2, base_ms: float = 2.0) -> Seat:
+        for rank in range(self.ranks):
+            t, i = t0, 0
+            while t < t1:
+                g = GATHERS[i % len(GATHERS)]
+                # a few ms, growing mildly with the gather, with jitter
+                self.add(rank, t, (base_ms + g / 200.0) * self.rng.uniform(0.7, 1.3) / 1e3, g)
+                t += period
+                i += 1
+        return self
+
+
+def test_a_steady_seat_raises_no_warning() -> None:
+    """GIVEN 90 s of steady fetches on 4 ranks WHEN judged at several instants THEN no warning."""
+    seat = Seat().steady(0.0, 90.0)
+    for now in (30.0, 60.0, 89.0):
+        assert detect_prehang(seat.recs, now) is None
+
+
+def test_a_growing_tail_at_the_largest_gather_names_the_rank_and_bucket() -> None:
+    """GIVEN steady fetches, then rank 3's fetches at gather 700 take 80-200 ms in the last 10 s
+    THEN the warning names rank 3, its node and bucket 512-1023, with the baseline it grew from."""
+    seat = Seat().steady(0.0, 80.0)
+    for k, t in enumerate((72.0, 74.0, 76.0, 78.0)):
+        seat.add(3, t + 0.05, 0.08 + 0.04 * k, 700)
+    w = detect_prehang(seat.recs, 80.0)
+    assert w is not None
+    assert (w.rank, w.node, w.gather) == (3, 1, "512-1023")
+    assert w.slow == 4 and w.recent_p99_s == pytest.approx(0.2)
+    assert w.baseline_p99_s < 0.01 and w.ratio > 20
+    assert "rank 3" in w.evidence[0] and "512-1023" in w.evidence[0]
+    assert w.summary().startswith(PREHANG_KIND + ": rank 3 node 1 gather 512-1023")
+
+
+def test_a_new_larger_gather_being_slower_is_no_trend() -> None:
+    """GIVEN steady fetches, then rank 1 gathers 4000 rows (a bucket never seen before) taking 100 ms
+    THEN no warning: a larger gather may be slower; there is no baseline to grow from."""
+    seat = Seat().steady(0.0, 80.0)
+    for t in (70.0, 72.0, 74.0, 76.0, 78.0):
+        seat.add(1, t + 0.05, 0.1, 4000)
+    assert detect_prehang(seat.recs, 80.0) is None
+    (r,) = [r for r in tail_readings(seat.recs, 80.0) if r.rank == 1 and r.gather_lo == 2048]
+    assert r.baseline_count == 0 and math.isnan(r.ratio)
+
+
+def test_one_outlier_is_not_a_tail() -> None:
+    """GIVEN steady fetches and two slow ones on rank 2 (fewer than min_slow) THEN no warning."""
+    seat = Seat().steady(0.0, 80.0)
+    seat.add(2, 75.05, 0.5, 700)
+    seat.add(2, 77.05, 0.5, 700)
+    assert detect_prehang(seat.recs, 80.0) is None
+    assert detect_prehang(seat.recs, 80.0, WarningRule(min_slow=2)) is not None
+
+
+def test_jitter_below_the_floor_is_not_a_tail() -> None:
+    """GIVEN fetches of ~10 us that grow to 1 ms (100x, but under the 30 ms floor) THEN no warning."""
+    seat = Seat().steady(0.0, 80.0, base_ms=0.0)  # 0.04-3.5 ms by gather
+    for t in (72.0, 74.0, 76.0, 78.0):
+        seat.add(0, t + 0.05, 0.02, 8)  # bucket 8-15: baseline ~0.04 ms
+    assert detect_prehang(seat.recs, 80.0) is None
+    assert detect_prehang(seat.recs, 80.0, WarningRule(floor_s=0.01, top_buckets=3)) is not None
+
+
+def test_a_slowdown_at_a_small_gather_is_not_judged() -> None:
+    """GIVEN the slowdown at the smallest of three buckets only THEN no warning (the top two are judged)."""
+    seat = Seat().steady(0.0, 80.0)
+    for t in (72.0, 74.0, 76.0, 78.0):
+        seat.add(0, t + 0.05, 0.3, 8)
+    assert detect_prehang(seat.recs, 80.0) is None
+    assert detect_prehang(seat.recs, 80.0, WarningRule(top_buckets=3)) is not None
+
+
+def test_a_fetch_in_flight_counts_with_its_age() -> None:
+    """GIVEN two slow completed fetches and a third still in flight for 1 s (under the stall threshold)
+    THEN the warning fires and says one is in flight; without the in-flight one it does not."""
+    seat = Seat().steady(0.0, 80.0)
+    seat.add(3, 74.05, 0.2, 700)
+    seat.add(3, 76.05, 0.2, 700)
+    assert detect_prehang(seat.recs, 80.0) is None
+    seat.add(3, 79.0, None, 700)
+    w = detect_prehang(seat.recs, 80.0)
+    assert w is not None and w.rank == 3 and w.recent_p99_s == pytest.approx(1.0)
+    assert any("in flight" in e for e in w.evidence)
+
+
+def test_records_after_now_are_ignored() -> None:
+    """GIVEN the slow fetches happen after ``now`` THEN the warning at ``now`` does not see them."""
+    seat = Seat().steady(0.0, 80.0)
+    for t in (82.0, 84.0, 86.0, 88.0):
+        seat.add(3, t, 0.2, 700)
+    assert detect_prehang(seat.recs, 80.0) is None
+    assert detect_prehang(seat.recs, 89.0) is not None
+
+
+def test_first_warning_gives_the_onset_before_the_stall() -> None:
+    """GIVEN rank 3's fetches at gather 700 take 100 ms from t=100 (one every second) and then stall at t=120
+    WHEN the warning is evaluated every second from t=60 THEN it is first raised at t=103 (the third slow fetch
+    ended at 102.1), well before the stall."""
+    seat = Seat().steady(0.0, 125.0)
+    for t in range(100, 120):
+        seat.add(3, float(t), 0.1, 700)
+    seat.add(3, 120.0, None, 700)
+    w = first_warning(seat.recs, 60.0, 125.0)
+    assert w is not None and w.t == pytest.approx(103.0) and w.rank == 3
+    assert first_warning(seat.recs, 60.0, 99.0) is None
+    with pytest.raises(ValueError):
+        first_warning(seat.recs, 60.0, 99.0, step_s=0)
+
+
+def test_a_warning_round_trips_through_json_and_rejects_garbage() -> None:
+    w = PreHangWarning(t=1.0, rank=3, node=1, gather="512-1023", recent_p99_s=0.2, baseline_p99_s=0.004, slow=4,
+                       evidence=("x",))
+    assert PreHangWarning.from_json(w.to_json()) == w
+    for bad in ({}, {**w.to_json(), "kind": "other"}, {**w.to_json(), "rank": "three"},
+                {**w.to_json(), "evidence": [1]}):
+        with pytest.raises(RecordError):
+            PreHangWarning.from_json(bad)
+
+
+def test_the_shipped_rule_ties_its_floor_to_the_stall_threshold() -> None:
+    assert WarningRule.for_stall(3.0).floor_s == pytest.approx(0.03)
+    assert WarningRule.for_stall(3.0) == WarningRule()
