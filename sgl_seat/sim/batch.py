@@ -3,7 +3,11 @@
 Why separate: the scheduler process wraps this in collectives, sleeps and sockets; keeping the decisions
 here makes them unit-testable and deterministic. As in SGLang, an iteration runs either a prefill
 (``EXTEND``: admit waiting requests while slots and KV allow, emit each one's first token) or a decode
-step over every running request (draft off: one token each; draft on: ``1 + accepted`` each).
+step over every running request (draft off: one token each; draft on: ``1 + accepted`` each). With
+``--speculative-adaptive`` each decode step's draft steps come from the batch size's tier
+(:mod:`sgl_seat.sim.adaptive`). With the draft on, each running request also holds KV for one verify's draft
+tokens (the largest tier's under adaptive), as SGLang allocates them per verify; the sim-only ``draft_cost``
+0 drops that with the draft's other costs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgl_seat.sim import tokens
+from sgl_seat.sim.adaptive import AdaptivePolicy
 from sgl_seat.sim.costmodel import CostModel, SpecShape, accepted_drafts
 from sgl_seat.sim.radix import KVPool, Node, RadixCache
 
@@ -58,6 +63,7 @@ class StepPlan:
     cached_tokens: int
     gather: int
     step_ms: float
+    spec_steps: int | None = None  # --speculative-adaptive: this step's draft steps
 
 
 @dataclass(slots=True)
@@ -68,6 +74,7 @@ class Batcher:
     spec: SpecShape | None = None
     flip_near_ties: bool = False
     disable_radix: bool = False
+    adaptive: AdaptivePolicy | None = None
     waiting: deque[Req] = field(default_factory=deque)
     running: list[Req] = field(default_factory=list)
     step_no: int = 0
@@ -78,6 +85,7 @@ class Batcher:
     spec_forwards: int = 0  # request-steps verified
     spec_tokens: int = 0  # tokens those verifies emitted
     spec_correct: int = 0  # accepted drafts
+    spec_proposed: int = 0  # drafts proposed (varies per step under adaptive)
 
     def __post_init__(self) -> None:
         self.pool = KVPool(capacity=self.capacity, cache=RadixCache(disabled=self.disable_radix))
@@ -124,24 +132,36 @@ class Batcher:
             )
         if self.running:
             n = len(self.running)
+            steps = self.adaptive.steps_for(n) if self.adaptive is not None and self.spec is not None else None
             return StepPlan(
                 kind=DECODE, step_no=self.step_no, reqs=tuple(self.running), new_tokens=0, cached_tokens=0,
-                gather=n * self.cost.tokens_per_step(self.spec), step_ms=self.cost.decode_step_ms(n, self.spec),
+                gather=n * self.cost.tokens_per_step(self.spec, steps),
+                step_ms=self.cost.decode_step_ms(n, self.spec, steps), spec_steps=steps,
             )
         return None
+
+    @property
+    def lookahead(self) -> int:
+        """KV tokens each running request holds for one verify's draft positions (0 with the draft off)."""
+        if self.spec is None or self.cost.draft_cost == 0:
+            return 0
+        return self.adaptive.max_draft_tokens if self.adaptive is not None else self.spec.num_draft_tokens
 
     def complete(self, plan: StepPlan) -> list[dict[str, Any]]:
         """Apply a finished step: new tokens per request, finished requests released. Returns output items."""
         self.step_no += 1
         items: list[dict[str, Any]] = []
         batch = len(plan.reqs)
+        kept_all: list[int] = []
         for r in plan.reqs:
             if plan.kind == EXTEND:
                 r.h = tokens.context_hash(r.input_ids)
                 want = 1
             else:
                 r.verify_ct += 1
-                kept = accepted_drafts(r.rid, r.verify_ct, self.spec) if self.spec is not None else 0
+                kept = (accepted_drafts(r.rid, r.verify_ct, self.spec, plan.spec_steps)
+                        if self.spec is not None else 0)
+                kept_all.append(kept)
                 want = 1 + kept
             new_ids = self._generate(r, want, batch)
             self.gen_tokens += len(new_ids)
@@ -149,6 +169,7 @@ class Batcher:
                 self.spec_forwards += 1
                 self.spec_tokens += len(new_ids)
                 self.spec_correct += max(len(new_ids) - 1, 0)
+                self.spec_proposed += self.spec.proposed_per_step if plan.spec_steps is None else plan.spec_steps
                 r.accepted += max(len(new_ids) - 1, 0)
             if plan.kind == EXTEND and r.finish is None:
                 self.running.append(r)
@@ -157,6 +178,8 @@ class Batcher:
                     self.running.remove(r)
                 self._release(r)
             items.append(self._item(r, new_ids))
+        if plan.kind == DECODE and self.adaptive is not None and self.spec is not None:
+            self.adaptive.on_verify(batch, kept_all)
         return items
 
     # --- internals ----------------------------------------------------------------------------------------
@@ -168,7 +191,7 @@ class Batcher:
             matched, node = cache.match_prefix(r.input_ids)
             matched = min(matched, max(len(r.input_ids) - 1, 0))  # at least one token is computed
             uncached = len(r.input_ids) - matched
-            need = uncached + r.max_new_tokens
+            need = uncached + r.max_new_tokens + self.lookahead
             if need > self.capacity:
                 self.waiting.popleft()
                 r.finish = {
@@ -191,7 +214,7 @@ class Batcher:
                 node = end
             r.node = node
             r.cached = matched
-            r.reserve = r.max_new_tokens
+            r.reserve = r.max_new_tokens + self.lookahead
             self.pool.reserved += r.reserve
             self.pool.hit_tokens += matched
             self.pool.prompt_tokens += len(r.input_ids)

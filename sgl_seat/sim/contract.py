@@ -103,6 +103,8 @@ SERVER_ARGS_FIELDS: Final[tuple[str, ...]] = (
     "speculative_num_steps",
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
+    "speculative_adaptive",
+    "speculative_adaptive_config",
 )
 # internal_states[i] (scheduler_components/internal_state.py).
 INTERNAL_STATE_FIELDS: Final[tuple[str, ...]] = (
@@ -212,6 +214,7 @@ TOKENIZER_COUNTERS: Final[dict[str, tuple[str, ...]]] = {
     "sglang:generation_tokens_total": ("is_streaming",),
     "sglang:num_requests_total": ("is_streaming",),
     "sglang:cached_tokens_total": ("cache_source",),
+    "sglang:spec_verify_calls_total": (),
 }
 TOKENIZER_HISTOGRAMS: Final[dict[str, tuple[str, ...]]] = {
     "sglang:time_to_first_token_seconds": ("is_streaming",),

@@ -8,6 +8,11 @@ request, and in exchange emits ``1 + accepted`` tokens per request per step. Wit
 the draft; at 64 concurrent the draft-on seat is capped at fewer slots (8 vs 32 on the large seat), so its
 aggregate falls. Step time is real wall time: schedulers sleep until the step's modelled end.
 
+``--speculative-adaptive`` (:mod:`sgl_seat.sim.adaptive`) changes the step count per decode step; a step
+with 0 draft steps still runs a 1-position verify and one draft forward (SGLang's draft-extend keeps the
+draft KV warm). ``draft_cost`` is a sim-only multiplier on the draft's own costs (its forwards, its extra
+prefill, its per-request KV look-ahead); 0 makes the draft free, which no real seat can be.
+
 ``accept_rate`` follows SGLang's definition (``accepted drafts / proposed drafts``); the number kept per
 request per step is a deterministic draw from ``Binomial(num_draft_tokens - 1, accept_rate)`` seeded by
 the request and step, so runs replay exactly.
@@ -56,17 +61,23 @@ class CostModel:
     draft_token_ms: float = 0.05  # per request per draft forward
     prefill_token_ms: float = 0.02  # per uncached prompt token
     draft_prefill_factor: float = 1.25  # draft-extend on top of the target's prefill
+    draft_cost: float = 1.0  # sim-only: multiplies the draft's own costs (0 = a free draft)
 
-    def tokens_per_step(self, spec: SpecShape | None) -> int:
-        """Positions per request the target runs (and the row fetch gathers) each decode step."""
-        return 1 if spec is None else max(spec.num_draft_tokens, 1)
+    def tokens_per_step(self, spec: SpecShape | None, steps: int | None = None) -> int:
+        """Positions per request the target runs (and the row fetch gathers) each decode step; ``steps`` is the
+        adaptive tier's step count for this step (None: the static shape)."""
+        if spec is None:
+            return 1
+        return max(spec.num_draft_tokens, 1) if steps is None else steps + 1
 
-    def decode_step_ms(self, n_running: int, spec: SpecShape | None) -> float:
+    def decode_step_ms(self, n_running: int, spec: SpecShape | None, steps: int | None = None) -> float:
         if n_running <= 0:
             return 0.0
-        ms = self.floor_ms + self.token_ms * n_running * self.tokens_per_step(spec)
+        ms = self.floor_ms + self.token_ms * n_running * self.tokens_per_step(spec, steps)
         if spec is not None:
-            ms += spec.num_steps * (self.draft_step_frac * self.floor_ms + self.draft_token_ms * n_running)
+            # Steps 0 (adaptive, large batch) still runs one draft forward: SGLang's draft-extend.
+            forwards = spec.num_steps if steps is None else max(steps, 1)
+            ms += self.draft_cost * forwards * (self.draft_step_frac * self.floor_ms + self.draft_token_ms * n_running)
         return ms
 
     def extend_step_ms(self, new_tokens: int, n_seqs: int, spec: SpecShape | None) -> float:
@@ -74,13 +85,14 @@ class CostModel:
             return 0.0
         prefill = self.prefill_token_ms * new_tokens
         if spec is not None:
-            prefill *= self.draft_prefill_factor
+            prefill *= 1.0 + self.draft_cost * (self.draft_prefill_factor - 1.0)
         return self.floor_ms + prefill + self.token_ms * n_seqs
 
 
-def accepted_drafts(key: str, step: int, spec: SpecShape) -> int:
-    """Deterministic ``Binomial(proposed, accept_rate)`` draw for one request at one step."""
-    n = spec.proposed_per_step
+def accepted_drafts(key: str, step: int, spec: SpecShape, proposed: int | None = None) -> int:
+    """Deterministic ``Binomial(proposed, accept_rate)`` draw for one request at one step (``proposed``: the
+    adaptive tier's steps for this step; None: the static shape's)."""
+    n = spec.proposed_per_step if proposed is None else proposed
     if n == 0:
         return 0
     digest = hashlib.blake2b(f"{key}:{step}".encode(), digest_size=8 * n).digest()

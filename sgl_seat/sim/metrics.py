@@ -93,13 +93,16 @@ class SimMetrics:
     def inter_token(self, seconds: float) -> None:
         self.hists["sglang:inter_token_latency_seconds"].labels(**self.tok_labels).observe(seconds)
 
-    def finished(self, *, prompt: int, generated: int, cached: int, e2e_s: float, streaming: bool) -> None:
+    def finished(self, *, prompt: int, generated: int, cached: int, e2e_s: float, streaming: bool,
+                 spec_verify: int = 0) -> None:
         s = str(streaming).lower()
         self.counters["sglang:prompt_tokens_total"].labels(**self.tok_labels, is_streaming=s).inc(prompt)
         self.counters["sglang:generation_tokens_total"].labels(**self.tok_labels, is_streaming=s).inc(generated)
         self.counters["sglang:num_requests_total"].labels(**self.tok_labels, is_streaming=s).inc()
         self.counters["sglang:cached_tokens_total"].labels(
             **self.tok_labels, cache_source=contract.CACHE_SOURCE_DEVICE).inc(cached)
+        if spec_verify:  # as SGLang: only requests that were verified count
+            self.counters["sglang:spec_verify_calls_total"].labels(**self.tok_labels).inc(spec_verify)
         self.hists["sglang:e2e_request_latency_seconds"].labels(**self.tok_labels, is_streaming=s).observe(e2e_s)
 
     def render(self) -> bytes:

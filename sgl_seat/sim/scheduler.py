@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore  # torch.distributed's own name for it, without a typed re-export
 
 from sgl_seat.sim import contract, logs, rowfetch
+from sgl_seat.sim.adaptive import AdaptivePolicy
 from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
@@ -111,10 +112,13 @@ class Scheduler:
             if cfg.spec_on
             else None
         )
-        self.cost = CostModel(floor_ms=cfg.floor_ms, prefill_token_ms=cfg.prefill_token_ms)
+        self.cost = CostModel(floor_ms=cfg.floor_ms, prefill_token_ms=cfg.prefill_token_ms,
+                              draft_cost=cfg.draft_cost)
+        adaptive = (AdaptivePolicy.load(cfg.speculative_adaptive_config, cfg.speculative_num_steps or 0)
+                    if cfg.speculative_adaptive and self.spec is not None else None)
         self.batcher = Batcher(
             capacity=cfg.kv_tokens, max_running=cfg.max_running_requests, cost=self.cost, spec=self.spec,
-            flip_near_ties=cfg.flip_near_ties, disable_radix=cfg.disable_radix_cache,
+            flip_near_ties=cfg.flip_near_ties, disable_radix=cfg.disable_radix_cache, adaptive=adaptive,
         )
         self.table = torch.empty(0)
         self.header = torch.zeros(HEADER_LEN, dtype=torch.int64)
@@ -125,7 +129,7 @@ class Scheduler:
         self._decode_ct = 0
         self._last_log_t = time.monotonic()
         self._last_log_tokens = 0
-        self._last_spec = (0, 0, 0)
+        self._last_spec = (0, 0, 0, 0)
         self._last_gen_throughput = 0.0
         self._last_stats_t = 0.0
         self._last_prefill_t = time.monotonic()
@@ -158,6 +162,12 @@ class Scheduler:
         cfg = self.cfg
         kv_gb = cfg.kv_tokens * KV_BYTES_PER_TOKEN / 1e9
         self.log.info(contract.log_kv_allocated(cfg.kv_tokens, kv_gb))
+        if self.tp_rank == 0 and "adaptive_disabled" in cfg.extra:
+            self.log.warning(f"speculative_adaptive disabled: {cfg.extra['adaptive_disabled']}. "
+                             "Falling back to static speculative params.")
+        if self.tp_rank == 0 and cfg.draft_cost != 1.0 and self.spec is not None:
+            self.log.warning(f"sim-only: the draft's costs are scaled by {cfg.draft_cost:g} (SGL_SEAT_SIM_DRAFT_COST);"
+                             " no real seat has this knob")
         if self.tp_rank == 0:
             self.log.info(contract.log_tp0_summary(
                 cfg.kv_tokens, cfg.chunked_prefill_size, cfg.chunked_prefill_size * 2, cfg.max_running_requests,
@@ -413,11 +423,12 @@ class Scheduler:
         self._last_log_t, self._last_log_tokens = now, b.gen_tokens
         accept_len = accept_rate = None
         if self.spec is not None:
-            f0, t0, c0 = self._last_spec
-            fwd, tok, cor = b.spec_forwards - f0, b.spec_tokens - t0, b.spec_correct - c0
-            self._last_spec = (b.spec_forwards, b.spec_tokens, b.spec_correct)
+            f0, t0, c0, p0 = self._last_spec
+            fwd, tok, cor, prop = (b.spec_forwards - f0, b.spec_tokens - t0, b.spec_correct - c0,
+                                   b.spec_proposed - p0)
+            self._last_spec = (b.spec_forwards, b.spec_tokens, b.spec_correct, b.spec_proposed)
             accept_len = tok / fwd if fwd else 0.0
-            accept_rate = cor / (fwd * self.spec.proposed_per_step) if fwd and self.spec.proposed_per_step else 0.0
+            accept_rate = cor / prop if prop else 0.0
         self.log.info(contract.log_decode_batch(
             len(b.running), b.pool.used, b.pool.token_usage, accept_len, accept_rate, self._last_gen_throughput,
             len(b.waiting),
@@ -441,8 +452,7 @@ class Scheduler:
         }
         if self.spec is not None:
             stats["spec_accept_length"] = b.spec_tokens / b.spec_forwards if b.spec_forwards else 0.0
-            proposed = b.spec_forwards * self.spec.proposed_per_step
-            stats["spec_accept_rate"] = b.spec_correct / proposed if proposed else 0.0
+            stats["spec_accept_rate"] = b.spec_correct / b.spec_proposed if b.spec_proposed else 0.0
         self._send_ctl(stats)
 
     def _send_out(self, items: list[dict[str, Any]]) -> None:
