@@ -14,13 +14,8 @@ from rich.text import Text
 
 from sgl_seat.cli.common import console, print_json, styled
 from sgl_seat.errors import SeatError
-from sgl_seat.forensics.archive import is_archive, pack_bundle, unpack_bundle
-from sgl_seat.forensics.bundle import verify_bundle
-from sgl_seat.forensics.manifest import Manifest
-from sgl_seat.forensics.merge import merge_bundles
-from sgl_seat.forensics.replay import load_any
-from sgl_seat.forensics.store import list_bundles, resolve_bundle
-from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
+
+# The forensics are imported inside each command (not here): `sgl-seat plan` and `--help` do not pay for them.
 
 app = typer.Typer(help="List, show, verify, pack, unpack and merge forensic bundles.", no_args_is_help=True)
 
@@ -48,6 +43,9 @@ def ls(
 ) -> None:
     """List bundles, newest first, with trigger, verdict and size (also those of recorded seats whose spec puts
     them elsewhere with bundles.dir)."""
+    from sgl_seat.forensics.store import list_bundles
+    from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
+
     seat_dirs = [] if root is not None else [bundles_dir_for(seat)] if seat else recorded_bundle_dirs()
     items = list_bundles(root, seat=seat, seat_dirs=seat_dirs)
     if json_out:
@@ -70,8 +68,12 @@ def ls(
 @app.command("show")
 def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     """Show a bundle's manifest: seat, trigger, verdict, versions and files (verifies it first)."""
+    from sgl_seat.forensics.replay import load_any
+    from sgl_seat.forensics.store import resolve_bundle
+    from sgl_seat.launch.record import recorded_bundle_dirs
+
     b = load_any(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()))
-    m: Manifest = b.manifest
+    m = b.manifest
     if json_out:
         print_json(m.to_json())
         return
@@ -112,6 +114,12 @@ def _dir_sizes(root: Path) -> dict[str, int]:
 @app.command("verify")
 def verify(bundle: BundleArg, json_out: JsonOpt = False) -> None:
     """Verify a bundle's manifest, file list, sizes and sha256 digests (exit 2 if anything is off)."""
+    from sgl_seat.forensics.archive import is_archive
+    from sgl_seat.forensics.bundle import verify_bundle
+    from sgl_seat.forensics.replay import load_any
+    from sgl_seat.forensics.store import resolve_bundle
+    from sgl_seat.launch.record import recorded_bundle_dirs
+
     with _json_refusal(json_out, bundle):
         path = resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs())
         m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
@@ -130,6 +138,10 @@ def pack(
     json_out: JsonOpt = False,
 ) -> None:
     """Verify a bundle directory and pack it into a .tar.zst."""
+    from sgl_seat.forensics.archive import pack_bundle
+    from sgl_seat.forensics.store import resolve_bundle
+    from sgl_seat.launch.record import recorded_bundle_dirs
+
     with _json_refusal(json_out, bundle):
         src = resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs())
         out = pack_bundle(src, output)
@@ -148,6 +160,8 @@ def unpack(
     json_out: JsonOpt = False,
 ) -> None:
     """Unpack a bundle archive safely (no links, devices, absolute paths or `..`) and verify it."""
+    from sgl_seat.forensics.archive import unpack_bundle
+
     with _json_refusal(json_out, archive):
         out = unpack_bundle(archive, into)
     if json_out:
@@ -165,6 +179,11 @@ def merge(
     json_out: JsonOpt = False,
 ) -> None:
     """Join the bundles one incident left on both sides of a partition (each node's records from its own)."""
+    from sgl_seat.forensics.bundle import verify_bundle
+    from sgl_seat.forensics.merge import merge_bundles
+    from sgl_seat.forensics.store import resolve_bundle
+    from sgl_seat.launch.record import recorded_bundle_dirs
+
     with _json_refusal(json_out, bundles[0] if bundles else "-"):
         paths = [resolve_bundle(b, seat_dirs=recorded_bundle_dirs()) for b in bundles]
         out = merge_bundles(paths, into if into is not None else paths[0].parent)

@@ -9,8 +9,6 @@ from typing import Annotated
 import typer
 
 from sgl_seat.cli.common import print_json
-from sgl_seat.plan import build_plan, render_text
-from sgl_seat.spec import load_spec, spec_json_schema
 
 
 class DraftState(str, Enum):
@@ -48,6 +46,9 @@ def plan(
     Nothing is started: this is the dry run of `up`. A configuration that cannot boot (for example
     too many slots with the draft on) is refused with the numbers that do not fit (exit 2).
     """
+    from sgl_seat.plan import build_plan, render_text  # imported here: other commands do not pay for it
+    from sgl_seat.spec import load_spec
+
     spec = load_spec(seat)
     p = build_plan(spec, draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction)
     if json_out:
@@ -58,4 +59,6 @@ def plan(
 
 def schema() -> None:
     """Print the JSON Schema of the seat spec (schema_version 1)."""
+    from sgl_seat.spec import spec_json_schema
+
     sys.stdout.write(spec_json_schema() + "\n")

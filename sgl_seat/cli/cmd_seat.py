@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 from rich.console import Console
@@ -14,17 +14,13 @@ from rich.text import Text
 
 from sgl_seat.cli.cmd_plan import DraftOpt, MemOpt, SlotsOpt, draft_flag
 from sgl_seat.cli.common import console, err_console, print_json, styled
-from sgl_seat.engines import backend_for
-from sgl_seat.launch import logs as seat_logs
-from sgl_seat.launch import status as seat_status
-from sgl_seat.launch import teardown
-from sgl_seat.launch import up as seat_up
-from sgl_seat.launch.demo import DemoOptions, run_demo
-from sgl_seat.launch.record import SeatRecord, resolve_name
 from sgl_seat.launch.stages import FAILED, OK, WARN, StageTimes
-from sgl_seat.launch.state import SeatState
-from sgl_seat.plan import build_plan, render_text
-from sgl_seat.spec import load_spec
+
+if TYPE_CHECKING:
+    from sgl_seat.launch.record import SeatRecord
+
+# The library modules (Ray, the forensics, the plan) are imported inside each command: a command pays only
+# for what it uses, so `sgl-seat --help` and `sgl-seat plan` do not import Ray and the watchdog.
 
 DEFAULT_PROFILE = "local-sim"
 LOCAL_SEAT_FILE = "seat.yaml"
@@ -99,6 +95,10 @@ def up(
     Ctrl-C during `up` takes down everything it started. With --json: endpoint, state and stage
     timings as JSON on stdout (the plan's JSON with --dry-run).
     """
+    from sgl_seat.launch import up as seat_up
+    from sgl_seat.plan import build_plan, render_text
+    from sgl_seat.spec import load_spec
+
     path, note = choose_seat(seat)
     if note:
         err_console.print(note)
@@ -139,6 +139,9 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 
     With --json: the stage timings and the survivors (none when it is down) as JSON on stdout.
     """
+    from sgl_seat.launch import teardown
+    from sgl_seat.launch.record import resolve_name
+
     seat = resolve_name(name)
     out = err_console if json_out else console
     out.print(f"down: seat {seat}")
@@ -158,6 +161,9 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 
 
 def _print_status(rec: SeatRecord) -> None:
+    from sgl_seat.engines import backend_for
+    from sgl_seat.launch.state import SeatState
+
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
              SeatState.NODE_LOST: "red", SeatState.FAILED: "red"}.get(rec.state, "cyan")
     console.print(Text.assemble(
@@ -189,6 +195,9 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
 ) -> None:
     """Show a seat's state (reconciled with Ray now), nodes, ranks with pids, endpoint, KV pool."""
+    from sgl_seat.launch import status as seat_status
+    from sgl_seat.launch.record import resolve_name
+
     rec = seat_status.status(resolve_name(name))
     if json_out:
         print_json(seat_status.status_json(rec))
@@ -203,6 +212,8 @@ def logs(
     lines: Annotated[int, typer.Option("--lines", min=0, help="Lines of history to show first.")] = 100,
 ) -> None:
     """Show (or follow) the engine log of every node, or of one node, streamed by its node agent."""
+    from sgl_seat.launch import logs as seat_logs
+    from sgl_seat.launch.record import resolve_name
 
     def write(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -229,6 +240,9 @@ def demo(
     The sim's answers and figures are synthetic. With --json: stages with seconds, the bundle, the verdict and
     the HTML path as one JSON document on stdout (progress on stderr).
     """
+    from sgl_seat.launch.demo import DemoOptions, run_demo
+    from sgl_seat.spec import load_spec
+
     spec = load_spec(seat or DEFAULT_PROFILE)
     out = err_console if json_out else console
     rep = ConsoleReporter(out)
