@@ -181,14 +181,17 @@ def sizing_argv(spec: SeatSpec, *, draft: bool, slots: int, mem_fraction: float)
         "--mem-fraction-static", format(mem_fraction, "g"), "--max-running-requests", str(slots),
         "--context-length", str(spec.model.context_length),
     ]
-    if draft:
-        d = spec.draft
-        argv += ["--speculative-algorithm", d.algorithm]
-        if d.model_path:
-            argv += ["--speculative-draft-model-path", d.model_path]
-        argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
-                 "--speculative-num-draft-tokens", str(d.draft_tokens)]
-    return argv
+    return argv + (speculative_flags(spec) if draft else [])
+
+
+def speculative_flags(spec: SeatSpec) -> list[str]:
+    """The draft's SGLang flags, as node 0's command line and the sizing run both carry them (one source)."""
+    d = spec.draft
+    argv = ["--speculative-algorithm", d.algorithm]
+    if d.model_path:
+        argv += ["--speculative-draft-model-path", d.model_path]
+    return [*argv, "--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
+            "--speculative-num-draft-tokens", str(d.draft_tokens)]
 
 
 def for_sizing(argv: Sequence[str], model_dir: Path) -> list[str]:

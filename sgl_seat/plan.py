@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable
+from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable, speculative_flags
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.errors import PlanError
 from sgl_seat.sizing_engram import host_table_env, layout_problem
@@ -280,15 +280,7 @@ def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, 
         "--port", str(spec.network.http_port),
     ]
     if draft:
-        d = spec.draft
-        argv += ["--speculative-algorithm", d.algorithm]
-        if d.model_path:
-            argv += ["--speculative-draft-model-path", d.model_path]
-        argv += [
-            "--speculative-num-steps", str(d.steps),
-            "--speculative-eagle-topk", str(d.topk),
-            "--speculative-num-draft-tokens", str(d.draft_tokens),
-        ]
+        argv += speculative_flags(spec)
     return argv + request_log_argv(spec, node_rank)
 
 
