@@ -10,6 +10,7 @@ has a timeout (``ray.get``'s own, or :func:`sgl_seat.deadline.bounded` for those
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -31,6 +32,14 @@ log = logging.getLogger("sgl_seat.watchdog")
 CAPTURE_TIMEOUT_S = 20.0
 #: Seconds the coordinator waits for each other sidecar to answer a ping before it captures without that node.
 PING_TIMEOUT_S = 3.0
+#: Seconds between two heartbeats (a ping) from each sidecar to every other one, sent from the sidecar's tick.
+HEARTBEAT_S = 0.5
+#: A sidecar that answered heartbeats and then answers none for this long is silent: its node is lost (link
+#: down, raylet or host dead), a capture is triggered at once and does not wait for that node. Six heartbeats:
+#: a ping between two sidecars' threads takes milliseconds, even on a loaded host.
+SILENT_S = 3.0
+#: Seconds between two lookups of a sidecar not found yet (each asks the GCS).
+LOOKUP_EVERY_S = 2.0
 
 
 class SidecarActor:
@@ -45,8 +54,23 @@ class SidecarActor:
         self.core.start()
 
     def ping(self) -> str:
-        return json.dumps({"node": self.cfg.node, "pid": os.getpid(), "metrics_port": self.core.exporter.port,
-                           "sampler": self.core.sampler.state, "processes": len(self.core.sampler.live())})
+        """Liveness, and what a peer keeps as this node's "last seen" should it go silent (its address and Ray
+        node id, its last stack sample, its last probe record)."""
+        import ray
+
+        core = self.core
+        node_ip: Callable[[], str] = ray.util.get_node_ip_address
+        samples = core.sampler.samples(since=time.time() - 30.0)
+        probes = core.probes.records() if core.probes is not None else []
+        last = max(probes, key=lambda r: r.end if r.end is not None else r.start, default=None)
+        return json.dumps({
+            "node": self.cfg.node, "pid": os.getpid(), "metrics_port": core.exporter.port,
+            "sampler": core.sampler.state, "processes": len(core.sampler.live()), "t": time.time(),
+            "ip": node_ip(), "node_id": ray.get_runtime_context().get_node_id(),
+            "last_sample_t": max((x.t for x in samples), default=None),
+            "last_probe": None if last is None else
+            {"rank": last.rank, "seq": last.seq, "target": last.target, "start": last.start, "end": last.end},
+        })
 
     def request_capture(self, trigger_json: str) -> str:
         return json.dumps(self.core.coordinate(json.loads(trigger_json)))
@@ -63,11 +87,80 @@ class SidecarActor:
 
 
 class RayPeers:
-    """Reaches the other sidecars by name in the seat's namespace, every call under a timeout."""
+    """Reaches the other sidecars by name in the seat's namespace, every call under a timeout; keeps a heartbeat
+    to each (:meth:`silent`) so that a lost node is known before, not during, a capture."""
 
     def __init__(self, cfg: SidecarConfig) -> None:
         self.cfg = cfg
         self._handles: dict[int, Any] = {}
+        self._looked_up: dict[int, float] = {}
+        self._beat: dict[int, Any] = {}  # node -> its ping in flight
+        self._sent: dict[int, float] = {}
+        self._answer: dict[int, tuple[float, dict[str, Any]]] = {}  # node -> (answered at, last answer)
+        self._error: dict[int, str] = {}
+        self._silent: dict[int, str] = {}
+
+    def silent(self, now: float) -> dict[int, str]:
+        """Collect heartbeat answers and send the next ones (never blocks); the nodes whose sidecar answered
+        before and then none for SILENT_S, each with what was last seen from it. A sidecar never seen (not
+        started yet) is not silent: `up` reports that one."""
+        import ray
+
+        silent: dict[int, str] = {}
+        for n in range(self.cfg.nnodes):
+            if n == self.cfg.node:
+                continue
+            beat = self._beat.get(n)
+            if beat is not None:
+                ready, _ = ray.wait([beat], timeout=0)
+                if ready:
+                    del self._beat[n]
+                    try:
+                        self._answer[n] = (now, json.loads(ray.get(beat, timeout=1.0)))
+                        self._error.pop(n, None)
+                    except Exception as exc:
+                        self._error[n] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                elif now - self._sent[n] >= SILENT_S:  # unanswered this long: a fresh ping, should the link return
+                    del self._beat[n]
+            if n not in self._beat and now - self._sent.get(n, float("-inf")) >= HEARTBEAT_S:
+                self._sent[n] = now
+                try:
+                    self._beat[n] = self._lookup(n, now).ping.remote()
+                except Exception as exc:
+                    self._error[n] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            if n in self._answer and now - self._answer[n][0] >= SILENT_S:
+                silent[n] = self._last_seen(n, now)
+        self._silent = silent
+        return silent
+
+    def _lookup(self, node: int, now: float) -> Any:
+        """The sidecar's handle, asking the GCS at most every LOOKUP_EVERY_S (from the tick: never long)."""
+        if node not in self._handles:
+            if now - self._looked_up.get(node, float("-inf")) < LOOKUP_EVERY_S:
+                raise LookupError("not found yet")
+            self._looked_up[node] = now
+        return self._actor(node)
+
+    def _last_seen(self, node: int, now: float) -> str:
+        """What was last seen from a silent node: its last heartbeat answer, its last stack sample and probe
+        record as that answer gave them, the last error, and Ray's view of its node."""
+        at, ans = self._answer[node]
+        bits = [f"heartbeat answered {now - at:.1f} s ago ({_hms(at)})"]
+        if ans.get("ip"):
+            bits.append(f"address {ans['ip']}")
+        if ans.get("last_sample_t"):
+            bits.append(f"last stack sample {_hms(float(ans['last_sample_t']))}")
+        pr = ans.get("last_probe")
+        if isinstance(pr, dict):
+            done = f"ended {_hms(float(pr['end']))}" if pr.get("end") else "in flight"
+            bits.append(f"last probe record rank {pr.get('rank')} {pr.get('target')} #{pr.get('seq')} "
+                        f"started {_hms(float(pr['start']))}, {done}")
+        else:
+            bits.append("no probe record")
+        if self._error.get(node):
+            bits.append(f"last ping error {self._error[node]}")
+        bits.append(f"Ray: {_ray_view(str(ans.get('node_id') or ''))}")
+        return "; ".join(bits)
 
     def _actor(self, node: int) -> Any:
         """Node ``node``'s sidecar. The lookup asks the GCS, which a node cut off from the head cannot reach: it
@@ -83,9 +176,11 @@ class RayPeers:
     def request_capture(self, trigger: dict[str, Any]) -> dict[str, Any]:
         import ray
 
+        if 0 in self._silent:  # known lost: capture from here at once, do not spend a ping's timeout on it
+            raise CoordinatorUnreachable(f"no heartbeat answer for {SILENT_S:g} s")
         try:
             coord = self._actor(0)
-            ray.get(coord.ping.remote(), timeout=3.0)
+            ray.get(coord.ping.remote(), timeout=PING_TIMEOUT_S)
         except Exception as exc:
             raise CoordinatorUnreachable(f"{type(exc).__name__}: {exc}") from None
         ans: dict[str, Any] = json.loads(ray.get(coord.request_capture.remote(json.dumps(trigger)),
@@ -99,8 +194,17 @@ class RayPeers:
         futures: dict[int, Any] = {}
         pings: dict[int, Any] = {}
         missing: list[dict[str, Any]] = []
+        # This node's part is taken while the others are pinged and asked (it takes about a second of stack dumps).
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        mine = pool.submit(local)
+        pool.shutdown(wait=False)
+        silent = dict(self._silent)
         for n in range(self.cfg.nnodes):
             if n == self.cfg.node:
+                continue
+            if n in silent:  # lost before the capture: not asked, named with what was last seen from it
+                missing.append({"node": n, "step": "reach", "status": "unreachable",
+                                "detail": f"no heartbeat answer for {SILENT_S:g} s", "last_seen": silent[n]})
                 continue
             try:
                 actor = self._actor(n)
@@ -116,10 +220,11 @@ class RayPeers:
                 ray.get(ref, timeout=max(0.1, ping_deadline - time.monotonic()))
             except Exception as exc:
                 del futures[n]
+                seen = self._last_seen(n, time.time()) if n in self._answer else ""
                 missing.append({"node": n, "step": "reach", "status": "unreachable",
                                 "detail": f"no answer to a ping within {PING_TIMEOUT_S:g} s"
-                                          f" ({type(exc).__name__})"})
-        parts = [local()]
+                                          f" ({type(exc).__name__})", "last_seen": seen})
+        parts = [mine.result()]
         deadline = time.monotonic() + CAPTURE_TIMEOUT_S
         for n, fut in futures.items():
             try:
@@ -128,6 +233,29 @@ class RayPeers:
                 missing.append({"node": n, "step": "capture", "status": "error",
                                 "detail": f"{type(exc).__name__}: {exc}"[:300]})
         return parts, missing
+
+
+def _hms(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f"{t % 1:.1f}"[1:] + " UTC"
+
+
+def _ray_view(node_id: str) -> str:
+    """Ray's word on a node (from the GCS, bounded: a node cut off from the head cannot ask it)."""
+    import ray
+
+    if not node_id:
+        return "node id unknown"
+    try:
+        nodes: list[dict[str, Any]] = bounded("ray.nodes()", ray.nodes, timeout=1.0)
+    except Exception as exc:
+        return f"not asked ({type(exc).__name__})"
+    for nd in nodes:
+        if nd.get("NodeID") == node_id:
+            if nd.get("Alive"):
+                return f"node {node_id[:8]} alive (Ray has not marked it dead yet)"
+            why = nd.get("DeathReasonMessage") or nd.get("DeathReason") or ""
+            return f"node {node_id[:8]} dead" + (f" ({str(why)[:120]})" if why else "")
+    return f"node {node_id[:8]} not in Ray's node table"
 
 
 def _rget(ref: Any, timeout: float) -> Any:
@@ -210,14 +338,18 @@ def stop_sidecars(ctx: SidecarContext) -> None:
     """`down` (before engines are killed): stop each sidecar, then kill its actor."""
     import ray
 
+    handles: list[Any] = []
     for nd in ctx.nodes:
         name = sidecar_name(ctx.seat, nd.node_rank)
         try:
-            h = ray.get_actor(name, namespace=ctx.namespace)
+            handles.append(ray.get_actor(name, namespace=ctx.namespace))
         except ValueError:
             continue
-        with contextlib.suppress(Exception):
-            ray.get(h.stop.remote(), timeout=15)
+    # Every sidecar stops before any is killed: a sidecar that outlived a killed peer would take it for a lost node.
+    stops = [h.stop.remote() for h in handles]
+    with contextlib.suppress(Exception):
+        ray.wait(stops, num_returns=len(stops), timeout=15)
+    for h in handles:
         with contextlib.suppress(Exception):
             ray.kill(h)
 

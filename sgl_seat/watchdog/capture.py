@@ -277,13 +277,16 @@ def assemble(
     nodes = sorted({int(p["node"]) for p in parts})
     lost = missing_nodes(rank_nodes, nodes)
     why = {int(m["node"]): str(m.get("detail") or "") for m in missing if isinstance(m.get("node"), int)}
+    seen = {int(m["node"]): str(m["last_seen"]) for m in missing
+            if isinstance(m.get("node"), int) and m.get("last_seen")}
     if lost:  # over half the ranks "every rank waits in a collective" is no finding: the missing node is
-        verdict = node_unreachable(lost, rank_nodes, t_eval, why=why, partial=verdict)
+        verdict = node_unreachable(lost, rank_nodes, t_eval, why=why, last_seen=seen, partial=verdict)
     reproducible = verdict is not None
     if verdict is None:
         verdict = trigger_verdict
     bid = bundle_id_for(verdict, float(trigger.get("t") or t_eval))
-    steps = [dict(s) for p in parts for s in p.get("capture", [])] + [dict(m) for m in missing]
+    steps = [dict(s) for p in parts for s in p.get("capture", [])] + [
+        {k: v for k, v in m.items() if k != "last_seen"} for m in missing]
     redaction: dict[str, Any] = {"prompts": "not captured", "locals": False}
     recorded = [p for p in parts if p.get("requests") is not None]
     shapes: list[RequestShape] | None = None

@@ -31,6 +31,11 @@ class Peers(Protocol):
         """Every node's part of capture ``capture_id`` (local computed in-process) and missing-node notes."""
         ...
 
+    def silent(self, now: float) -> dict[int, str]:
+        """Nodes lost since they were last heard from (heartbeats), each with what was last seen from it; called
+        every tick, never blocks."""
+        ...
+
 
 def local_peers(sidecars: Mapping[int, Sidecar]) -> dict[int, Peers]:
     """In-process peers for tests and single-host tools: node 0 coordinates, everyone reaches everyone."""
@@ -50,5 +55,8 @@ def local_peers(sidecars: Mapping[int, Sidecar]) -> dict[int, Peers]:
                 if n != self.me:
                     parts.append(json.loads(json.dumps(sc.part(capture_id, t))))
             return parts, []
+
+        def silent(self, now: float) -> dict[int, str]:
+            return {}  # in one process every peer is reached directly
 
     return {n: _Local(n) for n in sidecars}
