@@ -16,6 +16,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from sgl_seat.core.records import RecordError
+from sgl_seat.core.warning import PREHANG_KIND, PreHangWarning
+
 WATCH_SCHEMA_VERSION = 1
 
 
@@ -58,6 +61,14 @@ def _ms(x: Any) -> str:
 def _state_style(state: str) -> str:
     return {"running": "green", "collective": "yellow", "fetching": "red", "gpu fetch": "red",
             "exited": "bold red"}.get(state, "dim")
+
+
+def _warning_line(doc: Any) -> str:
+    """The pre-hang warning of a snapshot, as one line (a sidecar of another version may send another shape)."""
+    try:
+        return PreHangWarning.from_json(doc).summary()
+    except RecordError:
+        return PREHANG_KIND
 
 
 #: What the fixed columns of the rank table take (widths plus two-space gaps); the top frame gets the rest.
@@ -104,6 +115,8 @@ def render(doc: dict[str, Any], width: int = 80) -> RenderableType:
         v = n.get("verdict")
         if v:
             bits.append(f"detector: {v['kind']} rank {v.get('rank')} node {v.get('node')} {v.get('frame') or ''}")
+        if n.get("warning"):
+            bits.append(f"warning: {_warning_line(n['warning'])}")
         if n.get("latched"):
             bits.append("latched (captured; waiting for recovery)")
         if n.get("capture_errors"):

@@ -1,19 +1,29 @@
 """A sidecar's own Prometheus metrics (samples, errors, captures, detections, row-fetch latency), on 127.0.0.1.
 
 The row-fetch histogram is labelled by gather-size bucket (:func:`sgl_seat.core.stats.gather_bucket_label`, the
-report's buckets too), so a latency that grows with the gather size shows as one exploding bucket.
+report's buckets too), so a latency that grows with the gather size shows as one exploding bucket. The latch, the
+pre-hang warning (:mod:`sgl_seat.core.warning`) and each rank's state are gauges, so that the alert rules and the
+dashboard shipped in ``watchdog/prometheus/`` and ``watchdog/grafana/`` read what the sidecar concluded instead of
+re-deriving it in PromQL. The tests hold those assets to the names this registry exports.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.core.stats import gather_bucket_label
+from sgl_seat.core.warning import PreHangWarning, TailReading
+from sgl_seat.watchdog.rankview import RankView
 
 log = logging.getLogger("sgl_seat.watchdog")
+
+#: ``sgl_seat_watchdog_rank_state``'s values (the dashboard maps them back to these names): `watch`'s states.
+RANK_STATES: dict[str, int] = {"unknown": 0, "running": 1, "collective": 2, "fetching": 3, "gpu fetch": 4,
+                               "exited": 5}
 
 class Exporter:
     """The sidecar's own Prometheus metrics, on 127.0.0.1 only."""
@@ -38,6 +48,18 @@ class Exporter:
         self.inflight = Gauge("sgl_seat_watchdog_rowfetch_inflight_age_seconds",
                               "Age of the oldest row fetch in flight (0: none)", ["node"],
                               registry=self.registry).labels(**lab)
+        self.latched = Gauge("sgl_seat_watchdog_latched", "1 while this sidecar is latched on a captured hang",
+                             ["node"], registry=self.registry).labels(**lab)
+        self.warning = Gauge("sgl_seat_watchdog_prehang_warning",
+                             "1 while the pre-hang warning holds (row-fetch tail growing at the largest gathers)",
+                             ["node"], registry=self.registry).labels(**lab)
+        self.tail_ratio = Gauge("sgl_seat_watchdog_rowfetch_tail_ratio",
+                                "Largest recent/baseline row-fetch p99 ratio at the largest gather buckets (0: none)",
+                                ["node"], registry=self.registry).labels(**lab)
+        self.rank_state = Gauge("sgl_seat_watchdog_rank_state",
+                                "Each rank's state as `watch` shows it: " + ", ".join(
+                                    f"{v} {k}" for k, v in RANK_STATES.items()),
+                                ["node", "rank"], registry=self.registry)
         self.sampler_up = Gauge("sgl_seat_watchdog_sampler_up", "1 if py-spy sampling works, 0 if missing or denied",
                                 ["node"], registry=self.registry).labels(**lab)
         self.node = str(node)
@@ -57,6 +79,16 @@ class Exporter:
         if rec.end is not None:
             bucket = gather_bucket_label(rec.gather_size)
             self.rowfetch.labels(node=self.node, gather=bucket).observe(rec.end - rec.start)
+
+    def observe_state(self, *, latched: bool, warning: PreHangWarning | None, readings: Iterable[TailReading],
+                      ranks: Iterable[RankView]) -> None:
+        """What the sidecar concluded at its last detection: the latch, the warning, the tail, each rank's state."""
+        self.latched.set(1 if latched else 0)
+        self.warning.set(1 if warning is not None else 0)
+        ratios = [r.ratio for r in readings if r.ratio == r.ratio]  # NaN: no baseline
+        self.tail_ratio.set(max(ratios, default=0.0))
+        for v in ranks:
+            self.rank_state.labels(node=self.node, rank=str(v.rank)).set(RANK_STATES.get(v.state, 0))
 
     def close(self) -> None:
         if self._server is not None:

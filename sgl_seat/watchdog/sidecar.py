@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat.core.detect import detect
+from sgl_seat.core.nodeloss import node_unreachable
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import StackSample, Verdict
+from sgl_seat.core.warning import PreHangWarning, WarningRule, detect_prehang, tail_readings
 from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.watchdog import capture as cap
@@ -98,6 +100,7 @@ class Sidecar:
         self._dead_seen = 0
         self._last_probe = float("-inf")
         self.verdict: Verdict | None = None
+        self.warning: PreHangWarning | None = None
         self.latched_at: float | None = None
         self.latched_by: str | None = None
         self._clear_since: float | None = None
@@ -212,10 +215,19 @@ class Sidecar:
         now = self.clock()
         self.poll_sources(now)
         self.ticks += 1
+        lost = self.peers.silent(now) if self.peers is not None else {}
+        if lost and self.latched_at is None:  # a node lost is a finding by itself, with or without traffic
+            gone = node_unreachable(sorted(lost), self.cfg.rank_nodes, now, last_seen=lost)
+            self.verdict = gone
+            self.exporter.fired.labels(node=str(self.cfg.node), kind=gone.kind.value).inc()
+            log.warning("node %d watchdog: node %d unreachable (%s)", self.cfg.node, min(lost), lost[min(lost)])
+            self._trigger(gone, now)
+            return gone
         if not self._urgent(now) and now - self._last_detect < DETECT_EVERY_S:
             return self.verdict
         self._last_detect = now
-        verdict = detect(self.observation(probe_window_s=LIVE_PROBE_WINDOW_S, now=now), self.th, now)
+        obs = self.observation(probe_window_s=LIVE_PROBE_WINDOW_S, now=now)
+        verdict = detect(obs, self.th, now)
         prev, self.verdict = self.verdict, verdict
         if verdict is not None and (prev is None or prev.kind != verdict.kind):
             self.exporter.fired.labels(node=str(self.cfg.node), kind=verdict.kind.value).inc()
@@ -224,7 +236,19 @@ class Sidecar:
         self._update_latch(verdict, now)
         if verdict is not None and self.latched_at is None:
             self._trigger(verdict, now)
+        self._warn(obs, now)
         return verdict
+
+    def _warn(self, obs: Observation, now: float) -> None:
+        """The pre-hang warning (a warning, never a capture) and the state gauges, once per detection."""
+        rule = WarningRule.for_stall(self.th.rowfetch_inflight_s)
+        warning = detect_prehang(obs.probes, now, rule)
+        if warning is not None and self.warning is None:
+            log.warning("node %d watchdog: %s", self.cfg.node, warning.summary())
+        self.warning = warning
+        self.exporter.observe_state(latched=self.latched_at is not None, warning=warning,
+                                    readings=tail_readings(obs.probes, now, rule),
+                                    ranks=[v for v in rank_views(obs, now) if v.node in (None, self.cfg.node)])
 
     # ---- latch
 
@@ -375,6 +399,7 @@ class Sidecar:
                 "ranks": [v.to_json() for v in rank_views(obs, now) if v.node in (None, self.cfg.node)],
                 "tokens_per_s": tokens_per_s(obs.metrics, now),
                 "verdict": self.verdict.to_json() if self.verdict else None,
+                "warning": self.warning.to_json() if self.warning else None,
                 "latched": self.latched_at is not None,
                 # The capture that holds the latch: its bundle (in some node's "bundles") is what `status` names.
                 "latched_by": self.latched_by,
