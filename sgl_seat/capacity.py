@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from sgl_seat import sizing_mirror as mirror
 from sgl_seat.errors import CapacityError, SpecError
+from sgl_seat.sizing_cache import CACHE_ENV
 from sgl_seat.sizing_engram import EngramTables, engram_tables
 from sgl_seat.sizing_reconcile import has_report_shape, report_notes
 from sgl_seat.sizing_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
@@ -190,8 +191,9 @@ def speculative_flags(spec: SeatSpec) -> list[str]:
     argv = ["--speculative-algorithm", d.algorithm]
     if d.model_path:
         argv += ["--speculative-draft-model-path", d.model_path]
-    return [*argv, "--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
-            "--speculative-num-draft-tokens", str(d.draft_tokens)]
+    argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
+             "--speculative-num-draft-tokens", str(d.draft_tokens)]
+    return [*argv, "--speculative-adaptive"] if d.adaptive else argv
 
 
 def for_sizing(argv: Sequence[str], model_dir: Path) -> list[str]:
@@ -374,6 +376,10 @@ def plan_capacity(
             try:
                 got = size_with_sglang(cases)
                 answers, source, version = list(got.results), SOURCE_SGLANG, got.sglang_version
+                if got.cached:
+                    notes.append(f"SGLang {version}'s answers for these exact inputs were read from the sizing cache "
+                                 f"({got.cached} of {len(cases)}; computed earlier by the same installed SGLang; "
+                                 f"{CACHE_ENV}=off recomputes)")
             except SizingError as exc:
                 if os.environ.get(SIZING_ENV, "auto").strip().lower() == "sglang":
                     raise CapacityError(f"SGLang's sizing could not run: {exc}",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from sgl_seat import sizing_cache
+
 #: The SGLang release whose sizing code the child runs and the mirror follows.
 SGLANG_VERSION = "0.5.23"
 #: Seconds the child may take to import SGLang (a loaded 2-core CI machine takes ~15 s).
@@ -206,6 +208,9 @@ class SglangAnswers:
     sglang_version: str
     stubs: tuple[str, ...]
     elapsed_s: float
+    #: How many of the answers were read from the sizing cache (computed earlier by the same SGLang code for
+    #: the same inputs) instead of being computed now.
+    cached: int = 0
 
 
 def size_with_sglang(cases: Sequence[SizingCase], *, timeout_s: float = REQUEST_TIMEOUT_S) -> SglangAnswers:
@@ -216,13 +221,28 @@ def size_with_sglang(cases: Sequence[SizingCase], *, timeout_s: float = REQUEST_
     if have != SGLANG_VERSION:
         raise SizingError(f"sglang {have} is installed; sgl-seat follows {SGLANG_VERSION}'s sizing")
     t0 = time.perf_counter()
-    worker = _worker()
-    try:
-        results = worker.ask(cases, timeout_s)
-    finally:
-        if _SESSIONS == 0:
-            shutdown()
+    fingerprint = sizing_cache.sglang_fingerprint() if sizing_cache.cache_dir() is not None else None
+    keys = [sizing_cache.case_key(c.to_json(), fingerprint=fingerprint) if fingerprint else None for c in cases]
+    hits = [sizing_cache.load(k) if k else None for k in keys]
+    missing = [i for i, hit in enumerate(hits) if hit is None]
+    results: list[dict[str, Any]] = [{**hit["result"], "id": c.case_id} if hit else {} for c, hit in zip(
+        cases, hits, strict=True)]
+    version_now, stubs = "", list(next((h["stubs"] for h in hits if h), []))
+    if missing:
+        worker = _worker()
+        try:
+            asked = worker.ask([cases[i] for i in missing], timeout_s)
+        finally:
+            if _SESSIONS == 0:
+                shutdown()
+        version_now, stubs = str(worker.hello.get("sglang_version")), list(worker.hello.get("stubs") or ())
+        for i, answer in zip(missing, asked, strict=True):
+            results[i] = answer
+            key = keys[i]
+            if key is not None:
+                sizing_cache.store(key, answer, sglang_version=version_now, stubs=stubs)
+    version_seen = version_now or str(next(h["sglang_version"] for h in hits if h))
     return SglangAnswers(
-        results=tuple(results), sglang_version=str(worker.hello.get("sglang_version")),
-        stubs=tuple(worker.hello.get("stubs") or ()), elapsed_s=time.perf_counter() - t0,
+        results=tuple(results), sglang_version=version_seen, stubs=tuple(stubs),
+        elapsed_s=time.perf_counter() - t0, cached=len(cases) - len(missing),
     )

@@ -32,7 +32,18 @@ def sglang_required() -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _one_sizing_child_per_module() -> Iterator[None]:
     """SGLang's imports cost seconds: a contract module's many plans share one sizing child, stopped after it."""
+    from sgl_seat.sizing_cache import CACHE_ENV
     from sgl_seat.sizing_sglang import sizing_session
 
-    with sizing_session():
-        yield
+    # Contract tests compare against SGLang's code run now, never against answers kept from an earlier run
+    # (the cache's own contract test turns it back on in a temporary home).
+    saved = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = "off"
+    try:
+        with sizing_session():
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = saved

@@ -142,3 +142,25 @@ def test_every_shipped_planning_config_loads_in_sglangs_model_config(
         if cfg.get("engram_layer_ids"):
             # SGLang's EngramLayout draws each table's hash primes; their sum must be the table's row count.
             assert got["engram_rows_from_primes"] == cfg["engram_num_embeddings"] == got["engram_rows"], d.name
+
+
+def test_a_cached_answer_is_what_sglangs_code_computes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second plan of the same seat reads SGLang's answers from the cache; they equal a fresh computation,
+    and the plan says where they came from."""
+    require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
+    from sgl_seat.sizing_cache import CACHE_ENV
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "sglang")
+    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, "on")
+    spec = load_spec("large")
+    first, second = (build_plan(spec, draft=True, slots=8).capacity for _ in range(2))
+    monkeypatch.setenv(CACHE_ENV, "off")
+    fresh = build_plan(spec, draft=True, slots=8).capacity
+    assert first is not None and second is not None and fresh is not None
+    assert not any("sizing cache" in n for n in first.notes)
+    assert any("sizing cache (2 of 2" in n for n in second.notes)
+    for got in (second, fresh):
+        assert got.source == SOURCE_SGLANG
+        assert (got.draft_off, got.draft_on) == (first.draft_off, first.draft_on)
+    assert len(list((tmp_path / "cache" / "sizing").glob("*.json"))) == 2
