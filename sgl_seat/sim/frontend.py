@@ -84,7 +84,8 @@ class Frontend:
                 st.last_t = now
             if item.get("fin") and self.metrics is not None and st.log_metrics:
                 self.metrics.finished(prompt=item["pt"], generated=item["ct"], cached=item["cached"],
-                                      e2e_s=now - st.created, streaming=st.stream, spec_verify=item.get("sv", 0))
+                                      e2e_s=now - st.created, streaming=st.stream,
+                                      spec_verify=item.get("sv", 0) if self.cfg.spec_on else 0)
             item["e2e_latency"] = now - st.created
             st.queue.put_nowait(item)
 
