@@ -151,6 +151,10 @@ class DraftSpec(_Strict):
     extra_weights_gb: float = Field(
         default=2.0, ge=0, le=512, description="Draft weights per GPU in GiB, when config.json does not say."
     )
+    adaptive: bool = Field(
+        default=False, description="--speculative-adaptive: SGLang's draft-step tiers by batch size (0 steps at a "
+        "batch of 64 with its defaults; KV allocated for the largest tier). EAGLE/EAGLE3 with topk 1 only.",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> DraftSpec:

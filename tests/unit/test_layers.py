@@ -9,7 +9,8 @@ The layers, low to high (ARCHITECTURE.md describes them):
     L4  forensics (may import core, never watchdog)
     L5  watchdog
     L6  launch
-    L7  cli
+    L7  gate (the A/B battery: brings arms up and down through launch)
+    L8  cli
 
 ``sgl_seat.sim`` is the stand-in engine process, apart from the stack: it imports only ``errors``,
 ``topology`` and its own modules, and only ``sgl_seat.engines.sim`` (the sim's backend) imports it.
@@ -40,12 +41,13 @@ LAYERS: dict[str, int] = {
     "forensics": 4,
     "watchdog": 5,
     "launch": 6,
-    "cli": 7,
+    "gate": 7,
+    "cli": 8,
 }
 #: Where the sizing and capacity model may grow (a module or package whose name starts so): layer 2.
 LAYER_PREFIXES: dict[str, int] = {"capacity": 2, "sizing": 2}
 LAYER_NAMES = {0: "errors", 1: "core/spec/topology", 2: "capacity/engines", 3: "plan", 4: "forensics",
-               5: "watchdog", 6: "launch", 7: "cli"}
+               5: "watchdog", 6: "launch", 7: "gate", 8: "cli"}
 DIRECTION = " < ".join(f"L{n} {name}" for n, name in sorted(LAYER_NAMES.items()))
 
 SIM = "sim"
@@ -201,7 +203,7 @@ def test_the_documented_exceptions_are_still_needed() -> None:
     ("sgl_seat.watchdog.sidecar", "from sgl_seat.launch.cluster import bounded\n", 1,
      "L5 watchdog may not import L6"),
     ("sgl_seat.launch.sidecars", "import importlib\nimportlib.import_module('sgl_seat.cli.main')\n", 2,
-     "L6 launch may not import L7"),
+     "L6 launch may not import L8"),
     ("sgl_seat.launch.agent", "from sgl_seat.sim.contract import ADMIN_HOST\n", 1, "only sgl_seat.engines.sim"),
     ("sgl_seat.sim.scheduler", "from sgl_seat.plan import build_plan\n", 1, "the sim (the stand-in engine process)"),
     ("sgl_seat.sim.node", "x = __import__('sgl_seat.launch.procs')\n", 1, "the sim (the stand-in engine process)"),

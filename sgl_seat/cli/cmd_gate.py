@@ -1,0 +1,91 @@
+"""`sgl-seat gate`: the A/B battery that decides whether the draft ships (logic in ``sgl_seat.gate``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sgl_seat.cli.cmd_seat import SeatOrDefault, choose_seat
+from sgl_seat.cli.common import console, err_console, print_json
+from sgl_seat.errors import UsageError
+from sgl_seat.gate import GateOptions, Progress, parse_arms, run_gate
+from sgl_seat.gate.html import render_html
+from sgl_seat.gate.report import render_text
+from sgl_seat.spec import load_spec
+
+
+def _progress(p: Progress) -> None:
+    eta = "" if p.eta_s is None else f", about {p.eta_s / 60:.1f} min left"
+    if p.cell == "done":
+        err_console.print(f"gate: all {p.total_slots} slots done")
+    else:
+        err_console.print(f"gate: slot {p.done_slots + 1}/{p.total_slots} {p.slot}: {p.cell}{eta}")
+
+
+def _urls(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for it in items:
+        arm, sep, url = it.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise UsageError(f"--url {it!r} is not ARM=URL", fix="e.g. --url baseline=http://10.0.0.1:30000")
+        out[arm.strip()] = url.strip()
+    return out
+
+
+def gate(
+    seat: SeatOrDefault = None,
+    arms: Annotated[str, typer.Option("--arms", help="baseline,candidate[,hybrid][,control] (control: baseline "
+                                                     "again, the A/A noise floor).")] = "baseline,candidate",
+    runs: Annotated[int | None, typer.Option("--runs", min=1, help="Repetitions per arm (default 3; --quick 2).")]
+    = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer runs, a shorter sweep and smaller workloads.")]
+    = False,
+    json_out: Annotated[bool, typer.Option("--json", help="The report as JSON on stdout (progress on stderr).")]
+    = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Battery directory (default: "
+                                                           "$SGL_SEAT_HOME/gate/<seat>-<time>).")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the battery in this directory "
+                                                                 "(finished cells are not repeated).")] = None,
+    url: Annotated[list[str] | None, typer.Option("--url", help="ARM=URL of a running seat instead of bringing "
+                                                               "arms up (repeatable; cold gates not measured).")]
+    = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Prompt seed (default: the workloads file's).")] = None,
+    no_watchdog: Annotated[bool, typer.Option("--no-watchdog", help="Arms without watchdog sidecars (the hangs "
+                                                                    "gate is then not measured).")] = False,
+    workloads: Annotated[Path | None, typer.Option("--workloads", help="A workloads YAML instead of the shipped "
+                                                                       "one.")] = None,
+) -> None:
+    """Run the A/B battery: arms interleaved ABBA, paired 95 % intervals, an A/A noise floor, a verdict.
+
+    Prints the verdict (SHIP / DO_NOT_SHIP / INCONCLUSIVE), each gate's ratio, interval and outcome, the
+    crossover concurrency and a recommendation per concurrency band. Each arm is brought up and down by the
+    gate (a fresh engine per slot), or taken from --url. Results are written per cell; --resume DIR continues.
+    """
+    urls = _urls(url or [])
+    spec = None
+    if not urls:  # arms brought up from a spec (a resumed battery too)
+        path, note = choose_seat(seat)
+        if note:
+            err_console.print(note)
+        spec = load_spec(path)
+    arm_list = parse_arms(arms)
+    if urls:
+        urls.setdefault("control", urls.get("baseline", ""))
+        missing = [a for a in arm_list if not urls.get(a)]
+        if missing:
+            raise UsageError(f"no --url for arm(s) {', '.join(missing)}", fix="pass --url ARM=URL for each arm")
+    result = run_gate(GateOptions(spec=spec, urls=urls, arms=arm_list, runs=runs, quick=quick, seed=seed, out=out,
+                                  resume=resume, watchdog=not no_watchdog, workloads=workloads),
+                      progress=_progress, say=lambda s: err_console.print(s))
+    if html is not None:
+        html.write_text(render_html(result.report), encoding="utf-8")
+        err_console.print(f"HTML report: {html}")
+    if json_out:
+        print_json(result.report)
+        return
+    sys.stdout.write(render_text(result.report))
+    console.print(f"battery directory: {result.directory} (report.json)")

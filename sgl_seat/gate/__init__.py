@@ -1,0 +1,98 @@
+"""``sgl-seat gate``: the A/B battery that decides whether the speculative draft ships, with a noise model.
+
+The field report's decision (single-stream up, the shared seat's gates down, neither seat shipped) made by a
+battery that has what its own limitations section lacked: repetitions interleaved ABBA, paired log-ratio
+intervals, an A/A control arm as the noise floor, cold cells after a restart, counter deltas instead of
+cumulative gauges, and the hybrid (``--speculative-adaptive``) arm measured like the others.
+
+Module map:
+
+- ``workloads`` (+ ``workloads.yaml``): the battery and the ship rule as data.
+- ``design``: arms, ABBA schedule, a slot's cells.
+- ``stats``: paired log-ratio intervals, PASS/FAIL/INCONCLUSIVE, crossover.
+- ``client``: the asyncio streaming OpenAI client (tokens from ``usage``).
+- ``scrape``: counters and ``/server_info`` from the engine.
+- ``arms``: arms brought up and down through ``sgl_seat.launch``, or running seats by URL.
+- ``runner``: slots and cells, each cell on disk as it completes, resume.
+- ``verdict``: cells -> the versioned report; ``report`` (text) and ``html`` render it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sgl_seat.errors import UsageError
+from sgl_seat.gate.arms import Arms, SeatArms, UrlArms
+from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE
+from sgl_seat.gate.runner import BatteryDir, Progress, run_battery, start_battery
+from sgl_seat.gate.verdict import build_report
+from sgl_seat.gate.workloads import load_battery
+from sgl_seat.launch.home import seat_home
+from sgl_seat.spec import SeatSpec
+
+__all__ = ["GateOptions", "GateResult", "Progress", "parse_arms", "run_gate"]
+
+
+def parse_arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARM_NAMES]
+    if bad or BASELINE not in arms or CANDIDATE not in arms or len(set(arms)) != len(arms):
+        raise UsageError(f"--arms {text!r}: give baseline,candidate and optionally hybrid and control, each once"
+                         + (f" ({', '.join(bad)} unknown)" if bad else ""),
+                         fix="e.g. --arms baseline,candidate,hybrid,control")
+    return arms
+
+
+@dataclass(kw_only=True, slots=True)
+class GateOptions:
+    spec: SeatSpec | None = None  # arms brought up from this seat spec
+    urls: Mapping[str, str] = field(default_factory=dict)  # or: arm -> endpoint of a running seat
+    arms: list[str] = field(default_factory=lambda: [BASELINE, CANDIDATE])
+    runs: int | None = None
+    quick: bool = False
+    seed: int | None = None
+    out: Path | None = None
+    resume: Path | None = None
+    watchdog: bool = True
+    workloads: Path | None = None
+    request_timeout: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    directory: Path
+    report: dict[str, Any]
+
+
+def _arms_impl(opts: GateOptions, say: Callable[[str], None]) -> Arms:
+    if opts.urls:
+        return UrlArms(opts.urls)
+    if opts.spec is None:
+        raise UsageError("gate needs a seat spec or the URLs of running seats", fix="pass --seat or --url ARM=URL")
+    return SeatArms(opts.spec, watchdog=opts.watchdog, say=say)
+
+
+def run_gate(opts: GateOptions, *, progress: Callable[[Progress], None] = lambda _p: None,
+             say: Callable[[str], None] = lambda _s: None) -> GateResult:
+    """Run (or resume) a battery, then build its report (also written as ``report.json`` in the directory)."""
+    if opts.resume is not None:
+        bd = BatteryDir(opts.resume)
+        plan = bd.read_plan()
+        opts.arms = list(plan["arms"])
+        say(f"resuming the battery in {bd.root}")
+    else:
+        battery = load_battery(quick=opts.quick, path=opts.workloads).with_runs(opts.runs, opts.seed)
+        name = opts.spec.name if opts.spec is not None else "urls"
+        root = opts.out or seat_home() / "gate" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        arms_from: dict[str, Any] = ({"kind": "urls", "urls": dict(opts.urls)} if opts.urls else
+                                     {"kind": "seat", "seat": name, "source": opts.spec.source if opts.spec else None})
+        bd = start_battery(root, battery, opts.arms, arms_from)
+        say(f"battery directory: {bd.root}")
+    run_battery(bd, _arms_impl(opts, say), progress=progress, request_timeout=opts.request_timeout)
+    report = build_report(bd)
+    bd.write_json(bd.root / "report.json", report)
+    return GateResult(bd.root, report)

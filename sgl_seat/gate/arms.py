@@ -1,0 +1,161 @@
+"""The battery's arms: how each one is brought up and down (or found running).
+
+Arms come from one seat spec: ``baseline`` (draft off), ``candidate`` (draft on), ``hybrid`` (draft on with
+``--speculative-adaptive``: steps by batch size, SGLang 0.5.23's closest thing to "speculation off above N
+running requests") and ``control`` (baseline again: the A/A arm whose spread is the noise floor).
+
+Two ways to get an arm:
+
+- :class:`SeatArms` brings each arm up and down itself through ``sgl_seat.launch`` (a fresh engine per slot, so
+  cold TTFT and greedy identity after a restart are measured). Each arm is its own seat name
+  (``<seat>-<arm>``), so its bundles and logs stay apart. A spec with ``cluster.address: local`` gets one local
+  Ray cluster for the whole battery (engine start-up is then the only per-slot cost).
+- :class:`UrlArms` takes the endpoints of seats that are already running; nothing restarts, so the cold gates
+  are reported as not measured, and hangs are read only where a bundles directory is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from sgl_seat.errors import UsageError
+from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID
+from sgl_seat.launch import teardown
+from sgl_seat.launch import up as seat_up
+from sgl_seat.launch.localcluster import LocalClusterRecord, start_local_cluster, stop_local_cluster
+from sgl_seat.spec import SeatSpec
+
+__all__ = ["ArmSession", "Arms", "SeatArms", "UrlArms", "arm_spec"]
+
+log = logging.getLogger(__name__)
+DRAFT_ON = frozenset({CANDIDATE, HYBRID})
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSession:
+    arm: str
+    endpoint: str
+    model: str
+    cold: bool  # a fresh engine start: cold cells are meaningful
+    bundles_dir: Path | None
+    up_s: float | None = None
+
+
+class Arms(Protocol):
+    restarts: bool
+
+    def start(self, arm: str) -> ArmSession: ...
+
+    def stop(self, session: ArmSession) -> None: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def arm_spec(spec: SeatSpec, arm: str, *, address: str | None = None) -> SeatSpec:
+    """The seat spec of one arm: its own name; the draft adaptive for the hybrid arm; the battery's cluster."""
+    name = f"{spec.name[: 62 - len(arm)]}-{arm}"
+    upd: dict[str, Any] = {"name": name}
+    if arm == HYBRID:
+        upd["draft"] = spec.draft.model_copy(update={"adaptive": True})
+    if address is not None:
+        upd["cluster"] = spec.cluster.model_copy(update={"address": address})
+    return spec.model_copy(update=upd)
+
+
+class SeatArms:
+    """Each slot: ``up`` the arm's seat (draft on or off), measure, ``down``."""
+
+    restarts = True
+
+    def __init__(self, spec: SeatSpec, *, watchdog: bool = True, up_timeout: float = 600.0,
+                 say: Callable[[str], None] = lambda _s: None) -> None:
+        self.spec, self.watchdog, self.up_timeout, self.say = spec, watchdog, up_timeout, say
+        self.cluster: LocalClusterRecord | None = None
+        self._address: str | None = None
+
+    def _ensure_cluster(self) -> None:
+        if self.spec.cluster.address != "local" or self.cluster is not None:
+            return
+        c = self.spec.cluster
+        self.say(f"starting one local Ray cluster for the battery ({c.nodes} simulated nodes)")
+        self.cluster = start_local_cluster(f"{self.spec.name}-gate", nodes=c.nodes, gpus_per_node=c.gpus_per_node,
+                                           cpus_per_node=c.cpus_per_node, timeout=180.0)
+        self._address = self.cluster.gcs_address
+
+    def start(self, arm: str) -> ArmSession:
+        self._ensure_cluster()
+        spec = arm_spec(self.spec, arm, address=self._address)
+        t0 = time.monotonic()
+        rec, _ = seat_up.up(spec, seat_up.UpOptions(draft=arm in DRAFT_ON, timeout=self.up_timeout,
+                                                    no_watchdog=not self.watchdog))
+        if not rec.endpoint:
+            raise UsageError(f"arm {arm}: `up` returned no endpoint")
+        return ArmSession(arm, rec.endpoint.rstrip("/"), spec.model.name, True,
+                          Path(rec.bundles_dir) if rec.bundles_dir and self.watchdog else None,
+                          time.monotonic() - t0)
+
+    def stop(self, session: ArmSession) -> None:
+        teardown.down(arm_spec(self.spec, session.arm).name)
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            left = stop_local_cluster(pid=self.cluster.pid, create_time=self.cluster.create_time,
+                                      known=self.cluster.processes)
+            if left:
+                log.warning("the battery's local Ray cluster left processes: %s", left)
+            self.cluster = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "seat", "seat": self.spec.name, "engine": self.spec.engine, "source": self.spec.source,
+                "watchdog": self.watchdog}
+
+
+def served_model(endpoint: str, timeout: float = 10.0) -> str:
+    """The model name a running seat serves (``/v1/models``)."""
+    try:
+        r = httpx.get(f"{endpoint}/v1/models", timeout=timeout, trust_env=False)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, LookupError, TypeError) as exc:
+        raise UsageError(f"cannot read the served model from {endpoint}/v1/models: {exc}",
+                         fix="check the URL: it is the seat's endpoint, e.g. http://10.0.0.1:30000") from None
+
+
+class UrlArms:
+    """Seats that are already running: nothing is restarted, so cold cells are not measured."""
+
+    restarts = False
+
+    def __init__(self, urls: Mapping[str, str], *, bundles: Mapping[str, Path] | None = None) -> None:
+        self.urls = {k: v.rstrip("/") for k, v in urls.items()}
+        self.bundles = dict(bundles or {})
+        self._models: dict[str, str] = {}
+
+    def start(self, arm: str) -> ArmSession:
+        if arm not in self.urls:
+            raise UsageError(f"arm {arm} has no URL", fix=f"pass --url {arm}=http://HOST:PORT")
+        url = self.urls[arm]
+        if arm not in self._models:
+            self._models[arm] = served_model(url)
+        return ArmSession(arm, url, self._models[arm], False, self.bundles.get(arm))
+
+    def stop(self, session: ArmSession) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "urls", "urls": dict(self.urls)}
+
+
+ALL_ARMS = (BASELINE, CANDIDATE, HYBRID, CONTROL)

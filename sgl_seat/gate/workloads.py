@@ -1,0 +1,130 @@
+"""The battery's workloads and gates, loaded from ``workloads.yaml`` (data, not code), and the prompts they send.
+
+Why data: the ship rule is the operator's (the field report set it before its first run: aggregate at 64 >= 95 %
+of baseline, cold TTFT within a bound, the prefix hit rate held). Changing a threshold or a sweep level is an
+edit to a YAML file that a reviewer reads, never a code change. ``quick`` overrides ``full`` section by section.
+
+Prompts are words drawn from a seeded generator: the same seed gives the same battery on every arm, so the
+arms see identical traffic. A word is about one token on the sim (exactly one) and on real tokenizers (roughly);
+the client reads what was served from ``usage``, never from these counts.
+"""
+
+from __future__ import annotations
+
+import random
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sgl_seat.errors import UsageError
+
+__all__ = ["Battery", "GateRule", "load_battery", "prompt_words"]
+
+SCHEMA_VERSION = 1
+METRICS = ("sweep_output_tok_s", "cold_ttft_s", "prefix_hit_rate_warm", "kv_pool_tokens", "hangs",
+           "max_running_requests", "single_stream_tok_s")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Greedy(_Strict):
+    prompts: int = Field(ge=1, le=1000)
+    prompt_tokens: int = Field(default=64, ge=1)
+    max_tokens: int = Field(ge=1)
+
+
+class Sweep(_Strict):
+    levels: list[int] = Field(min_length=1)
+    requests_per_client: int = Field(ge=1)
+    prompt_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+
+
+class ColdTTFT(_Strict):
+    prompt_tokens: int = Field(ge=1)
+    max_tokens: int = Field(default=8, ge=1)
+
+
+class Prefix(_Strict):
+    groups: int = Field(ge=1)
+    prompts_per_group: int = Field(ge=1)
+    system_tokens: int = Field(ge=1)
+    question_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+    passes: int = Field(ge=2, description="The first pass is the cold one, reported apart.")
+    concurrency: int = Field(ge=1)
+
+
+class GateRule(_Strict):
+    """One row of the ship rule."""
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
+    metric: Literal["sweep_output_tok_s", "cold_ttft_s", "prefix_hit_rate_warm", "kv_pool_tokens", "hangs",
+                    "max_running_requests", "single_stream_tok_s"]
+    at: int | None = Field(default=None, ge=1, description="The sweep level (sweep metrics only).")
+    threshold: float = Field(ge=0)
+    higher_is_better: bool
+
+
+class Battery(_Strict):
+    runs: int = Field(ge=1, le=100)
+    seed: int = 1
+    greedy: Greedy
+    sweep: Sweep
+    cold_ttft: ColdTTFT
+    prefix: Prefix
+    gates: list[GateRule] = Field(min_length=1)
+
+    def levels(self) -> list[int]:
+        return sorted(set(self.sweep.levels))
+
+    def with_runs(self, runs: int | None, seed: int | None = None) -> Battery:
+        upd: dict[str, Any] = {}
+        if runs is not None:
+            upd["runs"] = runs
+        if seed is not None:
+            upd["seed"] = seed
+        return self.model_copy(update=upd)
+
+
+def _default_path() -> Path:
+    return Path(str(resources.files("sgl_seat.gate") / "workloads.yaml"))
+
+
+def load_battery(*, quick: bool = False, path: Path | None = None) -> Battery:
+    """The battery of ``path`` (default: the shipped ``workloads.yaml``), ``quick`` merged over ``full``."""
+    src = path or _default_path()
+    try:
+        doc = yaml.safe_load(src.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read the gate workloads {src}: {exc}", fix="check the file") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or "full" not in doc:
+        raise UsageError(f"{src}: not a gate workloads file (schema_version {SCHEMA_VERSION} with a 'full' block)",
+                         fix="start from sgl_seat/gate/workloads.yaml")
+    raw: dict[str, Any] = dict(doc["full"])
+    if quick:
+        for key, val in (doc.get("quick") or {}).items():
+            raw[key] = {**raw.get(key, {}), **val} if isinstance(val, dict) else val
+    try:
+        battery = Battery.model_validate(raw)
+    except ValidationError as exc:
+        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]  # a misspelling first
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"{src}: {where}: {err['msg']}", fix="fix that field of the workloads file") from None
+    for g in battery.gates:
+        if g.metric == "sweep_output_tok_s" and g.at not in battery.levels():
+            raise UsageError(f"{src}: gate {g.name} reads the sweep at {g.at}, which is not a sweep level "
+                             f"{battery.levels()}", fix="add the level to sweep.levels or change the gate's 'at'")
+    return battery
+
+
+def prompt_words(seed: int | str, n: int, *, tag: str) -> str:
+    """``n`` words, deterministic in (``seed``, ``tag``): the same prompt on every arm."""
+    rng = random.Random(f"{seed}:{tag}")  # noqa: S311 (reproducible prompts, not secrets)
+    syll = ("ba", "de", "fi", "go", "ku", "la", "me", "ni", "po", "ru", "sa", "te", "vi", "zo")
+    return " ".join(rng.choice(syll) + rng.choice(syll) for _ in range(n))

@@ -1,0 +1,114 @@
+"""The battery's statistics on seeded synthetic samples whose true answer is known: the t quantile against its
+table, interval coverage, the three-way gate, A/A never failing, and the crossover bracketing the true one."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sgl_seat.gate.stats import Interval, Outcome, band_of, crossover, judge, paired_log_ratio, t_quantile
+
+
+@pytest.mark.parametrize(("p", "df", "want"), [
+    (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764), (0.95, 2, 2.9200), (0.95, 4, 2.1318),
+    (0.95, 8, 1.8595), (0.975, 30, 2.0423), (0.5, 3, 0.0), (0.025, 2, -4.3027),
+])
+def test_t_quantile_matches_the_table(p: float, df: int, want: float) -> None:
+    """GIVEN Student's t tables (bench-anchors: one-sided 95 % df 2 -> 2.92, df 4 -> 2.13, df 8 -> 1.86) WHEN the
+    quantile is computed THEN it matches to 4 decimals."""
+    assert t_quantile(p, df) == pytest.approx(want, abs=2e-4)
+
+
+def _sample(rng: random.Random, n: int, true_ratio: float, cv: float) -> tuple[list[float], list[float]]:
+    """n paired runs: a shared drift per run (cancels in the pair), independent noise of ``cv`` on each arm."""
+    base, cand = [], []
+    for _ in range(n):
+        drift = math.exp(rng.gauss(0, 0.05))
+        base.append(1000 * drift * math.exp(rng.gauss(0, cv)))
+        cand.append(1000 * true_ratio * drift * math.exp(rng.gauss(0, cv)))
+    return base, cand
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_interval_covers_the_true_ratio_about_95_percent(n: int) -> None:
+    """GIVEN 2000 seeded batteries with a known ratio of 0.86 and 3 % run noise WHEN each gets its paired interval
+    THEN about 95 % of the intervals contain 0.86 (93-97 %), so the interval is neither too narrow nor too wide."""
+    rng = random.Random(7 + n)
+    hits = 0
+    for _ in range(2000):
+        iv = paired_log_ratio(*_sample(rng, n, 0.86, 0.03))
+        hits += iv.low <= 0.86 <= iv.high
+    assert 0.93 <= hits / 2000 <= 0.97, hits / 2000
+
+
+def test_pairing_cancels_shared_drift() -> None:
+    """GIVEN runs whose shared drift (5 %) is larger than the noise (0.5 %) WHEN paired THEN the interval is much
+    narrower than the drift: pairing removes what both arms of a repetition shared."""
+    iv = paired_log_ratio(*_sample(random.Random(3), 5, 0.9, 0.005))
+    assert iv.half_width < 0.02 and iv.low < 0.9 < iv.high
+
+
+def test_gate_outcomes() -> None:
+    """GIVEN intervals on each side of a 0.95 threshold WHEN judged THEN above -> PASS, below -> FAIL, straddling ->
+    INCONCLUSIVE, and for a lower-is-better gate the same mirrored."""
+    above, below, across = Interval(1.0, 0.96, 1.04, 3, 0.01), Interval(0.8, 0.7, 0.9, 3, 0.05), \
+        Interval(0.95, 0.9, 1.0, 3, 0.02)
+    assert [judge(x, 0.95, higher_is_better=True) for x in (above, below, across)] == \
+        [Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE]
+    assert judge(Interval(1.0, 0.98, 1.05, 3, 0.01), 1.10, higher_is_better=False) is Outcome.PASS
+    assert judge(Interval(3.7, 3.5, 3.9, 3, 0.01), 1.10, higher_is_better=False) is Outcome.FAIL
+    assert judge(Interval(1.1, 1.0, 1.2, 3, 0.01), 1.10, higher_is_better=False) is Outcome.INCONCLUSIVE
+    one = paired_log_ratio([100.0], [80.0])
+    assert one.n == 1 and one.low == 0.0 and math.isinf(one.high)
+    assert judge(one, 0.95, higher_is_better=True) is Outcome.INCONCLUSIVE
+
+
+def test_aa_almost_never_fails_and_a_real_loss_fails() -> None:
+    """GIVEN 2000 seeded A/A batteries (true ratio 1, 3 % noise, n = 3) WHEN gated at >= 0.95 THEN FAIL is rare
+    (at most 2.5 %, the interval's one tail beyond 1 -> 0.95 is further still); GIVEN a true 0.80 THEN FAIL mostly."""
+    rng = random.Random(11)
+    aa = [judge(paired_log_ratio(*_sample(rng, 3, 1.0, 0.03)), 0.95, higher_is_better=True) for _ in range(2000)]
+    assert aa.count(Outcome.FAIL) / 2000 <= 0.025
+    loss = [judge(paired_log_ratio(*_sample(rng, 3, 0.80, 0.03)), 0.95, higher_is_better=True) for _ in range(500)]
+    assert loss.count(Outcome.FAIL) / 500 > 0.8
+
+
+def test_paired_log_ratio_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="equal"):
+        paired_log_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        paired_log_ratio([1.0, 0.0], [1.0, 1.0])
+
+
+def _curve(levels: list[int], cross: float, rng: random.Random, n: int = 5) -> list[Interval]:
+    """Ratio falls linearly in log concurrency through 1 at ``cross``."""
+    out = []
+    for c in levels:
+        true = math.exp(-0.25 * (math.log(c) - math.log(cross)))
+        out.append(paired_log_ratio(*_sample(rng, n, true, 0.02)))
+    return out
+
+
+def test_crossover_brackets_the_true_crossover() -> None:
+    """GIVEN a ratio curve crossing 1 at 20 concurrent (seeded noise) WHEN the crossover is computed THEN its
+    estimate is near 20 and its interval contains 20; the bands say on at 1-8 and off at 64."""
+    levels = [1, 8, 16, 32, 64]
+    ivs = _curve(levels, 20.0, random.Random(5))
+    cx = crossover(levels, ivs)
+    assert cx.estimate is not None and 14 < cx.estimate < 28
+    assert cx.low is not None and cx.high is not None and cx.low <= 20 <= cx.high
+    assert band_of(ivs[0]) == "on" and band_of(ivs[-1]) == "off"
+
+
+def test_crossover_outside_the_sweep() -> None:
+    """GIVEN a draft that loses everywhere, or pays everywhere WHEN the crossover is computed THEN it says below the
+    sweep, or beyond it, with no estimate."""
+    levels = [1, 8, 64]
+    lose = [Interval(0.8, 0.75, 0.85, 3, 0.01)] * 3
+    win = [Interval(1.5, 1.4, 1.6, 3, 0.01)] * 3
+    assert crossover(levels, lose).below_sweep and crossover(levels, lose).estimate is None
+    assert crossover(levels, win).beyond_sweep and crossover(levels, win).estimate is None
+    with pytest.raises(ValueError, match="ascending"):
+        crossover([8, 1, 64], lose)
