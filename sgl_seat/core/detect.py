@@ -21,9 +21,6 @@ the evidence):
    waits in a collective or device sync and the probe records carry GPU timing, the stacks are
    undecided (on a GPU the culprit's CPU thread waits there too): no verdict from stacks, the GPU record
    decides (detector 2) or the no-progress detector reports it later.
-   Every rank sitting at the same frame of work, outside any collective, is one long forward (a 400k-token
-   prefill), not a hang (:func:`one_forward`): this detector and no-progress hold off until it has lasted
-   ``engine_timeout_s``, SGLang's own bound on a forward.
 4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
    ``--watchdog-timeout``, but definitive when nothing above fired).
 5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
@@ -40,8 +37,9 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from sgl_seat.core.frames import collective_frame, python_frames, short_name, stuck_frame
 from sgl_seat.core.observation import (
@@ -52,7 +50,7 @@ from sgl_seat.core.observation import (
     probe_targets,
     python_samples,
 )
-from sgl_seat.core.records import EngineProcess, MetricsPoint, ProbeRecord, StackSample, Verdict, VerdictKind
+from sgl_seat.core.records import EngineProcess, MetricsPoint, StackSample, Verdict, VerdictKind
 from sgl_seat.core.stats import percentile
 from sgl_seat.spec import WatchdogSpec
 
@@ -103,60 +101,6 @@ def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None]
         if collective_frame(th) is not None:
             out.add(s.rank)
     return tuple(sorted(out))
-
-
-@dataclass(frozen=True, slots=True)
-class OneForward:
-    """Every scheduler rank on record in one forward: the frame they share and since when all are there."""
-
-    frame: str
-    since: float
-
-
-def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | None:
-    """Whether every scheduler rank on record sits in one long forward (not a hang), per its latest samples.
-
-    Why: a 400k-token prefill keeps every rank inside one forward for tens of seconds; stacks stay unchanged and
-    no token progresses while requests run, which is all the stack and no-progress detectors look at. What tells
-    it from a hang is the shape: in a hang one rank lags while its peers wait for it in a collective (or a probed
-    fetch or kernel is late, which the row-fetch detector names); in a long forward every rank sits at the same
-    frame of work, outside any collective, device sync or probed call. It takes two or more ranks (one rank
-    gives no evidence of being in step) whose last two samples are fresh and alike (there for a sample period,
-    not passing through). The soak (``bench/watchdog_soak.py``) found this case: a false bundle per long prefill.
-    """
-    period = 1.0 / th.sample_hz
-    sigs_by_pid: dict[int, list[tuple[float, tuple[tuple[str, str, int], ...]]]] = {}
-    last: dict[int, StackSample] = {}
-    for s in python_samples(obs, now):
-        main = s.main_thread()
-        if s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None or main is None:
-            continue
-        sigs_by_pid.setdefault(s.pid, []).append((s.t, main.signature()))
-        if s.pid not in last or s.t >= last[s.pid].t:
-            last[s.pid] = s
-    if len(sigs_by_pid) < 2:
-        return None
-    shared = {max(ts)[1] for ts in sigs_by_pid.values()}
-    sig = next(iter(shared))
-    if len(shared) != 1 or not sig:
-        return None
-    since = -math.inf
-    for ts in sigs_by_pid.values():
-        ts.sort(key=lambda x: x[0])
-        if len(ts) < 2 or ts[-2][1] != sig or now - ts[-1][0] > max(3.0 * period, 5.0):
-            return None
-        start = ts[-1][0]
-        for t, other in reversed(ts):  # the trailing run of this frame: since when the rank has sat there
-            if other != sig:
-                break
-            start = t
-        since = max(since, start)
-    thread = next(iter(last.values())).main_thread()
-    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in probe_targets(obs)}
-    if collective_frame(thread) is not None or any(short_name(f) in names for f in python_frames(thread)):
-        return None
-    frame = stuck_frame(thread, ())
-    return OneForward(frame=frame.label if frame else "?", since=since)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,22 +186,16 @@ def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | No
     return own, victims - set(own)
 
 
-def _late_since(p: ProbeRecord, now: float, threshold: float) -> float | None:
-    """When a late probed call began to be late: its host start (call in flight) or its GPU start (work in
-    flight on the stream), whichever is past ``threshold`` at ``now``; None when it is not late."""
-    if in_flight(p, now) and now - p.start >= threshold:
-        return p.start
-    if p.gpu_in_flight(now) and p.gpu_start is not None and now - p.gpu_start >= threshold:
-        return p.gpu_start
-    return None
-
-
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
-    late = [(t, p) for p in obs.probes if (t := _late_since(p, now, th.rowfetch_inflight_s)) is not None]
-    if not late:
+    # Over the probe columns (a bundle holds a million records): when each call began to be late, NaN if not.
+    pc = obs.probes
+    late_t = pc.late_since(now, th.rowfetch_inflight_s)
+    late = np.flatnonzero(~np.isnan(late_t))
+    if not late.size:
         return None
-    late.sort(key=lambda tp: (tp[0], tp[1].rank, tp[1].pid, tp[1].seq))
-    since, worst = late[0]
+    # Earliest first; ties by rank, pid, seq, then the observation's order (lexsort is stable).
+    late = late[np.lexsort((pc.seq[late], pc.pid[late], pc.rank[late], late_t[late]))]
+    since, worst = float(late_t[late[0]]), pc.record(int(late[0]))
     on_gpu = not in_flight(worst, now)
     rank = worst.rank if worst.rank >= 0 else _rank_of_pid(obs, worst.pid)
     node = worst.node if worst.node >= 0 else node_of(obs, rank)
@@ -269,8 +207,8 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
             if short_name(f) == func:
                 frame_label = f.label
                 break
-    done = [p.duration(now) for p in obs.probes if p.pid == worst.pid and p.end is not None
-            and now - EVIDENCE_WINDOW_S <= p.end <= now and p.target == worst.target]
+    done = pc.durations(now)[(pc.pid == worst.pid) & (now - EVIDENCE_WINDOW_S <= pc.end) & (pc.end <= now)
+                             & pc.target_is(worst.target)].tolist()
     where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
         if on_gpu else "in flight"
     ev = [f"{worst.target} {where} for {_fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
@@ -280,7 +218,7 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     if done:
         ev.append(f"its fetches in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
                   f"p50 {percentile(done, 50) * 1e3:.2f} ms, p99 {percentile(done, 99) * 1e3:.2f} ms")
-    others = sorted({p.rank for _, p in late[1:]} - {rank})
+    others = sorted({int(r) for r in pc.rank[late[1:]]} - {rank})
     if others:
         ev.append(f"also late: ranks {others}")
     return Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=rank, node=node, frame=frame_label, t=now,
@@ -351,9 +289,9 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         else:
             # No metrics: accept only if the node's probes were busy just before the window and quiet in it.
             node = last_k[-1].node
-            probes = [p for p in obs.probes if p.node == node or p.pid in by_pid]
-            busy_before = any(p.end is not None and t0 - 2.0 * period - 2.0 <= p.end <= t0 for p in probes)
-            quiet = not any(p.end is not None and t0 < p.end <= t1 for p in probes)
+            ends = obs.probes.end[(obs.probes.node == node) | np.isin(obs.probes.pid, list(by_pid))]  # NaN: in flight
+            busy_before = bool(np.any((t0 - 2.0 * period - 2.0 <= ends) & (ends <= t0)))
+            quiet = not np.any((t0 < ends) & (ends <= t1))
             if not (busy_before and quiet):
                 continue
         rank = last_k[-1].rank
@@ -361,9 +299,6 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         cands.append((t0, rank, last_k[-1], pid))
     if not cands:
         return None
-    fwd = one_forward(obs, th, now)
-    if fwd is not None and now - fwd.since < th.engine_timeout_s:
-        return None  # every rank in one long forward: no rank lags (the engine's own watchdog bounds it)
     waiting = {c[1] for c in cands if collective_frame(c[2].main_thread()) is not None
                and not any(short_name(f) in {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
                            for f in python_frames(c[2].main_thread()))}
@@ -375,7 +310,7 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     ev = [f"rank {rank} main-thread stack unchanged for {k} samples over {_fmt_s(sample.t - t0)}"
           + (f" at {frame.label}" if frame else "")]
     if not lagging:
-        if any(p.gpu for p in obs.probes if p.start <= now):
+        if np.any(obs.probes.gpu & (obs.probes.start <= now)):
             # On a GPU the culprit's CPU thread runs on into the collective too (its stalled kernel does not
             # hold it): identical waits do not say who lags, and the GPU records can. Undecided, no verdict.
             return None
@@ -423,9 +358,6 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     span = [m for m in pts if m.t >= flat_since]
     if last.t - flat_since < th.no_progress_s or not all(m.values.get(RUNNING, 0.0) > 0 for m in span):
         return None
-    fwd = one_forward(obs, th, now)
-    if fwd is not None and now - fwd.since < th.engine_timeout_s:
-        return None  # every rank in one long forward (a long prefill), not a hang; bounded as above
     rank, node, frame, why = _attribute(obs, now)
     ev = [f"no token progress for {_fmt_s(last.t - flat_since)} while {int(last.get(RUNNING))} requests run "
           f"(threshold {_fmt_s(th.no_progress_s)})"]
@@ -437,11 +369,17 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
 def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, str | None, str | None]:
     """Who lags, for a verdict that does not say: the oldest in-flight probe, else the one scheduler
     whose latest stack is not in a collective while the others are."""
-    infl = sorted(((p.start if in_flight(p, now) else p.gpu_start or p.start, p) for p in obs.probes
-                   if in_flight(p, now) or p.gpu_in_flight(now)), key=lambda tp: (tp[0], tp[1].rank, tp[1].pid))
+    pc = obs.probes
+    host = pc.in_flight_at(now)
+    rows = np.flatnonzero(host | pc.gpu_in_flight_at(now))
     targets = probe_targets(obs)
-    if infl:
-        since, p = infl[0]
+    if rows.size:
+        # Since when: the call's start while it runs, else its GPU work's; oldest first, ties by rank, pid, then
+        # the observation's order (lexsort is stable).
+        gs = pc.gpu_start[rows]
+        t = np.where(host[rows] | (gs == 0.0), pc.start[rows], gs)  # (the record form read `gpu_start or start`)
+        k = int(np.lexsort((pc.pid[rows], pc.rank[rows], t))[0])
+        since, p = float(t[k]), pc.record(int(rows[k]))
         rank = p.rank if p.rank >= 0 else _rank_of_pid(obs, p.pid)
         where = "in flight" if in_flight(p, now) else "in flight on the GPU"
         return (rank, node_of(obs, rank, p.node if p.node >= 0 else None),

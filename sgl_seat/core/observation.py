@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.records import EngineProcess, LogLine, MetricsPoint, ProbeRecord, StackSample
 
 
@@ -19,23 +20,26 @@ class Observation:
 
     ``rank_nodes`` maps each scheduler rank to its node (from the plan's topology); records carry
     their own node too, the map fills the gaps (e.g. a rank known only from a probe record).
+
+    ``probes`` are columns (:class:`~sgl_seat.core.columns.ProbeColumns`, also a sequence of records): a
+    bundle holds up to a million of them, and the detectors read them vectorised, live and in replay alike.
     """
 
     samples: tuple[StackSample, ...] = ()
-    probes: tuple[ProbeRecord, ...] = ()
+    probes: ProbeColumns = field(default_factory=ProbeColumns)
     metrics: tuple[MetricsPoint, ...] = ()
     logs: tuple[LogLine, ...] = ()
     processes: tuple[EngineProcess, ...] = ()
     rank_nodes: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] = (),
+    def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] | ProbeColumns = (),
            metrics: Iterable[MetricsPoint] = (), logs: Iterable[LogLine] = (),
            processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None) -> Observation:
         """Build from any iterables, in a canonical order (so live and replay see the same sequence)."""
         return cls(
             samples=tuple(sorted(samples, key=lambda s: (s.t, s.node, s.pid, s.native))),
-            probes=tuple(sorted(probes, key=lambda p: (p.start, p.node, p.pid, p.seq))),
+            probes=(probes if isinstance(probes, ProbeColumns) else ProbeColumns.from_records(probes)).canonical(),
             metrics=tuple(sorted(metrics, key=lambda m: (m.t, m.node))),
             logs=tuple(logs),
             processes=tuple(sorted(processes, key=lambda p: (p.node, p.pid))),
@@ -44,7 +48,7 @@ class Observation:
 
     def merged(self, other: Observation) -> Observation:
         return Observation.of(
-            samples=(*self.samples, *other.samples), probes=(*self.probes, *other.probes),
+            samples=(*self.samples, *other.samples), probes=ProbeColumns.concat([self.probes, other.probes]),
             metrics=(*self.metrics, *other.metrics), logs=(*self.logs, *other.logs),
             processes=(*self.processes, *other.processes), rank_nodes={**self.rank_nodes, **other.rank_nodes},
         )
@@ -81,7 +85,7 @@ def node_of(obs: Observation, rank: int | None, fallback: int | None = None) -> 
 
 def probe_targets(obs: Observation) -> list[str]:
     """The probe targets the observation's row-fetch records name (what a stuck frame is matched against)."""
-    return sorted({p.target for p in obs.probes})
+    return obs.probes.targets()
 
 
 def in_flight(p: ProbeRecord, now: float) -> bool:

@@ -24,10 +24,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from sgl_seat.core.columns import F64, I64, Mask, ProbeColumns
 from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
 from sgl_seat.core.nodeloss import missing_nodes, names
 from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
-from sgl_seat.core.stats import gather_bucket, percentile
+from sgl_seat.core.stats import gather_bucket, percentile, rank_index
 from sgl_seat.forensics.bundle import Bundle
 
 __all__ = [
@@ -88,71 +91,76 @@ def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
-def _latency_stats(vals: list[float]) -> dict[str, float | int]:
-    if not vals:
+def _latency_stats(vals: F64) -> dict[str, float | int]:
+    """Count, p50, p99 and max (ms) of a latency column (nearest rank, as :func:`~sgl_seat.core.stats.percentile`)."""
+    n = len(vals)
+    if not n:
         return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-    return {"count": len(vals), "p50_ms": _r(percentile(vals, 50)), "p99_ms": _r(percentile(vals, 99)),
-            "max_ms": _r(max(vals))}
+    s = np.sort(vals)
+    return {"count": n, "p50_ms": _r(s[rank_index(n, 50)]), "p99_ms": _r(s[rank_index(n, 99)]),
+            "max_ms": _r(s[-1])}
 
 
-def _bucket_key(g: int) -> int:
-    """One int per :func:`~sgl_seat.core.stats.gather_bucket` (its bit length; -1: unknown), cheap per record."""
-    return g.bit_length() if g >= 0 else -1
+def _bucket_keys(gather: I64) -> I64:
+    """Per record, one int per :func:`~sgl_seat.core.stats.gather_bucket`: the gather size's bit length (0 for 0),
+    -1 where the size is unknown (negative)."""
+    keys = np.zeros(len(gather), np.int64)
+    x = np.where(gather > 0, gather, 0)
+    while x.any():  # one pass per bit of the largest size
+        keys += x > 0
+        x >>= 1
+    keys[gather < 0] = -1
+    return keys
+
+
+def _latencies_ms(pt: ProbeColumns, now: float) -> tuple[F64, Mask]:
+    """Per record, its latency in ms (its age at ``now`` while in flight; never negative), and the in-flight mask."""
+    fl = np.isnan(pt.end)
+    d = (np.where(fl, now, pt.end) - pt.start) * 1000.0
+    return np.where(d < 0.0, 0.0, d), fl
 
 
 def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
     """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
 
     In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
-    latency "explodes", and leaving it out would hide the hang behind healthy percentiles.
+    latency "explodes", and leaving it out would hide the hang behind healthy percentiles. Computed over
+    the probe columns (a one-hour bundle holds a million records).
     """
     pt = bundle.probes
-    by_bucket: dict[int, list[float]] = defaultdict(list)
-    inflight_by_bucket: dict[int, int] = defaultdict(int)
-    by_rank: dict[int, list[float]] = defaultdict(list)
-    group_rank = [g.rank for g in pt.groups]
-    start, end, gather, group = pt.start, pt.end, pt.gather_size, pt.group
-    inflight: list[int] = []
-    for i in range(len(start)):
-        e = end[i]
-        if e != e:  # NaN: still in flight
-            d = (now - start[i]) * 1000.0
-            inflight.append(i)
-            inflight_by_bucket[_bucket_key(gather[i])] += 1
-        else:
-            d = (e - start[i]) * 1000.0
-        if d < 0.0:
-            d = 0.0
-        by_bucket[_bucket_key(gather[i])].append(d)
-        by_rank[group_rank[group[i]]].append(d)
+    d, fl = _latencies_ms(pt, now)
+    keys = _bucket_keys(pt.gather_size)
+    inflight = np.flatnonzero(fl)
     stall_ms = stall_s * 1000.0
     buckets = []
-    for b in sorted(by_bucket):
+    for b in np.unique(keys).tolist():
         lo, hi = gather_bucket(-1 if b < 0 else 0 if b == 0 else 1 << (b - 1))
-        st = _latency_stats(by_bucket[b])
-        buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": inflight_by_bucket[b],
-                        "stalled": st["max_ms"] >= stall_ms and inflight_by_bucket[b] > 0})
+        mine = keys == b
+        st = _latency_stats(d[mine])
+        n_infl = int(np.count_nonzero(fl[mine]))
+        buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": n_infl,
+                        "stalled": st["max_ms"] >= stall_ms and n_infl > 0})
     keyed: list[tuple[tuple[float, int], dict[str, Any]]] = []
-    for i in inflight:
+    for i in inflight.tolist():
         r = pt.record(i)
         age = max(0.0, now - r.start)
         keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread, "seq": r.seq,
                          "target": r.target, "gather_size": r.gather_size, "start_s": _r(r.start - now),
                          "age_ms": _r(age * 1000.0), "stalled": age >= stall_s}))
     keyed.sort(key=lambda kv: kv[0])
-    stalled = [d for _, d in keyed]
+    stalled = [doc for _, doc in keyed]
     worst = max(buckets, key=lambda b: (b["max_ms"], -b["gather_size_min"]), default=None)
-    completed = len(start) - len(inflight)
+    ranks = pt.rank
     return {
-        "records": len(start),
-        "completed": completed,
+        "records": len(pt),
+        "completed": len(pt) - len(inflight),
         "in_flight": len(inflight),
         "stall_threshold_ms": _r(stall_ms),
         "buckets": buckets,
         "worst_bucket": None if worst is None else {"gather_size_min": worst["gather_size_min"],
                                                     "gather_size_max": worst["gather_size_max"],
                                                     "max_ms": worst["max_ms"], "p99_ms": worst["p99_ms"]},
-        "by_rank": [{"rank": r, **_latency_stats(v)} for r, v in sorted(by_rank.items())],
+        "by_rank": [{"rank": r, **_latency_stats(d[ranks == r])} for r in np.unique(ranks).tolist()],
         "in_flight_fetches": stalled[:50],
     }
 
@@ -162,15 +170,10 @@ def rowfetch_scatter(bundle: Bundle, now: float, *, limit: int = 4000) -> list[t
     pt = bundle.probes
     n = len(pt)
     step = max(1, n // limit)
-    pts: list[tuple[int, float, bool]] = []
-    for i in range(0, n, step):
-        e = pt.end[i]
-        fl = e != e
-        pts.append((pt.gather_size[i], max(0.0, ((now if fl else e) - pt.start[i]) * 1000.0), fl))
-    for i, e in enumerate(pt.end):  # never thin away an in-flight fetch
-        if e != e and i % step:
-            pts.append((pt.gather_size[i], max(0.0, (now - pt.start[i]) * 1000.0), True))
-    return pts
+    d, fl = _latencies_ms(pt, now)
+    rows = np.arange(0, n, step)
+    rows = np.concatenate([rows, np.flatnonzero(fl & (np.arange(n) % step != 0))])  # never thin away an in-flight one
+    return list(zip(pt.gather_size[rows].tolist(), d[rows].tolist(), fl[rows].tolist(), strict=True))
 
 
 # ---- stacks ------------------------------------------------------------------------------------

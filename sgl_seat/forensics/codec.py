@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import json
 import math
-from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import IO, Any, Protocol, TypeVar, overload
+from typing import IO, Any, Protocol, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
+from sgl_seat.core.columns import F64, I64, ProbeColumns, ProbeGroup
 from sgl_seat.core.records import Frame, LogLine, ProbeRecord, RecordError, StackSample, ThreadStack
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.layout import MAX_LINE_BYTES
@@ -94,8 +97,38 @@ def loads_document(data: bytes, name: str) -> Any:
     return _loads(data, name)
 
 
-def iter_json_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, parsed value) for each non-blank line, refusing lines over MAX_LINE_BYTES."""
+def _fast_loads() -> Callable[[bytes], Any] | None:
+    try:
+        import orjson
+    except ImportError:  # optional: the standard library's decoder reads the same lines, ~4x slower
+        return None
+    return orjson.loads
+
+
+_FAST_LOADS = _fast_loads()
+
+
+def _loads_fast(raw: bytes, where: str) -> Any:
+    """:func:`_loads` through orjson (strict RFC 8259: no NaN, no lone surrogates) where it is installed.
+
+    Whatever orjson refuses goes to the standard library's decoder, which gives the same value or the same
+    error as without orjson. One difference remains: orjson reads an integer beyond 64 bits as a float, which
+    the record checks then refuse (no field of a probe or stack record holds such a number legitimately).
+    """
+    if _FAST_LOADS is not None:
+        try:
+            return _FAST_LOADS(raw)
+        except ValueError:  # orjson.JSONDecodeError
+            pass
+    return _loads(raw, where)
+
+
+def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, parsed value) for each non-blank line, refusing lines over MAX_LINE_BYTES.
+
+    ``fast``: parse with orjson where installed (the large record files: probe columns and stack samples).
+    """
+    loads = _loads_fast if fast else _loads
     lineno = 0
     while True:
         raw = stream.readline(MAX_LINE_BYTES + 1)
@@ -105,7 +138,7 @@ def iter_json_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, Any]]:
         if len(raw) > MAX_LINE_BYTES:
             raise BundleError(f"{name}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
         if raw.strip():
-            yield lineno, _loads(raw, f"{name}:{lineno}")
+            yield lineno, loads(raw, f"{name}:{lineno}")
 
 
 def _fail(name: str, lineno: int, msg: str) -> BundleError:
@@ -267,113 +300,8 @@ def decode_stack_samples(stream: IO[bytes], name: str) -> list[StackSample]:
 # ---- probe records: column blocks ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeGroup:
-    """What every row of a probe column block shares."""
-
-    node: int
-    rank: int
-    pid: int
-    thread: int
-    target: str
-
-
-class ProbeTable(Sequence[ProbeRecord]):
-    """Probe records held as columns (``array``), materialised as ProbeRecord one at a time.
-
-    A million records as objects cost ~200 MB and seconds to build; as columns they cost ~40 MB, and
-    the analysis (latency by gather size) reads the columns directly. ``end`` is NaN while in flight.
-    """
-
-    __slots__ = ("end", "gather_size", "gpu", "gpu_end", "gpu_start", "group", "groups", "seq", "start")
-
-    def __init__(self) -> None:
-        self.groups: list[ProbeGroup] = []
-        self.group: array[int] = array("l")
-        self.seq: array[int] = array("q")
-        self.start: array[float] = array("d")
-        self.end: array[float] = array("d")
-        self.gather_size: array[int] = array("q")
-        # GPU-stream timing (optional columns: 0 / NaN where no CUDA events were recorded).
-        self.gpu: array[int] = array("b")
-        self.gpu_start: array[float] = array("d")
-        self.gpu_end: array[float] = array("d")
-
-    @classmethod
-    def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeTable:
-        table = cls()
-        index: dict[ProbeGroup, int] = {}
-        for r in records:
-            g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
-            gi = index.get(g)
-            if gi is None:
-                gi = index[g] = len(table.groups)
-                table.groups.append(g)
-            table.group.append(gi)
-            table.seq.append(r.seq)
-            table.start.append(r.start)
-            table.end.append(math.nan if r.end is None else r.end)
-            table.gather_size.append(r.gather_size)
-            table.gpu.append(1 if r.gpu else 0)
-            table.gpu_start.append(math.nan if r.gpu_start is None else r.gpu_start)
-            table.gpu_end.append(math.nan if r.gpu_end is None else r.gpu_end)
-        return table
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def record(self, i: int) -> ProbeRecord:
-        g = self.groups[self.group[i]]
-        end, gs, ge = self.end[i], self.gpu_start[i], self.gpu_end[i]
-        return ProbeRecord(node=g.node, rank=g.rank, pid=g.pid, thread=g.thread, seq=self.seq[i], target=g.target,
-                           start=self.start[i], end=None if math.isnan(end) else end,
-                           gather_size=self.gather_size[i], gpu=bool(self.gpu[i]),
-                           gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge)
-
-    @overload
-    def __getitem__(self, i: int) -> ProbeRecord: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[ProbeRecord]: ...
-
-    def __getitem__(self, i: int | slice) -> ProbeRecord | list[ProbeRecord]:
-        if isinstance(i, slice):
-            return [self.record(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("probe record index out of range")
-        return self.record(i)
-
-    def __iter__(self) -> Iterator[ProbeRecord]:
-        for i in range(len(self)):
-            yield self.record(i)
-
-    def in_flight(self) -> list[ProbeRecord]:
-        """The records whose call had not returned when the ring was read (the stalled fetch among them)."""
-        return [self.record(i) for i, e in enumerate(self.end) if math.isnan(e)]
-
-    def add_block(self, group: ProbeGroup, seq: array[int], start: array[float], end: array[float],
-                  gather: array[int], gpu: tuple[array[int], array[float], array[float]] | None = None) -> None:
-        try:
-            gi = self.groups.index(group)
-        except ValueError:
-            gi = len(self.groups)
-            self.groups.append(group)
-        self.group.extend(array("l", [gi]) * len(seq))
-        self.seq.extend(seq)
-        self.start.extend(start)
-        self.end.extend(end)
-        self.gather_size.extend(gather)
-        if gpu is None:
-            self.gpu.extend(array("b", [0]) * len(seq))
-            self.gpu_start.extend(array("d", [math.nan]) * len(seq))
-            self.gpu_end.extend(array("d", [math.nan]) * len(seq))
-        else:
-            self.gpu.extend(array("b", gpu[0]))
-            self.gpu_start.extend(gpu[1])
-            self.gpu_end.extend(gpu[2])
+#: Probe records decoded from a bundle: the core's columns (kept under this name for the bundle's readers).
+ProbeTable = ProbeColumns
 
 
 def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
@@ -411,33 +339,43 @@ def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
     return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 
-def _int_col(v: Any, what: str) -> array[int]:
-    if not isinstance(v, list) or not all(type(x) is int for x in v):
+_COLUMNS = frozenset({"seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end"})
+_INT = frozenset({int})
+_NUM_T = frozenset({int, float})
+_NUM_OR_NULL = frozenset({int, float, type(None)})
+
+
+def _int_col(v: Any, what: str) -> I64:
+    # set(map(type, ...)) runs in C: the strict type check costs ~1 ms per 65,536-row block (bool is not int)
+    if not isinstance(v, list) or not set(map(type, v)) <= _INT:
         raise RecordError(f"probe_block {what!r} must be a list of integers")
     try:
-        return array("q", v)
+        return np.array(v, dtype=np.int64)
     except OverflowError:
         raise RecordError(f"probe_block {what!r} has an integer out of range") from None
 
 
-def _float_col(v: Any, what: str, *, nullable: bool = False) -> array[float]:
-    if not isinstance(v, list):
-        raise RecordError(f"probe_block {what!r} must be a list of numbers")
-    for x in v:
-        tx = type(x)
-        if tx is not float and tx is not int and not (nullable and x is None):
-            raise RecordError(f"probe_block {what!r} must hold only numbers{' or null' if nullable else ''}")
-    if nullable:
-        return array("d", [math.nan if x is None else x for x in v])
-    return array("d", v)
+def _float_col(v: Any, what: str, *, nullable: bool = False) -> F64:
+    if not isinstance(v, list) or not set(map(type, v)) <= (_NUM_OR_NULL if nullable else _NUM_T):
+        raise RecordError(f"probe_block {what!r} must hold only numbers{' or null' if nullable else ''}")
+    return np.array(v, dtype=np.float64)  # None -> NaN (in flight); an int too large for a float: OverflowError
 
 
-def _block(d: Any) -> tuple[ProbeGroup, array[int], array[float], array[float], array[int],
-                            tuple[array[int], array[float], array[float]] | None]:
+@dataclass(frozen=True, slots=True)
+class _Block:
+    group: ProbeGroup
+    seq: I64
+    start: F64
+    end: F64
+    gather: I64
+    gpu: tuple[I64, F64, F64] | None
+
+
+def _block(d: Any) -> _Block:
     if not isinstance(d, dict):
         raise RecordError("probe_block must be an object")
     # The shared fields go through ProbeRecord's own validation.
-    head = ProbeRecord.from_json({**{k: v for k, v in d.items() if k not in ("gpu", "gpu_start", "gpu_end")},
+    head = ProbeRecord.from_json({**{k: v for k, v in d.items() if k not in _COLUMNS},
                                   "seq": 0, "start": 0.0, "end": None, "gather_size": 0})
     seq = _int_col(d.get("seq"), "seq")
     start = _float_col(d.get("start"), "start")
@@ -445,35 +383,59 @@ def _block(d: Any) -> tuple[ProbeGroup, array[int], array[float], array[float], 
     gather = _int_col(d.get("gather_size"), "gather_size")
     if not len(seq) == len(start) == len(end) == len(gather):
         raise RecordError("probe_block columns differ in length")
-    gpu: tuple[array[int], array[float], array[float]] | None = None
+    gpu: tuple[I64, F64, F64] | None = None
     if "gpu" in d:
         flags = _int_col(d.get("gpu"), "gpu")
-        if any(x not in (0, 1) for x in flags):
+        if not bool(np.all((flags == 0) | (flags == 1))):
             raise RecordError("probe_block 'gpu' must hold only 0 or 1")
         gpu = (flags, _float_col(d.get("gpu_start"), "gpu_start", nullable=True),
                _float_col(d.get("gpu_end"), "gpu_end", nullable=True))
         if not len(gpu[0]) == len(gpu[1]) == len(gpu[2]) == len(seq):
             raise RecordError("probe_block columns differ in length")
-    return ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather, gpu
+    return _Block(ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather, gpu)
 
 
-def decode_probe_records(stream: IO[bytes], name: str) -> ProbeTable:
-    """Decode column blocks and/or plain ProbeRecord lines into one ProbeTable."""
-    table = ProbeTable()
-    for lineno, obj in iter_json_lines(stream, name):
+def _record_block(r: ProbeRecord) -> _Block:
+    """A plain ProbeRecord line as a one-row block."""
+    def f(v: float | None) -> F64:
+        return np.array([math.nan if v is None else v])
+
+    return _Block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target), np.array([r.seq], np.int64), f(r.start),
+                  f(r.end), np.array([r.gather_size], np.int64),
+                  (np.array([int(r.gpu)], np.int64), f(r.gpu_start), f(r.gpu_end)))
+
+
+def _table(blocks: list[_Block]) -> ProbeColumns:
+    """One set of columns from the decoded blocks (each column concatenated once: no growing arrays)."""
+    index: dict[ProbeGroup, int] = {}
+    gi = [np.full(len(b.seq), index.setdefault(b.group, len(index)), np.int64) for b in blocks]
+
+    def cat(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+    def nan(n: int) -> F64:
+        return np.full(n, math.nan)
+
+    return ProbeColumns(
+        list(index), cat(gi, np.int64), cat([b.seq for b in blocks], np.int64),
+        cat([b.start for b in blocks], np.float64), cat([b.end for b in blocks], np.float64),
+        cat([b.gather for b in blocks], np.int64),
+        cat([b.gpu[0] if b.gpu else np.zeros(len(b.seq), np.int64) for b in blocks], np.bool_),
+        cat([b.gpu[1] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64),
+        cat([b.gpu[2] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64))
+
+
+def decode_probe_records(stream: IO[bytes], name: str) -> ProbeColumns:
+    """Decode column blocks and/or plain ProbeRecord lines into one set of columns (numpy, no record objects)."""
+    blocks: list[_Block] = []
+    for lineno, obj in iter_json_lines(stream, name, fast=True):
         try:
             if isinstance(obj, dict) and "probe_block" in obj:
-                table.add_block(*_block(obj["probe_block"]))
+                blocks.append(_block(obj["probe_block"]))
             elif isinstance(obj, dict):
-                r = ProbeRecord.from_json(obj)
-                table.add_block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target), array("q", [r.seq]),
-                                array("d", [r.start]), array("d", [math.nan if r.end is None else r.end]),
-                                array("q", [r.gather_size]),
-                                (array("q", [1 if r.gpu else 0]),
-                                 array("d", [math.nan if r.gpu_start is None else r.gpu_start]),
-                                 array("d", [math.nan if r.gpu_end is None else r.gpu_end])))
+                blocks.append(_record_block(ProbeRecord.from_json(obj)))
             else:
                 raise RecordError("expected a JSON object")
         except (RecordError, OverflowError) as exc:
             raise _fail(name, lineno, str(exc)) from None
-    return table
+    return _table(blocks)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 from sgl_seat import __version__
 from sgl_seat.core.records import Frame, StackSample
 from sgl_seat.forensics.analysis import throughput_series
@@ -114,7 +116,7 @@ def chrome_trace(result: ReplayResult) -> dict[str, Any]:
                        "args": {"samples": seg["samples"], "frame": seg["frame"]}})
     pt = b.probes
     n = len(pt)
-    keep = set(range(max(0, n - MAX_TRACE_FETCHES), n)) | {i for i, e in enumerate(pt.end) if e != e}
+    keep = set(range(max(0, n - MAX_TRACE_FETCHES), n)) | set(np.flatnonzero(np.isnan(pt.end)).tolist())
     for i in sorted(keep):
         rec = pt.record(i)
         pid = pids.get(rec.rank)

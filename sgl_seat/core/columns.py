@@ -1,0 +1,269 @@
+"""Row-fetch probe records as columns: the one form the detectors and the replay analysis read.
+
+Why columns: a one-hour bundle holds ~1,000,000 probe records. As :class:`ProbeRecord` objects they cost
+~200 MB and seconds to build and to scan (issue 15: replay spent 3.4 s of 5.5 s building and scanning
+them); as numpy columns they cost ~50 MB, and a detector's question ("which fetch is in flight past the
+threshold at ``now``?") is one vectorised comparison. The live sidecar's records go through the same
+:class:`ProbeColumns` (``Observation.of`` builds it), so there is one detector implementation over one
+type, live and in replay.
+
+A :class:`ProbeColumns` is also a ``Sequence[ProbeRecord]``: code that reads records one at a time keeps
+working. Built from records (live), it keeps them and hands them back as they were; decoded from a
+bundle, it builds a record only when one is asked for.
+
+Columns are read-only once built. ``end``, ``gpu_start`` and ``gpu_end`` are NaN where the record has None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from sgl_seat.core.records import ProbeRecord
+
+__all__ = ["F64", "I64", "Mask", "ProbeColumns", "ProbeGroup"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeGroup:
+    """What a run of probe records shares: the wrapped call's node, rank, process, thread and target."""
+
+    node: int
+    rank: int
+    pid: int
+    thread: int
+    target: str
+
+
+def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    a.flags.writeable = False
+    return a
+
+
+def _nan_if_none(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+class ProbeColumns(Sequence[ProbeRecord]):
+    """Probe records as numpy columns plus the distinct :class:`ProbeGroup` each row belongs to.
+
+    ``group[i]`` indexes ``groups``; ``rank``/``node``/``pid``/``thread`` give the per-row values of the
+    group fields. Derived columns are computed once, on first use.
+    """
+
+    __slots__ = ("_cache", "_records", "end", "gather_size", "gpu", "gpu_end", "gpu_start", "group", "groups",
+                 "seq", "start")
+
+    def __init__(self, groups: Sequence[ProbeGroup] = (), group: npt.ArrayLike | None = None,
+                 seq: npt.ArrayLike | None = None, start: npt.ArrayLike | None = None,
+                 end: npt.ArrayLike | None = None, gather_size: npt.ArrayLike | None = None,
+                 gpu: npt.ArrayLike | None = None, gpu_start: npt.ArrayLike | None = None,
+                 gpu_end: npt.ArrayLike | None = None, *, records: Sequence[ProbeRecord] | None = None) -> None:
+        def col(v: npt.ArrayLike | None, dtype: type[np.generic]) -> npt.NDArray[Any]:
+            return _frozen(np.asarray(() if v is None else v, dtype=dtype))
+
+        self.groups: tuple[ProbeGroup, ...] = tuple(groups)
+        self.group: I64 = col(group, np.int64)
+        self.seq: I64 = col(seq, np.int64)
+        self.start: F64 = col(start, np.float64)
+        self.end: F64 = col(end, np.float64)
+        self.gather_size: I64 = col(gather_size, np.int64)
+        n = len(self.group)
+        self.gpu: Mask = col(np.zeros(n, np.bool_) if gpu is None else gpu, np.bool_)
+        self.gpu_start: F64 = col(np.full(n, math.nan) if gpu_start is None else gpu_start, np.float64)
+        self.gpu_end: F64 = col(np.full(n, math.nan) if gpu_end is None else gpu_end, np.float64)
+        cols = (self.seq, self.start, self.end, self.gather_size, self.gpu, self.gpu_start, self.gpu_end)
+        if any(c.shape != (n,) for c in cols):
+            raise ValueError("probe columns differ in length")
+        if n and (int(self.group.min()) < 0 or int(self.group.max()) >= len(self.groups)):
+            raise ValueError("a probe row names a group that does not exist")
+        if records is not None and len(records) != n:
+            raise ValueError("probe records and columns differ in length")
+        self._records: Sequence[ProbeRecord] | None = records
+        self._cache: dict[str, Any] = {}
+
+    # ---- building -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeColumns:
+        """Columns of ``records`` in their order; the records themselves are kept for iteration."""
+        recs = records if isinstance(records, list) else list(records)
+        index: dict[ProbeGroup, int] = {}
+        groups: list[ProbeGroup] = []
+        gi: list[int] = []
+        for r in recs:
+            g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
+            i = index.get(g)
+            if i is None:
+                i = index[g] = len(groups)
+                groups.append(g)
+            gi.append(i)
+        return cls(groups, gi, [r.seq for r in recs], [r.start for r in recs],
+                   [_nan_if_none(r.end) for r in recs], [r.gather_size for r in recs], [r.gpu for r in recs],
+                   [_nan_if_none(r.gpu_start) for r in recs], [_nan_if_none(r.gpu_end) for r in recs],
+                   records=recs)
+
+    @classmethod
+    def concat(cls, parts: Sequence[ProbeColumns]) -> ProbeColumns:
+        """One table of every part's rows, in order (groups merged)."""
+        parts = [p for p in parts if len(p)] or list(parts[:1])
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls()
+        index: dict[ProbeGroup, int] = {}
+        remapped = []
+        for p in parts:
+            m = np.array([index.setdefault(g, len(index)) for g in p.groups] or [0], dtype=np.int64)
+            remapped.append(m[p.group])
+        groups = list(index)  # insertion order is index order
+        recs: list[ProbeRecord] | None = None
+        if all(p._records is not None for p in parts):
+            recs = [r for p in parts for r in p._records or ()]
+
+        def cat(name: str) -> npt.NDArray[Any]:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        return cls(groups, np.concatenate(remapped), cat("seq"), cat("start"), cat("end"), cat("gather_size"),
+                   cat("gpu"), cat("gpu_start"), cat("gpu_end"), records=recs)
+
+    def take(self, rows: npt.NDArray[np.intp] | Mask) -> ProbeColumns:
+        """The rows selected by an index array or a mask, in that order (groups kept as they are)."""
+        idx = np.flatnonzero(rows) if rows.dtype == np.bool_ else rows
+        recs = None if self._records is None else [self._records[int(i)] for i in idx]
+        return ProbeColumns(self.groups, self.group[idx], self.seq[idx], self.start[idx], self.end[idx],
+                            self.gather_size[idx], self.gpu[idx], self.gpu_start[idx], self.gpu_end[idx],
+                            records=recs)
+
+    def canonical(self) -> ProbeColumns:
+        """The rows in the observation's canonical order, by (start, node, pid, seq) and then as given (a stable
+        sort, the order ``sorted(records, key=...)`` gives)."""
+        n = len(self)
+        if n < 2:
+            return self
+        order = np.argsort(self.start, kind="stable")
+        s = self.start[order]
+        if bool(np.any(s[1:] == s[:-1])) or bool(np.any(np.isnan(s))):  # ties in start: the full key decides
+            order = np.lexsort((self.seq, self.pid, self.node, self.start))
+        if bool(np.all(order[1:] > order[:-1])):
+            return self
+        return self.take(order)
+
+    # ---- per-row views of the group fields ----------------------------------------------------------
+
+    def _per_row(self, name: str) -> I64:
+        hit = self._cache.get(name)
+        if hit is None:
+            by_group = np.array([getattr(g, name) for g in self.groups] or [0], dtype=np.int64)
+            hit = self._cache[name] = _frozen(by_group[self.group])
+        return hit
+
+    @property
+    def rank(self) -> I64:
+        return self._per_row("rank")
+
+    @property
+    def node(self) -> I64:
+        return self._per_row("node")
+
+    @property
+    def pid(self) -> I64:
+        return self._per_row("pid")
+
+    @property
+    def thread(self) -> I64:
+        return self._per_row("thread")
+
+    def target_is(self, target: str) -> Mask:
+        """Rows whose probe target is ``target``."""
+        hit = np.array([g.target == target for g in self.groups] or [False], dtype=np.bool_)
+        return hit[self.group]
+
+    def targets(self) -> list[str]:
+        """The distinct probe targets that rows name, sorted."""
+        hit = self._cache.get("targets")
+        if hit is None:
+            used = np.bincount(self.group, minlength=len(self.groups)) > 0
+            hit = self._cache["targets"] = sorted({g.target for g, u in zip(self.groups, used, strict=True) if u})
+        return list(hit)
+
+    # ---- the detectors' questions, vectorised (each mirrors a ProbeRecord method) ---------------------
+
+    def in_flight_at(self, now: float) -> Mask:
+        """The call had started by ``now`` and not ended at ``now`` (:func:`~sgl_seat.core.observation.in_flight`)."""
+        return (self.start <= now) & ~(self.end <= now)
+
+    def gpu_in_flight_at(self, now: float) -> Mask:
+        """The call's GPU work had started by ``now`` and not finished (:meth:`ProbeRecord.gpu_in_flight`)."""
+        return self.gpu & (self.gpu_start <= now) & ~(self.gpu_end <= now)
+
+    def late_since(self, now: float, threshold: float) -> F64:
+        """Per row, when a late call began to be late: its host start while the call is in flight for at least
+        ``threshold``, else its GPU start while its GPU work is; NaN where it is not late."""
+        host = self.in_flight_at(now) & (now - self.start >= threshold)
+        gpu = ~host & self.gpu_in_flight_at(now) & (now - self.gpu_start >= threshold)
+        return np.where(host, self.start, np.where(gpu, self.gpu_start, math.nan))
+
+    def durations(self, now: float) -> F64:
+        """Seconds taken, or the age at ``now`` while in flight (:meth:`ProbeRecord.duration`)."""
+        return np.where(np.isnan(self.end), now, self.end) - self.start
+
+    # ---- Sequence[ProbeRecord] ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def record(self, i: int) -> ProbeRecord:
+        """Row ``i`` as a ProbeRecord (the kept record where the table was built from records)."""
+        if self._records is not None:
+            return self._records[i]
+        g = self.groups[int(self.group[i])]
+        end, gs, ge = float(self.end[i]), float(self.gpu_start[i]), float(self.gpu_end[i])
+        return ProbeRecord(node=g.node, rank=g.rank, pid=g.pid, thread=g.thread, seq=int(self.seq[i]),
+                           target=g.target, start=float(self.start[i]), end=None if math.isnan(end) else end,
+                           gather_size=int(self.gather_size[i]), gpu=bool(self.gpu[i]),
+                           gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge)
+
+    @overload
+    def __getitem__(self, i: int) -> ProbeRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ProbeRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> ProbeRecord | list[ProbeRecord]:
+        if isinstance(i, slice):
+            return [self.record(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("probe record index out of range")
+        return self.record(i)
+
+    def __iter__(self) -> Iterator[ProbeRecord]:
+        if self._records is not None:
+            return iter(self._records)
+        return (self.record(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProbeColumns):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking container: equal by content
+
+    def __repr__(self) -> str:
+        return f"ProbeColumns({len(self)} records, {len(self.groups)} groups)"
+
+    def in_flight(self) -> list[ProbeRecord]:
+        """The records whose call had not returned when the ring was read (the stalled fetch among them)."""
+        return [self.record(int(i)) for i in np.flatnonzero(np.isnan(self.end))]
