@@ -21,6 +21,9 @@ the evidence):
    waits in a collective or device sync and the probe records carry GPU timing, the stacks are
    undecided (on a GPU the culprit's CPU thread waits there too): no verdict from stacks, the GPU record
    decides (detector 2) or the no-progress detector reports it later.
+   Every rank sitting at the same frame of work, outside any collective, is one long forward (a 400k-token
+   prefill), not a hang (:func:`one_forward`): this detector and no-progress hold off until it has lasted
+   ``engine_timeout_s``, SGLang's own bound on a forward.
 4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
    ``--watchdog-timeout``, but definitive when nothing above fired).
 5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
@@ -37,6 +40,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -101,6 +105,60 @@ def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None]
         if collective_frame(th) is not None:
             out.add(s.rank)
     return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class OneForward:
+    """Every scheduler rank on record in one forward: the frame they share and since when all are there."""
+
+    frame: str
+    since: float
+
+
+def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | None:
+    """Whether every scheduler rank on record sits in one long forward (not a hang), per its latest samples.
+
+    Why: a 400k-token prefill keeps every rank inside one forward for tens of seconds; stacks stay unchanged and
+    no token progresses while requests run, which is all the stack and no-progress detectors look at. What tells
+    it from a hang is the shape: in a hang one rank lags while its peers wait for it in a collective (or a probed
+    fetch or kernel is late, which the row-fetch detector names); in a long forward every rank sits at the same
+    frame of work, outside any collective, device sync or probed call. It takes two or more ranks (one rank
+    gives no evidence of being in step) whose last two samples are fresh and alike (there for a sample period,
+    not passing through). The soak (``bench/watchdog_soak.py``) found this case: a false bundle per long prefill.
+    """
+    period = 1.0 / th.sample_hz
+    sigs_by_pid: dict[int, list[tuple[float, tuple[tuple[str, str, int], ...]]]] = {}
+    last: dict[int, StackSample] = {}
+    for s in python_samples(obs, now):
+        main = s.main_thread()
+        if s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None or main is None:
+            continue
+        sigs_by_pid.setdefault(s.pid, []).append((s.t, main.signature()))
+        if s.pid not in last or s.t >= last[s.pid].t:
+            last[s.pid] = s
+    if len(sigs_by_pid) < 2:
+        return None
+    shared = {max(ts)[1] for ts in sigs_by_pid.values()}
+    sig = next(iter(shared))
+    if len(shared) != 1 or not sig:
+        return None
+    since = -math.inf
+    for ts in sigs_by_pid.values():
+        ts.sort(key=lambda x: x[0])
+        if len(ts) < 2 or ts[-2][1] != sig or now - ts[-1][0] > max(3.0 * period, 5.0):
+            return None
+        start = ts[-1][0]
+        for t, other in reversed(ts):  # the trailing run of this frame: since when the rank has sat there
+            if other != sig:
+                break
+            start = t
+        since = max(since, start)
+    thread = next(iter(last.values())).main_thread()
+    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in probe_targets(obs)}
+    if collective_frame(thread) is not None or any(short_name(f) in names for f in python_frames(thread)):
+        return None
+    frame = stuck_frame(thread, ())
+    return OneForward(frame=frame.label if frame else "?", since=since)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +357,9 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         cands.append((t0, rank, last_k[-1], pid))
     if not cands:
         return None
+    fwd = one_forward(obs, th, now)
+    if fwd is not None and now - fwd.since < th.engine_timeout_s:
+        return None  # every rank in one long forward: no rank lags (the engine's own watchdog bounds it)
     waiting = {c[1] for c in cands if collective_frame(c[2].main_thread()) is not None
                and not any(short_name(f) in {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
                            for f in python_frames(c[2].main_thread()))}
@@ -358,6 +419,9 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     span = [m for m in pts if m.t >= flat_since]
     if last.t - flat_since < th.no_progress_s or not all(m.values.get(RUNNING, 0.0) > 0 for m in span):
         return None
+    fwd = one_forward(obs, th, now)
+    if fwd is not None and now - fwd.since < th.engine_timeout_s:
+        return None  # every rank in one long forward (a long prefill), not a hang; bounded as above
     rank, node, frame, why = _attribute(obs, now)
     ev = [f"no token progress for {_fmt_s(last.t - flat_since)} while {int(last.get(RUNNING))} requests run "
           f"(threshold {_fmt_s(th.no_progress_s)})"]
