@@ -129,11 +129,15 @@ def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | 
     period = 1.0 / th.sample_hz
     sigs_by_pid: dict[int, list[tuple[float, tuple[tuple[str, str, int], ...]]]] = {}
     last: dict[int, StackSample] = {}
+    memo: dict[int, tuple[tuple[str, str, int], ...]] = {}  # by stack identity: a bundle's samples share them
     for s in python_samples(obs, now):
         main = s.main_thread()
         if s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None or main is None:
             continue
-        sigs_by_pid.setdefault(s.pid, []).append((s.t, main.signature()))
+        msig = memo.get(id(main))
+        if msig is None:
+            msig = memo[id(main)] = main.signature()
+        sigs_by_pid.setdefault(s.pid, []).append((s.t, msig))
         if s.pid not in last or s.t >= last[s.pid].t:
             last[s.pid] = s
     if len(sigs_by_pid) < 2:
