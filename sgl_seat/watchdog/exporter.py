@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from sgl_seat.core.records import ProbeRecord
+from sgl_seat.core.records import ProbeRecord, VerdictKind
 from sgl_seat.core.stats import gather_bucket_label
 from sgl_seat.core.warning import PreHangWarning, TailReading
 from sgl_seat.watchdog.rankview import RankView
@@ -41,6 +41,12 @@ class Exporter:
                                 ["node", "result"], registry=self.registry)
         self.fired = Counter("sgl_seat_watchdog_detections", "Detector verdicts (edges, not ticks), by kind",
                              ["node", "kind"], registry=self.registry)
+        # Every label value known in advance starts at 0: a series that first appears at 1 reads as no increase
+        # to Prometheus (rate/increase need a sample before the first capture), and an alert on it would never fire.
+        for result in ("ok", "error"):
+            self.captures.labels(node=str(node), result=result)
+        for kind in VerdictKind:
+            self.fired.labels(node=str(node), kind=kind.value)
         self.rowfetch = Histogram(
             "sgl_seat_watchdog_rowfetch_seconds", "Row-fetch duration by gather-size bucket", ["node", "gather"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 3.0, 10.0),

@@ -6,7 +6,7 @@ The seat is the local-sim profile started without Ray (``tests.simrig``: each no
 it, the sidecars in-process, configured from the plan as ``up`` configures them). Prometheus runs from
 ``watchdog/prometheus/scrape-example.yml`` with its targets replaced and 1 s intervals, on 127.0.0.1 only, with
 its own storage directory in the test's temporary directory, as a process this test starts and kills by pid.
-Ports 30900-30935 (seat 30900-30916, sidecar exporters 30920-30921, Prometheus 30930). Skips with the reason
+Ports 30900-30930 (seat 30900-30912, sidecar exporters 30915-30916, Prometheus 30930). Skips with the reason
 where the ``prometheus`` package is not installed (``apt-get install -y prometheus``).
 """
 
@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml
 
+from sgl_seat.watchdog.config import metrics_port_for
 from sgl_seat.watchdog.sidecar import Sidecar
 from tests.simrig import SimSeat, Traffic, sim_spec
 
@@ -38,7 +39,7 @@ PROM_DIR = ROOT / "sgl_seat" / "watchdog" / "prometheus"
 DASHBOARD = ROOT / "sgl_seat" / "watchdog" / "grafana" / "seat-dashboard.json"
 SEAT = "prom-seat"
 HTTP = 30900
-EXPORTERS = 30920
+EXPORTERS = metrics_port_for(HTTP, 0)  # node r's sidecar at http_port + 15 + r, as `up` configures it
 PROM_PORT = 30930
 PROMETHEUS = shutil.which("prometheus")
 
@@ -109,7 +110,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     if PROMETHEUS is None:
         pytest.skip("Debian's prometheus package is not installed (apt-get install -y prometheus)")
     tmp = tmp_path_factory.mktemp("prom")
-    t_up = time.monotonic()
     seat = SimSeat(spec=sim_spec(SEAT, HTTP), draft=False, workdir=tmp / "seat")
     seat.start()
     started = [psutil.Process(p.pid) for p in seat.procs.values()]
@@ -121,7 +121,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         sidecars = seat.sidecars(tmp / "bundles", metrics_port=EXPORTERS, recover_s=5.0)
         for s in sidecars.values():
             s.start()
-        assert [s.exporter.port for s in sidecars.values()] == [EXPORTERS, EXPORTERS + 1]
+        assert [s.exporter.port for s in sidecars.values()] == [metrics_port_for(HTTP, n) for n in (0, 1)]
         traffic = Traffic(seat.url, concurrency=4, max_new_tokens=16).start()
         log = tmp / "prometheus.log"
         with log.open("wb") as logf:
@@ -132,19 +132,16 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         api = f"http://127.0.0.1:{PROM_PORT}"
         wait_for(lambda: httpx.get(f"{api}/-/ready", timeout=2.0, trust_env=False).status_code == 200, 30,
                  "Prometheus not ready")
-        print(f"setup {time.monotonic() - t_up:.1f} s")
         yield Rig(seat=seat, sidecars=sidecars, prom=prom, api=api, log=log)
     finally:
-        t_down = time.monotonic()
+        seat.clear_faults()  # first: the stalled rank's requests finish, so the traffic threads stop at once
         if prom is not None:
             stop_pid(prom)
         if traffic is not None:
             traffic.stop(10)
         for s in sidecars.values():
             s.stop()
-        seat.clear_faults()
         seat.stop()
-        print(f"teardown {time.monotonic() - t_down:.1f} s")
         left = [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert left == [], f"sim processes left behind: {left}"
         if prom is not None:
@@ -177,6 +174,8 @@ def test_the_hang_alert_fires_during_an_injected_stall(rig: Rig) -> None:
     assert took < 30.0
     # the alert fires at the latch, as the capture starts; the bundle it speaks of follows
     wait_for(lambda: any(s.bundles for s in rig.sidecars.values()), 60, "no bundle")
+    wait_for(lambda: rig.query('sum(increase(sgl_seat_watchdog_captures_total{result="ok"}[1m])) > 0'), 10,
+             "the capture not counted")
 
 
 def test_the_dashboards_queries_return_data(rig: Rig) -> None:
