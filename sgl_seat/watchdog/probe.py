@@ -29,9 +29,20 @@ with the events' own elapsed time). A call whose start event completed and whose
 flight on the GPU", with its age. Calls replayed inside a CUDA graph run no Python and are not seen.
 
 Writer protocol (no locks): a call claims slot ``c mod N`` from a process-wide counter, writes the
-slot's sequence word odd, the fields, then the sequence word even; the end time is one aligned
-8-byte store, written only if the slot still holds call ``c``. A reader copies sequence words,
-fields, then sequence words again and keeps slots whose sequence is even and unchanged.
+slot's sequence word odd, the fields, then the sequence word even; the end is one aligned 8-byte store.
+A reader copies sequence words, fields, then sequence words again and keeps slots whose sequence is even
+and unchanged.
+
+Times are integers (``time.time_ns()``). The end word is stored *blind*, without first reading the slot:
+the gather a row fetch does (hundreds of KB) evicts the slot's cache line, and reading it back to check
+that the slot still holds call ``c`` cost a cache miss per call (the probe measured 1.3-2.1 us around the
+sim's real fetch against 0.7-0.8 us around an empty function). Instead the end word carries its call's
+*lap* (``c // N``, 15 bits) above the low 48 bits of the end time; the reader takes an end only when its
+lap matches the slot's call. A late end of a call whose slot was reused (``N`` calls started while it ran)
+lands on the newer call's slot with an older lap: the reader neither takes it as the newer call's end nor
+reports that call in flight (its true end was overwritten), it skips the slot until its own end arrives.
+The end time is recovered from the start (full precision) and the 48 low bits, exact for calls shorter
+than 78 hours.
 
 This module uses the standard library only and never raises into the engine: a probe that cannot
 install or write warns once on stderr and gets out of the way. It is one file of about 600 lines on
@@ -76,7 +87,7 @@ ENV_GPU = "SGL_SEAT_PROBE_GPU"
 ENV_GPU_POLL = "SGL_SEAT_PROBE_GPU_POLL_S"
 
 MAGIC = b"SGLPRB01"
-RING_VERSION = 1
+RING_VERSION = 2  # 2: integer ns times, lap-tagged end word (1: float seconds, checked end store)
 HEADER_BYTES = 4096
 SLOT_WORDS = 8
 SLOT_BYTES = SLOT_WORDS * 8
@@ -87,8 +98,12 @@ _TARGETS_OFF = 256
 
 # Header: magic, version, slot_words, nslots, pid, rank, node, created, ntargets.
 _HDR = struct.Struct("<8sIIIIiidI")
-# Slot: seq, call number, start, end, gather size, thread, target index, GPU state (GPU_NONE..GPU_DONE).
-_SLOT = struct.Struct("<qqddqqqq")
+# Slot: seq, call number, start (ns), end word (lap << 48 | end ns mod 2**48; 0 in flight), gather size, thread,
+# target index, GPU state (GPU_NONE..GPU_DONE).
+_SLOT = struct.Struct("<qqqqqqqq")
+_END_BITS = 48
+_END_MASK = (1 << _END_BITS) - 1
+_LAP_MASK = 0x7FFF  # 15 bits: the end word stays a positive int64
 _W_CALL, _W_END, _W_GPU = 1, 3, 7
 #: The slot's last word: what the engine's event reader knows of the call's GPU work.
 GPU_NONE, GPU_QUEUED, GPU_STARTED, GPU_DONE = 0, 1, 2, 3
@@ -119,8 +134,9 @@ def ring_path(directory: str, pid: int) -> str:
 
 _MM: mmap.mmap | None = None
 _Q: memoryview[int] | None = None
-_D: memoryview[float] | None = None
+_D: memoryview[float] | None = None  # the same mapping as doubles: the GPU side area (reader thread only)
 _MASK = 0
+_SHIFT = 0  # log2(nslots): call number >> _SHIFT is the call's lap
 _COUNTER: Any = itertools.count(1)
 _NEXT: Callable[[], int] = _COUNTER.__next__
 _PACK = _SLOT.pack_into
@@ -162,7 +178,7 @@ def _own_node() -> int:
 
 def _ensure_ring() -> bool:
     """Create this process's ring on the first wrapped call. False when it cannot (warned once)."""
-    global _MM, _Q, _D, _MASK, _COUNTER, _NEXT, _RING_FAILED
+    global _MM, _Q, _D, _MASK, _SHIFT, _COUNTER, _NEXT, _RING_FAILED
     if _MM is not None:
         return True
     if _RING_FAILED:
@@ -199,6 +215,7 @@ def _ensure_ring() -> bool:
             _Q = memoryview(mm).cast("q")
             _D = memoryview(mm).cast("d")
             _MASK = nslots - 1
+            _SHIFT = nslots.bit_length() - 1
             _COUNTER = itertools.count(1)
             _NEXT = _COUNTER.__next__
             _MM = mm
@@ -588,13 +605,27 @@ def _size_position(fn: Callable[..., Any], spec: TargetSpec) -> tuple[int, str |
 
 
 def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]:
-    """Wrap ``fn`` so each call is timed into this process's ring. Public for the bench and tests."""
+    """Wrap ``fn`` so each call is timed into this process's ring. Public for the bench and tests.
+
+    Where ``fn``'s parameters are plain (no ``*args``/``**kwargs``, no positional-only ones), the wrapper is
+    generated with ``fn``'s own signature (:func:`_exact_wrapper`): no argument tuple and dict to pack and
+    unpack, and the sized argument is a local. Measured on an H200 host's CPU that saved 0.1-0.35 us per
+    call; the probe's budget is 1 us around a real fetch. Otherwise a generic ``*args, **kwargs`` wrapper.
+    """
     tidx = _register_target(spec.name)
     pos, kw = _size_position(fn, spec)
     mode = 0 if pos < 0 else _MODES.index(spec.mode) + 1  # 0 none, 1 len, 2 numel, 3 dim0, 4 none
-    now = time.time
+    exact = _exact_wrapper(fn, tidx, kw if pos >= 0 else None, _MODES[mode - 1] if mode else "none")
+    wrapper = exact if exact is not None else _generic_wrapper(fn, tidx, pos, kw, mode)
+    wrapper.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _generic_wrapper(fn: Callable[..., Any], tidx: int, pos: int, kw: str | None, mode: int) -> Callable[..., Any]:
+    now = time.time_ns
     ident = threading.get_ident
     base = HEADER_BYTES // SLOT_BYTES
+    lap_mask, end_bits, end_mask = _LAP_MASK, _END_BITS, _END_MASK
 
     @functools.wraps(fn)
     def probe_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -606,6 +637,7 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
             assert q is not None
         c = _NEXT()
         b = ((c & _MASK) + base) << 3  # the slot's first 8-byte word
+        lap = (c >> _SHIFT & lap_mask) << end_bits
         try:
             if mode == 2:
                 gs = (args[pos] if len(args) > pos else kwargs[kw]).numel()  # type: ignore[index]
@@ -620,7 +652,7 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
         g = _GPU
         ev = g.begin() if g is not None else None
         try:
-            _PACK(_MM, b << 3, 2 * c + 1, c, now(), 0.0, gs, ident(), tidx,  # type: ignore[arg-type]
+            _PACK(_MM, b << 3, 2 * c + 1, c, now(), 0, gs, ident(), tidx,  # type: ignore[arg-type]
                   GPU_NONE if ev is None else GPU_QUEUED)
             q[b] = 2 * c + 2
         except Exception:  # a size that is not an int, a ring gone: the call runs untimed
@@ -632,12 +664,105 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]
         finally:
             if ev is not None and g is not None:
                 g.end(b, c, ev)
-            d = _D
-            if d is not None and q[b + _W_CALL] == c:
-                d[b + _W_END] = now()
+            q[b + _W_END] = lap | (now() & end_mask)  # blind: no read of the (evicted) slot line
 
-    probe_wrapper.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
     return probe_wrapper
+
+
+# The generated wrapper: the generic one's body with ``fn``'s own parameters. Its locals start with ``_p_`` and
+# it reads the module globals below; a function with a parameter of either kind of name gets the generic one.
+_EXACT_GLOBALS = frozenset({"_Q", "_NEXT", "_MASK", "_SHIFT", "_GPU", "_PACK", "_MM", "_ensure_ring", "Exception"})
+_EXACT_SRC = """
+def _p_make(_p_fn, _p_tidx, _p_defaults, _p_kwdefaults):
+    _p_now = time.time_ns
+    _p_ident = threading.get_ident
+    {unpack}
+    def probe_wrapper({params}):
+        _p_q = _Q
+        if _p_q is None:
+            if not _ensure_ring():
+                return _p_fn({call})
+            _p_q = _Q
+        _p_c = _NEXT()
+        _p_b = ((_p_c & _MASK) + {base}) << 3
+        _p_lap = (_p_c >> _SHIFT & {lap_mask}) << {end_bits}
+        {size}
+        _p_g = _GPU
+        if _p_g is None:
+            _p_ev = None
+            try:
+                _PACK(_MM, _p_b << 3, 2 * _p_c + 1, _p_c, _p_now(), 0, _p_gs, _p_ident(), _p_tidx, 0)
+                _p_q[_p_b] = 2 * _p_c + 2
+            except Exception:
+                return _p_fn({call})
+        else:
+            _p_ev = _p_g.begin()
+            try:
+                _PACK(_MM, _p_b << 3, 2 * _p_c + 1, _p_c, _p_now(), 0, _p_gs, _p_ident(), _p_tidx,
+                      {queued} if _p_ev is not None else 0)
+                _p_q[_p_b] = 2 * _p_c + 2
+            except Exception:
+                if _p_ev is not None:
+                    _p_g.end(-1, 0, _p_ev)
+                return _p_fn({call})
+        try:
+            return _p_fn({call})
+        finally:
+            if _p_ev is not None:
+                _p_g.end(_p_b, _p_c, _p_ev)
+            _p_q[_p_b + {w_end}] = _p_lap | (_p_now() & {end_mask})
+    return probe_wrapper
+"""
+_SIZE_EXPR = {"numel": "{}.numel()", "len": "len({})", "dim0": "{}.shape[0]"}
+
+
+def _exact_wrapper(fn: Callable[..., Any], tidx: int, size_name: str | None, mode: str) -> Callable[..., Any] | None:
+    """A wrapper with ``fn``'s own signature, or None where its parameters are not plain (see make_wrapper)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [p.name for p in params]
+    if any(p.kind not in plain or p.name.startswith("_p_") or p.name in _EXACT_GLOBALS for p in params) or \
+            (size_name and size_name not in names):
+        return None
+    decl, call, unpack = [], [], []
+    defaults: list[Any] = []
+    kwdefaults: list[Any] = []
+    star = False
+    for p in params:
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            if not star:
+                decl.append("*")
+                star = True
+            call.append(f"{p.name}={p.name}")
+        else:
+            call.append(p.name)
+        if p.default is inspect.Parameter.empty:
+            decl.append(p.name)
+            continue
+        pool, tag = (kwdefaults, "k") if p.kind is inspect.Parameter.KEYWORD_ONLY else (defaults, "d")
+        unpack.append(f"_p_{tag}{len(pool)} = _p_{'kwdefaults' if tag == 'k' else 'defaults'}[{len(pool)}]")
+        decl.append(f"{p.name}=_p_{tag}{len(pool)}")
+        pool.append(p.default)
+    if size_name and mode in _SIZE_EXPR:
+        size = (f"try:\n            _p_gs = {_SIZE_EXPR[mode].format(size_name)}\n"
+                "        except Exception:\n            _p_gs = -1")
+    else:
+        size = "_p_gs = -1"
+    src = _EXACT_SRC.format(params=", ".join(decl), call=", ".join(call), unpack="; ".join(unpack) or "pass",
+                            size=size, base=HEADER_BYTES // SLOT_BYTES, lap_mask=_LAP_MASK, end_bits=_END_BITS,
+                            end_mask=_END_MASK, queued=GPU_QUEUED, w_end=_W_END)
+    scope: dict[str, Any] = {}
+    try:
+        exec(compile(src, f"<sgl-seat probe wrapper of {getattr(fn, '__qualname__', fn)!r}>", "exec"),  # noqa: S102
+             globals(), scope)
+        wrapper = scope["_p_make"](fn, tidx, tuple(defaults), tuple(kwdefaults))
+    except Exception as exc:  # never stop the engine over a wrapper: the generic one does the same job
+        _warn(f"exact:{getattr(fn, '__qualname__', fn)}", f"generic wrapper for {fn!r} ({type(exc).__name__}: {exc})")
+        return None
+    return functools.update_wrapper(wrapper, fn)
 
 
 def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
@@ -844,6 +969,7 @@ class RingReader:
         use_rank = hdr.rank if rank is None else rank
         use_node = (hdr.node if hdr.node >= 0 else -1) if node is None else node
         last = self._seq if len(self._seq) == hdr.nslots else [0] * hdr.nslots
+        shift = hdr.nslots.bit_length() - 1
         todo = {i for i in range(hdr.nslots) if seq_before[i] != last[i]} | self._open
         out: list[ProbeRecord] = []
         still_open: set[int] = set()
@@ -854,9 +980,12 @@ class RingReader:
             if s0 & 1 or s0 != seq_after[i]:
                 still_open.add(i)
                 continue
-            _seq, call, start, fin, gs, thread, tidx, gstate = _SLOT.unpack_from(body, i * SLOT_BYTES)
-            if fin <= 0.0 or gstate in (GPU_QUEUED, GPU_STARTED):
+            _seq, call, start_ns, end_word, gs, thread, tidx, gstate = _SLOT.unpack_from(body, i * SLOT_BYTES)
+            fin = _end_seconds(call, start_ns, end_word, shift)
+            if fin is None or gstate in (GPU_QUEUED, GPU_STARTED):
                 still_open.add(i)
+            if fin == _CLOBBERED:
+                continue
             gpu_start = gpu_end = None
             if gpu_area and gstate in (GPU_STARTED, GPU_DONE):
                 g0, g1 = _GPU_PAIR.unpack_from(gpu_area, i * GPU_SLOT_BYTES)
@@ -864,13 +993,26 @@ class RingReader:
                 gpu_end = g1 if gstate == GPU_DONE else None
             target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
             out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
-                                   target=target, start=start, end=fin if fin > 0.0 else None, gather_size=gs,
+                                   target=target, start=start_ns / 1e9, end=fin, gather_size=gs,
                                    gpu=bool(gpu_area) and gstate != GPU_NONE, gpu_start=gpu_start,
                                    gpu_end=gpu_end))
         self._seq = seq_before
         self._open = still_open
         out.sort(key=lambda r: r.seq)
         return out
+
+
+_CLOBBERED = -1.0
+
+
+def _end_seconds(call: int, start_ns: int, end_word: int, shift: int) -> float | None:
+    """The call's end (seconds); None while it is in flight; ``_CLOBBERED`` when the end word is a late end
+    of an earlier call in the same slot (this call's own end, if it came, was overwritten)."""
+    if end_word == 0:
+        return None
+    if (end_word >> _END_BITS) != (call >> shift) & _LAP_MASK:
+        return _CLOBBERED
+    return (start_ns + ((end_word - start_ns) & _END_MASK)) / 1e9
 
 
 def list_rings(directory: str) -> dict[int, str]:

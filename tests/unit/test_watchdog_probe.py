@@ -252,3 +252,63 @@ def test_ring_reader_decodes_only_what_changed(ring_dir: Path) -> None:
     (done,) = reader.read()
     assert done.gather_size == 5 and done.end is not None
     assert reader.read() == []
+
+
+def test_a_late_end_in_a_reused_slot_is_neither_an_end_nor_in_flight(ring_dir: Path) -> None:
+    """The end store is blind (no read of the evicted slot line): a call that outlives a whole lap of the ring
+    writes its end into the slot of the newer call there. The lap tag keeps that from closing or hiding it."""
+    mod = _module("probe_t10", """
+        def inner(ids):
+            return len(ids)
+        def outer(ids, n):
+            for _ in range(n):
+                inner([0] * 7)  # the wrapped module attribute, looked up at call time
+            return len(ids)
+    """)
+    probe.install(["probe_t10:inner", "probe_t10:outer"])
+    mod.outer([0] * 3, 62)  # 1 + 62 calls: no lap, every call is recorded with its own end
+    recs = [r for r in _records(ring_dir) if r.target.startswith("probe_t10")]
+    assert len(recs) == 63 and all(r.end is not None and r.end >= r.start for r in recs)
+    # 64 slots: outer's call c is followed by 64 inner calls, the last one reuses c's slot, then outer ends
+    mod.outer([0] * 3, 64)
+    recs = [r for r in _records(ring_dir) if r.target.startswith("probe_t10")]
+    seqs = sorted(r.seq for r in recs)
+    # 63 of the last lap's 64 slots hold finished calls; the one holding the last inner call is skipped (its end
+    # word is outer's late end), outer's own record is gone with its slot, and nothing reads as in flight
+    assert len(seqs) == 63 and seqs == list(range(seqs[0], seqs[0] + 63))
+    assert all(r.end is not None for r in recs)
+    assert all(r.target.endswith("inner") for r in recs)
+    mod.inner([0] * 7)  # the ring moves on; a later lap in that slot ends normally
+    for _ in range(63):
+        mod.inner([1])
+    assert all(r.end is not None for r in _records(ring_dir) if r.target.startswith("probe_t10"))
+
+
+def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> None:
+    """The generated wrapper has the target's own signature; targets it cannot mirror get the generic one."""
+    import inspect
+
+    mod = _module("probe_t11", """
+        def gather(weight, ids, out=None, block=64, *, sort_ids=False):
+            return (weight, list(ids), out, block, sort_ids)
+        def varargs(*ids):
+            return len(ids)
+        def shadow(_Q, ids):
+            return _Q
+    """)
+    sig = inspect.signature(mod.gather)
+    probe.install(["probe_t11:gather@ids", "probe_t11:varargs@0:none", "probe_t11:shadow@ids"])
+    assert inspect.signature(mod.gather) == sig
+    assert mod.gather.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generated
+    assert not mod.varargs.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generic
+    assert not mod.shadow.__code__.co_filename.startswith("<sgl-seat probe wrapper")
+    assert mod.gather("w", [1, 2]) == ("w", [1, 2], None, 64, False)
+    assert mod.gather("w", ids=range(3), sort_ids=True, block=8) == ("w", [0, 1, 2], None, 8, True)
+    assert mod.varargs(1, 2, 3) == 3
+    assert mod.shadow("q", [5]) == "q"
+    with pytest.raises(TypeError):
+        mod.gather("w")  # a missing argument fails as the target itself would
+    recs = [r for r in _records(ring_dir) if r.target.startswith("probe_t11")]
+    assert [(r.target.split(":")[1], r.gather_size) for r in recs] == [
+        ("gather", 2), ("gather", 3), ("varargs", -1), ("shadow", 1)]
+    assert all(r.end is not None for r in recs)
