@@ -108,7 +108,10 @@ class _SlotRun:
 
     def __init__(self, b: Battery, slot: Slot, s: ArmSession, timeout: float) -> None:
         self.b, self.slot, self.s, self.timeout = b, slot, s, timeout
-        self.tag = f"r{slot.rep}"
+        # Sweep and prefix prompts differ per repetition and arm (same lengths): on a seat that is not restarted
+        # between slots, one arm's requests must not warm the cache for the next. Greedy and cold prompts are the
+        # same everywhere (identity is compared across arms; cold cells run right after a restart).
+        self.tag = f"r{slot.rep}-{slot.arm}"
 
     def engine(self) -> dict[str, Any]:
         info = scrape.engine_info(self.s.endpoint)

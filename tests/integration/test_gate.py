@@ -1,0 +1,190 @@
+"""`sgl-seat gate` end to end on two running sim engines (draft off and draft on), taken by URL: a tiny battery.
+
+Why running engines and not arms brought up per slot: CI time. Bringing an arm up costs a Ray placement and an
+engine start per slot (tens of seconds on 2 cores), so the full battery with restarts runs in
+bench/gate_acceptance.py; here two single-node sim engines start once (ports 30740-30799) and the battery runs
+three arms (baseline, candidate, and the baseline's URL again as the control) for three runs. The sim's step floor
+is 10 ms instead of 30 (a time scale for speed: the cost model's shape holds at any floor,
+tests/unit/test_sim_costmodel.py), and the battery is tiny; figures are synthetic.
+
+What must hold: the report has the field report's shape (single-stream up with an interval above 1,
+aggregate_at_64 FAIL, DO_NOT_SHIP, a crossover), cold gates are reported as not measured (running seats), the A/A
+control fails nothing, the JSON is the CLI contract, ``--resume`` runs only a deleted cell again, and the HTML
+page renders in headless Chromium without errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from simutil import HOST, SimNode, sim_env, wait_http
+from typer.testing import CliRunner
+
+from sgl_seat.cli.main import app
+
+pytestmark = pytest.mark.integration
+
+PORTS = range(30740, 30800)
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser", shutil.which("chromium"))
+                 if p and Path(p).exists()), None)
+WORKLOADS = """schema_version: 1
+full:
+  runs: 3
+  greedy: {prompts: 2, max_tokens: 24}
+  sweep: {levels: [1, 8, 64], requests_per_client: 1, prompt_tokens: 32, max_tokens: 16}
+  cold_ttft: {prompt_tokens: 1000, max_tokens: 2}
+  prefix: {groups: 2, prompts_per_group: 2, system_tokens: 64, question_tokens: 8, max_tokens: 2, passes: 2,
+           concurrency: 4}
+  gates:
+    - {name: aggregate_at_64, metric: sweep_output_tok_s, at: 64, threshold: 0.95, higher_is_better: true}
+    - {name: cold_ttft, metric: cold_ttft_s, threshold: 1.10, higher_is_better: false}
+    - {name: prefix_hit_rate, metric: prefix_hit_rate_warm, threshold: 0.97, higher_is_better: true}
+    - {name: kv_pool, metric: kv_pool_tokens, threshold: 0.95, higher_is_better: true}
+    - {name: hangs, metric: hangs, threshold: 0, higher_is_better: false}
+"""
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ports(n: int, taken: set[int]) -> int:
+    """A port p of 30740-30799 with p..p+n-1 free (a sim node uses p and p + 2)."""
+    for p in random.sample(list(PORTS)[: -n], len(PORTS) - n):
+        span = set(range(p, p + n))
+        if not span & taken and all(_free(q) for q in span):
+            taken |= span
+            return p
+    raise RuntimeError("no free ports in 30740-30799")
+
+
+def _engine(tmp: Path, draft: bool, taken: set[int]) -> tuple[SimNode, str]:
+    port, dist = _ports(3, taken), _ports(1, taken)
+    argv = ["--model-path", "sim/dsv41-flash-class", "--served-model-name", "sim-dsv41", "--tp-size", "1",
+            "--dist-init-addr", f"{HOST}:{dist}", "--enable-metrics", "--host", HOST, "--port", str(port),
+            "--max-running-requests", "8" if draft else "32"]
+    if draft:
+        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", "4"]
+    env = sim_env(SGL_SEAT_SIM_STEP_FLOOR_MS="10", SGL_SEAT_SIM_KV_TOKENS="677888" if draft else "1040128")
+    node = SimNode(argv, env, tmp / f"draft-{'on' if draft else 'off'}.log").start()
+    return node, f"http://{HOST}:{port}"
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("gate-engines")
+    taken: set[int] = set()
+    nodes = []
+    try:
+        off, off_url = _engine(tmp, False, taken)
+        nodes.append(off)
+        on, on_url = _engine(tmp, True, taken)
+        nodes.append(on)
+        wait_http(f"{off_url}/health", timeout=120, node=off)
+        wait_http(f"{on_url}/health", timeout=120, node=on)
+        for n in nodes:
+            n.children()
+        yield {"baseline": off_url, "candidate": on_url}
+    finally:
+        for n in nodes:
+            n.kill()
+        left = [pid for n in nodes for pid in n.leftovers()]
+        assert not left, f"processes left behind: {left}"
+
+
+def _gate(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    res = CliRunner().invoke(app, ["gate", *args], env=env)
+    return res.exit_code, res.stdout, res.stderr if res.stderr_bytes is not None else ""
+
+
+@pytest.fixture(scope="module")
+def battery(engines: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    tmp = tmp_path_factory.mktemp("gate-battery")
+    wl = tmp / "tiny.yaml"
+    wl.write_text(WORKLOADS)
+    env = {"SGL_SEAT_HOME": str(tmp / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
+    out = tmp / "b"
+    code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url",
+                                  f"candidate={engines['candidate']}", "--arms", "baseline,candidate,control",
+                                  "--workloads", str(wl), "--out", str(out), "--json", "--html", str(tmp / "g.html")],
+                                 env)
+    assert code == 0, stdout + stderr
+    return out, json.loads(stdout), stderr
+
+
+def test_battery_reproduces_the_report_shape(battery: tuple[Path, dict, str]) -> None:
+    """GIVEN a draft-off and a draft-on sim engine WHEN a three-run battery compares them THEN single-stream is up
+    (interval above 1, not gated), aggregate_at_64 FAILs, the verdict is DO_NOT_SHIP with a crossover reported, the
+    cold gates say not measured, the A/A control fails nothing, and the JSON has the CLI contract's keys."""
+    out, rep, stderr = battery
+    assert rep["synthetic"] is True and "SYNTHETIC" in rep["synthetic_note"]
+    assert rep["verdict"] == "DO_NOT_SHIP"
+    gates = {g["name"]: g for g in rep["gates"]}
+    assert set(gates) >= {"aggregate_at_64", "cold_ttft", "prefix_hit_rate", "kv_pool", "hangs"}
+    for g in rep["gates"]:
+        assert set(g) >= {"name", "ratio", "ci_low", "ci_high", "threshold", "outcome"}
+    assert gates["aggregate_at_64"]["outcome"] == "FAIL", gates["aggregate_at_64"]
+    assert gates["kv_pool"]["outcome"] == "FAIL" and gates["kv_pool"]["ratio"] == pytest.approx(677888 / 1040128)
+    assert gates["cold_ttft"]["measured"] is False and gates["hangs"]["measured"] is False
+    assert rep["single_stream"]["candidate"]["ci_low"] > 1.0 and rep["single_stream"]["candidate"]["gated"] is False
+    assert "crossover_concurrency" in rep and rep["crossover"] is not None
+    assert rep["recommendation"]["bands"][-1]["concurrency"] == 64
+    assert all(g["outcome"] != "FAIL" for g in rep["comparisons"]["control"]["gates"])
+    assert rep["noise_floor"] is not None and "sweep_output_tok_s@64" in rep["noise_floor"]
+    assert rep["arms"]["candidate"]["0"]["accept_length"] > 2.0  # from counter deltas
+    assert rep["client_overhead"]["loop_lag_ms_max"] is not None
+    assert re.search(r"slot \d+/9 r02-", stderr), stderr[-500:]  # progress per slot and cell
+    assert (out / "report.json").is_file() and rep["complete"]
+
+
+def test_resume_runs_only_what_is_missing(battery: tuple[Path, dict, str], engines: dict[str, str]) -> None:
+    """GIVEN a finished battery WHEN one cell file is deleted and the battery is resumed THEN that cell is the only one
+    written again and the report is complete."""
+    out, _, _ = battery
+    victim = out / "cells" / "r01-candidate" / "sweep_c8.json"
+    victim.unlink()
+    before = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
+    env = {"SGL_SEAT_HOME": str(out.parent / "home"), "NO_COLOR": "1"}
+    code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url",
+                                  f"candidate={engines['candidate']}", "--resume", str(out), "--json"], env)
+    assert code == 0, stdout + stderr
+    assert victim.is_file() and json.loads(stdout)["complete"]
+    changed = {p for p, t in before.items() if p.stat().st_mtime_ns != t}
+    assert changed <= {out / "cells" / "r01-candidate" / "engine.json"}, changed
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI: apt-get install -y chromium)")
+def test_html_renders_in_chromium(battery: tuple[Path, dict, str], tmp_path: Path) -> None:
+    """GIVEN the battery's HTML page WHEN headless Chromium opens it THEN its script marks it rendered with every plot,
+    it says SYNTHETIC, and the browser logs no console error, CSP violation or failed load."""
+    out, _, _ = battery
+    page = out.parent / "g.html"
+    assert CHROMIUM is not None
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'prof'}",
+         "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=90, check=False, env={**os.environ, "HOME": str(tmp_path)})
+    dom, log = proc.stdout, proc.stderr
+    assert proc.returncode == 0, log[-2000:]
+    assert 'data-gate-rendered="ok"' in dom and '<span id="render-status">rendered</span>' in dom
+    assert dom.count("<svg") >= 5 and "SYNTHETIC" in dom
+    bad = [ln for ln in log.splitlines()
+           if re.search(r"CONSOLE|Uncaught|Refused to|Content Security Policy|ERR_FILE_NOT_FOUND|Failed to load", ln)]
+    assert not bad, bad
