@@ -5,7 +5,8 @@ slowed down before one stopped returning. The hang detectors (:mod:`sgl_seat.cor
 is *late* (``rowfetch_inflight_s``); this one says earlier that the tail is moving, while every fetch still
 returns. It is a warning, not a verdict: it never triggers a capture. The sidecar exports it (a gauge
 Prometheus alerts on), ``watch`` prints it and ``replay`` finds it in a bundle's probe history, all through
-:func:`detect_prehang` over the same :class:`~sgl_seat.core.records.ProbeRecord` type.
+:func:`detect_prehang` over the observation's probe columns (:class:`~sgl_seat.core.columns.ProbeColumns`, live
+and in replay; plain :class:`~sgl_seat.core.records.ProbeRecord` lists are accepted too).
 
 The rule, per rank: among that rank's fetches of the last ``recent_s`` seconds, take the largest gather-size
 buckets (:func:`~sgl_seat.core.stats.gather_bucket`, the exporter's and the report's buckets). Compare each
@@ -18,13 +19,15 @@ nothing. Pure: ``now`` is an argument and records after it are ignored, as in th
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from sgl_seat.core.columns import F64, I64, ProbeColumns
 from sgl_seat.core.records import ProbeRecord, RecordError
 from sgl_seat.core.stats import gather_bucket, gather_bucket_label, percentile
 
@@ -129,57 +132,66 @@ class PreHangWarning:
             raise RecordError(f"bad warning: {exc}") from None
 
 
-def _duration_at(p: ProbeRecord, now: float) -> float | None:
-    """Seconds the fetch took, or its age at ``now`` while in flight; None if it started after ``now``."""
-    if p.start > now:
-        return None
-    return (p.end if p.end is not None and p.end <= now else now) - p.start
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The columns the warning reads, with each row's gather bucket (its low end), sorted by start."""
+
+    start: F64
+    end: F64
+    lo: I64
+    rank: I64
+    node: I64
+
+    @classmethod
+    def of(cls, probes: ProbeColumns | Iterable[ProbeRecord]) -> _Rows:
+        cols = probes if isinstance(probes, ProbeColumns) else ProbeColumns.from_records(probes)
+        keep = (cols.gather_size >= 0) & (cols.rank >= 0)
+        order = np.flatnonzero(keep)
+        order = order[np.argsort(cols.start[order], kind="stable")]
+        gathers, inv = np.unique(cols.gather_size[order], return_inverse=True)
+        los = np.array([gather_bucket(int(g))[0] for g in gathers] or [0], dtype=np.int64)
+        return cls(start=cols.start[order], end=cols.end[order], lo=los[inv.reshape(-1)], rank=cols.rank[order],
+                   node=cols.node[order])
+
+    def window(self, a: int, b: int, extra: npt.NDArray[np.intp]) -> _Rows:
+        idx = np.concatenate([np.arange(a, b, dtype=np.intp), extra])
+        return _Rows(self.start[idx], self.end[idx], self.lo[idx], self.rank[idx], self.node[idx])
 
 
-def tail_readings(probes: Iterable[ProbeRecord], now: float, rule: WarningRule = WarningRule()) -> list[TailReading]:
-    """Per rank, the largest gather buckets of its recent fetches, each with its baseline (largest first)."""
+def _readings(rows: _Rows, now: float, rule: WarningRule) -> list[TailReading]:
     recent_t0 = now - rule.recent_s
     base_t0 = recent_t0 - rule.baseline_s
-    recent: dict[tuple[int, int], list[float]] = defaultdict(list)
-    inflight: dict[tuple[int, int], int] = defaultdict(int)
-    base: dict[tuple[int, int], list[float]] = defaultdict(list)
-    nodes: dict[int, int] = {}
-    for p in probes:
-        if p.gather_size < 0 or p.rank < 0:
-            continue
-        d = _duration_at(p, now)
-        if d is None:
-            continue
-        done = p.end is not None and p.end <= now
-        key = (p.rank, gather_bucket(p.gather_size)[0])
-        if not done or p.start >= recent_t0:
-            recent[key].append(d)
-            inflight[key] += 0 if done else 1
-            nodes[p.rank] = p.node
-        elif p.end is not None and p.start >= base_t0:
-            base[key].append(d)
+    started = rows.start <= now
+    done = rows.end <= now  # NaN (in flight) compares False
+    dur = np.where(done, rows.end, now) - rows.start
+    recent = started & (~done | (rows.start >= recent_t0))
+    base = started & done & ~recent & (rows.start >= base_t0)
     out: list[TailReading] = []
-    for rank in sorted({r for r, _ in recent}):
-        los = sorted((lo for r, lo in recent if r == rank), reverse=True)[:rule.top_buckets]
-        for lo in los:
-            key = (rank, lo)
-            b = base.get(key, [])
+    for rank in np.unique(rows.rank[recent]).tolist():
+        mine = rows.rank == rank
+        rec_r = recent & mine
+        node = int(rows.node[np.flatnonzero(rec_r)[0]])
+        for lo in sorted(np.unique(rows.lo[rec_r]).tolist(), reverse=True)[:rule.top_buckets]:
+            in_b = rows.lo == lo
+            vals = dur[rec_r & in_b]
+            b = dur[base & mine & in_b].tolist()
             bp99 = percentile(b, 99) if b else math.nan
-            vals = recent[key]
             limit = max(rule.floor_s, rule.ratio * bp99) if b else math.inf
-            out.append(TailReading(rank=rank, node=nodes[rank], gather_lo=lo, gather_hi=gather_bucket(lo)[1],
-                                   recent_count=len(vals), recent_p99_s=percentile(vals, 99),
-                                   baseline_count=len(b), baseline_p99_s=bp99,
-                                   slow=sum(1 for v in vals if v > limit), in_flight=inflight[key]))
+            out.append(TailReading(rank=int(rank), node=node, gather_lo=int(lo), gather_hi=gather_bucket(int(lo))[1],
+                                   recent_count=len(vals), recent_p99_s=percentile(vals.tolist(), 99),
+                                   baseline_count=len(b), baseline_p99_s=bp99, slow=int(np.sum(vals > limit)),
+                                   in_flight=int(np.sum(~done[rec_r & in_b]))))
     return out
 
 
-def detect_prehang(probes: Iterable[ProbeRecord], now: float,
-                   rule: WarningRule = WarningRule()) -> PreHangWarning | None:
-    """The warning at ``now``, or None: the reading with the most slow fetches (then the largest ratio) that
-    passes the rule."""
-    hits = [r for r in tail_readings(probes, now, rule)
-            if r.baseline_count >= rule.min_baseline and r.slow >= rule.min_slow]
+def tail_readings(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
+                  rule: WarningRule = WarningRule()) -> list[TailReading]:
+    """Per rank, the largest gather buckets of its recent fetches, each with its baseline (largest first)."""
+    return _readings(_Rows.of(probes), now, rule)
+
+
+def _judge(readings: list[TailReading], now: float, rule: WarningRule) -> PreHangWarning | None:
+    hits = [r for r in readings if r.baseline_count >= rule.min_baseline and r.slow >= rule.min_slow]
     if not hits:
         return None
     worst = max(hits, key=lambda r: (r.slow, r.ratio, r.gather_lo, -r.rank))
@@ -197,22 +209,29 @@ def detect_prehang(probes: Iterable[ProbeRecord], now: float,
                           evidence=tuple(ev))
 
 
-def first_warning(probes: Iterable[ProbeRecord], t0: float, t1: float, *, step_s: float = 1.0,
+def detect_prehang(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
+                   rule: WarningRule = WarningRule()) -> PreHangWarning | None:
+    """The warning at ``now``, or None: the reading with the most slow fetches (then the largest ratio) that
+    passes the rule."""
+    return _judge(tail_readings(probes, now, rule), now, rule)
+
+
+def first_warning(probes: ProbeColumns | Iterable[ProbeRecord], t0: float, t1: float, *, step_s: float = 1.0,
                   rule: WarningRule = WarningRule()) -> PreHangWarning | None:
     """The earliest warning when :func:`detect_prehang` is evaluated every ``step_s`` from ``t0`` to ``t1``
-    (what a sidecar ticking at that period would have raised first); None if it never fires."""
+    (what a sidecar ticking at that period would have raised first); None if it never fires. Over columns: a
+    one-hour bundle's million fetches cost one sort, then each step reads only its window."""
     if step_s <= 0:
         raise ValueError("step_s must be positive")
-    ordered = sorted(probes, key=lambda p: p.start)
-    starts = [p.start for p in ordered]
+    rows = _Rows.of(probes)
     span = rule.recent_s + rule.baseline_s
-    # A fetch that started before a window yet matters to it is in flight at its end: long or unfinished.
-    long = [p for p in ordered if p.end is None or p.end - p.start > span]
+    # A fetch that started before a window yet matters to it is in flight at the window's end: long or unfinished.
+    long = np.flatnonzero(~(rows.end - rows.start <= span))
     for i in range(max(0, math.floor((t1 - t0) / step_s)) + 1):
         now = t0 + i * step_s
-        a, b = bisect.bisect_left(starts, now - span), bisect.bisect_right(starts, now)
-        window = ordered[a:b] + [p for p in long if p.start < now - span]
-        w = detect_prehang(window, now, rule)
+        a = int(np.searchsorted(rows.start, now - span, side="left"))
+        b = int(np.searchsorted(rows.start, now, side="right"))
+        w = _judge(_readings(rows.window(a, b, long[rows.start[long] < now - span]), now, rule), now, rule)
         if w is not None:
             return w
     return None

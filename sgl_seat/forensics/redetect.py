@@ -14,9 +14,13 @@ from sgl_seat.core.detect import detect, thresholds_from
 from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
+from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
 from sgl_seat.forensics.bundle import Bundle
 
-__all__ = ["observation_of", "rerun_detectors", "why_missing"]
+__all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "observation_of", "rerun_detectors", "why_missing"]
+
+#: How far before the trigger replay looks for the pre-hang warning (one evaluation a second, as a sidecar ticks).
+WARNING_LOOKBACK_S = 120.0
 
 
 def observation_of(bundle: Bundle) -> Observation:
@@ -43,6 +47,18 @@ def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
         return None, "the detectors find no hang in these records (the capture was manual or its trigger came " \
                      "from outside them)"
     return v, None
+
+
+def first_warning_before(bundle: Bundle) -> PreHangWarning | None:
+    """The first pre-hang warning (:mod:`sgl_seat.core.warning`) the bundle's row-fetch history raises in the
+    ``WARNING_LOOKBACK_S`` before the trigger, under the manifest's stall threshold; None if none."""
+    m = bundle.manifest
+    trig = m.verdict.t if m.verdict is not None else m.trigger_t
+    try:
+        rule = WarningRule.for_stall(thresholds_from(m.thresholds).rowfetch_inflight_s)
+    except ValidationError:
+        rule = WarningRule()
+    return first_warning(bundle.probes, max(m.time_start, trig - WARNING_LOOKBACK_S), trig, rule=rule)
 
 
 def why_missing(bundle: Bundle) -> dict[int, str]:

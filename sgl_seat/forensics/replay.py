@@ -13,10 +13,11 @@ from typing import Any
 
 from sgl_seat import __version__
 from sgl_seat.core.records import Verdict
+from sgl_seat.core.warning import PreHangWarning
 from sgl_seat.forensics.analysis import Analysis, analyse
 from sgl_seat.forensics.archive import is_archive, unpack_bundle
 from sgl_seat.forensics.bundle import Bundle, read_bundle
-from sgl_seat.forensics.redetect import rerun_detectors
+from sgl_seat.forensics.redetect import first_warning_before, rerun_detectors
 
 __all__ = ["REPORT_SCHEMA_VERSION", "ReplayResult", "load_any", "replay_bundle"]
 
@@ -34,6 +35,8 @@ class ReplayResult:
     recorded: Verdict | None
     replayed: Verdict | None
     detector_note: str | None
+    #: The first pre-hang warning in the row-fetch history before the trigger (``redetect.first_warning_before``).
+    warning: PreHangWarning | None = None
 
     @property
     def verdict(self) -> Verdict | None:
@@ -135,7 +138,16 @@ class ReplayResult:
             "timeline": a.timeline,
             "notes": a.notes,
             "tool": f"sgl-seat {__version__}",
-        }
+        } | ({"prehang_warning": self._warning_json(trig)} if self.warning is not None else {})
+
+    def _warning_json(self, trig: float) -> dict[str, Any]:
+        """The warning, timed like the verdict (seconds to the trigger); only where one was raised, so the reports
+        of bundles without one keep their keys."""
+        w = self.warning
+        assert w is not None
+        return {"kind": w.kind, "t_s": round(w.t - trig, 3), "rank": w.rank, "node": w.node, "gather": w.gather,
+                "recent_p99_ms": round(w.recent_p99_s * 1e3, 3), "baseline_p99_ms": round(w.baseline_p99_s * 1e3, 3),
+                "slow": w.slow, "summary": w.summary(), "evidence": list(w.evidence)}
 
 
 def load_any(path: Path) -> Bundle:
@@ -154,4 +166,5 @@ def replay_bundle(path: Path) -> ReplayResult:
     bundle = load_any(Path(path))
     replayed, note = rerun_detectors(bundle)
     return ReplayResult(source=Path(path), bundle=bundle, analysis=analyse(bundle),
-                        recorded=bundle.manifest.verdict, replayed=replayed, detector_note=note)
+                        recorded=bundle.manifest.verdict, replayed=replayed, detector_note=note,
+                        warning=first_warning_before(bundle))

@@ -166,7 +166,11 @@ def render_report(result: ReplayResult) -> list[RenderableType]:
     head.append(f"  seat {b['seat']}  nodes {len(b['nodes'])}  ranks {len(b['ranks'])}  files {b['files']}  "
                 f"{b['size_bytes'] / 1e6:.1f} MB  history {b['time_range_s'][0]:.0f} s to trigger\n")
     head.append(f"source: {result.source}", style="dim")
-    out: list[RenderableType] = [head, _verdict(doc), _divergence(doc), _stuck(doc), _rowfetch(doc), _activity(doc)]
+    out: list[RenderableType] = [head, _verdict(doc)]
+    if doc.get("prehang_warning"):
+        w = doc["prehang_warning"]
+        out.append(Text(f"pre-hang warning {-w['t_s']:.1f} s before the trigger: {w['summary']}", style="bold yellow"))
+    out += [_divergence(doc), _stuck(doc), _rowfetch(doc), _activity(doc)]
     out.extend(_exited(doc))
     out.append(_timeline(doc))
     for n in doc["notes"]:

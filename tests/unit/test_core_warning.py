@@ -1,4 +1,5 @@
-"""The pre-hang warning (sgl_seat.core.warning): a row-fetch tail growing at the largest gather buckets.
+"""The pre-hang warning (sgl_seat.core.warning): a row-fetch tail growing at the largest gather buckets, live
+(records or columns) and in a replayed bundle's history.
 
 Synthetic probe records (every latency here is made up): a steady seat whose fetches take a few ms at every
 gather size, then one rank whose fetches at its largest gather slow down. The warning must name that rank and
@@ -8,12 +9,16 @@ slowdown at a small gather, records after ``now``.
 
 from __future__ import annotations
 
+import io
 import math
 import random
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from sgl_seat.core.records import ProbeRecord, RecordError
+from sgl_seat.core.columns import ProbeColumns
+from sgl_seat.core.records import ProbeRecord, RecordError, Verdict, VerdictKind
 from sgl_seat.core.warning import (
     PREHANG_KIND,
     PreHangWarning,
@@ -22,6 +27,10 @@ from sgl_seat.core.warning import (
     first_warning,
     tail_readings,
 )
+from sgl_seat.forensics import layout, write_bundle
+from sgl_seat.forensics.codec import encode_probe_records
+from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.report import render_report
 
 GATHERS = (8, 100, 700)  # buckets 8-15, 64-127, 512-1023
 
@@ -150,6 +159,18 @@ def test_first_warning_gives_the_onset_before_the_stall() -> None:
         first_warning(seat.recs, 60.0, 99.0, step_s=0)
 
 
+def test_columns_and_records_give_the_same_warning() -> None:
+    """The sidecar and replay pass probe columns; a list of records is read the same way."""
+    seat = Seat(seed=3).steady(0.0, 80.0)
+    for k, t in enumerate((72.0, 74.0, 76.0)):
+        seat.add(1, t + 0.05, 0.09 + 0.01 * k, 100)
+    seat.add(1, 79.5, None, 100)
+    cols = ProbeColumns.from_records(list(reversed(seat.recs)))
+    assert detect_prehang(cols, 80.0) == detect_prehang(seat.recs, 80.0) is not None
+    assert tail_readings(cols, 80.0) == tail_readings(seat.recs, 80.0)
+    assert first_warning(cols, 60.0, 80.0) == first_warning(seat.recs, 60.0, 80.0)
+
+
 def test_a_warning_round_trips_through_json_and_rejects_garbage() -> None:
     w = PreHangWarning(t=1.0, rank=3, node=1, gather="512-1023", recent_p99_s=0.2, baseline_p99_s=0.004, slow=4,
                        evidence=("x",))
@@ -163,3 +184,38 @@ def test_a_warning_round_trips_through_json_and_rejects_garbage() -> None:
 def test_the_shipped_rule_ties_its_floor_to_the_stall_threshold() -> None:
     assert WarningRule.for_stall(3.0).floor_s == pytest.approx(0.03)
     assert WarningRule.for_stall(3.0) == WarningRule()
+
+
+def _write_bundle(root: Path, name: str, seat: Seat, trigger_t: float) -> Path:
+    v = Verdict(VerdictKind.ROWFETCH_STALL, 3, 1, "fetch_rows (rowfetch.py:101)", trigger_t, ("late",), (0, 1, 2))
+    fields = {"seat": "s", "trigger": {"t": trigger_t, "source": "detector"}, "verdict": v.to_json(),
+              "nodes": [0, 1], "ranks": [0, 1, 2, 3], "time_range": {"start": 0.0, "end": trigger_t + 1.0},
+              "thresholds": {"rowfetch_inflight_s": 3.0}, "created": trigger_t + 1.0}
+    return write_bundle(root, name, fields, {layout.PROBE: encode_probe_records(seat.recs)}, quota_mb=100)
+
+
+def test_replay_finds_the_warning_in_the_bundles_history(tmp_path: Path) -> None:
+    """GIVEN a bundle whose row-fetch history has rank 3's tail growing from t=100 and its stall at t=120
+    (trigger at 124) WHEN replayed THEN the report carries the warning raised 21 s before the trigger (at t=103,
+    as a sidecar ticking each second would have); a bundle of the same seat without the slowdown carries none."""
+    seat = Seat().steady(0.0, 125.0)
+    for t in range(100, 120):
+        seat.add(3, float(t), 0.1, 700)
+    seat.add(3, 120.0, None, 700)
+    res = replay_bundle(_write_bundle(tmp_path, "grow", seat, 124.0))
+    assert res.warning is not None and res.warning.t == pytest.approx(103.0)
+    doc = res.to_json()
+    w = doc["prehang_warning"]
+    assert (w["t_s"], w["rank"], w["node"], w["gather"]) == (-21.0, 3, 1, "512-1023")
+    assert w["recent_p99_ms"] == pytest.approx(100.0)
+    buf = io.StringIO()
+    console = Console(file=buf, width=200, color_system=None)
+    for part in render_report(res):
+        console.print(part)
+    assert "pre-hang warning 21.0 s before the trigger: row-fetch tail growing: rank 3 node 1 gather 512-1023" \
+        in buf.getvalue()
+
+    calm = Seat().steady(0.0, 125.0)
+    calm.add(3, 120.0, None, 700)
+    res = replay_bundle(_write_bundle(tmp_path, "calm", calm, 124.0))
+    assert res.warning is None and "prehang_warning" not in res.to_json()
