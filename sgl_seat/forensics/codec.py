@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import IO, Any, Protocol, TypeVar
 
 import numpy as np
@@ -60,6 +60,11 @@ T = TypeVar("T")
 
 #: Rows per probe column block: big enough to amortise the keys, small enough to keep lines short.
 PROBE_BLOCK_ROWS = 65_536
+#: Types a strict column check allows (``set(map(type, column)) <= ...`` runs in C; bool is not int here).
+_INT = frozenset({int})
+_NUM_T = frozenset({int, float})
+_NUM_OR_NULL = frozenset({int, float, type(None)})
+_COLUMNS = frozenset({"seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end"})
 
 
 class _ToJson(Protocol):
@@ -221,13 +226,30 @@ def encode_stack_samples(samples: Iterable[StackSample]) -> bytes:
     return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 
+def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``key``, or None where a list or object sits where a scalar belongs (``from_json`` will refuse it)."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class _StackDecoder:
-    """Decoding state: the frame table and the interned thread stacks (hung processes repeat them)."""
+    """Decoding state: the frame table, the interned thread stacks (hung processes repeat them) and the
+    validated sample heads (a process's samples differ only in time and stacks).
+
+    Each distinct thread stack and sample head goes through ``from_json`` once; a repeat is recognised by a
+    key of its fields (with the types of the numeric and boolean ones: 1, 1.0 and True are equal keys in
+    Python), so it is exactly what was checked. A one-hour bundle's 28,800 samples
+    decode in a fraction of the time that checking each field of each sample took.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.frames: list[Frame] = []
         self.threads: dict[tuple[Any, ...], ThreadStack] = {}
+        self.heads: dict[tuple[Any, ...], StackSample] = {}
 
     def frame(self, ref: Any, lineno: int) -> Frame:
         if type(ref) is int:
@@ -244,13 +266,13 @@ class _StackDecoder:
         refs = d.get("frames")
         if not isinstance(refs, list):
             raise _fail(self.name, lineno, "thread field 'frames' must be a list")
-        if all(type(r) is int for r in refs):
-            key = (d.get("thread_id"), d.get("name"), d.get("active"), d.get("owns_gil"), tuple(refs))
-            hit = self.threads.get(key)
+        key = None
+        if set(map(type, refs)) <= _INT:  # frame ids only (no inline frame objects): the stack can be interned
+            tid, active, gil = d.get("thread_id"), d.get("active"), d.get("owns_gil")
+            key = _hashable((type(tid), tid, type(active), active, type(gil), gil, d.get("name"), *refs))
+            hit = self.threads.get(key) if key is not None else None
             if hit is not None:
                 return hit
-        else:
-            key = None
         frames = tuple(self.frame(r, lineno) for r in refs)
         head = ThreadStack.from_json({**d, "frames": []})
         ts = ThreadStack(head.thread_id, head.name, head.active, head.owns_gil, frames)
@@ -264,8 +286,17 @@ class _StackDecoder:
         threads = d.get("threads")
         if not isinstance(threads, list):
             raise _fail(self.name, lineno, "sample field 'threads' must be a list")
-        head = StackSample.from_json({**d, "threads": []})
-        return replace(head, threads=tuple(self.thread(t, lineno) for t in threads))
+        t: Any = d.get("t")
+        node, pid, rank, native = d.get("node"), d.get("pid"), d.get("rank"), d.get("native")
+        key = _hashable((type(node), node, type(pid), pid, type(rank), rank, type(native), native, d.get("title"),
+                         d.get("error")))
+        head = self.heads.get(key) if key is not None and type(t) in _NUM_T else None
+        if head is None:
+            head = StackSample.from_json({**d, "threads": []})  # checks every field, t included
+            if key is not None:
+                self.heads[key] = head
+        return StackSample(float(t), head.node, head.pid, head.title, head.rank, head.native,
+                           tuple(self.thread(x, lineno) for x in threads), head.error)
 
     def line(self, obj: Any, lineno: int) -> StackSample | None:
         if not isinstance(obj, dict):
@@ -287,7 +318,7 @@ def decode_stack_samples(stream: IO[bytes], name: str) -> list[StackSample]:
     """Decode a stack-table file into StackSamples (frames and identical thread stacks shared)."""
     dec = _StackDecoder(name)
     out: list[StackSample] = []
-    for lineno, obj in iter_json_lines(stream, name):
+    for lineno, obj in iter_json_lines(stream, name, fast=True):
         try:
             s = dec.line(obj, lineno)
         except RecordError as exc:
@@ -339,14 +370,9 @@ def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
     return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 
-_COLUMNS = frozenset({"seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end"})
-_INT = frozenset({int})
-_NUM_T = frozenset({int, float})
-_NUM_OR_NULL = frozenset({int, float, type(None)})
 
 
 def _int_col(v: Any, what: str) -> I64:
-    # set(map(type, ...)) runs in C: the strict type check costs ~1 ms per 65,536-row block (bool is not int)
     if not isinstance(v, list) or not set(map(type, v)) <= _INT:
         raise RecordError(f"probe_block {what!r} must be a list of integers")
     try:
