@@ -1,8 +1,15 @@
-"""The watchdog on real GPUs: the sim in CUDA mode on 2 GPUs, two sidecars, three faults, and the probe's cost.
+"""The watchdog on real GPUs: the sim in CUDA mode, one sidecar per simulated node, three faults, the probe's cost.
 
 Run on a machine with 2 (or more) NVIDIA GPUs (``bench/gpu/run.sh`` installs the carried wheels first)::
 
-    python bench/gpu/gpu_watchdog.py --out /tmp/gpu-out
+    python bench/gpu/gpu_watchdog.py --out /tmp/gpu-out                      # 2 nodes x 1 GPU, TP2/EP2
+    python bench/gpu/gpu_watchdog.py --gpus-per-node 2 --draft on \
+        --scenarios rowfetch-stall:3,gpu-stall:3,crash:2 --out /tmp/gpu-out   # the field report's shape, TP4/EP4
+
+The seat is ``--nodes`` simulated nodes of ``--gpus-per-node`` GPUs each (node ``n`` sees GPUs
+``n*G .. n*G+G-1`` through ``CUDA_VISIBLE_DEVICES``), TP = EP = nodes x GPUs. A scenario is ``fault[:rank]``
+(default rank: the last one); the fault goes to the admin route of that rank's node. ``--device cpu`` runs the
+same harness with gloo on a machine without GPUs (a check of the harness, nothing measured).
 
 What it does, all measured in this one run, and prints as JSON (``--out``/result.json too):
 
@@ -10,19 +17,19 @@ What it does, all measured in this one run, and prints as JSON (``--out``/result
 2. ``probe_cost``: ns per call of a trivial function bare, wrapped by the probe (host timing only) and
    wrapped with CUDA events (GPU-stream timing), in batches of 1,000 calls whose events are resolved
    between batches (outside the timed region, as the engine's reader thread does off the hot path).
-3. For each scenario, a fresh two-node seat without Ray (two ``sgl_seat.sim.launch_server`` processes with
-   ``--device cuda``, ``CUDA_VISIBLE_DEVICES`` = the node's GPU, NCCL; one in-process Sidecar per node,
-   coordinated through ``local_peers``), traffic through ``/generate``, then a fault on rank 1 through the
+3. For each scenario, a fresh seat without Ray (one ``sgl_seat.sim.launch_server`` process per node with
+   ``--device cuda``, ``CUDA_VISIBLE_DEVICES`` = the node's GPUs, NCCL; one in-process Sidecar per node,
+   coordinated through ``local_peers``), traffic through ``/generate``, then a fault on one rank through the
    sim's admin route: ``rowfetch-stall`` (CPU side), ``gpu-stall`` (kernel side: the stream spins inside
    ``fetch_rows`` while the host thread runs on) and ``crash``. Printed: seconds from the admin route's
    answer to the bundle directory's appearance, the bundle's verdict (kind, rank, node, frame, first
-   evidence line), whether rank 0's and rank 1's last Python stacks were identical, and each ``py-spy
-   --native`` dump's time from the capture steps.
+   evidence line), whether rank 0's and the faulty rank's last Python stacks were identical, and each
+   ``py-spy --native`` dump's time from the capture steps.
 
 What it does not do: Ray (the seat is brought up by hand here, not by ``sgl-seat up``), decode throughput
 with the sidecar off / 1 Hz / 5 Hz (the sim's step time is its cost model's sleep, so its throughput cannot
-show sampling cost; that needs a real engine), a UVA/Triton read of a host-registered table (the kernel-side
-stall is ``torch.cuda._sleep``).
+show sampling cost: ``bench/gpu/decode_loop.py`` measures that on a loop with no sleep), a UVA/Triton read of
+a host-registered table (the kernel-side stall is ``torch.cuda._sleep``).
 """
 
 from __future__ import annotations
@@ -143,8 +150,61 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
                 os.environ[k] = v
 
 
+def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
+    """What the probe adds around the sim's real CUDA-mode ``fetch_rows`` (host gather into pinned staging, copy to
+    the GPU), host timing only and with CUDA events (raw ``cudaEventRecord``, the reader thread resolving them as in
+    an engine), at the field report's gather sizes; interleaved calls, 95 % interval over blocks."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns
+
+    from sgl_seat.sim import rowfetch
+    from sgl_seat.watchdog import probe
+
+    saved = {k: os.environ.get(k) for k in (probe.ENV_DIR, probe.ENV_GPU)}
+    os.environ[probe.ENV_DIR] = tempfile.mkdtemp(prefix="probe-fetch-", dir="/dev/shm")
+    os.environ[probe.ENV_GPU] = "0"
+    probe.reset()
+    try:
+        torch.set_num_threads(1)
+        dev = torch.device("cuda", 0)
+        rowfetch.use_cuda(dev, cycles_per_s=1e9, max_rows=max(GATHER_SIZES))
+        table = rowfetch.pin_table(rowfetch.make_table())
+        fr = rowfetch.fetch_rows
+        host = probe.make_wrapper(fr, probe.parse_target(TARGET))
+        out: dict[str, Any] = {"calls_per_arm": calls}
+        raw = probe._raw_recorder(torch)
+        for size in GATHER_SIZES:
+            ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
+            probe.disable_gpu()
+            t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: host(table, x)}, ids, calls)
+            torch.cuda.synchronize()
+            fig = {"host_only": added_ns(t, "probe")}
+            if raw is not None:
+                probe.enable_gpu(raw[0], torch.cuda.is_current_stream_capturing, record=raw[1])
+                t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: host(table, x)}, ids, calls)
+                torch.cuda.synchronize()
+                timer = probe.gpu_timer()
+                fig["with_events"] = added_ns(t, "probe")
+                fig["event_errors"] = timer.errors if timer is not None else None
+                probe.disable_gpu()
+            out[f"fetch_rows_{size}"] = fig
+        return out
+    finally:
+        probe.disable_gpu()
+        probe.reset()
+        rowfetch._device = rowfetch._staging = None  # back to host mode for anything after
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _free_port(span: int = 3) -> int:
-    for p in range(38100, 38900, 7):
+    """The first free run of ``span`` ports in 31000-31999 (below Linux's ephemeral range)."""
+    for p in range(31000, 32000 - span, span):
         ok = True
         for q in range(p, p + span):
             with socket.socket() as s:
@@ -158,15 +218,23 @@ def _free_port(span: int = 3) -> int:
     raise RuntimeError("no free port")
 
 
-class Seat:
-    """Two sim nodes (one GPU each) and their sidecars, on this host."""
+DRAFT_ARGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4"]  # launch/seats/large.yaml's draft: steps 3, topk 1, 4 tokens
 
-    def __init__(self, tmp: Path, device: str = "cuda") -> None:
+
+class Seat:
+    """``nodes`` sim nodes of ``gpn`` GPUs each and their sidecars, on this host."""
+
+    def __init__(self, tmp: Path, device: str = "cuda", *, nodes: int = 2, gpn: int = 1, draft: bool = False) -> None:
         self.tmp = tmp
         self.device = device
-        self.p0 = _free_port()
-        self.p1 = self.p0 + 3
-        self.dist = self.p0 + 6
+        self.nodes = nodes
+        self.gpn = gpn
+        self.draft = draft
+        self.ports = [_free_port(3 * nodes + 1)]
+        self.ports += [self.ports[0] + 3 * n for n in range(1, nodes)]
+        self.p0 = self.ports[0]
+        self.dist = self.p0 + 3 * nodes
         self.bundles = tmp / "bundles"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.sidecars: dict[int, Sidecar] = {}
@@ -174,31 +242,39 @@ class Seat:
         self.traffic_threads: list[threading.Thread] = []
         self.completed = 0
 
+    def rank_node(self, rank: int) -> int:
+        return rank // self.gpn
+
     def start(self) -> None:
-        common = ["--model-path", "sim/gpu", "--tp-size", "2", "--ep-size", "2", "--nnodes", "2",
-                  "--dist-init-addr", f"{HOST}:{self.dist}", "--dist-timeout", "600", "--watchdog-timeout", "300",
-                  "--enable-metrics", "--host", HOST, "--port", str(self.p0), "--max-running-requests", "16",
-                  "--device", self.device, "--decode-log-interval", "20"]
-        for node in (0, 1):
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(node), "SGL_SEAT_PROBE": TARGET,
+        world = self.nodes * self.gpn
+        common = ["--model-path", "sim/gpu", "--tp-size", str(world), "--ep-size", str(world),
+                  "--nnodes", str(self.nodes), "--dist-init-addr", f"{HOST}:{self.dist}", "--dist-timeout", "600",
+                  "--watchdog-timeout", "300", "--enable-metrics", "--host", HOST, "--port", str(self.p0),
+                  "--max-running-requests", "8" if self.draft else "16", "--device", self.device,
+                  "--decode-log-interval", "20", *(DRAFT_ARGS if self.draft else [])]
+        for node in range(self.nodes):
+            gpus = ",".join(str(node * self.gpn + i) for i in range(self.gpn))
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "SGL_SEAT_PROBE": TARGET,
                    "SGL_SEAT_PROBE_DIR": str(self.tmp / "rings" / f"node{node}"), "GLOO_SOCKET_IFNAME": "lo",
                    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-            if node == 1:
-                env["SGL_SEAT_SIM_NODE_PORT"] = str(self.p1)
+            if node > 0:
+                env["SGL_SEAT_SIM_NODE_PORT"] = str(self.ports[node])
             log = open(self.tmp / f"node{node}.log", "wb")  # noqa: SIM115 - the child owns it
             self.procs[node] = subprocess.Popen(
                 [sys.executable, "-m", "sgl_seat.sim.launch_server", *common, "--node-rank", str(node)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        for node, port in ((0, self.p0), (1, self.p1)):
+        for node, port in enumerate(self.ports):
             self._wait_health(port, node)
         th = WatchdogSpec().model_dump()
-        for node in (0, 1):
+        rank_nodes = {r: self.rank_node(r) for r in range(world)}
+        for node in range(self.nodes):
             cfg = SidecarConfig(
-                seat="gpu-bench", node=node, nnodes=2, thresholds=th, bundle_dir=str(self.bundles), quota_mb=512,
-                probe_dir=str(self.tmp / "rings" / f"node{node}"), log_path=str(self.tmp / f"node{node}.log"),
+                seat="gpu-bench", node=node, nnodes=self.nodes, thresholds=th, bundle_dir=str(self.bundles),
+                quota_mb=512, probe_dir=str(self.tmp / "rings" / f"node{node}"),
+                log_path=str(self.tmp / f"node{node}.log"),
                 metrics_url=f"http://{HOST}:{self.p0}/metrics" if node == 0 else None, metrics_port=None,
-                rank_nodes={0: 0, 1: 1}, root_pid=self.procs[node].pid, gpu=True)
+                rank_nodes=rank_nodes, root_pid=self.procs[node].pid, gpu=True)
             self.sidecars[node] = Sidecar(cfg)
         for n, peer in local_peers(self.sidecars).items():
             self.sidecars[n].peers = peer
@@ -236,7 +312,7 @@ class Seat:
             self.traffic_threads.append(t)
 
     def inject(self, fault: str, node: int) -> float:
-        port = (self.p0 if node == 0 else self.p1) + 2
+        port = self.ports[node] + 2
         r = httpx.post(f"http://{HOST}:{port}/sim/faults", json={"fault": fault}, timeout=10)
         r.raise_for_status()
         return time.time()
@@ -262,21 +338,26 @@ class Seat:
                 p.wait(20)
 
 
-def _same_stacks(b: Any) -> bool | None:
+def _same_stacks(b: Any, rank: int) -> bool | None:
+    """Whether rank 0's and ``rank``'s last Python stacks (scheduler main thread) were the same frames."""
     last: dict[int, Any] = {}
     for s in b.stacks:
-        if s.rank in (0, 1) and s.title.startswith("sglang::scheduler") and s.threads:
+        if s.rank in (0, rank) and s.title.startswith("sglang::scheduler") and s.threads:
             last[s.rank] = s
-    if set(last) != {0, 1}:
+    if set(last) != {0, rank}:
         return None
-    sig = [tuple((f.name, f.filename.rsplit("/", 1)[-1], f.line) for f in last[r].main_thread().frames) for r in (0, 1)]
+    sig = [tuple((f.name, f.filename.rsplit("/", 1)[-1], f.line) for f in last[r].main_thread().frames)
+           for r in (0, rank)]
     return sig[0] == sig[1]
 
 
-def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> dict[str, Any]:
+def scenario(kind: str, rank: int, warm_s: float, wait_s: float, device: str = "cuda", *, nodes: int = 2,
+             gpn: int = 1, draft: bool = False) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"gpu-{kind}-"))
-    seat = Seat(tmp, device)
-    out: dict[str, Any] = {"fault": f"{kind}:rank=1"}
+    seat = Seat(tmp, device, nodes=nodes, gpn=gpn, draft=draft)
+    out: dict[str, Any] = {"fault": f"{kind}:rank={rank}", "node": seat.rank_node(rank),
+                           "shape": f"{nodes} nodes x {gpn} GPUs, TP{nodes * gpn}/EP{nodes * gpn}",
+                           "draft": draft}
     try:
         t0 = time.monotonic()
         seat.start()
@@ -284,7 +365,7 @@ def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> d
         seat.traffic()
         time.sleep(warm_s)
         out["requests_done_before_fault"] = seat.completed
-        t_fault = seat.inject(f"{kind}:rank=1", node=1)
+        t_fault = seat.inject(f"{kind}:rank={rank}", node=seat.rank_node(rank))
         path = seat.wait_bundle(wait_s)
         if path is None:
             out["bundle"] = None
@@ -299,7 +380,7 @@ def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> d
             "kind": v.kind.value, "rank": v.rank, "node": v.node, "frame": v.frame,
             "evidence0": v.evidence[0] if v.evidence else None, "waiting_ranks": list(v.waiting_ranks),
             "verdict_t_minus_fault_s": round(v.t - t_fault, 2)}
-        out["last_python_stacks_identical_rank0_rank1"] = _same_stacks(b)
+        out[f"last_python_stacks_identical_rank0_rank{rank}"] = _same_stacks(b, rank)
         rank_of = {s.pid: s.rank for s in (*b.native_stacks, *b.stacks)}
         out["native_dumps"] = [f"node {c.get('node')} rank {rank_of.get(int(str(c.get('step')).split()[-1]))}: "
                                f"{c.get('step')} {c.get('status')} {c.get('detail')}"
@@ -316,7 +397,7 @@ def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> d
         return out
     finally:
         seat.stop()
-        for n in (0, 1):
+        for n in range(nodes):
             log = tmp / f"node{n}.log"
             if log.exists():
                 text = log.read_text(errors="replace")
@@ -327,23 +408,42 @@ def scenario(kind: str, warm_s: float, wait_s: float, device: str = "cuda") -> d
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="directory for result.json")
-    ap.add_argument("--scenarios", default="gpu-stall,rowfetch-stall,crash")
+    ap.add_argument("--scenarios", default="gpu-stall,rowfetch-stall,crash",
+                    help="fault[:rank],...; default rank: the last one")
+    ap.add_argument("--nodes", type=int, default=2, help="simulated nodes")
+    ap.add_argument("--gpus-per-node", type=int, default=1, help="GPUs (ranks) per simulated node")
+    ap.add_argument("--draft", choices=("on", "off"), default="off", help="EAGLE draft flags (steps 3, 4 tokens)")
     ap.add_argument("--warm-s", type=float, default=12.0)
     ap.add_argument("--wait-s", type=float, default=30.0)
     ap.add_argument("--skip-probe-cost", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: check the harness on a machine without GPUs")
     a = ap.parse_args()
-    res: dict[str, Any] = {"versions": versions(), "device": a.device}
+    res: dict[str, Any] = {"versions": versions(), "device": a.device, "nodes": a.nodes,
+                           "gpus_per_node": a.gpus_per_node, "draft": a.draft}
+    world = a.nodes * a.gpus_per_node
+    if a.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < world:
+            print(json.dumps({"error": f"{world} GPUs needed ({a.nodes} nodes x {a.gpus_per_node}), "
+                                       f"{torch.cuda.device_count()} visible"}), flush=True)
+            return 2
     print(json.dumps(res, indent=1), flush=True)
     if not a.skip_probe_cost:
         res["probe_cost"] = probe_cost()
         print(json.dumps({"probe_cost": res["probe_cost"]}, indent=1), flush=True)
-    for kind in [k for k in a.scenarios.split(",") if k]:
-        r = scenario(kind, a.warm_s, a.wait_s, a.device)
-        res[kind] = r
-        print(json.dumps({kind: {k: v for k, v in r.items() if k != "log_tail"}}, indent=1), flush=True)
+        if a.device == "cuda":
+            res["fetch_cost_cuda"] = fetch_cost_cuda()
+            print(json.dumps({"fetch_cost_cuda": res["fetch_cost_cuda"]}, indent=1), flush=True)
+    for item in [k for k in a.scenarios.split(",") if k]:
+        kind, _, r_txt = item.partition(":")
+        rank = int(r_txt) if r_txt else world - 1
+        r = scenario(kind, rank, a.warm_s, a.wait_s, a.device, nodes=a.nodes, gpn=a.gpus_per_node,
+                     draft=a.draft == "on")
+        res[item] = r
+        print(json.dumps({item: {k: v for k, v in r.items() if k != "log_tail"}}, indent=1), flush=True)
         if "error" in r:
-            print(json.dumps({kind + "_log_tail": r.get("log_tail")}, indent=1), flush=True)
+            print(json.dumps({item + "_log_tail": r.get("log_tail")}, indent=1), flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "result.json").write_text(json.dumps(res, indent=1))
