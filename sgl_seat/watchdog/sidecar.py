@@ -236,10 +236,10 @@ class Sidecar:
         self._update_latch(verdict, now)
         if verdict is not None and self.latched_at is None:
             self._trigger(verdict, now)
-        self._warn(obs, now)
+        self.warn(obs, now)
         return verdict
 
-    def _warn(self, obs: Observation, now: float) -> None:
+    def warn(self, obs: Observation, now: float) -> None:
         """The pre-hang warning (a warning, never a capture) and the state gauges, once per detection."""
         rule = WarningRule.for_stall(self.th.rowfetch_inflight_s)
         warning = detect_prehang(obs.probes, now, rule)

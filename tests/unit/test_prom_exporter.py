@@ -1,17 +1,24 @@
-"""What the sidecar exports for the alerts and the dashboard (latch, pre-hang warning, tail ratio, rank states), and
-`watch` printing the warning: the exporter's registry read back, no HTTP, no Ray."""
+"""What the sidecar exports for the alerts and the dashboard (latch, pre-hang warning, tail ratio, rank states), the
+sidecar's detection pass raising the warning, and `watch` printing it: the exporter's registry read back, no HTTP,
+no engine, no Ray. Latencies are synthetic."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from prometheus_client import generate_latest
 from rich.console import Console
 
 from sgl_seat.cli.watchview import render
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import ProbeRecord
 from sgl_seat.core.warning import PreHangWarning, TailReading
+from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.exporter import RANK_STATES, Exporter
 from sgl_seat.watchdog.rankview import RankView
+from sgl_seat.watchdog.sampler import Sampler
+from sgl_seat.watchdog.sidecar import Sidecar
 
 
 def _value(ex: Exporter, name: str, **labels: str) -> float | None:
@@ -66,3 +73,32 @@ def test_watch_prints_the_warning_under_the_ranks() -> None:
     assert ("node 1: warning: row-fetch tail growing: rank 3 node 1 gather 512-1023, p99 200.0 ms vs 4.0 ms before "
             "(50.0x, 4 slow)") in out
     assert "node 0: warning: row-fetch tail growing" in out  # an unreadable warning still says there is one
+
+
+def _rec(seq: int, start: float, dur: float | None, gather: int, rank: int = 3) -> ProbeRecord:
+    return ProbeRecord(node=1, rank=rank, pid=100 + rank, thread=1, seq=seq, target="m:fetch_rows", start=start,
+                       end=None if dur is None else start + dur, gather_size=gather)
+
+
+def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) -> None:
+    """GIVEN a node-1 sidecar (no engine, py-spy off) WHEN its detection pass sees rank 3's fetches at gather 700
+    take 2 ms for a minute and then 150 ms THEN it holds the warning, exports it (gauge 1, tail ratio ~75x, rank
+    3's state) and `watch`'s snapshot carries it; WHEN the tail is back to normal THEN all of it clears."""
+    cfg = SidecarConfig(seat="s", node=1, nnodes=2, thresholds={}, bundle_dir=str(tmp_path))
+    sc = Sidecar(cfg, sampler=Sampler(node=1, discover=lambda: [], pyspy=False))
+    try:
+        recs = [_rec(i, 10.0 + 0.5 * i, 0.002, 700) for i in range(120)]  # t = 10 .. 69.5
+        slow = [_rec(200 + i, 70.0 + i, 0.15, 700) for i in range(4)]
+        sc.warn(Observation.of(probes=recs + slow), 75.0)
+        assert sc.warning is not None and (sc.warning.rank, sc.warning.gather) == (3, "512-1023")
+        assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 1.0
+        ratio = _value(sc.exporter, "sgl_seat_watchdog_rowfetch_tail_ratio")
+        assert ratio is not None and 70.0 < ratio < 80.0
+        assert _value(sc.exporter, "sgl_seat_watchdog_rank_state", rank="3") is not None
+        assert sc.snapshot()["warning"]["rank"] == 3
+        calm = [_rec(300 + i, 70.0 + i, 0.002, 700) for i in range(4)]
+        sc.warn(Observation.of(probes=recs + calm), 75.0)
+        assert sc.warning is None and sc.snapshot()["warning"] is None
+        assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 0.0
+    finally:
+        sc.exporter.close()
