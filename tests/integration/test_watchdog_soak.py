@@ -1,0 +1,62 @@
+"""The watchdog soak, CI size: the same code as ``bench/watchdog_soak.py`` on a smaller sample.
+
+Why: a watchdog that fires in seconds must show that it does not fire on healthy work and that it catches each
+fault kind fast. One two-node sim seat (draft off; the bench also runs draft on) at the default thresholds:
+a 400,000-token prefill that is one forward of >= 30 s on every rank (synthetic prefill cost), the other healthy
+episodes as the time allows (idle gaps, bursts past the slot cap, a rank 5x slower but alive), then two CPU-side
+row-fetch stalls at random steps and gather sizes, one slow-then-stall and one crash, each followed by
+recovery. Asserted: no false bundle, every fault fired and caught with the right verdict and rank (no miss), and
+per kind p95 <= 3 s from the fault passing its detector's threshold to the bundle on disk. Ports 30800-30816.
+About 3 minutes; everything it starts it stops (checked by pid).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_soak.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("watchdog_soak", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["watchdog_soak"] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_soak_no_false_bundles_and_fast_detection(tmp_path: Path) -> None:
+    soak = _bench()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rep = soak.run_soak(minutes=2.0, faults={"stall": 2, "slow-stall": 1, "crash": 1}, seed=15, workdir=tmp_path,
+                        drafts=(False,), healthy_first=("prefill",), log=print)
+    print(soak.table(rep))
+
+    # The sample is real: the long prefill ran (>= 30 s to its answer), and healthy time was watched.
+    assert rep.prefill_forward_s and min(rep.prefill_forward_s) >= 30.0, rep.prefill_forward_s
+    assert rep.healthy_s >= 45.0
+    assert rep.probe_read_errors == 0
+    # Healthy work: no bundle at all.
+    assert rep.false_bundles == [], rep.false_bundles
+    # Every fault fired, was caught, and named the right kind and rank; one bundle per fault.
+    outcomes = [(f.kind, f.spec, f.outcome, f.verdict, f.verdict_rank) for f in rep.faults]
+    assert len(rep.faults) == 4 and all(f.outcome == "caught" for f in rep.faults), outcomes
+    assert sum(f.extra_bundles for f in rep.faults) == 0
+    # Fault past its detector's threshold -> bundle on disk: p95 <= 3 s per kind.
+    th = rep.thresholds["rowfetch_inflight_s"]
+    for kind in soak.FAULT_KINDS:
+        late = [f.latency() - (th if kind != "crash" else 0.0) for f in rep.faults if f.kind == kind]
+        assert late and soak.percentile(late, 95) <= 3.0, (kind, late)
+
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, left
