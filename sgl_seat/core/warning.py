@@ -143,9 +143,14 @@ class _Rows:
     node: I64
 
     @classmethod
-    def of(cls, probes: ProbeColumns | Iterable[ProbeRecord]) -> _Rows:
+    def of(cls, probes: ProbeColumns | Iterable[ProbeRecord], *, since: float = -math.inf,
+           span: float = math.inf) -> _Rows:
+        """The rows; with ``since``, only those a window ending at ``since`` or later can read (started within
+        ``span`` before it, or lasting longer than ``span``: in flight at a window's end)."""
         cols = probes if isinstance(probes, ProbeColumns) else ProbeColumns.from_records(probes)
         keep = (cols.gather_size >= 0) & (cols.rank >= 0)
+        if since > -math.inf:
+            keep &= (cols.start >= since - span) | ~(cols.end - cols.start <= span)
         order = np.flatnonzero(keep)
         order = order[np.argsort(cols.start[order], kind="stable")]
         gathers, inv = np.unique(cols.gather_size[order], return_inverse=True)
@@ -223,12 +228,19 @@ def first_warning(probes: ProbeColumns | Iterable[ProbeRecord], t0: float, t1: f
     one-hour bundle's million fetches cost one sort, then each step reads only its window."""
     if step_s <= 0:
         raise ValueError("step_s must be positive")
-    rows = _Rows.of(probes)
     span = rule.recent_s + rule.baseline_s
+    rows = _Rows.of(probes, since=t0, span=span)
     # A fetch that started before a window yet matters to it is in flight at the window's end: long or unfinished.
     long = np.flatnonzero(~(rows.end - rows.start <= span))
+    # A fetch can be slow only if it took (or, unfinished, is taking) longer than the floor: a step whose window
+    # holds fewer than min_slow such fetches of any one rank cannot warn, and is skipped without the readings.
+    maybe = np.flatnonzero(~(rows.end - rows.start <= rule.floor_s))
     for i in range(max(0, math.floor((t1 - t0) / step_s)) + 1):
         now = t0 + i * step_s
+        m = maybe[(rows.start[maybe] <= now - rule.floor_s)
+                  & ((rows.start[maybe] >= now - rule.recent_s) | ~(rows.end[maybe] <= now))]
+        if len(m) < rule.min_slow or int(np.bincount(rows.rank[m] - rows.rank[m].min()).max()) < rule.min_slow:
+            continue
         a = int(np.searchsorted(rows.start, now - span, side="left"))
         b = int(np.searchsorted(rows.start, now, side="right"))
         w = _judge(_readings(rows.window(a, b, long[rows.start[long] < now - span]), now, rule), now, rule)
