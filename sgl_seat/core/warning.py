@@ -20,7 +20,7 @@ nothing. Pure: ``now`` is an argument and records after it are ignored, as in th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from sgl_seat.core.columns import F64, I64, ProbeColumns
 from sgl_seat.core.records import ProbeRecord, RecordError
 from sgl_seat.core.stats import gather_bucket, gather_bucket_label, percentile
 
-__all__ = ["PREHANG_KIND", "PreHangWarning", "TailReading", "WarningRule", "detect_prehang", "first_warning",
+__all__ = ["PREHANG_KIND", "PreHangWarning", "TailReading", "WarningRule", "detect_prehang", "first_warning", "judge",
            "tail_readings"]
 
 #: What the warning is called in `watch`, the exporter's help text and the replay report.
@@ -195,7 +195,8 @@ def tail_readings(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
     return _readings(_Rows.of(probes), now, rule)
 
 
-def _judge(readings: list[TailReading], now: float, rule: WarningRule) -> PreHangWarning | None:
+def judge(readings: Sequence[TailReading], now: float, rule: WarningRule = WarningRule()) -> PreHangWarning | None:
+    """The warning the readings give under ``rule`` (what :func:`detect_prehang` returns), or None."""
     hits = [r for r in readings if r.baseline_count >= rule.min_baseline and r.slow >= rule.min_slow]
     if not hits:
         return None
@@ -218,7 +219,7 @@ def detect_prehang(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
                    rule: WarningRule = WarningRule()) -> PreHangWarning | None:
     """The warning at ``now``, or None: the reading with the most slow fetches (then the largest ratio) that
     passes the rule."""
-    return _judge(tail_readings(probes, now, rule), now, rule)
+    return judge(tail_readings(probes, now, rule), now, rule)
 
 
 def first_warning(probes: ProbeColumns | Iterable[ProbeRecord], t0: float, t1: float, *, step_s: float = 1.0,
@@ -243,7 +244,7 @@ def first_warning(probes: ProbeColumns | Iterable[ProbeRecord], t0: float, t1: f
             continue
         a = int(np.searchsorted(rows.start, now - span, side="left"))
         b = int(np.searchsorted(rows.start, now, side="right"))
-        w = _judge(_readings(rows.window(a, b, long[rows.start[long] < now - span]), now, rule), now, rule)
+        w = judge(_readings(rows.window(a, b, long[rows.start[long] < now - span]), now, rule), now, rule)
         if w is not None:
             return w
     return None

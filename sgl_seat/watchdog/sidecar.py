@@ -30,8 +30,8 @@ from typing import Any
 from sgl_seat.core.detect import detect
 from sgl_seat.core.nodeloss import node_unreachable
 from sgl_seat.core.observation import Observation
-from sgl_seat.core.records import StackSample, Verdict
-from sgl_seat.core.warning import PreHangWarning, WarningRule, detect_prehang, tail_readings
+from sgl_seat.core.records import StackSample, Verdict, VerdictKind
+from sgl_seat.core.warning import PreHangWarning, WarningRule, judge, tail_readings
 from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.watchdog import capture as cap
@@ -53,6 +53,9 @@ REQUEST_LOG_EVERY_S = 0.5
 #: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
 #: row fetch passes its threshold.
 DETECT_EVERY_S = 1.0
+#: Seconds each stack dump may take in a capture triggered by a lost node (5 s otherwise): measured on 2 loaded
+#: cores, a native dump of a rank blocked on its cut-off peer ran past 5 s while its Python dump took 0.1 s.
+NODE_LOSS_NATIVE_S = 1.5
 #: Completed row fetches the live detectors look at (the detectors' own windows are shorter).
 LIVE_PROBE_WINDOW_S = 65.0
 
@@ -242,12 +245,13 @@ class Sidecar:
     def warn(self, obs: Observation, now: float) -> None:
         """The pre-hang warning (a warning, never a capture) and the state gauges, once per detection."""
         rule = WarningRule.for_stall(self.th.rowfetch_inflight_s)
-        warning = detect_prehang(obs.probes, now, rule)
+        readings = tail_readings(obs.probes, now, rule)
+        warning = judge(readings, now, rule)
         if warning is not None and self.warning is None:
             log.warning("node %d watchdog: %s", self.cfg.node, warning.summary())
         self.warning = warning
         self.exporter.observe_state(latched=self.latched_at is not None, warning=warning,
-                                    readings=tail_readings(obs.probes, now, rule),
+                                    readings=readings,
                                     ranks=[v for v in rank_views(obs, now) if v.node in (None, self.cfg.node)])
 
     # ---- latch
@@ -340,7 +344,10 @@ class Sidecar:
     def _capture(self, capture_id: str, t: float, trigger: dict[str, Any]) -> dict[str, Any]:
         t0 = time.time()
         if self.peers is not None:
-            parts, missing = self.peers.collect(capture_id, t, lambda: self.part(capture_id, t))
+            # A lost node is the finding: the reachable ranks' native stacks get a short budget (their Python stacks,
+            # taken first, are always kept), so the bundle is not held up by slow native unwinding.
+            budget = NODE_LOSS_NATIVE_S if trigger.get("kind") == VerdictKind.NODE_UNREACHABLE.value else None
+            parts, missing = self.peers.collect(capture_id, t, lambda: self.part(capture_id, t, dump_timeout_s=budget))
         else:
             parts, missing = [self.part(capture_id, t)], []
         tv = trigger.get("verdict")
@@ -361,8 +368,9 @@ class Sidecar:
                 self.capture_errors.append(res.error)
         return doc
 
-    def part(self, capture_id: str, t: float) -> dict[str, Any]:
-        """This node's share of capture ``capture_id`` (called by the coordinator, possibly over Ray)."""
+    def part(self, capture_id: str, t: float, *, dump_timeout_s: float | None = None) -> dict[str, Any]:
+        """This node's share of capture ``capture_id`` (called by the coordinator, possibly over Ray);
+        ``dump_timeout_s``: each stack dump's budget (None: node_part's default)."""
         self.latch(capture_id, t)
         now = self.clock()
         self.poll_sources(now, requests_now=True)
@@ -378,7 +386,8 @@ class Sidecar:
             node=self.cfg.node, procs=pids, pyspy=self.sampler.pyspy, samples=self.sampler.samples(),
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],
             logs=self.logs.lines(), processes=self.sampler.processes(), log_text=self.logs.tail_text(), env=env,
-            gpu=self.cfg.gpu, requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
+            gpu=self.cfg.gpu, **({} if dump_timeout_s is None else {"dump_timeout_s": dump_timeout_s}),
+            requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
             request_redaction=self.recorder.redaction if self.recorder is not None else None)
 
     # ---- views
