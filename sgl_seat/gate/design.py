@@ -8,7 +8,8 @@ and odd ones in reverse, which keeps every arm's mean position equal.
 A *slot* is one arm brought up cold (a fresh engine) and measured; its *cells* are the workloads run on it,
 cold ones first (TTFT on the long prompt right after the restart, then the greedy set whose identity is only
 meaningful after a restart), then the concurrency sweep and the shared-prefix replay. Each cell is a file when
-it completes, so an interrupted battery resumes at the first missing cell.
+it completes, so an interrupted battery resumes at the first missing cell. On a seat that was not restarted (arms
+given by URL) the cold TTFT cell is not measured and greedy identity is marked as not after a restart.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["ARM_NAMES", "BASELINE", "CANDIDATE", "CONTROL", "HYBRID", "Slot", "c
 
 BASELINE, CANDIDATE, HYBRID, CONTROL = "baseline", "candidate", "hybrid", "control"
 ARM_NAMES = (BASELINE, CANDIDATE, HYBRID, CONTROL)
-COLD_CELLS = ("cold_ttft", "greedy")
+COLD_CELLS = ("cold_ttft",)  # needs a restart; greedy runs always and records whether it followed one
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,4 +54,4 @@ def schedule(arms: Sequence[str], runs: int) -> list[Slot]:
 def cell_names(levels: Sequence[int]) -> list[str]:
     """A slot's cells in the order they run: what the engine reports, the cold cells, the sweep by concurrency,
     the prefix replay, and last the bundles the watchdog captured during the slot."""
-    return ["engine", *COLD_CELLS, *(f"sweep_c{c}" for c in levels), "prefix", "hangs"]
+    return ["engine", *COLD_CELLS, "greedy", *(f"sweep_c{c}" for c in levels), "prefix", "hangs"]

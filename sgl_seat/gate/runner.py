@@ -132,7 +132,8 @@ class _SlotRun:
         prompts = [prompt_words(self.b.seed, g.prompt_tokens, tag=f"greedy{i}") for i in range(g.prompts)]
         run = closed_loop(self.s.endpoint, self.s.model, prompts, concurrency=1, max_tokens=g.max_tokens,
                           timeout=self.timeout)
-        return {**run.summary(), "texts": [r.text if r.ok else None for r in run.results]}
+        return {**run.summary(), "after_restart": self.s.cold,
+                "texts": [r.text if r.ok else None for r in run.results]}
 
     def sweep(self, c: int) -> dict[str, Any]:
         w = self.b.sweep

@@ -64,6 +64,7 @@ def _arm_figures(battery: Battery, cells: dict[tuple[str, str], dict[str, Any]],
         "cold_ttft_s": _num(cold.get("ttft_s")) if cold and cold.get("ok") else None,
         "single_stream_tok_s": _num(greedy.get("output_tok_s")) if greedy and "output_tok_s" in greedy else None,
         "greedy_texts": greedy.get("texts") if greedy else None,
+        "greedy_after_restart": greedy.get("after_restart") if greedy else None,
         "sweep_output_tok_s": {c: _num(d.get("output_tok_s")) for c, d in sweep.items()},
         "sweep_ttft_s": {c: _num(d.get("ttft_s_median")) for c, d in sweep.items()},
         "sweep_tpot_s": {c: _num(d.get("tpot_s_median")) for c, d in sweep.items()},
@@ -178,8 +179,11 @@ def _greedy(figs: dict[str, dict[int, dict[str, Any]]], arms: list[str]) -> dict
         return {"identical": hits, "of": of, "rate": hits / of} if of else None
 
     aa = rate(BASELINE, CONTROL) if CONTROL in arms else rate(BASELINE, BASELINE, shift=1)
+    restarted = all(f.get("greedy_after_restart") for by in figs.values() for f in by.values())
     out: dict[str, Any] = {"aa": aa, "aa_source": "control vs baseline" if CONTROL in arms else
-                           "baseline vs its next repetition (restart to restart)"}
+                           "baseline vs its next repetition (restart to restart)", "after_restart": restarted,
+                           "note": None if restarted else "greedy sets did not follow a restart: a warm prefix cache "
+                           "can flip near-tie tokens, so identity here is weaker evidence"}
     for arm in arms:
         if arm in (BASELINE, CONTROL):
             continue
