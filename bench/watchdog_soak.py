@@ -572,7 +572,10 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    log(f"watchdog soak: {a.minutes} min, {a.faults} faults of each kind, work dir {work}")
+    import sgl_seat
+
+    log(f"watchdog soak: {a.minutes} min, {a.faults} faults of each kind, work dir {work}, code from "
+        f"{Path(sgl_seat.__file__).parent}")
     try:
         rep = run_soak(minutes=a.minutes, faults=dict.fromkeys(FAULT_KINDS, a.faults), seed=a.seed, workdir=work,
                        drafts=drafts, log=log)
