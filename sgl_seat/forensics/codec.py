@@ -131,7 +131,7 @@ def _loads_fast(raw: bytes, where: str) -> Any:
 def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iterator[tuple[int, Any]]:
     """Yield (line number, parsed value) for each non-blank line, refusing lines over MAX_LINE_BYTES.
 
-    ``fast``: parse with orjson where installed (the large record files: probe columns and stack samples).
+    ``fast``: parse with orjson where installed (the record files; a one-hour bundle's run to tens of MB).
     """
     loads = _loads_fast if fast else _loads
     lineno = 0
@@ -164,7 +164,7 @@ def encode_records(records: Iterable[_ToJson]) -> bytes:
 def decode_records(stream: IO[bytes], from_json: Callable[[dict[str, Any]], T], name: str) -> list[T]:
     """Decode one record per line with the record type's strict ``from_json``."""
     out: list[T] = []
-    for lineno, obj in iter_json_lines(stream, name):
+    for lineno, obj in iter_json_lines(stream, name, fast=True):
         if not isinstance(obj, dict):
             raise _fail(name, lineno, "expected a JSON object")
         try:
