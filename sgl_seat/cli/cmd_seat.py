@@ -193,12 +193,14 @@ def _print_status(rec: SeatRecord) -> None:
 def status(
     name: NameArg = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1,
+                                           help="Seconds a node's agent has to answer (silent: NODE-LOST).")] = 20.0,
 ) -> None:
     """Show a seat's state (reconciled with Ray now), nodes, ranks with pids, endpoint, KV pool."""
     from sgl_seat.launch import status as seat_status
     from sgl_seat.launch.record import resolve_name
 
-    rec = seat_status.status(resolve_name(name))
+    rec = seat_status.status(resolve_name(name), timeout=timeout)
     if json_out:
         print_json(seat_status.status_json(rec))
     else:

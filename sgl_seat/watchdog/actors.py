@@ -141,9 +141,10 @@ class RayPeers:
             self._looked_up[node] = now
         return self._actor(node)
 
-    def _last_seen(self, node: int, now: float) -> str:
+    def _last_seen(self, node: int, now: float, *, ask_ray: bool = False) -> str:
         """What was last seen from a silent node: its last heartbeat answer, its last stack sample and probe
-        record as that answer gave them, the last error, and Ray's view of its node."""
+        record as that answer gave them, the last error, and (``ask_ray``: a GCS call of up to a second, made
+        by the capture beside its own part, never by the tick) Ray's view of its node."""
         at, ans = self._answer[node]
         bits = [f"heartbeat answered {now - at:.1f} s ago ({_hms(at)})"]
         if ans.get("ip"):
@@ -159,7 +160,8 @@ class RayPeers:
             bits.append("no probe record")
         if self._error.get(node):
             bits.append(f"last ping error {self._error[node]}")
-        bits.append(f"Ray: {_ray_view(str(ans.get('node_id') or ''))}")
+        if ask_ray:
+            bits.append(f"Ray: {_ray_view(str(ans.get('node_id') or ''))}")
         return "; ".join(bits)
 
     def _actor(self, node: int) -> Any:
@@ -204,7 +206,8 @@ class RayPeers:
                 continue
             if n in silent:  # lost before the capture: not asked, named with what was last seen from it
                 missing.append({"node": n, "step": "reach", "status": "unreachable",
-                                "detail": f"no heartbeat answer for {SILENT_S:g} s", "last_seen": silent[n]})
+                                "detail": f"no heartbeat answer for {SILENT_S:g} s",
+                                "last_seen": self._last_seen(n, time.time(), ask_ray=True)})
                 continue
             try:
                 actor = self._actor(n)
@@ -216,14 +219,17 @@ class RayPeers:
         # for: the capture finishes without it, and the verdict names it (core.nodeloss).
         ping_deadline = time.monotonic() + PING_TIMEOUT_S
         for n, ref in pings.items():
+            # A node already silent on heartbeats is lost SILENT_S after its last answer, the tick's own rule.
+            quiet_for = time.time() - self._answer[n][0] if n in self._answer else 0.0
+            until = min(ping_deadline, time.monotonic() + max(0.5, SILENT_S - quiet_for))
             try:
-                ray.get(ref, timeout=max(0.1, ping_deadline - time.monotonic()))
+                ray.get(ref, timeout=max(0.1, until - time.monotonic()))
             except Exception as exc:
                 del futures[n]
-                seen = self._last_seen(n, time.time()) if n in self._answer else ""
+                seen = self._last_seen(n, time.time(), ask_ray=True) if n in self._answer else ""
                 missing.append({"node": n, "step": "reach", "status": "unreachable",
-                                "detail": f"no answer to a ping within {PING_TIMEOUT_S:g} s"
-                                          f" ({type(exc).__name__})", "last_seen": seen})
+                                "detail": f"no answer to a ping within {PING_TIMEOUT_S:g} s, or to heartbeats for "
+                                          f"{SILENT_S:g} s ({type(exc).__name__})", "last_seen": seen})
         parts = [mine.result()]
         deadline = time.monotonic() + CAPTURE_TIMEOUT_S
         for n, fut in futures.items():

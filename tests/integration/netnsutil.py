@@ -129,3 +129,14 @@ def engine_pids(cl: NetnsCluster) -> Iterator[tuple[str, int, str]]:
                 continue
             if "sglang::" in cmd or "sgl_seat.sim" in cmd:
                 yield ns, pid, cmd
+
+
+def raylet_pid(cl: NetnsCluster, ns: str) -> int:
+    """The raylet of the host in namespace ``ns`` (started by ``netns-cluster.sh up``: every pid there is ours)."""
+    for pid in cl.pids()[ns]:
+        try:
+            if psutil.Process(pid).name() == "raylet":
+                return pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no raylet in {ns}")

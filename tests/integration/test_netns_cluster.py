@@ -1,20 +1,23 @@
 """A seat on two real hosts (issue 11): two network namespaces, each with its own address, its own interface
 name and its own raylet (token auth on), the driver on host a like an operator's login on the head.
 
-What it shows: per-host settings follow the host Ray picked for each node rank (the interface names differ, so
-a per-rank env would fail preflight on one of the two placements), a pin moves node 0 to the other host, each
-node's address is in ``status --json``, node 1's link going down under traffic gives node-unreachable bundles
-on both sides that `bundle merge` joins, a client without the token is refused, and ``down`` leaves no engine
-process in either namespace. Wall time (measured, 2 shared cores): 13 s for the cluster, 46-56 s for the seat
-(`up`, the link down and back, `down`), 21 s for the refused client (Ray retries before it gives up), 6 s for
-the removal.
+One cluster serves the whole module, and five `up`s run on it in a row, each with the two hosts' different
+interface names, each checking that every node got its own host's env whichever host Ray picked for node rank 0:
+three plain ones (Ray picks), one with node 0 pinned to host b that then loses node 1's link under traffic, one
+with node 0 pinned to host a that then loses host b's raylet (killed by pid; the last test, since host b stays
+without a raylet). Node loss: a node-unreachable bundle naming node 1 and ranks 2-3 within 10 s, with what was
+last seen from node 1; ``status`` says NODE-LOST while the link is down; the cut-off host's own partial bundle
+and `bundle merge` of the two into one bundle that `replay` reads. Also: a client without the token is refused,
+and ``down`` leaves no engine process in either namespace.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -28,11 +31,13 @@ import psutil
 import pytest
 import yaml
 from launchutil import LOCAL_SIM, MODEL_CONFIG
-from netnsutil import TOKEN_ENV, NetnsCluster, cannot_run, engine_pids, start, stop
+from netnsutil import TOKEN_ENV, NetnsCluster, cannot_run, engine_pids, raylet_pid, start, stop
 
 pytestmark = pytest.mark.integration
 
 _WHY = cannot_run()
+#: Acceptance (issue 11): the node-unreachable bundle within this many seconds of the node's loss (target 5 s).
+BUNDLE_WITHIN_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,7 @@ def _spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None) -> Path
     doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
     doc["name"] = "netns-sim"
     doc["model"]["config"] = str(MODEL_CONFIG)
+    doc["draft"]["enabled"] = True
     hosts = []
     for name, addr, ifn in (("a", cl.addr_a, cl.if_a), ("b", cl.addr_b, cl.if_b)):
         h: dict[str, Any] = {"name": name, "address": addr, "env": {"GLOO_SOCKET_IFNAME": ifn}, "interfaces": [ifn],
@@ -63,16 +69,20 @@ def _spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None) -> Path
         hosts.append(h)
     doc["cluster"].update(address=cl.gcs, token_env=TOKEN_ENV, hosts=hosts)
     doc["network"].pop("node_env")
-    doc["network"].update(env={}, host="0.0.0.0", http_port=39410, dist_init_port=39415)
+    doc["network"].update(env={}, host="0.0.0.0", http_port=31210, dist_init_port=31215)
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
 def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,
-                   during: Callable[[dict[int, str], Path], None] | None = None) -> dict[int, str]:
+                   during: Callable[[dict[int, str], Path], None] | None = None, *,
+                   watchdog: bool = True, down_clean: bool = True) -> dict[int, str]:
     """`up` (READY), check every node's env against the namespace it runs in, run ``during`` (node rank -> host
-    name, the seat's bundle directory), `down`; returns node rank -> host name."""
-    res = cl.run_cli(["up", "--seat", str(spec), "--timeout", "180"], home, timeout=240)
+    name, the seat's bundle directory), `down`; returns node rank -> host name. ``down_clean`` False: a host
+    lost for good, `down` cannot reach its engines (the caller checks what it says)."""
+    res = cl.run_cli(["up", "--seat", str(spec), "--timeout", "180", *([] if watchdog else ["--no-watchdog"])],
+                     home, timeout=240)
+    recorded: list[int] = []
     try:
         assert res.returncode == 0, res.stdout + res.stderr
         st = cl.run_cli(["status", "netns-sim", "--json"], home, timeout=60)
@@ -94,10 +104,24 @@ def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,
             during(hosts, Path(rec["bundles_dir"]))
     finally:
         down = cl.run_cli(["down", "netns-sim"], home, timeout=120)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert list(engine_pids(cl)) == []
-    assert [p for p in recorded if psutil.pid_exists(p)] == []
+    if down_clean:
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert list(engine_pids(cl)) == []
+        assert [p for p in recorded if psutil.pid_exists(p)] == []
     return hosts
+
+
+def test_up_three_times_each_node_gets_its_hosts_env_whichever_host_ray_picks(netns_cluster: NetnsCluster,
+                                                                            tmp_path: Path) -> None:
+    """Ups 1-3 of the module's five: no pin, Ray picks the host of node 0 (either way round the per-host env
+    follows; a per-rank env would fail preflight on one of the two placements). Watchdog off: these ups hold the
+    placement and the env, the later ones the watchdog."""
+    cl = netns_cluster
+    spec = _spec(cl, tmp_path / "free.yaml")
+    seen = [_up_check_down(cl, spec, tmp_path / "home", watchdog=False) for _ in range(3)]
+    for hosts in seen:
+        assert sorted(hosts.values()) == ["a", "b"], seen  # one node per host, each checked in _up_check_down
+    print("node 0 on host:", [h[0] for h in seen])
 
 
 def _traffic(url: str, stop: threading.Event) -> None:
@@ -116,41 +140,80 @@ def _traffic(url: str, stop: threading.Event) -> None:
 def _bundles(root: Path) -> list[dict[str, Any]]:
     out = []
     for m in sorted(root.glob("*/manifest.json")):
+        if m.parent.name.startswith("."):  # still being written (renamed into place when complete)
+            continue
         with contextlib.suppress(OSError, ValueError):
             out.append({**json.loads(m.read_text()), "path": str(m.parent)})
     return out
 
 
+@contextlib.contextmanager
+def _under_traffic(cl: NetnsCluster, host0: str) -> Iterator[None]:
+    stop_ev = threading.Event()
+    pumps = [threading.Thread(target=_traffic, args=(f"http://{cl.addr_of(host0)}:31210", stop_ev), daemon=True)
+             for _ in range(4)]
+    for t in pumps:
+        t.start()
+    try:
+        time.sleep(3.0)  # traffic flowing across the hosts first
+        yield
+    finally:
+        stop_ev.set()
+
+
+def _wait_bundles(bundles: Path, t0: float, *, local: bool, limit: float = 30.0
+                  ) -> tuple[tuple[dict[str, Any], float] | None, dict[str, Any] | None]:
+    """(node 0's bundle, seconds from ``t0``) and node 1's own partial bundle (when ``local``), polled."""
+    coord: tuple[dict[str, Any], float] | None = None
+    mine = None
+    while time.monotonic() - t0 < limit and (coord is None or (local and mine is None)):
+        for b in _bundles(bundles):
+            if b["nodes"] == [0] and coord is None:
+                coord = (b, time.monotonic() - t0)
+            if b["nodes"] == [1] and mine is None:
+                mine = b
+        time.sleep(0.1)
+    return coord, mine
+
+
+def _check_node1_unreachable(coord: tuple[dict[str, Any], float] | None, bundles: Path, what: str) -> dict[str, Any]:
+    """Node 0's bundle: within BUNDLE_WITHIN_S, node-unreachable on node 1 with ranks 2-3, last seen named."""
+    assert coord is not None, f"no bundle from node 0 after {what}: {_bundles(bundles)}"
+    b, took = coord
+    print(f"{what} -> node 0's bundle: {took:.2f} s")
+    assert took < BUNDLE_WITHIN_S, f"the bundle came {took:.1f} s after {what}"
+    v = b["verdict"]
+    assert (v["kind"], v["node"], v["node_ranks"]) == ("node-unreachable", 1, [2, 3]), v
+    assert "every rank waits in a collective" not in json.dumps(b)
+    seen = " ".join(e for e in v["evidence"] if e.startswith("node 1 last seen:"))
+    # Ray's view is asked of the GCS, which a coordinator cut off from the head cannot reach: then it says so.
+    for part in ("heartbeat answered", "last stack sample", "last probe record rank", "Ray: "):
+        assert part in seen, v["evidence"]
+    return b
+
+
 def _link_down(cl: NetnsCluster, home: Path) -> Callable[[dict[int, str], Path], None]:
     def during(hosts: dict[int, str], bundles: Path) -> None:
-        stop = threading.Event()
-        pumps = [threading.Thread(target=_traffic, args=(f"http://{cl.addr_of(hosts[0])}:39410", stop), daemon=True)
-                 for _ in range(4)]
-        for t in pumps:
-            t.start()
         link = cl.link_of(hosts[1])
-        try:
-            time.sleep(4.0)  # traffic flowing across the hosts first
+        with _under_traffic(cl, hosts[0]):
             subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=10)
             t_down = time.monotonic()
-            coord = local = None
-            while time.monotonic() - t_down < 40 and (coord is None or local is None):
-                for b in _bundles(bundles):
-                    if b["nodes"] == [0] and coord is None:
-                        coord = (b, time.monotonic() - t_down)
-                    if b["nodes"] == [1] and local is None:
-                        local = b
-                time.sleep(0.25)
-        finally:
-            stop.set()
-            subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=10)
-        assert coord is not None, f"no bundle from node 0 within 40 s: {_bundles(bundles)}"
-        b, took = coord
-        # Acceptance target: 10 s (measured 9.7 s here: 5 samples at 1 Hz to detect, a 3 s ping, the capture).
-        assert took < 15.0, f"the bundle came {took:.1f} s after the link went down"
-        v = b["verdict"]
-        assert (v["kind"], v["node"], v["node_ranks"]) == ("node-unreachable", 1, [2, 3]), v
-        assert "every rank waits in a collective" not in json.dumps(b)
+            try:
+                # The driver runs on host a: whichever side of the cut that is, host b's node is the one it lost.
+                lost = next(n for n, h in hosts.items() if h == "b")
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    asked = pool.submit(cl.run_cli, ["status", "netns-sim", "--json", "--timeout", "6"], home,
+                                        timeout=60)
+                    coord, local = _wait_bundles(bundles, t_down, local=True)
+                    st = asked.result()
+            finally:
+                subprocess.run(["ip", "link", "set", link, "up"], check=True, timeout=10)
+        assert st.returncode == 0, st.stderr
+        doc = json.loads(st.stdout)
+        assert doc["state"] == "NODE-LOST", doc
+        assert f"node {lost} ({cl.addr_b}, host b; ranks {', '.join(map(str, [2 * lost, 2 * lost + 1]))})" \
+            " unreachable" in doc["reason"], doc["reason"]
+        b = _check_node1_unreachable(coord, bundles, "the link down")
         assert local is not None, "node 1 wrote no local partial bundle while cut off"
         assert (local["verdict"]["kind"], local["verdict"]["node"]) == ("node-unreachable", 0)
         rep = cl.run_cli(["replay", b["path"], "--json"], home, timeout=60)
@@ -170,14 +233,13 @@ def _link_down(cl: NetnsCluster, home: Path) -> Callable[[dict[int, str], Path],
     return during
 
 
-def test_env_follows_the_host_and_a_pin_moves_node0_then_node1_link_down(netns_cluster: NetnsCluster,
-                                                                       tmp_path: Path) -> None:
-    """Node 0 pinned to host b (the worker, not the head): a per-rank env listing host a's interface first
-    would fail preflight here; the per-host env gives each node its own host's interface. Then the link of the
-    host holding node 1 goes down under traffic: node 0's coordinator writes a node-unreachable bundle naming
-    node 1 and ranks 2-3, node 1 writes its own partial bundle, and once the link is back `down` leaves no engine
-    process. One `up` only, to keep CI's time (the unpinned placement, either way round, is held by
-    tests/unit/test_plan_hosts.py)."""
+def test_pinned_node0_moves_then_node1_link_down_is_node_unreachable(netns_cluster: NetnsCluster,
+                                                                    tmp_path: Path) -> None:
+    """Up 4: node 0 pinned to host b (the worker, not the head): a per-rank env listing host a's interface
+    first would fail preflight here; the per-host env gives each node its own host's interface. Then the link of
+    the host holding node 1 goes down under traffic: node 0's coordinator writes a node-unreachable bundle naming
+    node 1 and ranks 2-3 within 10 s, `status` says NODE-LOST, node 1 writes its own partial bundle, `bundle
+    merge` joins the two, and once the link is back `down` leaves no engine process."""
     cl = netns_cluster
     home = tmp_path / "home"
     hosts = _up_check_down(cl, _spec(cl, tmp_path / "pinned.yaml", pin_node0="b"), home, _link_down(cl, home))
@@ -193,3 +255,23 @@ def test_a_client_without_the_token_is_refused(netns_cluster: NetnsCluster) -> N
                          env=env, capture_output=True, text=True, timeout=90, check=False)
     assert res.returncode == 3 and "REFUSED" in res.stdout, res.stdout + res.stderr[-2000:]
     assert "InvalidAuthToken" in res.stderr, res.stderr[-2000:]  # refused for the token, not for anything else
+
+
+def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    """Up 5: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
+    started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s. Last
+    in the module: host b has no raylet afterwards."""
+    cl = netns_cluster
+    home = tmp_path / "home"
+
+    def during(hosts: dict[int, str], bundles: Path) -> None:
+        assert hosts == {0: "a", 1: "b"}
+        pid = raylet_pid(cl, cl.ns_b)
+        with _under_traffic(cl, hosts[0]):
+            os.kill(pid, signal.SIGKILL)
+            coord, _ = _wait_bundles(bundles, time.monotonic(), local=False)
+        _check_node1_unreachable(coord, bundles, "host b's raylet killed")
+
+    _up_check_down(cl, _spec(cl, tmp_path / "pin-a.yaml", pin_node0="a"), home, during, down_clean=False)
+    # `down` reaches node 0 (host a): nothing of the seat is left there.
+    assert [p for ns, p, _ in engine_pids(cl) if ns == cl.ns_a] == []
