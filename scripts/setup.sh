@@ -20,7 +20,7 @@ extras="sim"
 [ $want_test = 1 ] && extras="sim,test"
 need=0
 python -c "import sgl_seat, ray, uvicorn, setproctitle, numpy" 2>/dev/null || need=1
-if [ $want_test = 1 ]; then python -c "import pytest, mypy, hypothesis, jsonschema" 2>/dev/null || need=1; fi
+if [ $want_test = 1 ]; then python -c "import pytest, xdist, mypy, hypothesis, jsonschema" 2>/dev/null || need=1; fi
 if [ $need = 1 ]; then
   echo "setup: installing sgl-seat[$extras]"
   pip_q -e ".[$extras]"

@@ -11,4 +11,15 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 echo "== ruff"; ruff check .
 echo "== mypy --strict"; mypy sgl_seat
-echo "== pytest"; python -m pytest -q -p no:cacheprovider "$@"
+if [ $# -gt 0 ]; then
+  echo "== pytest $*"; exec python -m pytest -q -p no:cacheprovider "$@"
+fi
+# Unit and contract tests are CPU-bound and share nothing: two workers (pytest-xdist; a contract module stays
+# on one worker, see tests/contract/conftest.py). Integration tests start Ray clusters and time detections:
+# one at a time, so no test's timing depends on another's load.
+rc=0
+echo "== pytest: unit and contract tests (2 workers)"
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract || rc=$?
+echo "== pytest: integration tests"
+python -m pytest -q -p no:cacheprovider tests/integration || rc=$?
+exit $rc

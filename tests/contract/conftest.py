@@ -47,3 +47,12 @@ def _one_sizing_child_per_module() -> Iterator[None]:
             os.environ.pop(CACHE_ENV, None)
         else:
             os.environ[CACHE_ENV] = saved
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) a contract module runs on one worker: its tests share one
+    SGLang sizing child (seconds of imports), which a split module would pay once per worker."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here + os.sep):
+            item.add_marker(pytest.mark.xdist_group(f"contract:{item.path.name}"))
