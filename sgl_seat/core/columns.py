@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, overload
 
 import numpy as np
@@ -44,13 +45,14 @@ class ProbeGroup:
     target: str
 
 
+#: The fields of a record that go to its group, and to its row (attrgetter builds the tuples in C).
+_GROUP_FIELDS = attrgetter("node", "rank", "pid", "thread", "target")
+_ROW_FIELDS = attrgetter("seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end")
+
+
 def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     a.flags.writeable = False
     return a
-
-
-def _nan_if_none(v: float | None) -> float:
-    return math.nan if v is None else v
 
 
 class ProbeColumns(Sequence[ProbeRecord]):
@@ -97,20 +99,13 @@ class ProbeColumns(Sequence[ProbeRecord]):
     def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeColumns:
         """Columns of ``records`` in their order; the records themselves are kept for iteration."""
         recs = records if isinstance(records, list) else list(records)
-        index: dict[ProbeGroup, int] = {}
-        groups: list[ProbeGroup] = []
-        gi: list[int] = []
-        for r in recs:
-            g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
-            i = index.get(g)
-            if i is None:
-                i = index[g] = len(groups)
-                groups.append(g)
-            gi.append(i)
-        return cls(groups, gi, [r.seq for r in recs], [r.start for r in recs],
-                   [_nan_if_none(r.end) for r in recs], [r.gather_size for r in recs], [r.gpu for r in recs],
-                   [_nan_if_none(r.gpu_start) for r in recs], [_nan_if_none(r.gpu_end) for r in recs],
-                   records=recs)
+        index: dict[tuple[int, int, int, int, str], int] = {}
+        gi = [index.setdefault(k, len(index)) for k in map(_GROUP_FIELDS, recs)]
+        groups = [ProbeGroup(*k) for k in index]  # insertion order is index order
+        cols = list(zip(*map(_ROW_FIELDS, recs), strict=True)) or [()] * 7
+        # np.array(..., float64) reads None as NaN: the in-flight end, the absent GPU times.
+        return cls(groups, gi, cols[0], cols[1], np.array(cols[2], np.float64), cols[3], cols[4],
+                   np.array(cols[5], np.float64), np.array(cols[6], np.float64), records=recs)
 
     @classmethod
     def concat(cls, parts: Sequence[ProbeColumns]) -> ProbeColumns:
@@ -139,7 +134,7 @@ class ProbeColumns(Sequence[ProbeRecord]):
     def take(self, rows: npt.NDArray[np.intp] | Mask) -> ProbeColumns:
         """The rows selected by an index array or a mask, in that order (groups kept as they are)."""
         idx = np.flatnonzero(rows) if rows.dtype == np.bool_ else rows
-        recs = None if self._records is None else [self._records[int(i)] for i in idx]
+        recs = None if self._records is None else [self._records[i] for i in idx.tolist()]
         return ProbeColumns(self.groups, self.group[idx], self.seq[idx], self.start[idx], self.end[idx],
                             self.gather_size[idx], self.gpu[idx], self.gpu_start[idx], self.gpu_end[idx],
                             records=recs)
