@@ -36,6 +36,7 @@ class Req:
     stop_token_ids: frozenset[int] = frozenset()
     output_ids: list[int] = field(default_factory=list)
     h: int = 0
+    prompt_h: int | None = None  # the prompt's context hash when computed ahead (scheduler: beside the forward)
     cached: int = 0
     node: Node | None = None
     reserve: int = 0
@@ -155,7 +156,7 @@ class Batcher:
         kept_all: list[int] = []
         for r in plan.reqs:
             if plan.kind == EXTEND:
-                r.h = tokens.context_hash(r.input_ids)
+                r.h = r.prompt_h if r.prompt_h is not None else tokens.context_hash(r.input_ids)
                 want = 1
             else:
                 r.verify_ct += 1

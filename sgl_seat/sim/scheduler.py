@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore  # torch.distributed's own name for it, without a typed re-export
 
-from sgl_seat.sim import contract, logs, rowfetch
+from sgl_seat.sim import contract, logs, rowfetch, tokens
 from sgl_seat.sim.adaptive import AdaptivePolicy
 from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
@@ -55,6 +55,7 @@ from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 HEADER_LEN = 8  # kind, step_no, n_running, gather, seed, step_us, n_queue, reserved
 MAX_GATHER = 2048  # prefill gathers are capped so a long prompt does not copy hundreds of MB per rank
 STATS_EVERY_S = 0.5
+LONG_PROMPT_HASH = 20_000  # prompt tokens in one prefill from which their hashes are computed beside the step
 
 
 class RendezvousError(Exception):
@@ -282,10 +283,33 @@ class Scheduler:
                 continue
             self.active = True
             self.n_running = int(self.header[2])
+            hashing = self._hash_prompts(plan) if plan is not None else None
             self._step(gather=int(self.header[3]), seed=int(self.header[4]), step_s=int(self.header[5]) / 1e6)
+            if hashing is not None:
+                hashing.join()
             self.forward_ct += 1
             if self.tp_rank == 0 and plan is not None:
                 self._finish(plan)
+
+    def _hash_prompts(self, plan: StepPlan) -> threading.Thread | None:
+        """Long prompts' context hashes, computed in a thread beside the step's modelled forward, not after it.
+
+        Why: hashing a 400k-token prompt is seconds of Python; done after the step it kept rank 0 out of the
+        lockstep while its peers waited in the next broadcast, the very shape of a lagging rank, and the watchdog
+        soak's long prefills raised false bundles on this sim artifact (SGLang does its per-token work in the
+        tokenizer process and on the GPU, not in the scheduler between steps).
+        """
+        todo = [r for r in plan.reqs if r.prompt_h is None]
+        if plan.kind != EXTEND or sum(len(r.input_ids) for r in todo) < LONG_PROMPT_HASH:
+            return None
+
+        def work() -> None:
+            for r in todo:
+                r.prompt_h = tokens.context_hash(r.input_ids)
+
+        th = threading.Thread(target=work, name="sim-prompt-hash", daemon=True)
+        th.start()
+        return th
 
     def _fill_header(self, kind: int, plan: StepPlan | None) -> None:
         h = self.header

@@ -72,3 +72,23 @@ def test_prefill_knob_reaches_the_cost_model() -> None:
     assert CostModel(prefill_token_ms=default.prefill_token_ms).extend_step_ms(400_000, 1, None) < 30_000
     with pytest.raises(UsageError):
         parse(argv, env={ENV_PREFILL_MS: "-1"})
+
+
+def _first_token(prompt_h: int | None) -> list[int]:
+    from sgl_seat.sim.batch import Batcher, Req
+
+    b = Batcher(capacity=10_000, max_running=4, cost=CostModel())
+    b.add(Req(rid="r1", input_ids=list(range(300, 340)), max_new_tokens=2, prompt_h=prompt_h))
+    plan = b.plan()
+    assert plan is not None
+    return [int(i) for i in b.complete(plan)[0]["ids"]]
+
+
+def test_a_prompt_hash_computed_ahead_gives_the_same_tokens() -> None:
+    """GIVEN the scheduler hashed a long prompt beside the forward (Req.prompt_h) WHEN the prefill completes
+    THEN the first token is the one the hash computed at completion gives; a different hash would change it."""
+    from sgl_seat.sim import tokens
+
+    ahead = tokens.context_hash(list(range(300, 340)))
+    assert _first_token(ahead) == _first_token(None)
+    assert _first_token(ahead ^ 0x5555) != _first_token(None)
