@@ -12,11 +12,14 @@ plain JSON lines, still validated by ``records.py``'s ``from_json``:
 - probe records: *column blocks*, one line per run of records sharing (node, rank, pid, thread,
   target): ``{"probe_block": {"node":..,"rank":..,"pid":..,"thread":..,"target":..,"seq":[..],
   "start":[..],"end":[.. or null],"gather_size":[..]}}``; a plain ``ProbeRecord.to_json()`` line is also
-  accepted. They load into :class:`ProbeTable`, a columnar ``Sequence[ProbeRecord]`` that builds a record
-  only when one is asked for.
+  accepted. They load straight into numpy columns (:class:`~sgl_seat.core.columns.ProbeColumns`, also named
+  :data:`ProbeTable` here), the form the detectors and the report read; a record is built only when one is
+  asked for. A one-hour bundle's million records decode in well under a second, not into a million objects.
 
 Every other record file is one ``to_json()`` dict per line. Decoding is strict (unknown shapes, NaN,
-over-long lines, deep nesting): any problem is one :class:`BundleError` naming the file and line.
+over-long lines, deep nesting): any problem is one :class:`BundleError` naming the file and line. Record
+files parse with orjson where it is installed (~4x the standard library's speed on number-heavy lines),
+falling back to the standard decoder line by line.
 
 One module of about 440 lines on purpose: it is the bundle's record encoding, and the three encodings share
 the one strict line reader that every untrusted byte of a bundle goes through.
