@@ -180,8 +180,9 @@ def _greedy(figs: dict[str, dict[int, dict[str, Any]]], arms: list[str]) -> dict
 
     aa = rate(BASELINE, CONTROL) if CONTROL in arms else rate(BASELINE, BASELINE, shift=1)
     restarted = all(f.get("greedy_after_restart") for by in figs.values() for f in by.values())
-    out: dict[str, Any] = {"aa": aa, "aa_source": "control vs baseline" if CONTROL in arms else
-                           "baseline vs its next repetition (restart to restart)", "after_restart": restarted,
+    source = ("control vs baseline" if CONTROL in arms else "baseline vs its next repetition "
+              + ("(restart to restart)" if restarted else "(no restart between them)"))
+    out: dict[str, Any] = {"aa": aa, "aa_source": source, "after_restart": restarted,
                            "note": None if restarted else "greedy sets did not follow a restart: a warm prefix cache "
                            "can flip near-tie tokens, so identity here is weaker evidence"}
     for arm in arms:
