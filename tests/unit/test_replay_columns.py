@@ -281,6 +281,8 @@ def test_columns_keep_live_records_and_rebuild_decoded_ones() -> None:
     half = both.take(np.arange(len(both)) % 2 == 0)
     assert list(half) == [both[i] for i in range(0, len(both), 2)]
     assert live.in_flight() == [r for r in recs if r.end is None]
+    merged = Observation.of(probes=recs[::2]).merged(Observation.of(probes=recs[1::2]))
+    assert list(merged.probes) == list(Observation.of(probes=recs).probes)
     with pytest.raises(ValueError, match="differ in length"):
         ProbeColumns(live.groups, live.group, live.seq[:-1], live.start, live.end, live.gather_size)
 
