@@ -97,8 +97,9 @@ class ProbeColumns(Sequence[ProbeRecord]):
 
     @classmethod
     def from_records(cls, records: Iterable[ProbeRecord]) -> ProbeColumns:
-        """Columns of ``records`` in their order; the records themselves are kept for iteration."""
-        recs = records if isinstance(records, list) else list(records)
+        """Columns of ``records`` in their order; the records themselves are kept (a copy of the list) for
+        iteration."""
+        recs = list(records)
         index: dict[tuple[int, int, int, int, str], int] = {}
         gi = [index.setdefault(k, len(index)) for k in map(_GROUP_FIELDS, recs)]
         groups = [ProbeGroup(*k) for k in index]  # insertion order is index order
