@@ -183,8 +183,14 @@ CASE_LIST = _cases()
 
 
 def _replayed(recs: list[ProbeRecord]) -> ProbeColumns:
-    """The records as replay reads them: written into a bundle's probe file and decoded."""
-    return decode_probe_records(io.BytesIO(encode_probe_records(recs)), "probe.jsonl")
+    """The records as replay reads them: written into a bundle's probe file and decoded (once per case)."""
+    key = id(recs)
+    if key not in _DECODED:
+        _DECODED[key] = decode_probe_records(io.BytesIO(encode_probe_records(recs)), "probe.jsonl")
+    return _DECODED[key]
+
+
+_DECODED: dict[int, ProbeColumns] = {}  # by the identity of a case's record list (CASE_LIST keeps them alive)
 
 
 def test_generated_cases_exercise_every_branch() -> None:
