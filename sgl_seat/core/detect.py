@@ -36,6 +36,7 @@ detector accepts probe activity just before the window instead (the engine was b
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -115,6 +116,57 @@ class OneForward:
     since: float
 
 
+_Sig = tuple[tuple[str, str, int], ...]
+
+
+def _scheduler_stacks(obs: Observation, now: float, since: float) -> dict[int, list[tuple[float, _Sig, StackSample]]]:
+    """Each scheduler process's good samples in [since, now], time-sorted, with their main thread's signature."""
+    out: dict[int, list[tuple[float, _Sig, StackSample]]] = {}
+    memo: dict[int, _Sig] = {}  # by stack identity: a bundle's samples share their stacks
+    for s in python_samples(obs, now):
+        main = s.main_thread()
+        if s.t < since or s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None \
+                or main is None:
+            continue
+        sig = memo.get(id(main))
+        if sig is None:
+            sig = memo[id(main)] = main.signature()
+        out.setdefault(s.pid, []).append((s.t, sig, s))
+    for ts in out.values():
+        ts.sort(key=lambda x: x[0])
+    return out
+
+
+def _forward_at(stacks: Mapping[int, list[tuple[float, _Sig, StackSample]]], t: float, fresh_s: float,
+                names: set[str]) -> tuple[StackSample, float] | None:
+    """(a sample, since when) if at ``t`` every scheduler rank sits in one forward, else None (see one_forward)."""
+    latest: list[tuple[int, list[tuple[float, _Sig, StackSample]]]] = []
+    for ts in stacks.values():
+        i = bisect.bisect_right(ts, t, key=lambda x: x[0])
+        if i:
+            latest.append((i, ts))
+    if len(latest) < 2:
+        return None
+    sig = latest[0][1][latest[0][0] - 1][1]
+    since = -math.inf
+    for i, ts in latest:
+        if i < 2 or ts[i - 1][1] != sig or ts[i - 2][1] != sig or t - ts[i - 1][0] > fresh_s or not sig:
+            return None
+        j = i - 2
+        while j > 0 and ts[j - 1][1] == sig:  # the trailing run of this frame: since when the rank has sat there
+            j -= 1
+        since = max(since, ts[j][0])
+    sample = latest[0][1][latest[0][0] - 1][2]
+    thread = sample.main_thread()
+    if collective_frame(thread) is not None or any(short_name(f) in names for f in python_frames(thread)):
+        return None
+    return sample, since
+
+
+def _target_names(obs: Observation) -> set[str]:
+    return {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in probe_targets(obs)}
+
+
 def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | None:
     """Whether every scheduler rank on record sits in one long forward (not a hang), per its latest samples.
 
@@ -126,43 +178,26 @@ def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | 
     gives no evidence of being in step) whose last two samples are fresh and alike (there for a sample period,
     not passing through). The soak (``bench/watchdog_soak.py``) found this case: a false bundle per long prefill.
     """
-    period = 1.0 / th.sample_hz
-    sigs_by_pid: dict[int, list[tuple[float, tuple[tuple[str, str, int], ...]]]] = {}
-    last: dict[int, StackSample] = {}
-    memo: dict[int, tuple[tuple[str, str, int], ...]] = {}  # by stack identity: a bundle's samples share them
-    for s in python_samples(obs, now):
-        main = s.main_thread()
-        if s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None or main is None:
-            continue
-        msig = memo.get(id(main))
-        if msig is None:
-            msig = memo[id(main)] = main.signature()
-        sigs_by_pid.setdefault(s.pid, []).append((s.t, msig))
-        if s.pid not in last or s.t >= last[s.pid].t:
-            last[s.pid] = s
-    if len(sigs_by_pid) < 2:
+    found = _forward_at(_scheduler_stacks(obs, now, -math.inf), now, max(3.0 / th.sample_hz, 5.0), _target_names(obs))
+    if found is None:
         return None
-    shared = {max(ts)[1] for ts in sigs_by_pid.values()}
-    sig = next(iter(shared))
-    if len(shared) != 1 or not sig:
-        return None
-    since = -math.inf
-    for ts in sigs_by_pid.values():
-        ts.sort(key=lambda x: x[0])
-        if len(ts) < 2 or ts[-2][1] != sig or now - ts[-1][0] > max(3.0 * period, 5.0):
-            return None
-        start = ts[-1][0]
-        for t, other in reversed(ts):  # the trailing run of this frame: since when the rank has sat there
-            if other != sig:
-                break
-            start = t
-        since = max(since, start)
-    thread = next(iter(last.values())).main_thread()
-    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in probe_targets(obs)}
-    if collective_frame(thread) is not None or any(short_name(f) in names for f in python_frames(thread)):
-        return None
-    frame = stuck_frame(thread, ())
-    return OneForward(frame=frame.label if frame else "?", since=since)
+    frame = stuck_frame(found[0].main_thread(), ())
+    return OneForward(frame=frame.label if frame else "?", since=found[1])
+
+
+def forward_last_seen(obs: Observation, th: WatchdogSpec, now: float, since: float) -> float | None:
+    """The latest sample time in [since, now] at which every scheduler rank sat in one forward, or None.
+
+    Why: tokens stay flat through a long forward and for a moment after it (``/metrics`` is polled about once a
+    second): the no-progress detector counts flatness from the end of the forward, not from its start.
+    """
+    fresh = max(3.0 / th.sample_hz, 5.0)
+    stacks = _scheduler_stacks(obs, now, since - 2.0 * fresh)
+    names = _target_names(obs)
+    for t in sorted({x[0] for ts in stacks.values() for x in ts if x[0] >= since}, reverse=True):
+        if _forward_at(stacks, t, fresh, names) is not None:
+            return t
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -426,6 +461,9 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     fwd = one_forward(obs, th, now)
     if fwd is not None and now - fwd.since < th.engine_timeout_s:
         return None  # every rank in one long forward (a long prefill), not a hang; bounded as above
+    seen = forward_last_seen(obs, th, now, flat_since)
+    if seen is not None and seen - flat_since < th.engine_timeout_s and last.t - seen < th.no_progress_s:
+        return None  # flat only since a long forward ended (metrics lag it): count from its end
     rank, node, frame, why = _attribute(obs, now)
     ev = [f"no token progress for {_fmt_s(last.t - flat_since)} while {int(last.get(RUNNING))} requests run "
           f"(threshold {_fmt_s(th.no_progress_s)})"]

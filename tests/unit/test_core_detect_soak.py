@@ -8,7 +8,7 @@ its peers wait in a collective), and that faults during a long forward are still
 
 from __future__ import annotations
 
-from test_core_detect import ALL_REDUCE, FETCH, LOOP, MAIN, T0, TH, fetch, healthy, metrics, obs, sample
+from test_core_detect import ALL_REDUCE, FETCH, LOOP, MAIN, T0, TH, busy, fetch, healthy, metrics, obs, sample
 
 from sgl_seat.core import detect as d
 from sgl_seat.core.records import EngineProcess, Frame, VerdictKind
@@ -114,3 +114,36 @@ def test_a_crash_during_a_long_forward_is_still_caught() -> None:
                                       gone_t=start + 11 if p.rank == 2 else None) for p in rec["processes"]]
     v = d.detect(obs(**rec), TH, start + 12.5)
     assert v is not None and v.kind == VerdictKind.PROCESS_EXITED and v.rank == 2
+
+
+def after_forward(start: float, end: float, now: float) -> dict[str, list]:  # type: ignore[type-arg]
+    """A long forward from ``start`` to ``end``; then the ranks move on (new frames each sample) while /metrics,
+    polled about once a second, still shows the flat figures until ``now``."""
+    rec = long_forward(start, end)
+    last = rec["metrics"][-1].values
+    t, step = end + 1.0, 0
+    while t <= now:
+        rec["samples"] += [busy(t, r, step + r) for r in range(4)]
+        rec["metrics"].append(metrics(t, gen=last["sglang:generation_tokens_total"], running=8,
+                                      used=last["sglang:num_used_tokens"]))
+        t += 1.0
+        step += 1
+    return rec
+
+
+def test_metrics_lagging_a_long_forward_are_not_a_hang() -> None:
+    """GIVEN a 30 s forward, then the ranks busy again while the metrics lag 2 s behind WHEN detect runs THEN no
+    verdict: flatness counts from the forward's end (the soak saw a no-progress bundle right after a prefill)."""
+    start = T0 + 12
+    rec = after_forward(start, start + 30, start + 32)
+    assert d.forward_last_seen(obs(**rec), TH, start + 32.5, start) == start + 30
+    assert d.detect(obs(**rec), TH, start + 32.5) is None
+
+
+def test_no_progress_long_after_a_forward_still_fires() -> None:
+    """GIVEN the same forward, then 7 s with the ranks moving and still no token WHEN detect runs THEN no
+    progress fires: the forward only excuses flatness up to its end."""
+    start = T0 + 12
+    rec = after_forward(start, start + 30, start + 37)
+    v = d.detect(obs(**rec), TH, start + 37.5)
+    assert v is not None and v.kind == VerdictKind.NO_PROGRESS
