@@ -4,7 +4,8 @@ Why a loop of its own: the sim's step time is its cost model's sleep, so samplin
 only eats slack and its throughput cannot show a cost. Here each rank runs decode-shaped steps back to back with no
 sleep: the sim's real ``fetch_rows`` in CUDA mode (host gather of ``--gather`` rows into pinned staging, copy to
 its GPU), wrapped by the probe (GPU-stream timing on, as in an engine), ``--layers`` bf16 matmuls of
-``gather x 7168 @ 7168 x 7168``, an NCCL all-reduce and a device sync. Every rank process is titled
+``gather x 7168 @ 7168 x 7168`` (distinct weights, launched one by one, no CUDA graph), an NCCL all-reduce and a
+device sync. Every rank process is titled
 ``sglang::scheduler_TP<r>_EP<r>`` (as SGLang's are), and the watchdog's own :class:`Sampler` dumps each of them
 with ``py-spy --nonblocking`` at the rate under test, exactly what a sidecar does per engine process. Ranks of
 simulated node ``n`` see GPUs ``n*G .. n*G+G-1`` (``CUDA_VISIBLE_DEVICES``), as on a seat.
@@ -181,10 +182,12 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=1)
     ap.add_argument("--gather", type=int, default=32, help="rows per fetch (the field report's largest: 32)")
-    ap.add_argument("--layers", type=int, default=4, help="matmuls per step")
+    ap.add_argument("--layers", type=int, default=60,
+                    help="matmuls per step (60: a 60-layer, 7168-wide model's weights read once per step, memory-bound "
+                         "like a real decode step; each rank holds 6 GB of them)")
     ap.add_argument("--hz", default="1,5")
     ap.add_argument("--quads", type=int, default=10)
-    ap.add_argument("--window", type=float, default=4.0)
+    ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--out", default=None)
     # rank processes
