@@ -39,6 +39,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -159,7 +161,7 @@ class Rig:
         self.port = BASE_PORT + (40 if draft else 0)
         self.seat: SimSeat | None = None
         self.sidecars: dict[int, Sidecar] = {}
-        self.background: Traffic | None = None
+        self.background: TrafficProc | None = None
         self.seen: set[str] = set()  # bundle paths already attributed
         self.all_sidecars: list[Sidecar] = []
         self.th = WatchdogSpec()
@@ -202,8 +204,8 @@ class Rig:
 
     def start_background(self) -> None:
         assert self.seat is not None
-        self.background = Traffic(self.seat.url, concurrency=BACKGROUND_CONCURRENCY, max_new_tokens=48,
-                                  seed=self.rng.randrange(1 << 30)).start()
+        self.background = TrafficProc(self.seat.url, concurrency=BACKGROUND_CONCURRENCY, max_new_tokens=48,
+                                      seed=self.rng.randrange(1 << 30))
 
     def stop_background(self) -> None:
         if self.background is not None:
@@ -269,10 +271,11 @@ class Rig:
         assert self.seat is not None
         n = self.slot_cap + self.rng.randint(8, 16)
         dur = self.rng.uniform(8, 15)
-        burst = Traffic(self.seat.url, concurrency=n, max_new_tokens=32, seed=self.rng.randrange(1 << 30)).start()
+        burst = TrafficProc(self.seat.url, concurrency=n, max_new_tokens=32, seed=self.rng.randrange(1 << 30))
         time.sleep(dur)
-        burst.stop(60)
-        return f"{n} clients (cap {self.slot_cap}) for {dur:.0f} s, {burst.completed} done, {burst.errors} errors"
+        done = burst.stop(60)
+        return (f"{n} clients (cap {self.slot_cap}) for {dur:.0f} s, {done.get('completed')} done, "
+                f"{done.get('errors')} errors")
 
     def _ep_prefill(self) -> str:
         assert self.seat is not None
@@ -406,6 +409,44 @@ class Rig:
         if res.outcome == "not fired":
             self.seat.clear_faults()
         res.extra_bundles += len(self.new_bundles())
+
+
+class TrafficProc:
+    """Client threads (tests.simrig.Traffic) in a process of their own: in this process they would contend for
+    the GIL with the in-process sidecars and delay their polling, which a seat's sidecars (Ray actors, one
+    process each) do not suffer."""
+
+    def __init__(self, url: str, *, concurrency: int, max_new_tokens: int, seed: int) -> None:
+        args = json.dumps({"url": url, "concurrency": concurrency, "max_new_tokens": max_new_tokens, "seed": seed})
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--traffic", args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop the clients (SIGTERM; they finish their requests); their counts."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        try:
+            doc = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+
+def _traffic_main(args: str) -> int:
+    """``--traffic JSON``: run clients until SIGTERM, then print their counts as one JSON line."""
+    a = json.loads(args)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    t = Traffic(a["url"], concurrency=a["concurrency"], max_new_tokens=a["max_new_tokens"], seed=a["seed"]).start()
+    while not done.wait(0.5):
+        pass
+    t.stop(30)
+    print(json.dumps({"completed": t.completed, "errors": t.errors, "tokens": t.tokens}), flush=True)
+    return 0
 
 
 def _watch_pid(pid: int, out: list[float], stop: threading.Event) -> None:
@@ -563,7 +604,10 @@ def main() -> int:
     ap.add_argument("--draft", choices=("both", "on", "off"), default="both")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (bundles, logs)")
     ap.add_argument("--json", action="store_true", help="also print the raw report as JSON")
+    ap.add_argument("--traffic", help=argparse.SUPPRESS)  # internal: the client process (TrafficProc)
     a = ap.parse_args()
+    if a.traffic:
+        return _traffic_main(a.traffic)
     home = Path(os.environ.get("SGL_SEAT_HOME") or tempfile.gettempdir())
     home.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="watchdog-soak-", dir=home))
