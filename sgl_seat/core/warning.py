@@ -8,13 +8,21 @@ Prometheus alerts on), ``watch`` prints it and ``replay`` finds it in a bundle's
 :func:`detect_prehang` over the observation's probe columns (:class:`~sgl_seat.core.columns.ProbeColumns`, live
 and in replay; plain :class:`~sgl_seat.core.records.ProbeRecord` lists are accepted too).
 
-The rule, per rank: among that rank's fetches of the last ``recent_s`` seconds, take the largest gather-size
-buckets (:func:`~sgl_seat.core.stats.gather_bucket`, the exporter's and the report's buckets). Compare each
-with the same bucket over the ``baseline_s`` before that: warn when at least ``min_slow`` recent fetches (a
-fetch still in flight counts with its age so far) are slower than ``ratio`` times the baseline p99 and than
-``floor_s``. Several slow fetches, not one outlier; a floor, so that microsecond jitter is no trend; the same
-bucket, so that a larger gather being slower is no trend either. A bucket with too little baseline says
-nothing. Pure: ``now`` is an argument and records after it are ignored, as in the detectors.
+The rule, per rank: among that rank's fetches of the last ``recent_s`` seconds, take the ``top_buckets`` largest
+gather-size buckets (:func:`~sgl_seat.core.stats.gather_bucket`, the exporter's and the report's buckets) that
+also have a baseline: ``min_baseline`` fetches in the ``baseline_s`` before; and smaller ones after them while
+the judged buckets hold fewer than ``min_recent`` recent fetches between them (a tail is read from fetches, and
+the largest gathers can be rare). Warn when at least ``min_slow`` recent fetches of the judged buckets (a fetch
+still in flight counts with its age so far) are each slower than ``ratio`` times its own bucket's baseline p99
+and than ``floor_s``. Several slow fetches, not one outlier; a floor, so that microsecond jitter is no trend;
+the same bucket, so that a larger gather being slower is no trend either. A bucket without a baseline is skipped,
+not judged: a seat that slows down queues requests and gathers more rows than before, and those new, larger
+buckets must not push the known ones out of the judgement. Pure: ``now`` is an argument and records after it
+are ignored, as in the detectors.
+
+It detects a change: a slow tail that lasts longer than ``recent_s`` enters the baseline, and the warning clears
+about ``recent_s`` after it began (sooner if the tail was short). So the shipped Prometheus alert keeps firing
+for a while after the gauge drops (``keep_firing_for``), and replay reports the *first* warning before a trigger.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ class WarningRule:
     min_slow: int = 3
     #: Completed baseline fetches needed in that bucket for its p99 to mean anything.
     min_baseline: int = 10
+    #: Recent fetches the judged buckets must hold together: while the largest hold fewer (large gathers can be
+    #: rare), the next smaller bucket is judged too.
+    min_recent: int = 20
 
     @classmethod
     def for_stall(cls, rowfetch_inflight_s: float) -> WarningRule:
@@ -176,12 +187,19 @@ def _readings(rows: _Rows, now: float, rule: WarningRule) -> list[TailReading]:
         mine = rows.rank == rank
         rec_r = recent & mine
         node = int(rows.node[np.flatnonzero(rec_r)[0]])
-        for lo in sorted(np.unique(rows.lo[rec_r]).tolist(), reverse=True)[:rule.top_buckets]:
+        judged = covered = 0
+        for lo in sorted(np.unique(rows.lo[rec_r]).tolist(), reverse=True):
+            if judged >= rule.top_buckets and covered >= rule.min_recent:
+                break
             in_b = rows.lo == lo
-            vals = dur[rec_r & in_b]
             b = dur[base & mine & in_b].tolist()
-            bp99 = percentile(b, 99) if b else math.nan
-            limit = max(rule.floor_s, rule.ratio * bp99) if b else math.inf
+            if len(b) < rule.min_baseline:
+                continue  # no normal to grow from (a larger gather than before): not judged, not counted
+            vals = dur[rec_r & in_b]
+            judged += 1
+            covered += len(vals)
+            bp99 = percentile(b, 99)
+            limit = max(rule.floor_s, rule.ratio * bp99)
             out.append(TailReading(rank=int(rank), node=node, gather_lo=int(lo), gather_hi=gather_bucket(int(lo))[1],
                                    recent_count=len(vals), recent_p99_s=percentile(vals.tolist(), 99),
                                    baseline_count=len(b), baseline_p99_s=bp99, slow=int(np.sum(vals > limit)),
@@ -191,34 +209,44 @@ def _readings(rows: _Rows, now: float, rule: WarningRule) -> list[TailReading]:
 
 def tail_readings(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
                   rule: WarningRule = WarningRule()) -> list[TailReading]:
-    """Per rank, the largest gather buckets of its recent fetches, each with its baseline (largest first)."""
+    """Per rank, the judged gather buckets of its recent fetches (the module doc's rule), largest first."""
     return _readings(_Rows.of(probes), now, rule)
 
 
 def judge(readings: Sequence[TailReading], now: float, rule: WarningRule = WarningRule()) -> PreHangWarning | None:
-    """The warning the readings give under ``rule`` (what :func:`detect_prehang` returns), or None."""
-    hits = [r for r in readings if r.baseline_count >= rule.min_baseline and r.slow >= rule.min_slow]
-    if not hits:
+    """The warning the readings give under ``rule`` (what :func:`detect_prehang` returns), or None: the rank with
+    the most slow fetches over its judged buckets, named at the largest bucket that holds one."""
+    by_rank: dict[int, list[TailReading]] = {}
+    for r in readings:
+        if r.baseline_count >= rule.min_baseline:
+            by_rank.setdefault(r.rank, []).append(r)
+    cands = []
+    for rank, rs in by_rank.items():
+        slow = sum(r.slow for r in rs)
+        if slow >= rule.min_slow:
+            at = max((r for r in rs if r.slow), key=lambda r: r.gather_lo)
+            cands.append((slow, at.ratio, -rank, rs, at))
+    if not cands:
         return None
-    worst = max(hits, key=lambda r: (r.slow, r.ratio, r.gather_lo, -r.rank))
-    ev = [f"rank {worst.rank}: {worst.slow} of {worst.recent_count} fetches at gather {worst.gather} in the last "
-          f"{rule.recent_s:.0f}s slower than {rule.ratio:g}x the p99 of the {rule.baseline_s:.0f}s before "
-          f"({worst.baseline_p99_s * 1e3:.2f} ms over {worst.baseline_count} fetches) and than "
-          f"{rule.floor_s * 1e3:.0f} ms"]
-    if worst.in_flight:
-        ev.append(f"{worst.in_flight} of them still in flight (counted with their age so far)")
-    others = sorted({(r.rank, r.gather) for r in hits} - {(worst.rank, worst.gather)})
+    slow, _, _, rs, at = max(cands, key=lambda c: c[:3])
+    ev = [f"rank {at.rank}: {slow} of {sum(r.recent_count for r in rs)} fetches at its largest gathers in the last "
+          f"{rule.recent_s:.0f}s slower than {rule.ratio:g}x their bucket's p99 over the {rule.baseline_s:.0f}s "
+          f"before and than {rule.floor_s * 1e3:.0f} ms"]
+    ev += [f"gather {r.gather}: {r.slow} slow of {r.recent_count}, p99 {r.recent_p99_s * 1e3:.2f} ms vs "
+           f"{r.baseline_p99_s * 1e3:.2f} ms over {r.baseline_count} fetches before" for r in rs]
+    infl = sum(r.in_flight for r in rs)
+    if infl:
+        ev.append(f"{infl} of them still in flight (counted with their age so far)")
+    others = sorted(-c[2] for c in cands if c[3] is not rs)
     if others:
-        ev.append("also: " + ", ".join(f"rank {r} gather {g}" for r, g in others[:6]))
-    return PreHangWarning(t=now, rank=worst.rank, node=worst.node, gather=worst.gather,
-                          recent_p99_s=worst.recent_p99_s, baseline_p99_s=worst.baseline_p99_s, slow=worst.slow,
-                          evidence=tuple(ev))
+        ev.append("also: " + ", ".join(f"rank {r}" for r in others[:6]))
+    return PreHangWarning(t=now, rank=at.rank, node=at.node, gather=at.gather, recent_p99_s=at.recent_p99_s,
+                          baseline_p99_s=at.baseline_p99_s, slow=slow, evidence=tuple(ev))
 
 
 def detect_prehang(probes: ProbeColumns | Iterable[ProbeRecord], now: float,
                    rule: WarningRule = WarningRule()) -> PreHangWarning | None:
-    """The warning at ``now``, or None: the reading with the most slow fetches (then the largest ratio) that
-    passes the rule."""
+    """The warning at ``now``, or None (see :func:`judge`)."""
     return judge(tail_readings(probes, now, rule), now, rule)
 
 

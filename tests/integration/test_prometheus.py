@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's ``prometheus`` package) scraping the local-sim seat's watchdog sidecars with the
-shipped alert rules: the hang alert fires during an injected row-fetch stall, and the dashboard's queries return
-data from what the sidecars and the sim's SGLang ``/metrics`` export.
+shipped alert rules: during an injected slow-then-stall of one rank's row fetch, the pre-hang warning alert fires
+before the hang alert, and the dashboard's queries return data from what the sidecars and the sim's SGLang
+``/metrics`` export.
 
 The seat is the local-sim profile started without Ray (``tests.simrig``: each node as the node agent would start
 it, the sidecars in-process, configured from the plan as ``up`` configures them). Prometheus runs from
@@ -28,6 +29,8 @@ import psutil
 import pytest
 import yaml
 
+from sgl_seat.forensics import read_bundle
+from sgl_seat.forensics.redetect import first_warning_before
 from sgl_seat.watchdog.config import metrics_port_for
 from sgl_seat.watchdog.sidecar import Sidecar
 from tests.simrig import SimSeat, Traffic, sim_spec
@@ -155,27 +158,39 @@ def test_prometheus_listens_on_loopback_only(rig: Rig) -> None:
     assert addrs == {"127.0.0.1"}, addrs
 
 
-def test_the_hang_alert_fires_during_an_injected_stall(rig: Rig) -> None:
+def test_the_warning_then_the_hang_alert_fire_during_an_injected_slow_then_stall(rig: Rig) -> None:
     """GIVEN Prometheus scraping both sidecars and node 0's /metrics, with traffic flowing and no alert firing
-    WHEN rank 3's row fetch stalls THEN SglSeatRowFetchInFlight and SglSeatHangLatched fire for node 1."""
-    wait_for(lambda: len([r for r in rig.query('up{job="sgl-seat-watchdog"} == 1')]) == 2, 30,
-             "both sidecars scraped")
+    WHEN rank 3's row fetches slow down by 100 ms for 16 s and then stall (the sim's slow-stall fault: the field
+    report's shape) THEN node 1's sidecar raises the pre-hang warning (what `watch` shows), SglSeatRowFetchTailRising
+    fires before the hang, then SglSeatRowFetchInFlight and SglSeatHangLatched fire for node 1, and the bundle's
+    row-fetch history holds the warning before its trigger (what `replay` reports)."""
+    wait_for(lambda: len(rig.query('up{job="sgl-seat-watchdog"} == 1')) == 2, 30, "both sidecars scraped")
     wait_for(lambda: rig.query("sum(rate(sglang:generation_tokens_total[5s])) > 0"), 30, "tokens flowing")
-    assert rig.firing("SglSeatHangLatched") == [] and rig.firing("SglSeatRowFetchInFlight") == []
-    t0 = rig.seat.inject("rowfetch-stall:rank=3", 3)
-    stall = wait_for(lambda: rig.firing("SglSeatRowFetchInFlight"), 30, "no in-flight alert")
+    assert [a["labels"]["alertname"] for a in rig.alerts()] == []
+    assert rig.sidecars[1].warning is None
+    t0 = rig.seat.inject("slow-stall:rank=3,ms=100,slow_s=16", 3)
+    warned = wait_for(lambda: rig.sidecars[1].snapshot()["warning"], 14, "no pre-hang warning during the slow phase")
+    assert warned["rank"] == 3 and warned["node"] == 1, warned
+    tail = wait_for(lambda: rig.firing("SglSeatRowFetchTailRising"), 30, "no tail-rising alert")
+    stall = wait_for(lambda: rig.firing("SglSeatRowFetchInFlight"), 40, "no in-flight alert")
     hang = wait_for(lambda: rig.firing("SglSeatHangLatched"), 30, "no hang alert")
-    took = time.time() - t0
-    # the capture latches every sidecar it reaches: node 1's (whose rank stalled) among them
-    assert "1" in {a["labels"]["node"] for a in hang}
+    assert time.time() - t0 < 60.0
+    assert any(a["labels"]["node"] == "1" for a in tail)
     assert any(a["labels"]["node"] == "1" for a in stall)
+    # the capture latches every sidecar it reaches: node 1's (whose rank stalled) among them
     assert any(a["labels"]["node"] == "1" and a["annotations"]["runbook"] == "runbooks/watchdog-fired.md"
                for a in hang)
-    assert took < 30.0
+    active = {a["labels"]["alertname"]: a["activeAt"] for a in rig.alerts() if a["labels"].get("node") == "1"}
+    assert active["SglSeatRowFetchTailRising"] < active["SglSeatHangLatched"], active  # RFC 3339, one zone
     # the alert fires at the latch, as the capture starts; the bundle it speaks of follows
     wait_for(lambda: any(s.bundles for s in rig.sidecars.values()), 60, "no bundle")
     wait_for(lambda: rig.query('sum(increase(sgl_seat_watchdog_captures_total{result="ok"}[1m])) > 0'), 10,
              "the capture not counted")
+    (doc,) = [d for s in rig.sidecars.values() for d in s.bundles]
+    b = read_bundle(Path(doc["path"]))
+    w = first_warning_before(b)
+    assert b.manifest.verdict is not None and w is not None and w.rank == 3
+    assert w.t < b.manifest.verdict.t, (w.t, b.manifest.verdict.t)
 
 
 def test_the_dashboards_queries_return_data(rig: Rig) -> None:

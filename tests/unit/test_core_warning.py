@@ -22,6 +22,7 @@ from sgl_seat.core.records import ProbeRecord, RecordError, Verdict, VerdictKind
 from sgl_seat.core.warning import (
     PREHANG_KIND,
     PreHangWarning,
+    TailReading,
     WarningRule,
     detect_prehang,
     first_warning,
@@ -80,7 +81,7 @@ def test_a_growing_tail_at_the_largest_gather_names_the_rank_and_bucket() -> Non
     assert (w.rank, w.node, w.gather) == (3, 1, "512-1023")
     assert w.slow == 4 and w.recent_p99_s == pytest.approx(0.2)
     assert w.baseline_p99_s < 0.01 and w.ratio > 20
-    assert "rank 3" in w.evidence[0] and "512-1023" in w.evidence[0]
+    assert "rank 3" in w.evidence[0] and w.evidence[1].startswith("gather 512-1023: 4 slow of")
     assert w.summary().startswith(PREHANG_KIND + ": rank 3 node 1 gather 512-1023")
 
 
@@ -91,8 +92,19 @@ def test_a_new_larger_gather_being_slower_is_no_trend() -> None:
     for t in (70.0, 72.0, 74.0, 76.0, 78.0):
         seat.add(1, t + 0.05, 0.1, 4000)
     assert detect_prehang(seat.recs, 80.0) is None
-    (r,) = [r for r in tail_readings(seat.recs, 80.0) if r.rank == 1 and r.gather_lo == 2048]
-    assert r.baseline_count == 0 and math.isnan(r.ratio)
+    judged = [r.gather for r in tail_readings(seat.recs, 80.0) if r.rank == 1]
+    assert judged == ["512-1023", "64-127"]  # the known buckets, largest first; 2048-4095 has no baseline
+
+
+def test_new_larger_gathers_do_not_hide_a_known_bucket_slowing_down() -> None:
+    """GIVEN rank 3 slowing at gather 700 while the slowed seat now also gathers 2000 and 4000 rows (buckets
+    with no baseline) THEN the warning still names bucket 512-1023."""
+    seat = Seat().steady(0.0, 80.0)
+    for k, t in enumerate((72.0, 74.0, 76.0, 78.0)):
+        seat.add(3, t + 0.05, 0.15, 700)
+        seat.add(3, t + 0.5, 0.1, 2000 if k % 2 else 4000)
+    w = detect_prehang(seat.recs, 80.0)
+    assert w is not None and (w.rank, w.gather) == (3, "512-1023")
 
 
 def test_one_outlier_is_not_a_tail() -> None:
@@ -120,6 +132,25 @@ def test_a_slowdown_at_a_small_gather_is_not_judged() -> None:
         seat.add(0, t + 0.05, 0.3, 8)
     assert detect_prehang(seat.recs, 80.0) is None
     assert detect_prehang(seat.recs, 80.0, WarningRule(top_buckets=3)) is not None
+
+
+def test_rare_large_gathers_leave_room_for_the_busy_bucket() -> None:
+    """GIVEN a rank that gathers 700 and 100 rows only every 4 s and 8 rows every 0.2 s, and its 8-row fetches
+    slow down THEN the warning names bucket 8-15: the two largest hold too few recent fetches (8 < min_recent)
+    to read a tail from, so the next bucket is judged too; with min_recent 0 it is not."""
+    seat = Seat(ranks=0)
+    t = 0.0
+    while t < 80.0:
+        seat.add(0, t, 0.002, 8)
+        t += 0.2
+    for t in range(0, 80, 4):
+        seat.add(0, t + 0.1, 0.004, 700)
+        seat.add(0, t + 0.15, 0.003, 100)
+    for t in (74.05, 75.05, 76.05, 77.05):
+        seat.add(0, t, 0.12, 8)
+    w = detect_prehang(seat.recs, 80.0)
+    assert w is not None and (w.rank, w.gather) == (0, "8-15")
+    assert detect_prehang(seat.recs, 80.0, WarningRule(min_recent=0)) is None
 
 
 def test_a_fetch_in_flight_counts_with_its_age() -> None:
@@ -169,6 +200,12 @@ def test_columns_and_records_give_the_same_warning() -> None:
     assert detect_prehang(cols, 80.0) == detect_prehang(seat.recs, 80.0) is not None
     assert tail_readings(cols, 80.0) == tail_readings(seat.recs, 80.0)
     assert first_warning(cols, 60.0, 80.0) == first_warning(seat.recs, 60.0, 80.0)
+
+
+def test_a_reading_without_a_baseline_has_no_ratio() -> None:
+    r = TailReading(rank=0, node=0, gather_lo=8, gather_hi=15, recent_count=3, recent_p99_s=0.1, baseline_count=0,
+                    baseline_p99_s=math.nan, slow=0, in_flight=0)
+    assert math.isnan(r.ratio) and r.gather == "8-15"
 
 
 def test_a_warning_round_trips_through_json_and_rejects_garbage() -> None:
