@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol, TypeVar
@@ -137,6 +138,12 @@ def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iter
     ``fast``: parse with orjson where installed (the record files; a one-hour bundle's run to tens of MB).
     """
     loads = _loads_fast if fast else _loads
+    for lineno, raw in _raw_lines(stream, name):
+        yield lineno, loads(raw, f"{name}:{lineno}")
+
+
+def _raw_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each non-blank line, refusing lines over MAX_LINE_BYTES."""
     lineno = 0
     while True:
         raw = stream.readline(MAX_LINE_BYTES + 1)
@@ -146,7 +153,7 @@ def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iter
         if len(raw) > MAX_LINE_BYTES:
             raise BundleError(f"{name}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
         if raw.strip():
-            yield lineno, loads(raw, f"{name}:{lineno}")
+            yield lineno, raw
 
 
 def _fail(name: str, lineno: int, msg: str) -> BundleError:
@@ -229,6 +236,17 @@ def encode_stack_samples(samples: Iterable[StackSample]) -> bytes:
     return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 
+_JSON_STR = rb'"(?:[^"\\]|\\.)*"'
+_JSON_INT = rb"-?(?:0|[1-9][0-9]*)"
+#: A stack-sample line exactly as :func:`encode_stack_samples` writes it (compact, keys in ``to_json`` order):
+#: t, node, pid, title, rank, native, the threads' JSON text, error.
+_SAMPLE_LINE = re.compile(
+    rb'\{"sample":\{"t":(' + _JSON_INT + rb"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+    + rb',"node":(' + _JSON_INT + rb'),"pid":(' + _JSON_INT + rb'),"title":(' + _JSON_STR
+    + rb'),"rank":(' + _JSON_INT + rb'|null),"native":(true|false),"threads":(\[.*\]),"error":(null|' + _JSON_STR
+    + rb")\}\}[ \t\r\n]*", re.DOTALL)
+
+
 def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """``key``, or None where a list or object sits where a scalar belongs (``from_json`` will refuse it)."""
     try:
@@ -253,6 +271,8 @@ class _StackDecoder:
         self.frames: list[Frame] = []
         self.threads: dict[tuple[Any, ...], ThreadStack] = {}
         self.heads: dict[tuple[Any, ...], StackSample] = {}
+        self.raw_heads: dict[tuple[bytes, ...], StackSample] = {}
+        self.raw_threads: dict[bytes, tuple[ThreadStack, ...]] = {}
 
     def frame(self, ref: Any, lineno: int) -> Frame:
         if type(ref) is int:
@@ -301,6 +321,40 @@ class _StackDecoder:
         return StackSample(float(t), head.node, head.pid, head.title, head.rank, head.native,
                            tuple(self.thread(x, lineno) for x in threads), head.error)
 
+    def sample_line(self, raw: bytes, lineno: int) -> StackSample | None:
+        """A sample line in the writer's own shape, taken apart by :data:`_SAMPLE_LINE` without parsing it
+        whole; None for any other line (and for any doubt: the general path then parses it and says what is
+        wrong). Its head fields and its threads are parsed and checked once per distinct text: a process's
+        samples repeat both, only ``t`` differs, and building 1.3 million JSON objects for 28,800 samples
+        was most of the decoding time. The regular expression pins every field but the threads to a JSON
+        scalar, so the line is valid JSON exactly when its threads text is, and the values are the same as a
+        whole-line parse gives."""
+        m = _SAMPLE_LINE.fullmatch(raw)
+        if m is None:
+            return None
+        t, node, pid, title, rank, native, threads, error = m.groups()
+        hkey = (node, pid, title, rank, native, error)
+        head = self.raw_heads.get(hkey)
+        if head is None:
+            try:
+                head = StackSample.from_json(_loads_fast(
+                    b'{"t":0,"node":%s,"pid":%s,"title":%s,"rank":%s,"native":%s,"threads":[],"error":%s}' % hkey,
+                    ""))
+            except (BundleError, RecordError):
+                return None
+            self.raw_heads[hkey] = head
+        ts = self.raw_threads.get(threads)
+        if ts is None:
+            try:
+                parsed = _loads_fast(threads, "")
+            except BundleError:
+                return None
+            if not isinstance(parsed, list):
+                return None
+            ts = self.raw_threads[threads] = tuple(self.thread(x, lineno) for x in parsed)
+        return StackSample(float(_loads_fast(t, "")), head.node, head.pid, head.title, head.rank, head.native, ts,
+                           head.error)
+
     def line(self, obj: Any, lineno: int) -> StackSample | None:
         if not isinstance(obj, dict):
             raise _fail(self.name, lineno, "expected a JSON object")
@@ -321,9 +375,11 @@ def decode_stack_samples(stream: IO[bytes], name: str) -> list[StackSample]:
     """Decode a stack-table file into StackSamples (frames and identical thread stacks shared)."""
     dec = _StackDecoder(name)
     out: list[StackSample] = []
-    for lineno, obj in iter_json_lines(stream, name, fast=True):
+    for lineno, raw in _raw_lines(stream, name):
         try:
-            s = dec.line(obj, lineno)
+            s = dec.sample_line(raw, lineno)
+            if s is None:
+                s = dec.line(_loads_fast(raw, f"{name}:{lineno}"), lineno)
         except RecordError as exc:
             raise _fail(name, lineno, str(exc)) from None
         if s is not None:

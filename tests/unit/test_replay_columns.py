@@ -355,3 +355,53 @@ def test_probe_targets_come_from_rows_present() -> None:
     obs = Observation.of(probes=recs)
     assert probe_targets(obs) == sorted({r.target for r in recs})
     assert Observation.of(probes=obs.probes.take(np.zeros(len(obs.probes), np.bool_))).probes.targets() == []
+
+
+HOSTILE = ['plain', 'quote " inside', 'back\\slash\\', '\\"', ',"threads":[1],"error":null}}', '],"error":"x"}}',
+           'ünïcødé ✓', 'tab\tnew\nline', '{"sample":{"t":1}}', '']
+
+
+def _hostile_samples(rng: random.Random) -> list[StackSample]:
+    frames = [Frame(rng.choice(HOSTILE) or "f", f"/x{i}.py", i) for i in range(4)]
+    out = []
+    for i in range(60):
+        th = ThreadStack(rng.choice((1, 2)), rng.choice((*HOSTILE, None)), rng.random() < 0.5, rng.random() < 0.5,
+                         tuple(rng.sample(frames, rng.randrange(0, 4))))
+        out.append(StackSample(float(i) if i % 3 else i * 1e-3, rng.randrange(3), 100 + rng.randrange(3),
+                               rng.choice(HOSTILE), rng.choice((None, 0, 5)), rng.random() < 0.2,
+                               (th,) * rng.randrange(0, 3), rng.choice((None, *HOSTILE))))
+    return out
+
+
+def _decode_both(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """(the decoder's result or error, the same with the writer-shape fast path turned off)."""
+    def run() -> Any:
+        try:
+            return decode_stack_samples(io.BytesIO(data), "stacks.jsonl")
+        except BundleError as exc:
+            return f"BundleError: {exc}"
+
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setattr(codec._StackDecoder, "sample_line", lambda self, raw, lineno: None)
+        general = run()
+    return fast, general
+
+
+def test_sample_lines_in_the_writer_shape_decode_as_whole_lines_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path for the writer's own sample lines gives what parsing each line whole gives, for titles,
+    names and errors made of the very text the regular expression splits on, and for damaged lines the same
+    error (an invalid escape, a raw control character, bad UTF-8, a lone surrogate in a title)."""
+    rng = random.Random(154)
+    samples = _hostile_samples(rng)
+    data = codec.encode_stack_samples(samples)
+    fast, general = _decode_both(data, monkeypatch)
+    assert fast == general == samples
+    lines = data.split(b"\n")
+    last = lines[-2]
+    assert last.startswith(b'{"sample":') and codec._SAMPLE_LINE.fullmatch(last + b"\n")
+    head = b'{"sample":{"t":%s,"node":0,"pid":1,"title":%s,"rank":null,"native":false,"threads":[],"error":null}}'
+    for t, title in ((b"1e400", b'"x"'), (b"-0", b'"x"'), (b"1", b'"bad \\q escape"'), (b"1", b'"raw \x01 byte"'),
+                     (b"1", b'"\xff\xfe"'), (b"1", b'"\\ud800"'), (b"01", b'"x"'), (b"1", b'"x\\""')):
+        got = _decode_both(b"\n".join([*lines[:-1], head % (t, title)]), monkeypatch)
+        assert got[0] == got[1], (t, title, got)
