@@ -405,3 +405,28 @@ def test_sample_lines_in_the_writer_shape_decode_as_whole_lines_do(monkeypatch: 
                      (b"1", b'"\xff\xfe"'), (b"1", b'"\\ud800"'), (b"01", b'"x"'), (b"1", b'"x\\""')):
         got = _decode_both(b"\n".join([*lines[:-1], head % (t, title)]), monkeypatch)
         assert got[0] == got[1], (t, title, got)
+
+
+def test_stack_detector_without_metrics_reads_probe_ends_as_the_record_form() -> None:
+    """No metrics: a rank's unchanged stack counts only if its node's fetches were busy just before the window
+    and quiet in it. The column form of that check gives the verdict the record form's predicate says."""
+    rng = random.Random(77)
+    th = WatchdogSpec()
+    k, period = th.stack_unchanged_samples, 1.0 / th.sample_hz
+    stack = ThreadStack(1, "MainThread", True, True, (Frame("forward", "/sglang/model.py", 10),))
+    seen = set()
+    for i in range(120):
+        t0 = T0 + 100.0
+        samples = [StackSample(t0 + j * period, 0, 100, "sglang::scheduler_TP0", 0, False, (stack,)) for j in range(k)]
+        t1, now = samples[-1].t, samples[-1].t + 0.5
+        recs = [ProbeRecord(rng.choice((0, 1)), 0, rng.choice((100, 200)), 1, s, TARGETS[1], e - 0.001,
+                            None if rng.random() < 0.1 else e, 64)
+                for s in range(rng.randrange(0, 4))
+                for e in [t0 + rng.choice((-5.0, -4.0, -3.0, -1.0, 0.0, 0.5, t1 - t0, t1 - t0 + 0.5))]]
+        mine = [p for p in recs if p.node == 0 or p.pid == 100]
+        busy = any(p.end is not None and t0 - 2.0 * period - 2.0 <= p.end <= t0 for p in mine)
+        quiet = not any(p.end is not None and t0 < p.end <= t1 for p in mine)
+        v = d.detect_stack_unchanged(Observation.of(samples=samples, probes=recs), th, now)
+        assert (v is not None) == (busy and quiet), f"case {i}: {recs}"
+        seen.add(busy and quiet)
+    assert seen == {True, False}
