@@ -88,8 +88,13 @@ def cannot_run() -> str | None:
 def start(prefix: str, state: Path, timeout: float = 90.0) -> NetnsCluster:
     """``netns-cluster.sh up`` (it removes what it made if it fails)."""
     env = {**os.environ, "NETNS_PREFIX": prefix, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", str(SCRIPT), "up", str(state)], env=env, capture_output=True, text=True,
-                         timeout=timeout, check=False)
+    try:
+        res = subprocess.run(["bash", str(SCRIPT), "up", str(state)], env=env, capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:  # killed half-way: its own clean-up did not run
+        subprocess.run(["bash", str(SCRIPT), "down", str(state)], env=env, capture_output=True, timeout=60,
+                       check=False)
+        raise AssertionError(f"netns-cluster.sh up did not finish within {timeout:g} s: {exc.stderr!r}") from None
     if res.returncode != 0:
         raise AssertionError(f"netns-cluster.sh up failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     kv = dict(line.split("=", 1) for line in (state / "env").read_text().splitlines() if "=" in line)
