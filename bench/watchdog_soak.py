@@ -423,6 +423,8 @@ class TrafficProc:
         args = json.dumps({"url": url, "concurrency": concurrency, "max_new_tokens": max_new_tokens, "seed": seed})
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--traffic", args],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()  # "ready": its clients are sending (imports take seconds on a loaded box)
 
     def stop(self, timeout: float = 30.0) -> dict[str, Any]:
         """Stop the clients (SIGTERM; they finish their requests); their counts."""
@@ -445,6 +447,7 @@ def _traffic_main(args: str) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     t = Traffic(a["url"], concurrency=a["concurrency"], max_new_tokens=a["max_new_tokens"], seed=a["seed"]).start()
+    print("ready", flush=True)
     while not done.wait(0.5):
         pass
     t.stop(30)
