@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,49 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: The sim's device environment (``sgl_seat.sim.args``); spelled here: launch/ does not import the sim.
+SIM_DEVICE_ENV = "SGL_SEAT_SIM_DEVICE"
+
+
+def host_gpu_count() -> int:
+    """NVIDIA GPUs of this host (``/proc/driver/nvidia/gpus``); 0 where there is no NVIDIA driver."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def node_gpu_env(index: int, nodes: int, gpus_per_node: int, host_gpus: int) -> dict[str, str]:
+    """The environment simulated node ``index``'s raylet starts with.
+
+    Why: each added node counts ``gpus_per_node`` GPUs, and Ray numbers every node's GPUs from 0, so on a host
+    with real GPUs every simulated node would hand out GPU 0 and the ranks of two nodes would share a device.
+    Where the host has a real GPU for every simulated one, node ``i`` is started seeing GPUs
+    ``i*G .. i*G+G-1`` (Ray then hands out those real ids, the node agent sets them as the engine's
+    ``CUDA_VISIBLE_DEVICES``) and the sim runs in CUDA mode (``auto``: where torch sees them). Otherwise
+    nothing: the GPU count is a fake resource and the sim stays on CPU.
+    """
+    if gpus_per_node < 1 or host_gpus < nodes * gpus_per_node:
+        return {}
+    first = index * gpus_per_node
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_node)), SIM_DEVICE_ENV: "auto"}
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``extra`` while a node is added (its raylet and workers inherit it), then as it was."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _snapshot(pid: int) -> list[dict[str, Any]]:
     try:
         kids = psutil.Process(pid).children(recursive=True)
@@ -115,11 +159,13 @@ def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record:
             "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
             "node_ip_address": "127.0.0.1", "gcs_server_port": port or _free_port(),
         })
+        host_gpus = host_gpu_count()
         for i in range(nodes):
             if stop.is_set():
                 break
-            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
-                             resources={f"sgl_seat_sim_node_{i}": 1.0})
+            with _environ(node_gpu_env(i, nodes, gpus_per_node, host_gpus)):
+                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
+                                 resources={f"sgl_seat_sim_node_{i}": 1.0})
         if not stop.is_set():
             cluster.wait_for_nodes(timeout=timeout)
             rec.state, rec.gcs_address, rec.processes = "ready", cluster.address, _snapshot(me.pid)
