@@ -1,5 +1,6 @@
-"""How fast and how big is replaying a one-hour bundle? (issue 15 target on 2 cores: load + analysis <= 2 s,
-peak RSS <= 300 MB, the verdict unchanged)
+"""How fast and how big is replaying a one-hour bundle (target on 2 cores: load + analysis <= 2 s, 300 MB)?
+
+Issue 15's targets: load + analysis at most 2 s on 2 cores, peak RSS at most 300 MB, the verdict unchanged.
 
 Builds a synthetic bundle the size an hour of the watchdog produces on the large seat (3,600 stack
 samples x 8 ranks at 1 Hz, 1,000,000 row-fetch probe records, an hour of 1 Hz metrics, 20,000 request
@@ -13,7 +14,9 @@ Side by side in the same run: the same measurement with the code of ``--baseline
 the last one before the columnar replay, where the detectors built a million ProbeRecords), checked out into
 a temporary directory and imported from there. "verdict unchanged" compares the replayed verdict (kind, rank,
 node, frame, evidence, waiting ranks) of both; "analysis unchanged" the report's analysis sections.
-Every figure is synthetic and labelled so.
+Every figure is synthetic and labelled so. On a machine shared with other work, wall time counts theirs:
+``chrt -f 10 python bench/replay_scale.py`` (root) keeps the scheduler from taking the CPU away mid-stage
+(the CPU column is not affected by that, but still by a busy sibling core or memory bus).
 
     python bench/replay_scale.py [--keep DIR] [--probes N] [--seconds S] [--runs N] [--baseline REV | --no-baseline]
 """
