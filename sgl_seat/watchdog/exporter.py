@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sgl_seat.core.records import ProbeRecord, VerdictKind
@@ -24,6 +24,40 @@ log = logging.getLogger("sgl_seat.watchdog")
 #: ``sgl_seat_watchdog_rank_state``'s values (the dashboard maps them back to these names): `watch`'s states.
 RANK_STATES: dict[str, int] = {"unknown": 0, "running": 1, "collective": 2, "fetching": 3, "gpu fetch": 4,
                                "exited": 5}
+
+class RankStates:
+    """``sgl_seat_watchdog_rank_state{node, rank}``, computed when Prometheus scrapes (not every detection: the
+    per-rank view reads every stack and probe record, which costs more than the detectors' own pass).
+
+    ``source`` returns the node's :class:`RankView` list; the sidecar sets it. A view that fails is logged and
+    the family served empty: a scrape must not fail, or the sidecar would read as down.
+    """
+
+    NAME = "sgl_seat_watchdog_rank_state"
+    HELP = "Each rank's state as `watch` shows it: " + ", ".join(f"{v} {k}" for k, v in RANK_STATES.items())
+
+    def __init__(self, node: int, source: Callable[[], Iterable[RankView]] | None = None) -> None:
+        self.node = str(node)
+        self.source = source
+
+    def _family(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        return GaugeMetricFamily(self.NAME, self.HELP, labels=["node", "rank"])
+
+    def describe(self) -> Iterator[Any]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Any]:
+        fam = self._family()
+        if self.source is not None:
+            try:
+                for v in self.source():
+                    fam.add_metric([self.node, str(v.rank)], RANK_STATES.get(v.state, 0))
+            except Exception as exc:  # a scrape must not fail on one family
+                log.exception("node %s: rank states for the exporter failed: %s", self.node, exc)
+        yield fam
+
 
 class Exporter:
     """The sidecar's own Prometheus metrics, on 127.0.0.1 only."""
@@ -62,10 +96,8 @@ class Exporter:
         self.tail_ratio = Gauge("sgl_seat_watchdog_rowfetch_tail_ratio",
                                 "Largest recent/baseline row-fetch p99 ratio at the largest gather buckets (0: none)",
                                 ["node"], registry=self.registry).labels(**lab)
-        self.rank_state = Gauge("sgl_seat_watchdog_rank_state",
-                                "Each rank's state as `watch` shows it: " + ", ".join(
-                                    f"{v} {k}" for k, v in RANK_STATES.items()),
-                                ["node", "rank"], registry=self.registry)
+        self.rank_states = RankStates(node)
+        self.registry.register(self.rank_states)
         self.sampler_up = Gauge("sgl_seat_watchdog_sampler_up", "1 if py-spy sampling works, 0 if missing or denied",
                                 ["node"], registry=self.registry).labels(**lab)
         self.node = str(node)
@@ -86,15 +118,12 @@ class Exporter:
             bucket = gather_bucket_label(rec.gather_size)
             self.rowfetch.labels(node=self.node, gather=bucket).observe(rec.end - rec.start)
 
-    def observe_state(self, *, latched: bool, warning: PreHangWarning | None, readings: Iterable[TailReading],
-                      ranks: Iterable[RankView]) -> None:
-        """What the sidecar concluded at its last detection: the latch, the warning, the tail, each rank's state."""
+    def observe_state(self, *, latched: bool, warning: PreHangWarning | None, readings: Iterable[TailReading]) -> None:
+        """What the sidecar concluded at its last detection: the latch, the warning, the tail."""
         self.latched.set(1 if latched else 0)
         self.warning.set(1 if warning is not None else 0)
         ratios = [r.ratio for r in readings if r.ratio == r.ratio]  # NaN: no baseline
         self.tail_ratio.set(max(ratios, default=0.0))
-        for v in ranks:
-            self.rank_state.labels(node=self.node, rank=str(v.rank)).set(RANK_STATES.get(v.state, 0))
 
     def close(self) -> None:
         if self._server is not None:

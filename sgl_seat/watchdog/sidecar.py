@@ -39,7 +39,7 @@ from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.exporter import Exporter
 from sgl_seat.watchdog.peers import CoordinatorUnreachable, Peers
 from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
-from sgl_seat.watchdog.rankview import rank_views, tokens_per_s
+from sgl_seat.watchdog.rankview import RankView, rank_views, tokens_per_s
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sources import LogTailer, MetricsPoller, ProbeReader
 
@@ -79,6 +79,7 @@ class Sidecar:
         self.sampler = sampler or Sampler(node=cfg.node, sample_hz=self.th.sample_hz, history_s=self.th.history_s,
                                           discover=discover, pyspy=cfg.pyspy if cfg.pyspy else True)
         self.exporter = Exporter(cfg.node, cfg.metrics_port)
+        self.exporter.rank_states.source = self._rank_views
         self.sampler.on_sample = self._on_sample
         self.probes = ProbeReader(cfg.probe_dir, node=cfg.node, history_s=self.th.history_s) if cfg.probe_dir else None
         if self.probes is not None:
@@ -250,9 +251,7 @@ class Sidecar:
         if warning is not None and self.warning is None:
             log.warning("node %d watchdog: %s", self.cfg.node, warning.summary())
         self.warning = warning
-        self.exporter.observe_state(latched=self.latched_at is not None, warning=warning,
-                                    readings=readings,
-                                    ranks=[v for v in rank_views(obs, now) if v.node in (None, self.cfg.node)])
+        self.exporter.observe_state(latched=self.latched_at is not None, warning=warning, readings=readings)
 
     # ---- latch
 
@@ -391,6 +390,12 @@ class Sidecar:
             request_redaction=self.recorder.redaction if self.recorder is not None else None)
 
     # ---- views
+
+    def _rank_views(self) -> list[RankView]:
+        """This node's ranks as `watch` shows them, over the detectors' window (the exporter's rank states)."""
+        now = self.clock()
+        obs = self.observation(probe_window_s=LIVE_PROBE_WINDOW_S, now=now)
+        return [v for v in rank_views(obs, now) if v.node in (None, self.cfg.node)]
 
     def snapshot(self) -> dict[str, Any]:
         """What `watch` shows for this node (plain data)."""

@@ -51,9 +51,9 @@ def exported_names() -> set[str]:
     ex.fired.labels(node="0", kind="row-fetch stall").inc()
     ex.observe_fetch(ProbeRecord(node=0, rank=0, pid=1, thread=1, seq=1, target="m:f", start=0.0, end=0.01,
                                  gather_size=600))
-    ex.observe_state(latched=False, warning=None, readings=[], ranks=[
-        RankView(rank=0, node=0, pid=1, state="running", frame=None, fetch_p50_ms=None, fetch_p99_ms=None,
-                 inflight_age_s=None, fetches=0)])
+    ex.observe_state(latched=False, warning=None, readings=[])
+    ex.rank_states.source = lambda: [RankView(rank=0, node=0, pid=1, state="running", frame=None, fetch_p50_ms=None,
+                                              fetch_p99_ms=None, inflight_age_s=None, fetches=0)]
     return {s.name for m in ex.registry.collect() for s in m.samples}
 
 

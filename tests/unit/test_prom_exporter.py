@@ -42,23 +42,38 @@ WARNING = PreHangWarning(t=10.0, rank=3, node=1, gather="512-1023", recent_p99_s
 def test_the_state_gauges_follow_what_the_sidecar_concluded() -> None:
     """GIVEN a latched sidecar with a warning, a tail reading of 50x and ranks fetching / in a collective
     THEN the gauges say so; WHEN it re-arms and the warning clears THEN they drop to 0 (a reading without a
-    baseline never counts as a ratio)."""
+    baseline never counts as a ratio). Rank states are read from the sidecar when scraped."""
     ex = Exporter(node=1, port=None)
+    views = [_view(2, "collective"), _view(3, "fetching")]
+    ex.rank_states.source = lambda: views
     ex.observe_state(latched=True, warning=WARNING,
-                     readings=[_reading(3, 0.2, 0.004, 40), _reading(2, 0.5, float("nan"), 0)],
-                     ranks=[_view(2, "collective"), _view(3, "fetching")])
+                     readings=[_reading(3, 0.2, 0.004, 40), _reading(2, 0.5, float("nan"), 0)])
     assert _value(ex, "sgl_seat_watchdog_latched") == 1.0
     assert _value(ex, "sgl_seat_watchdog_prehang_warning") == 1.0
     assert _value(ex, "sgl_seat_watchdog_rowfetch_tail_ratio") == 50.0
     assert _value(ex, "sgl_seat_watchdog_rank_state", rank="3") == RANK_STATES["fetching"]
     assert _value(ex, "sgl_seat_watchdog_rank_state", rank="2") == RANK_STATES["collective"]
-    ex.observe_state(latched=False, warning=None, readings=[], ranks=[_view(3, "running")])
+    ex.observe_state(latched=False, warning=None, readings=[])
+    views = [_view(3, "running")]
     assert _value(ex, "sgl_seat_watchdog_latched") == 0.0
     assert _value(ex, "sgl_seat_watchdog_prehang_warning") == 0.0
     assert _value(ex, "sgl_seat_watchdog_rowfetch_tail_ratio") == 0.0
     assert _value(ex, "sgl_seat_watchdog_rank_state", rank="3") == RANK_STATES["running"]
+    assert _value(ex, "sgl_seat_watchdog_rank_state", rank="2") is None
     text = generate_latest(ex.registry).decode()
     assert "# HELP sgl_seat_watchdog_rank_state" in text and "3 fetching" in text  # the code table, in HELP
+
+
+def test_a_failing_rank_view_does_not_fail_the_scrape() -> None:
+    """A scrape that failed would read as the sidecar being down (SglSeatSidecarDown): the family is served empty."""
+    ex = Exporter(node=1, port=None)
+
+    def boom() -> list[RankView]:
+        raise RuntimeError("synthetic failure")
+
+    ex.rank_states.source = boom
+    text = generate_latest(ex.registry).decode()
+    assert "# TYPE sgl_seat_watchdog_rank_state gauge" in text and "sgl_seat_watchdog_latched" in text
 
 
 def test_watch_prints_the_warning_under_the_ranks() -> None:
@@ -82,8 +97,8 @@ def _rec(seq: int, start: float, dur: float | None, gather: int, rank: int = 3) 
 
 def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) -> None:
     """GIVEN a node-1 sidecar (no engine, py-spy off) WHEN its detection pass sees rank 3's fetches at gather 700
-    take 2 ms for a minute and then 150 ms THEN it holds the warning, exports it (gauge 1, tail ratio ~75x, rank
-    3's state) and `watch`'s snapshot carries it; WHEN the tail is back to normal THEN all of it clears."""
+    take 2 ms for a minute and then 150 ms THEN it holds the warning, exports it (gauge 1, tail ratio ~75x) and
+    `watch`'s snapshot carries it; WHEN the tail is back to normal THEN all of it clears."""
     cfg = SidecarConfig(seat="s", node=1, nnodes=2, thresholds={}, bundle_dir=str(tmp_path))
     sc = Sidecar(cfg, sampler=Sampler(node=1, discover=lambda: [], pyspy=False))
     try:
@@ -94,7 +109,7 @@ def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) ->
         assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 1.0
         ratio = _value(sc.exporter, "sgl_seat_watchdog_rowfetch_tail_ratio")
         assert ratio is not None and 70.0 < ratio < 80.0
-        assert _value(sc.exporter, "sgl_seat_watchdog_rank_state", rank="3") is not None
+        assert _value(sc.exporter, "sgl_seat_watchdog_rank_state", rank="3") is None  # no engine: no ranks seen
         assert sc.snapshot()["warning"]["rank"] == 3
         calm = [_rec(300 + i, 70.0 + i, 0.002, 700) for i in range(4)]
         sc.warn(Observation.of(probes=recs + calm), 75.0)
