@@ -166,7 +166,8 @@ def test_the_warning_then_the_hang_alert_fire_during_an_injected_slow_then_stall
     row-fetch history holds the warning before its trigger (what `replay` reports)."""
     wait_for(lambda: len(rig.query('up{job="sgl-seat-watchdog"} == 1')) == 2, 30, "both sidecars scraped")
     wait_for(lambda: rig.query("sum(rate(sglang:generation_tokens_total[5s])) > 0"), 30, "tokens flowing")
-    assert [a["labels"]["alertname"] for a in rig.alerts()] == []
+    quiet = ("SglSeatHangLatched", "SglSeatRowFetchInFlight", "SglSeatRowFetchTailRising", "SglSeatSidecarDown")
+    assert [a["labels"]["alertname"] for a in rig.alerts() if a["labels"]["alertname"] in quiet] == []
     assert rig.sidecars[1].warning is None
     t0 = rig.seat.inject("slow-stall:rank=3,ms=100,slow_s=16", 3)
     warned = wait_for(lambda: rig.sidecars[1].snapshot()["warning"], 14, "no pre-hang warning during the slow phase")
