@@ -54,7 +54,7 @@ class WarningRule:
     recent_s: float = 15.0
     #: The window before it that sets each bucket's normal tail.
     baseline_s: float = 45.0
-    #: How many of the largest gather buckets seen in the recent window are judged.
+    #: How many of the largest gather buckets seen in the recent window (with a baseline) are judged, at least.
     top_buckets: int = 2
     #: Recent fetches slower than ``ratio`` x the baseline p99 count as slow.
     ratio: float = 4.0
