@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from sgl_seat.core.warning import WarningRule
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.redetect import first_warning_before
 from sgl_seat.watchdog.config import metrics_port_for
@@ -54,6 +55,7 @@ class Rig:
     prom: subprocess.Popen[bytes]
     api: str
     log: Path
+    traffic_at: float
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         r = httpx.get(f"{self.api}/api/v1/query", params={"query": expr}, timeout=10.0, trust_env=False)
@@ -114,30 +116,34 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         pytest.skip("Debian's prometheus package is not installed (apt-get install -y prometheus)")
     tmp = tmp_path_factory.mktemp("prom")
     seat = SimSeat(spec=sim_spec(SEAT, HTTP), draft=False, workdir=tmp / "seat")
-    seat.start()
-    started = [psutil.Process(p.pid) for p in seat.procs.values()]
-    started += [c for p in list(started) for c in p.children(recursive=True)]
+    started: list[psutil.Process] = []
     sidecars: dict[int, Sidecar] = {}
     traffic: Traffic | None = None
     prom: subprocess.Popen[bytes] | None = None
+    api = f"http://127.0.0.1:{PROM_PORT}"
+    log = tmp / "prometheus.log"
     try:
-        sidecars = seat.sidecars(tmp / "bundles", metrics_port=EXPORTERS, recover_s=5.0)
-        for s in sidecars.values():
-            s.start()
-        assert [s.exporter.port for s in sidecars.values()] == [metrics_port_for(HTTP, n) for n in (0, 1)]
-        traffic = Traffic(seat.url, concurrency=4, max_new_tokens=16).start()
-        log = tmp / "prometheus.log"
+        # Prometheus first: it starts while the seat does (its first scrapes fail, which it shrugs off).
         with log.open("wb") as logf:
             prom = subprocess.Popen(
                 [PROMETHEUS, f"--config.file={prometheus_config(tmp)}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{PROM_PORT}", "--storage.tsdb.retention.time=1h"],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        api = f"http://127.0.0.1:{PROM_PORT}"
+        seat.start()
+        started = [psutil.Process(p.pid) for p in seat.procs.values()]
+        started += [c for p in list(started) for c in p.children(recursive=True)]
+        sidecars = seat.sidecars(tmp / "bundles", metrics_port=EXPORTERS, recover_s=5.0)
+        for s in sidecars.values():
+            s.start()
+        assert [s.exporter.port for s in sidecars.values()] == [metrics_port_for(HTTP, n) for n in (0, 1)]
+        traffic = Traffic(seat.url, concurrency=4, max_new_tokens=16).start()
+        traffic_at = time.time()
         wait_for(lambda: httpx.get(f"{api}/-/ready", timeout=2.0, trust_env=False).status_code == 200, 30,
                  "Prometheus not ready")
-        yield Rig(seat=seat, sidecars=sidecars, prom=prom, api=api, log=log)
+        yield Rig(seat=seat, sidecars=sidecars, prom=prom, api=api, log=log, traffic_at=traffic_at)
     finally:
-        seat.clear_faults()  # first: the stalled rank's requests finish, so the traffic threads stop at once
+        if seat.procs:
+            seat.clear_faults()  # first: the stalled rank's requests finish, so the traffic threads stop at once
         if prom is not None:
             stop_pid(prom)
         if traffic is not None:
@@ -160,7 +166,7 @@ def test_prometheus_listens_on_loopback_only(rig: Rig) -> None:
 
 def test_the_warning_then_the_hang_alert_fire_during_an_injected_slow_then_stall(rig: Rig) -> None:
     """GIVEN Prometheus scraping both sidecars and node 0's /metrics, with traffic flowing and no alert firing
-    WHEN rank 3's row fetches slow down by 100 ms for 16 s and then stall (the sim's slow-stall fault: the field
+    WHEN rank 3's row fetches slow down by 100 ms for 12 s and then stall (the sim's slow-stall fault: the field
     report's shape) THEN node 1's sidecar raises the pre-hang warning (what `watch` shows), SglSeatRowFetchTailRising
     fires before the hang, then SglSeatRowFetchInFlight and SglSeatHangLatched fire for node 1, and the bundle's
     row-fetch history holds the warning before its trigger (what `replay` reports)."""
@@ -169,8 +175,10 @@ def test_the_warning_then_the_hang_alert_fire_during_an_injected_slow_then_stall
     quiet = ("SglSeatHangLatched", "SglSeatRowFetchInFlight", "SglSeatRowFetchTailRising", "SglSeatSidecarDown")
     assert [a["labels"]["alertname"] for a in rig.alerts() if a["labels"]["alertname"] in quiet] == []
     assert rig.sidecars[1].warning is None
-    t0 = rig.seat.inject("slow-stall:rank=3,ms=100,slow_s=16", 3)
-    warned = wait_for(lambda: rig.sidecars[1].snapshot()["warning"], 14, "no pre-hang warning during the slow phase")
+    # The warning compares with fetches older than its recent window: let the traffic build that baseline first.
+    time.sleep(max(0.0, rig.traffic_at + WarningRule().recent_s + 5.0 - time.time()))
+    t0 = rig.seat.inject("slow-stall:rank=3,ms=100,slow_s=12", 3)
+    warned = wait_for(lambda: rig.sidecars[1].snapshot()["warning"], 12, "no pre-hang warning during the slow phase")
     assert warned["rank"] == 3 and warned["node"] == 1, warned
     tail = wait_for(lambda: rig.firing("SglSeatRowFetchTailRising"), 30, "no tail-rising alert")
     stall = wait_for(lambda: rig.firing("SglSeatRowFetchInFlight"), 40, "no in-flight alert")
