@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,21 +113,6 @@ def node_gpu_env(index: int, nodes: int, gpus_per_node: int, host_gpus: int) -> 
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(gpus_per_node)), SIM_DEVICE_ENV: "auto"}
 
 
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``extra`` while a node is added (its raylet and workers inherit it), then as it was."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _snapshot(pid: int) -> list[dict[str, Any]]:
     try:
         kids = psutil.Process(pid).children(recursive=True)
@@ -163,9 +147,12 @@ def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record:
         for i in range(nodes):
             if stop.is_set():
                 break
-            with _environ(node_gpu_env(i, nodes, gpus_per_node, host_gpus)):
-                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
-                                 resources={f"sgl_seat_sim_node_{i}": 1.0})
+            # Ray reads the node's GPU ids from this process's environment, and the raylet and its workers inherit
+            # it: set per node (every node gets the same keys, so the next one replaces them); this process runs
+            # no engine itself.
+            os.environ.update(node_gpu_env(i, nodes, gpus_per_node, host_gpus))
+            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
+                             resources={f"sgl_seat_sim_node_{i}": 1.0})
         if not stop.is_set():
             cluster.wait_for_nodes(timeout=timeout)
             rec.state, rec.gcs_address, rec.processes = "ready", cluster.address, _snapshot(me.pid)
