@@ -123,6 +123,22 @@ def test_call_returns_while_its_gpu_work_is_queued_then_in_flight_then_done(stre
     assert not rec.gpu_in_flight(5010.0) and rec.gpu_age(6000.0) == pytest.approx(10.0)
 
 
+def test_the_generic_wrapper_records_gpu_work_too(stream: FakeStream) -> None:
+    """A target whose signature the probe cannot mirror (``*args``) gets the generic wrapper: same events, same
+    ring states as the generated one."""
+    mod = types.ModuleType("gpu_t1b")
+    exec("def fetch_rows(*args):\n    return list(args[1])\n", mod.__dict__)
+    sys.modules["gpu_t1b"] = mod
+    probe.install(["gpu_t1b:fetch_rows@1"])
+    assert not mod.fetch_rows.__code__.co_filename.startswith("<sgl-seat probe wrapper")
+    assert mod.fetch_rows(None, [4, 5]) == [4, 5]
+    assert len(stream.recorded) == 2 and stream.queries == 0
+    stream.complete(1, gpu_t=0.0)
+    _poll(70.0)
+    (rec,) = _read()
+    assert rec.gather_size == 2 and rec.gpu and rec.gpu_start == 70.0 and rec.gpu_in_flight(71.0)
+
+
 def test_elapsed_time_refines_a_start_seen_late(stream: FakeStream) -> None:
     mod = _fetch_module("gpu_t2")
     probe.install(["gpu_t2:fetch_rows@ids"])
