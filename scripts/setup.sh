@@ -13,12 +13,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-# Debian packages for the tests (the HTML render test's chromium) install in the background, beside the
+# Debian packages for the tests (chromium for the HTML render tests, Prometheus) install in the background, beside the
 # Python packages: apt is network and disk, pip/uv mostly CPU. Waited for before setup says ok.
 deb_pid=""
 if [ $want_test = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   debs=""
   command -v chromium >/dev/null 2>&1 || debs="$debs chromium"
+  # Prometheus and promtool: the alert rules are checked and the hang alert is seen firing in a real one.
+  command -v promtool >/dev/null 2>&1 || debs="$debs prometheus"
   if [ -n "$debs" ]; then
     echo "setup: installing Debian packages:$debs (in the background; log in .venv/apt.log)"
     ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $debs) >.venv/apt.log 2>&1 \
