@@ -1,7 +1,7 @@
 """Acceptance of the watchdog on a real seat: `sgl-seat up --draft on` of a two-node sim seat on a local Ray
 cluster (sidecars started by `up`), steady traffic, then:
 
-- no stall for 2 minutes: no bundle (slow);
+- no stall for 30 s: no bundle, a quiet watch view (the soak is the false-positive evidence);
 - a row-fetch stall injected on rank 3: one bundle within 10 s of the stall, holding native and Python stacks
   of all 4 ranks from both nodes, the stack history of the preceding 60 s, the probe records with the
   stalled fetch in flight, and a verdict naming rank 3, its node and the row-fetch frame, ranks 0-2 waiting
@@ -121,19 +121,24 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
         assert not Path(f"/dev/shm/sgl-seat-{SEAT}").exists(), "probe rings left in /dev/shm"
 
 
-@pytest.mark.slow
-def test_two_minutes_of_healthy_traffic_give_no_bundle(seat: Seat) -> None:
+def test_healthy_traffic_gives_no_bundle_and_a_quiet_watch_view(seat: Seat) -> None:
+    """30 s of this seat's traffic: no bundle, and `watch` shows every node sampling with nothing latched.
+
+    The false-positive evidence proper is the soak (tests/integration/test_watchdog_soak.py in CI: a 400k-token
+    prefill, bursts, idle gaps, a slow rank; bench/watchdog_soak.py for 30 minutes); this one checks the watch
+    view and the sampler counters on the seat the tests below share (it was a 2-minute sleep before the soak).
+    """
     t0 = time.time()
     tokens0 = seat.traffic.tokens
-    time.sleep(120.0)
+    time.sleep(30.0)
     assert seat.traffic.tokens > tokens0 and seat.traffic.errors == 0
     assert seat.bundles() == [], "a bundle without a hang (false positive)"
     doc = seat.watch()
     assert doc["bundles"] == []
     for n in doc["nodes"]:
         assert n.get("verdict") is None and not n.get("latched"), n
-        assert n["sampler"] == "ok" and n["samples_taken"] >= 4 * 60  # two ranks a node at 1 Hz, and more
-    assert time.time() - t0 >= 120.0
+        assert n["sampler"] == "ok" and n["samples_taken"] >= 2 * 30  # two ranks a node at 1 Hz, and more
+    assert time.time() - t0 >= 30.0
 
 
 def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None:
