@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sgl_seat.cli.cmd_seat import SeatOrDefault, choose_seat
 from sgl_seat.cli.common import console, err_console, print_json
 from sgl_seat.errors import UsageError
-from sgl_seat.gate import GateOptions, Progress, parse_arms, run_gate
-from sgl_seat.gate.html import render_html
-from sgl_seat.gate.report import render_text
-from sgl_seat.spec import load_spec
+
+if TYPE_CHECKING:
+    from sgl_seat.gate import Progress
+
+# The gate (and through it Ray and the launch code) is imported inside the command: other commands and
+# `--help` do not pay for it.
 
 
 def _progress(p: Progress) -> None:
@@ -65,6 +67,11 @@ def gate(
     crossover concurrency and a recommendation per concurrency band. Each arm is brought up and down by the
     gate (a fresh engine per slot), or taken from --url. Results are written per cell; --resume DIR continues.
     """
+    from sgl_seat.gate import GateOptions, parse_arms, run_gate
+    from sgl_seat.gate.html import render_html
+    from sgl_seat.gate.report import render_text
+    from sgl_seat.spec import load_spec
+
     urls = _urls(url or [])
     spec = None
     if not urls:  # arms brought up from a spec (a resumed battery too)
