@@ -97,7 +97,10 @@ def parse_runbook(path: Path) -> list[Block]:
         body: list[str] = []
         i += 1
         while i < len(lines) and not lines[i].lstrip().startswith("```"):
-            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            # A fence at column 0 keeps its lines as written (a heredoc's YAML indentation is content); an
+            # indented fence (in a list item) loses that indentation.
+            body.append(lines[i] if indent == 0 else lines[i][indent:] if lines[i][:indent].isspace()
+                        else lines[i].lstrip())
             i += 1
         if i >= len(lines):
             raise _fail(name, start, "unclosed code fence")

@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from sgl_seat.plan import build_plan
+from sgl_seat.sizing_cache import CACHE_ENV
 from sgl_seat.sizing_sglang import installed_version, sizing_session
 from sgl_seat.spec import load_spec
 
@@ -23,9 +24,10 @@ def _sizing_children() -> list[psutil.Process]:
     return out
 
 
-def test_plan_stops_its_sizing_child_unless_a_session_keeps_it() -> None:
+def test_plan_stops_its_sizing_child_unless_a_session_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
     if installed_version() is None:
         pytest.skip("SGLang 0.5.23 is not installed (scripts/install-sglang-parser.sh)")
+    monkeypatch.setenv(CACHE_ENV, "off")  # every plan below must ask the child (a cache hit would start none)
     plan = build_plan(load_spec("large"), draft=True)
     assert plan.capacity is not None and plan.capacity.source.startswith("sglang"), plan.capacity
     assert _sizing_children() == [], "a plain build_plan left SGLang's sizing child running"
