@@ -14,12 +14,14 @@ echo "== mypy --strict"; mypy sgl_seat
 if [ $# -gt 0 ]; then
   echo "== pytest $*"; exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-# Unit and contract tests are CPU-bound and share nothing: two workers (pytest-xdist; a contract module stays
-# on one worker, see tests/contract/conftest.py). Integration tests start Ray clusters and time detections:
-# one at a time, so no test's timing depends on another's load.
+# Two pytest-xdist workers for each stage. Unit and contract tests are CPU-bound and share nothing (a contract
+# module stays on one worker, tests/contract/conftest.py). Integration tests mostly wait on Ray, engines and
+# detections; a module is never split, and modules that share a port range run one after the other
+# (tests/integration/conftest.py). Tests marked slow (the watchdog soak's CI size) are left to
+# `bash scripts/test.sh -m slow`.
 rc=0
 echo "== pytest: unit and contract tests (2 workers)"
 python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract || rc=$?
-echo "== pytest: integration tests"
-python -m pytest -q -p no:cacheprovider tests/integration || rc=$?
+echo "== pytest: integration tests (2 workers)"
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "not slow" --durations=25 tests/integration || rc=$?
 exit $rc
