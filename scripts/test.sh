@@ -17,11 +17,14 @@ fi
 # Two pytest-xdist workers for each stage. Unit and contract tests are CPU-bound and share nothing (a contract
 # module stays on one worker, tests/contract/conftest.py). Integration tests mostly wait on Ray, engines and
 # detections; a module is never split, and modules that share a port range run one after the other
-# (tests/integration/conftest.py). Tests marked slow (the watchdog soak's CI size) are left to
+# (tests/integration/conftest.py); the modules marked serial there run alone afterwards. Tests marked slow (the watchdog soak's CI size) are left to
 # `bash scripts/test.sh -m slow`.
 rc=0
 echo "== pytest: unit and contract tests (2 workers)"
 python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract || rc=$?
 echo "== pytest: integration tests (2 workers)"
-python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "not slow" --durations=25 tests/integration || rc=$?
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "not slow and not serial" --durations=15 \
+  tests/integration || rc=$?
+echo "== pytest: integration tests that run alone"
+python -m pytest -q -p no:cacheprovider -m "serial and not slow" --durations=10 tests/integration || rc=$?
 exit $rc

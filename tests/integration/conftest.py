@@ -26,9 +26,16 @@ GROUPS = {
 }
 
 
+#: Modules that run alone, after the parallel stage (scripts/test.sh): beside another module their seat's `up`,
+#: a runbook's `down` and the dashboard queries timed out in a fresh-clone CI run at load ~4.
+SERIAL = {"test_runbooks", "test_watchdog_seat", "test_prometheus"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.parent.name != "integration":
             continue
         module = item.path.stem
         item.add_marker(pytest.mark.xdist_group(GROUPS.get(module, module)))
+        if module in SERIAL:
+            item.add_marker(pytest.mark.serial)
