@@ -1,14 +1,17 @@
-"""The probe on the GPU stream: CUDA events around each wrapped call, resolved off the hot path into the ring.
+"""The probe on the GPU stream: one CUDA event after each wrapped call, resolved off the hot path into the ring.
 
-A fake event object stands in for ``torch.cuda.Event`` (CI has no GPU): a :class:`FakeStream` completes its
-recorded events only when the test says so, the way a stalled kernel keeps every later event pending. One
-test at the end uses real CUDA events and is skipped, saying why, where torch sees no GPU.
+A fake event object stands in for ``torch.cuda.Event`` (CI has no GPU): a :class:`FakeGpu` completes the events
+recorded on each of its streams only when the test says so, in record order, the way a stalled kernel keeps
+every later event of its stream pending. The start of a call's GPU work is a bound (the later of the host call's
+start and the previous probed end seen on the same stream), so these tests use the records' real host times.
+One test at the end uses real CUDA events and is skipped, saying why, where torch sees no GPU.
 """
 
 from __future__ import annotations
 
 import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -19,40 +22,49 @@ from sgl_seat.watchdog import probe
 
 
 class FakeStream:
-    """Events complete in the order recorded, up to where the test lets the 'GPU' get."""
-
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.recorded: list[FakeEvent] = []
         self.done = 0  # events [0, done) have completed
-        self.queries = 0
-        self.capturing = False
 
-    def complete(self, n: int, gpu_t: float) -> None:
-        """The GPU reaches the next ``n`` recorded events at GPU time ``gpu_t`` (ms on its own clock)."""
-        for ev in self.recorded[self.done:self.done + n]:
-            ev.gpu_ms = gpu_t
+    def complete(self, n: int) -> None:
+        """The GPU gets past the next ``n`` recorded events of this stream."""
         self.done = min(len(self.recorded), self.done + n)
 
 
-class FakeEvent:
-    def __init__(self, stream: FakeStream) -> None:
-        self.stream = stream
-        self.index = -1
-        self.gpu_ms: float | None = None
+class FakeGpu:
+    """Streams, the current one, a capture flag, and how many times anything queried an event."""
 
-    def record(self) -> None:
-        assert not self.stream.capturing, "an event recorded while the stream is captured breaks the capture"
+    def __init__(self) -> None:
+        self.streams = {"s0": FakeStream("s0")}
+        self.current = self.streams["s0"]
+        self.capturing = False
+        self.queries = 0
+        self.fail_query = False
+
+    def stream(self, name: str) -> FakeStream:
+        return self.streams.setdefault(name, FakeStream(name))
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.stream: FakeStream | None = None
+        self.index = -1
+
+    def record(self) -> FakeStream:
+        """Record on the current stream; the stream is the timer's key for it (the raw handle in CUDA)."""
+        assert not self.gpu.capturing, "an event recorded while a graph is captured belongs to the graph"
+        self.stream = self.gpu.current
         self.index = len(self.stream.recorded)
-        self.gpu_ms = None
         self.stream.recorded.append(self)
+        return self.stream
 
     def query(self) -> bool:
-        self.stream.queries += 1
-        return 0 <= self.index < self.stream.done
-
-    def elapsed_time(self, other: FakeEvent) -> float:
-        assert self.gpu_ms is not None and other.gpu_ms is not None, "elapsed_time of an incomplete event"
-        return other.gpu_ms - self.gpu_ms
+        self.gpu.queries += 1
+        if self.gpu.fail_query:
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
+        return self.stream is not None and 0 <= self.index < self.stream.done
 
 
 @pytest.fixture
@@ -68,11 +80,11 @@ def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def stream(ring_dir: Path) -> FakeStream:
-    s = FakeStream()
-    timer = probe.enable_gpu(lambda: FakeEvent(s), lambda: s.capturing, start_thread=False)
+def gpu(ring_dir: Path) -> FakeGpu:
+    g = FakeGpu()
+    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False)
     assert timer is not None
-    return s
+    return g
 
 
 def _fetch_module(name: str) -> types.ModuleType:
@@ -88,7 +100,7 @@ def _fetch_module(name: str) -> types.ModuleType:
 def _read() -> list[ProbeRecord]:
     path = probe.ring_file()
     assert path is not None
-    return probe.read_ring(path, node=0)
+    return sorted(probe.read_ring(path, node=0), key=lambda r: r.seq)
 
 
 def _poll(now: float) -> int:
@@ -97,60 +109,73 @@ def _poll(now: float) -> int:
     return timer.poll(now)
 
 
-def test_call_returns_while_its_gpu_work_is_queued_then_in_flight_then_done(stream: FakeStream) -> None:
+def test_call_returns_while_its_gpu_work_is_queued_then_in_flight_then_done(gpu: FakeGpu) -> None:
     mod = _fetch_module("gpu_t1")
     probe.install(["gpu_t1:fetch_rows@ids"])
     assert mod.fetch_rows([10, 11, 12], [2, 0]) == [12, 10]
-    assert len(stream.recorded) == 2  # start and end event, one pair per call
-    assert stream.queries == 0, "the hot path must never query (or wait on) an event"
+    s0 = gpu.current
+    assert len(s0.recorded) == 1, "one event per call, recorded after it"
+    assert gpu.queries == 0, "the hot path must never query (or wait on) an event"
 
     (rec,) = _read()
     assert rec.end is not None and rec.gpu and rec.gpu_start is None and rec.gpu_end is None
-    assert not rec.gpu_in_flight(rec.end + 100.0), "queued work (start event pending) is not in flight"
+    assert not rec.gpu_in_flight(rec.end + 100.0), "not resolved by the reader yet: not in flight"
 
-    stream.complete(1, gpu_t=0.0)  # the stream reached the fetch's work: start event done
-    assert _poll(5000.0) == 1
+    t1 = rec.end + 1.0
+    assert _poll(t1) == 1
     (rec,) = _read()
-    assert rec.gpu_start == 5000.0 and rec.gpu_end is None
-    assert rec.gpu_in_flight(5007.5) and rec.gpu_age(5007.5) == pytest.approx(7.5)
-    assert not rec.gpu_in_flight(4999.0), "not in flight before it started"
+    # No earlier probed call on the stream: the work may have started when the host call did.
+    assert rec.gpu_start == pytest.approx(rec.start) and rec.gpu_end is None
+    assert rec.gpu_in_flight(rec.start + 7.5) and rec.gpu_age(rec.start + 7.5) == pytest.approx(7.5)
+    assert not rec.gpu_in_flight(rec.start - 1.0), "not in flight before its host call"
 
-    stream.complete(1, gpu_t=16.0)  # the end event, 16 ms of GPU time after the start
-    assert _poll(5010.0) == 0
+    s0.complete(1)
+    assert _poll(t1 + 2.0) == 0
     (rec,) = _read()
-    assert rec.gpu_end == 5010.0
-    assert rec.gpu_start == 5000.0  # the observed start is earlier than end - elapsed (9.994 s later)
-    assert not rec.gpu_in_flight(5010.0) and rec.gpu_age(6000.0) == pytest.approx(10.0)
+    assert rec.gpu_end == t1 + 2.0 and rec.gpu_start == pytest.approx(rec.start)
+    assert not rec.gpu_in_flight(t1 + 2.0)
 
 
-def test_the_generic_wrapper_records_gpu_work_too(stream: FakeStream) -> None:
-    """A target whose signature the probe cannot mirror (``*args``) gets the generic wrapper: same events, same
-    ring states as the generated one."""
+def test_the_generic_wrapper_records_gpu_work_too(gpu: FakeGpu) -> None:
+    """A target whose signature the probe cannot mirror (``*args``) gets the generic wrapper: the same event,
+    the same ring states as the generated one."""
     mod = types.ModuleType("gpu_t1b")
     exec("def fetch_rows(*args):\n    return list(args[1])\n", mod.__dict__)
     sys.modules["gpu_t1b"] = mod
     probe.install(["gpu_t1b:fetch_rows@1"])
     assert not mod.fetch_rows.__code__.co_filename.startswith("<sgl-seat probe wrapper")
     assert mod.fetch_rows(None, [4, 5]) == [4, 5]
-    assert len(stream.recorded) == 2 and stream.queries == 0
-    stream.complete(1, gpu_t=0.0)
-    _poll(70.0)
+    assert len(gpu.current.recorded) == 1 and gpu.queries == 0
     (rec,) = _read()
-    assert rec.gather_size == 2 and rec.gpu and rec.gpu_start == 70.0 and rec.gpu_in_flight(71.0)
+    _poll(rec.end + 0.5)
+    (rec,) = _read()
+    assert rec.gather_size == 2 and rec.gpu and rec.gpu_start == pytest.approx(rec.start)
+    assert rec.gpu_in_flight(rec.end + 1.0)
 
 
-def test_elapsed_time_refines_a_start_seen_late(stream: FakeStream) -> None:
+def test_start_is_bounded_by_the_previous_end_seen_on_the_stream(gpu: FakeGpu) -> None:
+    """Two calls enqueued back to back: the second's work cannot start before the first's end event completed,
+    which the reader saw at its poll; before that the second is queued behind the first, not in flight."""
     mod = _fetch_module("gpu_t2")
     probe.install(["gpu_t2:fetch_rows@ids"])
     mod.fetch_rows([1], [0])
-    stream.complete(2, gpu_t=0.0)
-    stream.recorded[1].gpu_ms = 250.0  # both done by the first poll: 250 ms apart on the GPU
-    _poll(100.0)
-    (rec,) = _read()
-    assert rec.gpu_end == 100.0 and rec.gpu_start == pytest.approx(99.75)
+    mod.fetch_rows([1], [0])
+    first, second = _read()
+    t = second.end + 3.0
+    _poll(t)
+    first, second = _read()
+    assert first.gpu_in_flight(t) and first.gpu_start == pytest.approx(first.start)
+    assert second.gpu and second.gpu_start is None and not second.gpu_in_flight(t + 10.0)
+
+    gpu.current.complete(1)
+    _poll(t + 4.0)  # the first's end seen at t + 4: the second could start then at the earliest
+    first, second = _read()
+    assert first.gpu_end == t + 4.0
+    assert second.gpu_start == t + 4.0 and second.gpu_in_flight(t + 5.0)
+    assert second.gpu_age(t + 5.0) == pytest.approx(1.0)
 
 
-def test_incremental_reader_sees_the_gpu_state_change(stream: FakeStream) -> None:
+def test_incremental_reader_sees_the_gpu_state_change(gpu: FakeGpu) -> None:
     """The sidecar's RingReader decodes only changed slots: a slot whose GPU work is open must stay watched."""
     mod = _fetch_module("gpu_t3")
     probe.install(["gpu_t3:fetch_rows@ids"])
@@ -160,58 +185,139 @@ def test_incremental_reader_sees_the_gpu_state_change(stream: FakeStream) -> Non
     reader = probe.RingReader(path)
     (first,) = reader.read(node=0)
     assert first.gpu and first.gpu_start is None
-    stream.complete(1, gpu_t=0.0)
-    _poll(50.0)
+    assert first.end is not None
+    _poll(first.end + 1.0)
     (second,) = reader.read(node=0)
-    assert second.seq == first.seq and second.gpu_start == 50.0 and second.gpu_end is None
-    stream.complete(1, gpu_t=3.0)
-    _poll(51.0)
+    assert second.seq == first.seq and second.gpu_start == pytest.approx(first.start) and second.gpu_end is None
+    gpu.current.complete(1)
+    _poll(first.end + 2.0)
     (third,) = reader.read(node=0)
-    assert third.gpu_end == 51.0
+    assert third.gpu_end == first.end + 2.0
     assert reader.read(node=0) == [], "a resolved slot is not decoded again"
 
 
-def test_stalled_kernel_keeps_later_calls_queued_and_names_the_stalled_one(stream: FakeStream) -> None:
+def test_stalled_kernel_keeps_later_calls_queued_and_names_the_stalled_one(gpu: FakeGpu) -> None:
     """Three calls; the GPU stalls inside the second: it is in flight, the third is only queued."""
     mod = _fetch_module("gpu_t4")
     probe.install(["gpu_t4:fetch_rows@ids"])
     for _ in range(3):
         mod.fetch_rows([1, 2], [0, 1])
-    stream.complete(3, gpu_t=1.0)  # call 1 start+end, call 2 start; call 2's end never comes
-    assert _poll(10.0) == 2
-    recs = {r.seq: r for r in _read()}
-    assert [recs[s].gpu_end is not None for s in sorted(recs)] == [True, False, False]
-    in_flight = [s for s in sorted(recs) if recs[s].gpu_in_flight(17.4)]
-    assert in_flight == [sorted(recs)[1]]
-    assert recs[sorted(recs)[1]].gpu_age(17.4) == pytest.approx(7.4)
-    assert all(r.end is not None for r in recs.values()), "the CPU side of every call returned"
+    gpu.current.complete(1)  # call 1's end; call 2's never comes
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 2
+    recs = _read()
+    assert [r.gpu_end is not None for r in recs] == [True, False, False]
+    assert [r.seq for r in recs if r.gpu_in_flight(t + 7.4)] == [recs[1].seq]
+    assert recs[1].gpu_age(t + 7.4) == pytest.approx(7.4)
+    assert all(r.end is not None for r in recs), "the CPU side of every call returned"
+    assert _poll(t + 1.0) == 2 and _read()[1].gpu_start == t, "a later poll keeps the published start"
 
 
-def test_no_event_while_the_stream_is_captured(stream: FakeStream) -> None:
+def test_streams_resolve_independently(gpu: FakeGpu) -> None:
+    """A call on a stalled stream stays in flight while calls on another stream complete; the bound for each
+    call's start comes from its own stream."""
+    mod = _fetch_module("gpu_t4b")
+    probe.install(["gpu_t4b:fetch_rows@ids"])
+    mod.fetch_rows([1], [0])  # s0: stalls
+    gpu.current = gpu.stream("s1")
+    mod.fetch_rows([1], [0])
+    mod.fetch_rows([1], [0])
+    gpu.stream("s1").complete(2)
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 1
+    a, b, c = _read()
+    assert a.gpu_in_flight(t) and a.gpu_start == pytest.approx(a.start)
+    assert b.gpu_end == t and c.gpu_end == t
+
+
+def test_a_long_queue_is_resolved_with_few_queries(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completed events are a prefix of each stream's queue: the reader finds its end by bisection, so its
+    queries (each a runtime call holding the engine's GIL) grow with log2 of the queue, not with the calls."""
+    monkeypatch.setenv(probe.ENV_SLOTS, "512")
+    probe.reset()
+    g = FakeGpu()
+    assert probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False) is not None
+    mod = _fetch_module("gpu_t9")
+    probe.install(["gpu_t9:fetch_rows@ids"])
+    for _ in range(300):
+        mod.fetch_rows([1], [0])
+    g.current.complete(137)
+    t = time.time() + 1.0
+    assert _poll(t) == 300 - 137
+    assert g.queries <= 12, f"{g.queries} queries for one stream of 300 calls"
+    recs = _read()
+    assert [r.gpu_end == t for r in recs] == [True] * 137 + [False] * 163
+    assert [r.gpu_in_flight(t) for r in recs].count(True) == 1 and recs[137].gpu_in_flight(t)
+    g.queries = 0
+    g.current.complete(1000)
+    assert _poll(t + 1.0) == 0 and g.queries == 1, "when the newest completed, one query settles them all"
+
+
+def test_no_event_while_a_graph_is_captured(gpu: FakeGpu) -> None:
     mod = _fetch_module("gpu_t5")
     probe.install(["gpu_t5:fetch_rows@ids"])
-    stream.capturing = True
+    gpu.capturing = True
     mod.fetch_rows([1], [0])
-    stream.capturing = False
+    gpu.capturing = False
     (rec,) = _read()
-    assert not rec.gpu and stream.recorded == []
+    assert not rec.gpu and gpu.current.recorded == []
     assert rec.end is not None  # still timed on the host
 
 
-def test_a_reused_slot_does_not_take_an_old_calls_gpu_times(stream: FakeStream) -> None:
+def test_a_failing_query_drops_the_streams_calls(gpu: FakeGpu) -> None:
+    mod = _fetch_module("gpu_t5b")
+    probe.install(["gpu_t5b:fetch_rows@ids"])
+    mod.fetch_rows([1], [0])
+    gpu.fail_query = True
+    (rec,) = _read()
+    assert _poll(rec.end + 1.0) == 0
+    (rec,) = _read()
+    assert not rec.gpu and not rec.gpu_in_flight(rec.end + 1.0)
+    timer = probe.gpu_timer()
+    assert timer is not None and timer.errors == 1
+
+
+def test_a_reused_slot_does_not_take_an_old_calls_gpu_times(gpu: FakeGpu) -> None:
     mod = _fetch_module("gpu_t6")
     probe.install(["gpu_t6:fetch_rows@ids"])
-    for _ in range(9):  # 8 slots: the 9th call reuses the first call's slot while call 1's pair is pending
+    for _ in range(9):  # 8 slots: the 9th call reuses the first call's slot while call 1's event is unresolved
         mod.fetch_rows([1], [0])
-    assert len(stream.recorded) == 16, "at most one unresolved pair per slot: the 9th call gets no events"
-    stream.complete(16, gpu_t=0.0)
-    _poll(3.0)
-    recs = sorted(_read(), key=lambda r: r.seq)
+    assert len(gpu.current.recorded) == 8, "at most one unresolved call per slot: the 9th call gets no event"
+    gpu.current.complete(8)
+    t = time.time() + 1.0
+    _poll(t)
+    recs = _read()
     assert [r.seq for r in recs] == list(range(2, 10))
-    assert all(r.gpu and r.gpu_end == 3.0 for r in recs[:-1])
+    assert all(r.gpu and r.gpu_end == t for r in recs[:-1])
     assert not recs[-1].gpu and recs[-1].gpu_end is None, "call 9 must not get call 1's GPU times"
-    timer = probe.gpu_timer()
-    assert timer is not None and timer.poll(4.0) == 0
+    assert _poll(t + 1.0) == 0
+
+
+def test_graph_capture_hooks_count_captures_in_progress() -> None:
+    """The hot path's capture test reads a counter kept by wrapping torch's CUDAGraph capture methods."""
+
+    class CUDAGraph:
+        def capture_begin(self, pool: object = None) -> None:
+            if pool == "bad":
+                raise RuntimeError("capture refused")
+
+        def capture_end(self) -> None:
+            pass
+
+    cuda = types.SimpleNamespace(graphs=types.SimpleNamespace(CUDAGraph=CUDAGraph),
+                                 is_current_stream_capturing=lambda: False)
+    fake_torch = types.SimpleNamespace(cuda=cuda)
+    test = probe._graph_capture_hooks(fake_torch)
+    assert test is not None and not test()
+    assert probe._graph_capture_hooks(fake_torch) is test, "idempotent: the methods are wrapped once"
+    graph = CUDAGraph()
+    graph.capture_begin()
+    assert test()
+    graph.capture_end()
+    assert not test()
+    with pytest.raises(RuntimeError):
+        graph.capture_begin("bad")
+    assert not test(), "a capture that failed to begin is not counted"
 
 
 def test_auto_mode_stays_off_without_cuda(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,6 +356,9 @@ def test_real_cuda_events_time_a_stalled_kernel(ring_dir: Path, monkeypatch: pyt
     assert timer is not None
     (rec,) = _read()
     assert rec.end is not None and rec.gpu and rec.gpu_end is None
+    timer.poll()
+    (rec,) = _read()
+    assert rec.gpu_in_flight(time.time()), "the spin kernel is still running"
     torch.cuda.synchronize()
     timer.poll()
     (rec,) = _read()
