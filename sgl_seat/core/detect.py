@@ -10,13 +10,16 @@ Detectors, in priority order when several fire (the first is the verdict; the ot
 the evidence):
 
 1. **process exited**: an engine process seen earlier is gone. Definitive, and it explains every
-   other symptom (ranks waiting on a peer that died, no tokens).
+   other symptom (ranks waiting on a peer that died, no tokens). Which process caused the cascade is read
+   from the engine's words and each node's own order of deaths, not from polls compared across nodes
+   (:func:`_death_causes`).
 2. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``, on the host or
    on the GPU (its CUDA events say its work started on the stream and has not finished: a stalled kernel
    whose CPU thread ran on into the collective). It names the culprit rank directly, the moment the fetch
    is late, while its peers only look stuck, even when every rank's stack is the same device sync.
 3. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
-   samples while requests run and nothing progresses. Ranks stuck in a collective are victims, so the
+   samples while requests run and nothing progresses, and, where the rank is probed, none of its probed
+   calls began or ended between those samples (:func:`went_round`). Ranks stuck in a collective are victims, so the
    rank that is *not* in a collective is named; the frame is where it sits. When every unchanged rank
    waits in a collective or device sync and the probe records carry GPU timing, the stacks are
    undecided (on a GPU the culprit's CPU thread waits there too): no verdict from stacks, the GPU record
@@ -27,7 +30,8 @@ the evidence):
 4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
    ``--watchdog-timeout``, but definitive when nothing above fired).
 5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
-   run. The weakest signal (it says *that*, not *where*), so it comes last; its rank is attributed
+   run, and no probed row fetch finished in that time either (:func:`last_fetch_end`). The weakest signal
+   (it says *that*, not *where*), so it comes last; its rank is attributed
    from stacks and probe records when they allow.
 
 "Requests run" comes from ``sglang:num_running_reqs``; where no metrics were recorded, the stack
@@ -46,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.frames import collective_frame, python_frames, short_name, stuck_frame
 from sgl_seat.core.observation import (
     Observation,
@@ -223,12 +228,8 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     # failing rank itself has finished exiting: it is the cause even if it is still seen alive.
     gone_keys = {(p.node, p.pid) for p in gone}
     gone += [p for p in obs.processes if (p.node, p.rank) in own and (p.node, p.pid) not in gone_keys]
-
-    def cause(p: EngineProcess) -> int:
-        key = (p.node, p.rank)
-        return 0 if key in own else 2 if key in victims else 1
-
-    gone.sort(key=lambda p: (cause(p), own.get((p.node, p.rank), (math.inf, ""))[0],
+    cause = _death_causes(gone, own, victims)
+    gone.sort(key=lambda p: (cause[(p.node, p.pid)], own.get((p.node, p.rank), (math.inf, ""))[0],
                              order.index(p.pid) if p.pid in order else len(order),
                              p.gone_t if p.gone_t is not None else math.inf,
                              p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
@@ -247,11 +248,15 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     if (first.node, first.rank) in own:
         ev.append(f"rank {first.rank}'s own error: {own[(first.node, first.rank)][1][:300]}")
     elif first.rank is not None:
-        silent = [p for p in gone[1:] if p.rank is not None and cause(p) == 1]
+        silent = [p for p in gone[1:] if p.rank is not None and cause[(p.node, p.pid)] == _FIRST_ON_NODE]
         if silent:
-            ev.append("also died without an error of its own: "
+            ev.append("also died first on its node without an error of its own: "
                       + ", ".join(f"rank {p.rank} (node {p.node})" for p in silent[:6])
-                      + "; which went first is only the sidecars' polling order, not the engine's word")
+                      + "; which went first across nodes is only the sidecars' polling order, not the engine's word")
+        after = [p for p in gone if p.rank is not None and cause[(p.node, p.pid)] == _AFTER_ON_NODE]
+        if after:
+            ev.append("died after another engine process of their node (its cleanup): "
+                      + ", ".join(f"rank {p.rank} (node {p.node})" for p in after[:6]))
     hit = sorted(r for (_, r) in victims if r is not None)
     if hit:
         ev.append(f"ranks {', '.join(map(str, hit))} failed their collective because a peer died (victims)")
@@ -261,6 +266,43 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         ev.append(f"last sampled at {frame.label}")
     return Verdict(kind=VerdictKind.PROCESS_EXITED, rank=first.rank, node=first.node,
                    frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+
+
+#: Why a dead process may be the cause, best first (see _death_causes).
+_OWN_ERROR, _FIRST_ON_NODE, _FIRST_HELPER, _AFTER_ON_NODE, _VICTIM = range(5)
+
+
+def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | None], tuple[float, str]],
+                  victims: set[tuple[int, int | None]]) -> dict[tuple[int, int], int]:
+    """Per dead process (by node and pid), how likely it is the cause of the cascade: lower is likelier.
+
+    Why: a crash takes its node and the seat down within tens of milliseconds (the peers' collectives fail,
+    each failing rank SIGQUITs its node, whose cleanup kills the rest), and the sidecars see the deaths by
+    polling, each node on its own clock and at its own lag: across nodes, the first seen gone is often not the
+    first to die (the soak named a rank that the other node's cleanup killed, and a node's detokenizer, in 5 of
+    20 crashes). What does hold is each node's own order, from one poller: a process seen gone after another of
+    its node died in that node's cleanup. So, best first: a rank with an error of its own; a scheduler among
+    its node's first deaths (no word of its own: the crash); a detokenizer or launcher among its node's first
+    deaths (a scheduler that died first anywhere explains more); a process that died after another of its node;
+    a rank whose error says a peer died (a victim).
+    """
+    first: dict[int, float] = {}
+    for p in gone:
+        if p.gone_t is not None and (p.node, p.rank) not in own:
+            first[p.node] = min(first.get(p.node, math.inf), p.gone_t)
+    out: dict[tuple[int, int], int] = {}
+    for p in gone:
+        key = (p.node, p.rank)
+        if key in own:
+            c = _OWN_ERROR
+        elif key in victims and p.rank is not None:
+            c = _VICTIM
+        elif p.gone_t is not None and p.gone_t > first.get(p.node, math.inf):
+            c = _AFTER_ON_NODE
+        else:
+            c = _FIRST_ON_NODE if p.rank is not None else _FIRST_HELPER
+        out[(p.node, p.pid)] = c
+    return out
 
 
 def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | None], tuple[float, str]],
@@ -332,6 +374,33 @@ def _rank_of_pid(obs: Observation, pid: int) -> int | None:
     return None
 
 
+def went_round(pc: ProbeColumns, pid: int, t0: float, t1: float) -> bool:
+    """Whether process ``pid`` started or finished a probed call in (t0, t1]: it went round its loop then.
+
+    Why: a healthy sim rank spends most of each step in one line (its sleep to the step's modelled end), and a
+    real scheduler in one kernel launch or sync, so 1 Hz samples can find it at the same line five times running
+    while it steps. The stacks alone cannot tell that from a rank stuck in one call, and the metrics that
+    should (tokens moving) can lag: the CI soak wrote a false stack-unchanged bundle for a healthy rank (5
+    samples at ``Scheduler._step`` over 4 s) on a loaded box. A probed call that began or ended between the
+    samples is the rank's own word that it was not stuck. A process without probe records gives no such word.
+    """
+    mine = pc.pid == pid
+    if not bool(np.any(mine)):
+        return False
+    start, end = pc.start[mine], pc.end[mine]  # NaN end: in flight (compares false)
+    return bool(np.any((t0 < start) & (start <= t1)) or np.any((t0 < end) & (end <= t1)))
+
+
+def last_fetch_end(pc: ProbeColumns, now: float) -> float | None:
+    """When the latest probed call that had finished by ``now`` finished (None: none had).
+
+    A finished row fetch is progress as much as a token is (the sidecar's latch counts it so too): a stepping
+    engine makes one each forward, while /metrics can lag seconds behind on a loaded host.
+    """
+    done = pc.end[pc.end <= now]
+    return float(done.max()) if done.size else None
+
+
 def _progress_sig(m: MetricsPoint) -> tuple[float, ...]:
     return tuple(m.values.get(k, math.nan) for k in PROGRESS_METRICS if k in m.values)
 
@@ -378,6 +447,8 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         # Fresh (the last sample is recent) and spread out (not a burst of dumps at one instant).
         if now - t1 > max(3.0 * period, 5.0) or t1 - t0 < 0.5 * (k - 1) * period:
             continue
+        if went_round(obs.probes, pid, t0, t1):
+            continue  # sampled at one line each time, but its probed call ran in between: stuck in no call
         state = _window_state(pts, t0, t1)
         if state is not None:
             ran, progressed = state
@@ -458,6 +529,9 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     span = [m for m in pts if m.t >= flat_since]
     if last.t - flat_since < th.no_progress_s or not all(m.values.get(RUNNING, 0.0) > 0 for m in span):
         return None
+    fetched = last_fetch_end(obs.probes, now)
+    if fetched is not None and last.t - fetched < th.no_progress_s:
+        return None  # row fetches still complete: the engine steps, its /metrics lag (see went_round)
     fwd = one_forward(obs, th, now)
     if fwd is not None and now - fwd.since < th.engine_timeout_s:
         return None  # every rank in one long forward (a long prefill), not a hang; bounded as above

@@ -307,10 +307,13 @@ def test_process_exited_names_the_first_to_die_in_a_cascade() -> None:
                         gone_t=T0 + (0.0 if r == 2 else 0.9)) for r in range(4)]
     v = d.detect(obs(processes=ps), TH, T0 + 2)
     assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (2, 1)
-    # the engine's own crash line wins over what a sidecar tick saw, and brings the exit code
+    # the engine's own crash line wins over what the sidecars' ticks cannot order (rank 3 seen gone in the same
+    # poll as rank 2 on node 1, node 0's ranks earlier by another poller's clock), and brings the exit code
     line = LogLine(t=T0 + 1, node=1, text="[2026-11-29 10:00:01] Subprocess sglang::scheduler_TP3_EP3 (pid=103) "
                                           "crashed with exit code -9. Triggering SIGQUIT for cleanup...")
-    v = d.detect(obs(processes=ps, logs=[line]), TH, T0 + 2)
+    tied = [EngineProcess(node=RANK_NODES[r], pid=100 + r, title=title(r), rank=r, alive=False,
+                          gone_t=T0 + (0.5 if RANK_NODES[r] == 1 else 0.4)) for r in range(4)]
+    v = d.detect(obs(processes=tied, logs=[line]), TH, T0 + 2)
     assert v is not None and v.rank == 3 and "(exit code -9)" in v.evidence[0]
     # a process seen gone after "now" had not died yet
     assert d.detect(obs(processes=ps), TH, T0 - 1) is None

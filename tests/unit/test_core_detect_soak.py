@@ -8,7 +8,22 @@ its peers wait in a collective), and that faults during a long forward are still
 
 from __future__ import annotations
 
-from test_core_detect import ALL_REDUCE, FETCH, LOOP, MAIN, T0, TH, busy, fetch, healthy, metrics, obs, sample
+from test_core_detect import (
+    ALL_REDUCE,
+    FETCH,
+    LOOP,
+    MAIN,
+    T0,
+    TH,
+    _exc_line,
+    busy,
+    fetch,
+    healthy,
+    metrics,
+    obs,
+    sample,
+    title,
+)
 
 from sgl_seat.core import detect as d
 from sgl_seat.core.records import EngineProcess, Frame, VerdictKind
@@ -147,3 +162,98 @@ def test_no_progress_long_after_a_forward_still_fires() -> None:
     rec = after_forward(start, start + 30, start + 37)
     v = d.detect(obs(**rec), TH, start + 37.5)
     assert v is not None and v.kind == VerdictKind.NO_PROGRESS
+
+
+# --- What the CI soak taught (session 4): a healthy rank sampled at one line, and a crash cascade seen by two polls
+
+
+def stale_metrics(rec: dict[str, list], since: float, until: float) -> None:  # type: ignore[type-arg]
+    """/metrics frozen at its value just before ``since`` until ``until`` (a loaded frontend answering late)."""
+    pts = rec["metrics"]
+    frozen = [m for m in pts if m.t < since][-1].values
+    rec["metrics"] = [m if not since <= m.t <= until else metrics(m.t, gen=frozen["sglang:generation_tokens_total"],
+                                                                 running=8, used=frozen["sglang:num_used_tokens"])
+                      for m in pts]
+
+
+def test_a_healthy_rank_sampled_at_one_line_is_not_stuck() -> None:
+    """GIVEN healthy traffic (every rank's row fetch completes every 30 ms) where rank 1 is sampled at its step's
+    sleep five times running (a sim rank spends most of each step there) and /metrics stays flat for those 4 s
+    WHEN detect runs THEN no verdict: the rank's own fetches say it went round its loop. Before the fix: stack
+    unchanged on rank 1 at Scheduler._step, 5 samples over 4.0 s (the CI soak's false bundle)."""
+    rec = healthy(T0 + 30)
+    rec["samples"] = [s for s in rec["samples"] if not (s.rank == 1 and s.t >= T0 + 26)]
+    rec["samples"] += [sample(T0 + 26 + i, 1, COMPUTE) for i in range(5)]
+    stale_metrics(rec, T0 + 26, T0 + 30)
+    assert d.detect_stack_unchanged(obs(**rec), TH, T0 + 30.5) is None
+    assert d.detect(obs(**rec), TH, T0 + 30.5) is None
+    assert d.went_round(obs(**rec).probes, 101, T0 + 26, T0 + 30)
+
+
+def test_metrics_flat_while_fetches_complete_is_not_no_progress() -> None:
+    """GIVEN the same healthy seat with /metrics flat for 8 s (past no_progress_s) while every rank's fetches
+    complete THEN no verdict; once the fetches stop too, no progress fires again."""
+    rec = healthy(T0 + 30)
+    stale_metrics(rec, T0 + 22, T0 + 30)
+    assert d.detect(obs(**rec), TH, T0 + 30.2) is None
+    rec["probes"] = [p for p in rec["probes"] if p.end is not None and p.end <= T0 + 23]
+    v = d.detect(obs(**rec), TH, T0 + 30.2)
+    assert v is not None and v.kind is VerdictKind.NO_PROGRESS
+
+
+def test_a_rank_stuck_at_the_same_line_still_fires() -> None:
+    """GIVEN rank 1 stops in its step (its fetches stop) while ranks 0, 2, 3 wait for it in all_reduce and tokens
+    stop THEN stack unchanged names rank 1: the fix asks for the rank's own activity, not the seat's."""
+    rec = healthy(T0 + 24)
+    rec["probes"] = [p for p in rec["probes"] if p.end is not None and p.end <= T0 + 24.5]
+    t = T0 + 25.0
+    while t <= T0 + 31:
+        rec["samples"] += [sample(t, r, COMPUTE if r == 1 else ALL_REDUCE) for r in range(4)]
+        t += 1.0
+    stale_metrics(rec, T0 + 24.5, T0 + 32)
+    rec["metrics"] += [metrics(T0 + 25 + i, gen=rec["metrics"][-1].values["sglang:generation_tokens_total"], running=8,
+                               used=rec["metrics"][-1].values["sglang:num_used_tokens"]) for i in range(7)]
+    v = d.detect(obs(**rec), TH, T0 + 29.5)
+    assert v is not None and v.kind is VerdictKind.STACK_UNCHANGED and v.rank == 1, v
+
+
+def _gone(node: int, pid: int, title: str, rank: int | None, t: float) -> EngineProcess:
+    return EngineProcess(node=node, pid=pid, title=title, rank=rank, alive=False, gone_t=t)
+
+
+_RESET = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:2190: "
+          "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.")
+
+
+def test_a_crash_is_named_from_its_nodes_order_not_another_nodes_earlier_poll() -> None:
+    """GIVEN the soak's wrong crash verdict, as its bundle recorded it: rank 1 (node 0) SIGKILLed; ranks 0 and 2
+    fail their collective ("Connection reset by peer"); node 1's cleanup kills rank 3. Node 1's sidecar saw rank 2
+    gone, then rank 3 28 ms later; node 0's sidecar, polling late, saw ranks 0 and 1 gone in one poll 63 ms after
+    node 1 saw rank 2 WHEN detect runs over the merged records THEN rank 1 is named: rank 3 died after a process
+    of its own node (that node's cleanup). Before the fix: rank 3 (seen gone earlier, by another node's clock)."""
+    t = T0
+    ps = [_gone(0, 133, title(0), 0, t + 0.0633), _gone(0, 134, title(1), 1, t + 0.0633),
+          _gone(0, 135, "sglang::detokenizer", None, t + 0.120),
+          _gone(1, 136, title(2), 2, t), _gone(1, 137, title(3), 3, t + 0.028),
+          _gone(1, 96, "python -m sgl_seat.sim.launch_server", None, t + 0.27)]
+    logs = [_exc_line(t + 0.068, 0, _RESET), _exc_line(t + 0.044, 2, _RESET)]
+    v = d.detect(obs(processes=ps, logs=logs), TH, t + 1)
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (1, 0), v
+    assert any("rank 3 (node 1)" in e and "cleanup" in e for e in v.evidence), v.evidence
+
+
+def test_a_crash_is_not_pinned_on_another_nodes_detokenizer() -> None:
+    """GIVEN rank 2 (node 1) crashes; node 0's detokenizer is seen gone first (node 0's poller ran ahead of node
+    1's), node 0's ranks fail their collective WHEN detect runs over both nodes THEN rank 2 is named, not the
+    detokenizer (rank None): the TP4 rehearsal's bundle named node 0's detokenizer."""
+    t = T0
+    ps = [_gone(0, 140, "sglang::detokenizer", None, t), _gone(0, 100, title(0), 0, t + 0.05),
+          _gone(0, 101, title(1), 1, t + 0.05), _gone(1, 102, title(2), 2, t + 0.08),
+          _gone(1, 103, title(3), 3, t + 0.13)]
+    logs = [_exc_line(t + 0.01, 0, _RESET), _exc_line(t + 0.01, 1, _RESET)]
+    v = d.detect(obs(processes=ps, logs=logs), TH, t + 1)
+    assert v is not None and (v.rank, v.node) == (2, 1), v
+    # node 0's view alone (its sidecar's live verdict) has no scheduler of its own that died first: it names none
+    # of its victims over its detokenizer, and the merged view above is what the bundle writes
+    local = d.detect(obs(processes=[p for p in ps if p.node == 0], logs=logs), TH, t + 1)
+    assert local is not None and local.rank is None
