@@ -182,8 +182,22 @@ def measure(path: Path) -> dict[str, Any]:
     out["analysis_sha256"] = hashlib.sha256(json.dumps(
         {k: doc[k] for k in ("divergence", "stuck", "rowfetch", "activity", "exited", "log_tail", "timeline", "notes")},
         sort_keys=True).encode()).hexdigest()
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` (its own address space's high-water mark) where Linux gives
+    it. ``ru_maxrss`` is the fallback only: Linux carries it across exec from the forked parent, so a measuring
+    child started by a parent that had just built the bundle (~500 MB) reported the parent's peak, not its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _load_analysis(m: dict[str, Any]) -> float:
