@@ -1,8 +1,9 @@
 """What recording a CUDA event costs from Python, by way of recording it (ns per call, min over batches).
 
-Why: the probe records two events per wrapped call on the hot path; ``torch.cuda.Event.record()`` builds a
-Python ``Stream`` object for the current stream each time. This compares it with the raw paths the probe can
-use, and checks that the probe turns GPU timing on by itself (auto mode) in a process that initialised CUDA.
+Why: the probe records an event per wrapped call on the hot path (two before the one-event design);
+``torch.cuda.Event.record()`` builds a Python ``Stream`` object for the current stream each time. This compares
+it with the raw paths the probe can use (``probe.cuda_paths``), and checks that the probe turns GPU timing on by
+itself (auto mode) in a process that initialised CUDA.
 """
 
 from __future__ import annotations
@@ -46,8 +47,28 @@ def main() -> None:
         handle = ev.cuda_event
         raw = torch._C._cuda_getCurrentRawStream
         out["ctypes cudaEventRecord(ev, raw stream)"] = per_call(lambda: rec(handle, raw(dev)))
+        plain = torch.cuda.Event()  # no timing: what the one-event probe records
+        plain.record()
+        ph = plain.cuda_event
+        out["ctypes cudaEventRecord(plain ev, raw stream)"] = per_call(lambda: rec(ph, raw(dev)))
     except OSError as exc:
         out["ctypes"] = f"unavailable: {exc}"
+    cur = torch.cuda.current_stream()
+    base_record = torch._C._CudaEventBase.record
+    plain2 = torch.cuda.Event()
+    plain2.record()
+    out["_CudaEventBase.record(timing ev, cached stream)"] = per_call(lambda: base_record(ev, cur))
+    out["_CudaEventBase.record(plain ev, cached stream)"] = per_call(lambda: base_record(plain2, cur))
+    out["plain ev.query() (completed)"] = per_call(plain2.query)
+    from sgl_seat.watchdog import probe as _probe
+
+    for how in ("method", "ctypes", "base"):  # the probe's own record paths, stream key included
+        paths = _probe.cuda_paths(torch, how)
+        item = paths.factory()
+        out[f"probe record path {how!r}"] = per_call(lambda paths=paths, item=item: paths.record(item))
+    hooks = _probe._graph_capture_hooks(torch)
+    if hooks is not None:
+        out["capture test through the CUDAGraph hooks"] = per_call(hooks)
     # The probe in auto mode, as an engine process uses it.
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp()
     from sgl_seat.watchdog import probe
@@ -56,6 +77,7 @@ def main() -> None:
         torch.cuda._sleep(1000)
 
     w = probe.make_wrapper(fetch, probe.parse_target("x:fetch@"))
+    w(None, None)
     w(None, None)
     timer = probe.gpu_timer()
     out["auto_mode_timer"] = repr(timer)

@@ -89,8 +89,9 @@ def versions() -> dict[str, Any]:
 
 
 def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
-    """ns per call: bare, probe (host only), probe + CUDA events (Event.record(), and the raw cudaEventRecord
-    path the probe uses by itself); min over batches (the least disturbed)."""
+    """ns per call: bare, probe (host timing only), probe + its one CUDA event per call through each record path
+    (``Event.record()``, ctypes ``cudaEventRecord``, ``_CudaEventBase.record`` with the stream cached, see
+    ``probe.cuda_paths``); min over batches (the least disturbed)."""
     import torch
 
     from sgl_seat.watchdog import probe
@@ -120,25 +121,22 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
         wrapped(None, None)
         out["bare_ns"] = per_call(bare)
         out["probe_host_ns"] = per_call(wrapped)
-        raw = probe._raw_recorder(torch)
-        variants = {"event_record_method": (lambda: torch.cuda.Event(enable_timing=True), None)}
-        if raw is not None:
-            variants["raw_cudaEventRecord"] = raw
-        for name, (factory, record) in variants.items():
-            timer = probe.enable_gpu(factory, torch.cuda.is_current_stream_capturing, start_thread=False,
-                                     record=record)
+        # One event per call (the end), through each record path; the capture test through the CUDAGraph hooks.
+        for how in ("method", "ctypes", "base"):
+            timer = probe.enable_gpu_cuda(torch, how, start_thread=False)
             assert timer is not None
             recorded: list[int] = []
 
             def drain(timer: Any = timer, recorded: list[int] = recorded) -> None:
-                recorded.append(len(timer._pending))
+                recorded.append(timer._queued)
                 torch.cuda.synchronize()
                 timer.poll()
 
             ns = per_call(wrapped, drain)
-            out[f"probe_events_{name}_ns"] = ns
-            out[f"added_by_events_{name}_ns"] = ns - out["probe_host_ns"]
-            out[f"event_pairs_per_batch_min_{name}"] = min(recorded)
+            out[f"probe_event_{how}_ns"] = ns
+            out[f"added_by_event_{how}_ns"] = ns - out["probe_host_ns"]
+            out[f"events_per_batch_min_{how}"] = min(recorded)
+            out[f"event_errors_{how}"] = timer.errors
             probe.disable_gpu()
         return out
     finally:
@@ -152,8 +150,8 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
 
 def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
     """What the probe adds around the sim's real CUDA-mode ``fetch_rows`` (host gather into pinned staging, copy to
-    the GPU), host timing only and with CUDA events (raw ``cudaEventRecord``, the reader thread resolving them as in
-    an engine), at the field report's gather sizes; interleaved calls, 95 % interval over blocks."""
+    the GPU), host timing only and with its CUDA event (the default record path; the reader thread resolving them
+    as in an engine), at the field report's gather sizes; interleaved calls, 95 % interval over blocks."""
     import torch
 
     sys.path.insert(0, str(REPO / "bench"))
@@ -174,21 +172,19 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
         fr = rowfetch.fetch_rows
         host = probe.make_wrapper(fr, probe.parse_target(TARGET))
         out: dict[str, Any] = {"calls_per_arm": calls}
-        raw = probe._raw_recorder(torch)
         for size in GATHER_SIZES:
             ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
             probe.disable_gpu()
             t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: host(table, x)}, ids, calls)
             torch.cuda.synchronize()
             fig = {"host_only": added_ns(t, "probe")}
-            if raw is not None:
-                probe.enable_gpu(raw[0], torch.cuda.is_current_stream_capturing, record=raw[1])
-                t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: host(table, x)}, ids, calls)
-                torch.cuda.synchronize()
-                timer = probe.gpu_timer()
-                fig["with_events"] = added_ns(t, "probe")
-                fig["event_errors"] = timer.errors if timer is not None else None
-                probe.disable_gpu()
+            timer = probe.enable_gpu_cuda(torch, probe.DEFAULT_GPU_PATH)
+            t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: host(table, x)}, ids, calls)
+            torch.cuda.synchronize()
+            fig["with_event"] = added_ns(t, "probe")
+            fig["event_errors"] = timer.errors if timer is not None else None
+            fig["reader_queries"] = timer.queries if timer is not None else None
+            probe.disable_gpu()
             out[f"fetch_rows_{size}"] = fig
         return out
     finally:

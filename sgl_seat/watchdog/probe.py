@@ -478,16 +478,18 @@ def _query_method(ev: Any) -> bool:
 
 
 # While a CUDA graph is captured through torch's CUDAGraph (torch.cuda.graph, make_graphed_callables, SGLang's
-# graph runners), wrapped calls record no event: see _graph_capture_hooks.
-_CAPTURES = 0
+# graph runners), wrapped calls record no event: see _graph_capture_hooks. One-element list: the count of captures
+# in progress, shared with every copy of this module in the process (the boot loads it by path; an engine may
+# import it too) through the wrapped method's attribute.
+_CAPTURES: list[int] = [0]
 
 
 def _graph_capturing() -> bool:
-    return _CAPTURES > 0
+    return _CAPTURES[0] > 0
 
 
 def _graph_capture_hooks(torch: Any) -> Callable[[], bool] | None:
-    """A capture test that costs a global read, not a runtime call per wrapped call (``torch.cuda.
+    """A capture test that costs a list read, not a runtime call per wrapped call (``torch.cuda.
     is_current_stream_capturing()`` measured 0.28-0.30 us on an H200 host: a seventh of the budget).
 
     Wraps ``torch.cuda.CUDAGraph.capture_begin``/``capture_end`` to count captures in progress, any thread (an
@@ -501,32 +503,35 @@ def _graph_capture_hooks(torch: Any) -> Callable[[], bool] | None:
     finish = getattr(graph_cls, "capture_end", None)
     if graph_cls is None or begin is None or finish is None:
         return None
-    if not getattr(begin, "__sgl_seat_probe__", False):
+    shared = getattr(begin, "__sgl_seat_captures__", None)
+    if isinstance(shared, list):
+        _CAPTURES = shared
+    else:
+        count: list[int] = [0]
 
         @functools.wraps(begin)
         def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-            global _CAPTURES
-            _CAPTURES += 1
+            count[0] += 1
             try:
                 return begin(self, *args, **kwargs)
             except BaseException:
-                _CAPTURES = max(0, _CAPTURES - 1)
+                count[0] = max(0, count[0] - 1)
                 raise
 
         @functools.wraps(finish)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-            global _CAPTURES
             try:
                 return finish(self, *args, **kwargs)
             finally:
-                _CAPTURES = max(0, _CAPTURES - 1)
+                count[0] = max(0, count[0] - 1)
 
-        capture_begin.__sgl_seat_probe__ = True  # type: ignore[attr-defined]
+        capture_begin.__sgl_seat_captures__ = count  # type: ignore[attr-defined]
         graph_cls.capture_begin = capture_begin
         graph_cls.capture_end = capture_end
+        _CAPTURES = count
     with contextlib.suppress(Exception):
         if torch.cuda.is_current_stream_capturing():
-            _CAPTURES = max(_CAPTURES, 1)
+            _CAPTURES[0] = max(_CAPTURES[0], 1)
     return _graph_capturing
 
 
