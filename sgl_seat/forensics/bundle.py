@@ -39,7 +39,7 @@ from sgl_seat.forensics.codec import (
     loads_document,
 )
 from sgl_seat.forensics.manifest import FileEntry, Manifest
-from sgl_seat.forensics.redact import RequestShape
+from sgl_seat.forensics.request_table import RequestTable, decode_request_table
 from sgl_seat.forensics.scrub import scrub_json
 
 __all__ = ["Bundle", "read_bundle", "rotate_bundles", "verify_bundle", "write_bundle"]
@@ -322,7 +322,7 @@ class Bundle:
     metrics: list[MetricsPoint] = field(default_factory=list)
     processes: list[EngineProcess] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
-    requests: list[RequestShape] = field(default_factory=list)
+    requests: RequestTable = field(default_factory=RequestTable)
     env: dict[int, dict[str, str]] = field(default_factory=dict)
     log_text: dict[int, str] = field(default_factory=dict)
     gpu: dict[int, str] = field(default_factory=dict)
@@ -387,7 +387,7 @@ def read_bundle(path: Path) -> Bundle:
         metrics=_load(root, m, layout.METRICS, lambda f, n: decode_records(f, MetricsPoint.from_json, n), []),
         processes=_load(root, m, layout.PROCESSES, lambda f, n: decode_records(f, EngineProcess.from_json, n), []),
         logs=_load(root, m, layout.LOGS, lambda f, n: decode_records(f, LogLine.from_json, n), []),
-        requests=_load(root, m, layout.REQUESTS, lambda f, n: decode_records(f, RequestShape.from_json, n), []),
+        requests=_load(root, m, layout.REQUESTS, decode_request_table, RequestTable()),
         env=_load(root, m, layout.ENV, _env_doc, {}),
         log_text=log_text,
         gpu=gpu,

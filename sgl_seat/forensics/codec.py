@@ -58,6 +58,7 @@ __all__ = [
     "encode_text",
     "iter_json_lines",
     "loads_document",
+    "records_from_parsed",
 ]
 
 T = TypeVar("T")
@@ -173,8 +174,14 @@ def encode_records(records: Iterable[_ToJson]) -> bytes:
 
 def decode_records(stream: IO[bytes], from_json: Callable[[dict[str, Any]], T], name: str) -> list[T]:
     """Decode one record per line with the record type's strict ``from_json``."""
+    return records_from_parsed(iter_json_lines(stream, name, fast=True), from_json, name)
+
+
+def records_from_parsed(parsed: Iterable[tuple[int, Any]], from_json: Callable[[dict[str, Any]], T],
+                        name: str) -> list[T]:
+    """Records of (line number, parsed line) pairs, each through ``from_json``; errors name the file and line."""
     out: list[T] = []
-    for lineno, obj in iter_json_lines(stream, name, fast=True):
+    for lineno, obj in parsed:
         if not isinstance(obj, dict):
             raise _fail(name, lineno, "expected a JSON object")
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,7 @@ async def _drive(shapes: list[RequestShape], res: TrafficResult, *, base: str, s
     res.duration_s = time.monotonic() - t_start
 
 
-def replay_traffic(requests: list[RequestShape], target: str, *, speed: float = 1.0, max_requests: int = 500,
+def replay_traffic(requests: Sequence[RequestShape], target: str, *, speed: float = 1.0, max_requests: int = 500,
                    max_seconds: float = 300.0, concurrency: int = 256, request_timeout_s: float = 120.0,
                    watch_dir: Path | None = None, watch_grace_s: float = 10.0,
                    transport: httpx.AsyncBaseTransport | None = None) -> TrafficResult:
