@@ -8,16 +8,18 @@ opted into keeping it and otherwise a synthetic prompt of the same token length 
 Synthetic prompts are built from words that are one token in common BPE vocabularies, so the word count
 approximates the token count.
 
-It is bounded in count and time, and afterwards looks for a bundle that the target seat's watchdog
-wrote after the replay started: that is "the hang reproduced".
+It is bounded in count and time, and looks for a bundle that the target seat's watchdog wrote after the
+replay started: that is "the hang reproduced". Once one appears the replay stops sending: a hung seat answers
+nothing more, so waiting out the time limit would only delay the answer (and keep requests open on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,10 +115,18 @@ async def _model_name(client: httpx.AsyncClient) -> str:
     return "default"
 
 
+def _fresh_bundles(watch_dir: Path, before: set[str], started: float) -> list[str]:
+    """Bundles in ``watch_dir`` written since the replay started (not among ``before``)."""
+    return sorted(str(s.path) for s in bundles_in(watch_dir)
+                  if str(s.path) not in before and (s.created or 0.0) >= started - 1.0)
+
+
 async def _drive(shapes: list[RequestShape], res: TrafficResult, *, base: str, speed: float, max_seconds: float,
-                 concurrency: int, request_timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> None:
+                 concurrency: int, request_timeout_s: float, transport: httpx.AsyncBaseTransport | None,
+                 reproduced: Callable[[], bool] | None = None) -> None:
     t_start = time.monotonic()
     deadline = t_start + max_seconds
+    done = asyncio.Event()
     sem = asyncio.Semaphore(concurrency)
     first = shapes[0].t if shapes else 0.0
     async with httpx.AsyncClient(base_url=base, transport=transport, timeout=request_timeout_s) as client:
@@ -150,23 +160,45 @@ async def _drive(shapes: list[RequestShape], res: TrafficResult, *, base: str, s
                     k = type(exc).__name__
                     res.statuses[k] = res.statuses.get(k, 0) + 1
 
-        tasks = []
+        async def watch() -> None:
+            # Polled off the event loop (a directory listing): the bundle means the hang is back, stop sending.
+            while reproduced is not None and not done.is_set():
+                if await asyncio.to_thread(reproduced):
+                    res.stopped_early = "the target's watchdog wrote a bundle: reproduced, stopped sending"
+                    done.set()
+                    return
+                await asyncio.sleep(0.5)
+
+        watcher = asyncio.create_task(watch())
+        tasks: list[asyncio.Task[None]] = []
         for i, s in enumerate(shapes):
             due = t_start + (s.t - first) / speed
             delay = due - time.monotonic()
             if due > deadline:
-                res.stopped_early = f"time limit {max_seconds:g} s reached before every request was sent"
+                res.stopped_early = res.stopped_early or \
+                    f"time limit {max_seconds:g} s reached before every request was sent"
                 break
             if delay > 0:
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), delay)
+            if done.is_set():
+                break
             tasks.append(asyncio.create_task(one(i, s)))
         if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+            # Every request answered, the time limit, or the hang reproduced: whichever comes first.
+            finished = asyncio.create_task(asyncio.wait(tasks))
+            stop = asyncio.create_task(done.wait())
+            await asyncio.wait([finished, stop], timeout=max(0.0, deadline - time.monotonic()) + 1.0,
+                               return_when=asyncio.FIRST_COMPLETED)
+            finished.cancel()
+            stop.cancel()
         for t in tasks:
             if not t.done():
                 t.cancel()
                 res.stopped_early = res.stopped_early or f"time limit {max_seconds:g} s reached with requests open"
-        await asyncio.gather(*tasks, return_exceptions=True)
+        done.set()
+        watcher.cancel()
+        await asyncio.gather(*tasks, watcher, return_exceptions=True)
     res.duration_s = time.monotonic() - t_start
 
 
@@ -185,16 +217,17 @@ def replay_traffic(requests: Sequence[RequestShape], target: str, *, speed: floa
     res = TrafficResult(target=base, planned=len(shapes))
     started = time.time()
     before = {str(s.path) for s in bundles_in(watch_dir)} if watch_dir else set()
+    wd = watch_dir
+    seen = (lambda: bool(_fresh_bundles(wd, before, started))) if wd is not None else None
     asyncio.run(_drive(shapes, res, base=base, speed=speed, max_seconds=max_seconds, concurrency=concurrency,
-                       request_timeout_s=request_timeout_s, transport=transport))
-    if watch_dir is not None:
-        res.watched = str(watch_dir)
+                       request_timeout_s=request_timeout_s, transport=transport, reproduced=seen))
+    if wd is not None:
+        res.watched = str(wd)
         end = time.monotonic() + watch_grace_s
         while True:
-            fresh = [s for s in bundles_in(watch_dir)
-                     if str(s.path) not in before and (s.created or 0.0) >= started - 1.0]
+            fresh = _fresh_bundles(wd, before, started)
             if fresh or time.monotonic() >= end:
-                res.new_bundles = sorted(str(s.path) for s in fresh)
+                res.new_bundles = fresh
                 break
             time.sleep(0.5)
     return res

@@ -103,7 +103,7 @@ def test_replay_keeps_request_shapes_and_sees_the_new_bundle(serve: Any, tmp_pat
     reqs = read_bundle(STALL).requests
     watch = tmp_path / "bundles" / "local-sim"
     watch.mkdir(parents=True)
-    seat = Seat(bundle_after=5, bundles_dir=watch)
+    seat = Seat(bundle_after=25, bundles_dir=watch)  # the last request: every shape is sent before the stop
     res = replay_traffic(reqs, serve(seat), speed=200.0, max_requests=25, max_seconds=20, watch_dir=watch,
                          watch_grace_s=2.0)
     assert res.planned == 25 and res.sent == 25 and res.ok == 25 and res.failed == 0, res.statuses
@@ -135,6 +135,19 @@ def test_replay_is_bounded_in_time_and_reports_no_reproduction(serve: Any, tmp_p
                          watch_dir=watch, watch_grace_s=0.0)
     assert res.stopped_early and res.duration_s < 6.0 and res.sent < res.planned
     assert res.reproduced is False and res.new_bundles == []
+
+
+def test_replay_stops_sending_once_the_target_captured_a_bundle(serve: Any, tmp_path: Path) -> None:
+    """A seat that hangs (each answer takes 20 s) and captures a bundle at the 3rd request: the replay stops
+    sending and returns within seconds, not at its 30 s limit, and says why it stopped."""
+    reqs = read_bundle(STALL).requests
+    watch = tmp_path / "bundles" / "local-sim"
+    watch.mkdir(parents=True)
+    res = replay_traffic(reqs, serve(Seat(bundle_after=3, bundles_dir=watch, delay=20.0)), speed=2.0,
+                         max_requests=500, max_seconds=30.0, watch_dir=watch, watch_grace_s=0.0)
+    assert res.reproduced is True and res.new_bundles == [str(watch / "captured-during-replay")]
+    assert res.stopped_early is not None and "reproduced" in res.stopped_early, res.stopped_early
+    assert res.duration_s < 10.0 and 3 <= res.sent < res.planned, (res.duration_s, res.sent, res.planned)
 
 
 def test_replay_refuses_bad_targets_and_empty_traffic() -> None:
