@@ -143,18 +143,39 @@ def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iter
         yield lineno, loads(raw, f"{name}:{lineno}")
 
 
+#: Bytes read at a time by :func:`_raw_lines` (lines are cut from these chunks).
+_READ_CHUNK = 1 << 24
+
+
 def _raw_lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of each non-blank line, refusing lines over MAX_LINE_BYTES."""
+    """(line number, bytes with its newline) of each non-blank line, refusing lines over MAX_LINE_BYTES.
+
+    Reads 16 MB chunks and cuts the lines out of them: ``readline`` spent ~50 ms growing its buffer over a
+    one-hour bundle's probe file (47 MB in lines of ~3 MB), and testing each line with ``strip()`` copied it.
+    The lines, their numbers and the error for an over-long line are what ``readline(MAX_LINE_BYTES + 1)`` gave.
+    """
     lineno = 0
+    tail = b""
     while True:
-        raw = stream.readline(MAX_LINE_BYTES + 1)
-        if not raw:
+        chunk = stream.read(_READ_CHUNK)
+        data = tail + chunk if tail else chunk
+        end = data.rfind(b"\n") + 1 if chunk else len(data)  # at the end of the file the last line has no newline
+        pos = 0
+        while pos < end:
+            nl = data.find(b"\n", pos, end)
+            stop = end if nl < 0 else nl + 1
+            lineno += 1
+            if stop - pos > MAX_LINE_BYTES:
+                raise BundleError(f"{name}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
+            raw = data[pos:stop]
+            if not raw.isspace():  # the same test as ``raw.strip()`` being empty, without the copy
+                yield lineno, raw
+            pos = stop
+        tail = data[end:]
+        if len(tail) > MAX_LINE_BYTES:  # the line being read is already too long
+            raise BundleError(f"{name}:{lineno + 1}: line longer than {MAX_LINE_BYTES} bytes")
+        if not chunk:
             return
-        lineno += 1
-        if len(raw) > MAX_LINE_BYTES:
-            raise BundleError(f"{name}:{lineno}: line longer than {MAX_LINE_BYTES} bytes")
-        if raw.strip():
-            yield lineno, raw
 
 
 def _fail(name: str, lineno: int, msg: str) -> BundleError:

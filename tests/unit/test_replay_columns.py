@@ -433,3 +433,32 @@ def test_stack_detector_without_metrics_reads_probe_ends_as_the_record_form() ->
         assert (v is not None) == (busy and quiet and not moved), f"case {i}: {recs}"
         seen.add(busy and quiet and not moved)
     assert seen == {True, False}
+
+
+def _ref_raw_lines(stream: io.BytesIO, name: str, limit: int) -> list[Any]:
+    """Line cutting as ``readline(limit + 1)`` did it before the chunked reader (the oracle)."""
+    out: list[Any] = []
+    lineno = 0
+    while raw := stream.readline(limit + 1):
+        lineno += 1
+        if len(raw) > limit:
+            return [*out, f"{name}:{lineno}: line longer than {limit} bytes"]
+        if raw.strip():
+            out.append((lineno, raw))
+    return out
+
+
+def test_chunked_line_reader_cuts_lines_as_readline_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines, line numbers, blank lines and the over-long line's error, at chunk sizes that split lines anywhere."""
+    rng = random.Random(5)
+    for case in range(2000):
+        limit, chunk = rng.choice((5, 10, 1000)), rng.choice((1, 2, 3, 7, 64))
+        monkeypatch.setattr(codec, "MAX_LINE_BYTES", limit)
+        monkeypatch.setattr(codec, "_READ_CHUNK", chunk)
+        data = bytes(rng.choice(b"ab \n\r\t") for _ in range(rng.randrange(0, 60)))
+        got: list[Any] = []
+        try:
+            got.extend(codec._raw_lines(io.BytesIO(data), "f"))
+        except BundleError as exc:
+            got.append(str(exc))
+        assert got == _ref_raw_lines(io.BytesIO(data), "f", limit), f"case {case}: {data!r}"
