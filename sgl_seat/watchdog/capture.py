@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import os
 import platform
 import shutil
 import subprocess
@@ -40,7 +41,7 @@ from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc
-from sgl_seat.watchdog.pyspy import capture_stacks
+from sgl_seat.watchdog.pyspy import DumpResult, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")
 
@@ -109,6 +110,51 @@ def _step(node: int, step: str, status: str, detail: str = "") -> dict[str, Any]
     return {"node": node, "step": step, "status": status, "detail": detail[:500]}
 
 
+#: Seconds a node's capture waits for native (``--native``) stack dumps once its Python-only dumps are in. Why a
+#: budget: a native dump is CPU-bound (py-spy reads the symbols of every library the process maps: 0.3-2 s for a
+#: scheduler with torch loaded, on 2 cores), a node's take 2-5 s in all on a loaded box, and the soak measured
+#: them as most of its 4-14 s from a stall passing its threshold to the bundle on disk (target 3 s). The Python
+#: stacks (tens of milliseconds, the target never stopped) are taken first and always kept; native dumps run by
+#: priority inside the budget, and the bundle's capture steps say which were not captured in time.
+NATIVE_BUDGET_S = 1.0
+
+
+def native_workers() -> int:
+    """Native dumps at a time: about the cores (each is CPU-bound: more at once only makes each slower)."""
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+def native_order(procs: Sequence[EngineProc], focus_ranks: Sequence[int] = ()) -> list[EngineProc]:
+    """The order native dumps start in: the ranks the node's verdict names, then schedulers by rank, then the
+    rest (launcher, detokenizer), so the stacks that matter most land inside the budget."""
+    focus = {r: i for i, r in enumerate(focus_ranks)}
+    return sorted(procs, key=lambda ep: (ep.rank not in focus, focus.get(ep.rank, 0) if ep.rank is not None else 0,
+                                         ep.rank is None, ep.rank if ep.rank is not None else 0, ep.pid))
+
+
+def _native_dumps(procs: Sequence[EngineProc], pyspy: str, budget_s: float, timeout_s: float
+                  ) -> dict[int, DumpResult | None]:
+    """Native dumps of ``procs`` (in that order, native_workers() at a time) until ``budget_s`` from now: a dump
+    still running then is stopped (py-spy killed, the target resumed), one not begun by then is None."""
+    deadline = time.monotonic() + budget_s
+
+    def one(ep: EngineProc) -> DumpResult | None:
+        left = min(timeout_s, deadline - time.monotonic())
+        if left < MIN_NATIVE_S:
+            return None
+        return pyspy_dump(ep.pid, exe=pyspy, native=True, timeout_s=left)
+
+    if not procs:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(native_workers(), len(procs))) as pool:
+        futures = [(ep.pid, pool.submit(one, ep)) for ep in procs]  # a FIFO queue: they start in this order
+        return {pid: f.result() for pid, f in futures}
+
+
+#: A native dump is not begun with less than this left of the budget.
+MIN_NATIVE_S = 0.05
+
+
 def node_part(
     *,
     node: int,
@@ -122,12 +168,17 @@ def node_part(
     log_text: str,
     env: Mapping[str, str],
     dump_timeout_s: float = 5.0,
+    native_budget_s: float = NATIVE_BUDGET_S,
+    focus_ranks: Sequence[int] = (),
     gpu: bool = True,
     requests: Sequence[RequestShape] | None = None,
     request_redaction: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts).
 
+    Python-only stacks of every process first, all at once (``--nonblocking``: the target never stops), then
+    native ones by priority (``focus_ranks`` first) for ``native_budget_s`` (see NATIVE_BUDGET_S); a process
+    whose native dump did not land keeps its Python stack as its capture-time stack, and its step says why.
     ``requests``: the request shapes this node recorded (node 0, from SGLang's request log), None where the
     node records none.
     """
@@ -136,36 +187,53 @@ def node_part(
     now_stacks: list[StackSample] = []
     py_now: list[StackSample] = []
 
-    def one(ep: EngineProc) -> tuple[EngineProc, Any, Any]:
-        py, nat = capture_stacks(ep.pid, exe=pyspy, timeout_s=dump_timeout_s)
-        return ep, py, nat
-
     # nvidia-smi -q takes about a second on a GPU host: it runs beside the stack dumps, not after them.
     gpu_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     gpu_future = gpu_pool.submit(nvidia_smi) if gpu else None
-    if procs:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(procs))) as pool:
-            results = list(pool.map(one, procs))
-    else:
-        results = []
+    py: dict[int, DumpResult] = {}
+    nat: dict[int, DumpResult | None] = {}
+    if not procs:
         steps.append(_step(node, "discover", "error", "no engine process found on this node"))
-    for ep, py, nat in results:
+    elif pyspy is None:
+        py = {ep.pid: DumpResult((), "py-spy not found", 0.0, False) for ep in procs}
+    else:
+        exe = pyspy
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
+            py = dict(zip([ep.pid for ep in procs],
+                          pool.map(lambda ep: pyspy_dump(ep.pid, exe=exe, native=False, timeout_s=dump_timeout_s),
+                                   procs), strict=True))
+        t_py = time.time()
+        nat = _native_dumps([ep for ep in native_order(procs, focus_ranks) if not py[ep.pid].gone], exe,
+                            native_budget_s, dump_timeout_s)
+        steps.append(_step(node, "stacks", "ok", f"Python-only {t_py - t0:.2f}s, then native {time.time() - t_py:.2f}s"
+                                                 f" of a {native_budget_s:g}s budget"))
+    for ep in procs:
         t = time.time()
+        p = py[ep.pid]
+        n = nat.get(ep.pid)
         py_sample = StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=False,
-                                threads=py.threads, error=py.error)
+                                threads=p.threads, error=p.error)
         py_now.append(py_sample)
-        steps.append(_step(node, f"py-spy {ep.pid}", "ok" if py.error is None else "error",
-                           py.error or f"{py.duration_s:.2f}s"))
-        if nat is not None and nat.error is None:
+        steps.append(_step(node, f"py-spy {ep.pid}", "ok" if p.error is None else "error",
+                           p.error or f"{p.duration_s:.2f}s"))
+        if n is not None and n.error is None:
             now_stacks.append(StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=True,
-                                          threads=nat.threads))
-            steps.append(_step(node, f"py-spy --native {ep.pid}", "ok", f"{nat.duration_s:.2f}s"))
+                                          threads=n.threads))
+            steps.append(_step(node, f"py-spy --native {ep.pid}", "ok", f"{n.duration_s:.2f}s"))
         else:
-            why = "target gone" if nat is None else (nat.error or "failed")
-            steps.append(_step(node, f"py-spy --native {ep.pid}", "fallback", f"Python-only stack kept: {why}"))
+            if pyspy is None or p.gone:
+                why = "target gone" if p.gone else "py-spy not found"
+                status = "fallback"
+            elif n is None:
+                why, status = f"not begun within the {native_budget_s:g}s native budget", "skipped"
+            elif n.timed_out:
+                why, status = f"not captured within the {native_budget_s:g}s native budget", "timeout"
+            else:
+                why, status = n.error or "failed", "fallback"
+            steps.append(_step(node, f"py-spy --native {ep.pid}", status, f"Python-only stack kept: {why}"))
             # The Python-only dump stands in for the native one, so every process has a capture-time stack.
             now_stacks.append(py_sample)
-        if (nat is not None and nat.resumed) or py.resumed:
+        if (n is not None and n.resumed) or p.resumed:
             steps.append(_step(node, f"resume {ep.pid}", "warn", "target was left stopped by py-spy; sent SIGCONT"))
     pstate = process_state([ep.pid for ep in procs])
     gpu_text: str | None = None

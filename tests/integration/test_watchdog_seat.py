@@ -2,10 +2,11 @@
 cluster (sidecars started by `up`), steady traffic, then:
 
 - no stall for 30 s: no bundle, a quiet watch view (the soak is the false-positive evidence);
-- a row-fetch stall injected on rank 3: one bundle within 10 s of the stall, holding native and Python stacks
-  of all 4 ranks from both nodes, the stack history of the preceding 60 s, the probe records with the
-  stalled fetch in flight, and a verdict naming rank 3, its node and the row-fetch frame, ranks 0-2 waiting
-  in the collective (SGLang's own watchdog would fire at --watchdog-timeout);
+- a row-fetch stall injected on rank 3: one bundle within 10 s of the stall, holding Python stacks of all 4
+  ranks from both nodes and a capture-time stack of each (native where it landed inside the native budget),
+  the stack history of the preceding 60 s, the probe records with the stalled fetch in flight, and a verdict
+  naming rank 3, its node and the row-fetch frame, ranks 0-2 waiting in the collective (SGLang's own watchdog
+  would fire at --watchdog-timeout);
   the bundle also records the requests before the hang (from SGLang's request log on node 0, redacted);
 - `sgl-seat replay` of that live bundle names rank 3, its node and the row-fetch frame, shows the gather-size
   bucket where latency explodes, and writes HTML that headless Chromium renders without errors;
@@ -159,10 +160,17 @@ def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None
     assert v.frame is not None and v.frame.startswith("fetch_rows (rowfetch.py:"), v.frame
     assert v.waiting_ranks == (0, 1, 2)
     assert t_bundle - t_stall <= 10.0
-    # native and Python stacks of all four ranks, from both nodes
+    # a capture-time stack of all four ranks, from both nodes: native where its dump landed inside the capture's
+    # native budget (rank 3's, named by node 1's own detector, goes first), else the Python one, and then the
+    # capture step says so; and Python stacks of all four
     native = [s for s in b.native_stacks if s.rank is not None]
-    assert {(s.node, s.rank) for s in native if s.native} == {(0, 0), (0, 1), (1, 2), (1, 3)}
+    assert {(s.node, s.rank) for s in native} == {(0, 0), (0, 1), (1, 2), (1, 3)}
     assert all(any(f.native for t in s.threads for f in t.frames) for s in native if s.native)
+    steps = {(c["node"], c["step"]): c for c in b.manifest.capture}
+    for s in native:
+        st = steps[(s.node, f"py-spy --native {s.pid}")]
+        assert (st["status"] == "ok") == s.native and (s.native or "Python-only stack kept" in st["detail"]), st
+    print("native stacks in the stall bundle:", sorted((s.rank, s.native) for s in native))
     assert {(s.node, s.rank) for s in b.stacks if s.rank is not None} == {(0, 0), (0, 1), (1, 2), (1, 3)}
     # the preceding 60 s of stack history, for every rank
     for rank in range(4):
