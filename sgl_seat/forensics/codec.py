@@ -266,10 +266,13 @@ def encode_stack_samples(samples: Iterable[StackSample]) -> bytes:
 
 _JSON_STR = rb'"(?:[^"\\]|\\.)*"'
 _JSON_INT = rb"-?(?:0|[1-9][0-9]*)"
+_JSON_NUMBER = re.compile(_JSON_INT + rb"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+#: How :func:`encode_stack_samples` begins a sample line; ``t`` follows, then the fields from ``,"node":`` on.
+_SAMPLE_PREFIX = b'{"sample":{"t":'
 #: A stack-sample line exactly as :func:`encode_stack_samples` writes it (compact, keys in ``to_json`` order):
 #: t, node, pid, title, rank, native, the threads' JSON text, error.
 _SAMPLE_LINE = re.compile(
-    rb'\{"sample":\{"t":(' + _JSON_INT + rb"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+    rb'\{"sample":\{"t":(' + _JSON_NUMBER.pattern + rb")"
     + rb',"node":(' + _JSON_INT + rb'),"pid":(' + _JSON_INT + rb'),"title":(' + _JSON_STR
     + rb'),"rank":(' + _JSON_INT + rb'|null),"native":(true|false),"threads":(\[.*\]),"error":(null|' + _JSON_STR
     + rb")\}\}[ \t\r\n]*", re.DOTALL)
@@ -301,6 +304,8 @@ class _StackDecoder:
         self.heads: dict[tuple[Any, ...], StackSample] = {}
         self.raw_heads: dict[tuple[bytes, ...], StackSample] = {}
         self.raw_threads: dict[bytes, tuple[ThreadStack, ...]] = {}
+        #: Everything of a checked sample line after ``t`` -> its head and threads (see :meth:`sample_line`).
+        self.raw_rests: dict[bytes, tuple[StackSample, tuple[ThreadStack, ...]]] = {}
 
     def frame(self, ref: Any, lineno: int) -> Frame:
         if type(ref) is int:
@@ -356,7 +361,15 @@ class _StackDecoder:
         samples repeat both, only ``t`` differs, and building 1.3 million JSON objects for 28,800 samples
         was most of the decoding time. The regular expression pins every field but the threads to a JSON
         scalar, so the line is valid JSON exactly when its threads text is, and the values are the same as a
-        whole-line parse gives."""
+        whole-line parse gives. A line whose text after ``t`` is that of a line already taken apart skips the
+        regular expression (~3x its cost): it is valid exactly when its ``t`` is a JSON number."""
+        if raw.startswith(_SAMPLE_PREFIX):  # the rest of the line seen and checked before: only ``t`` is new
+            cut = raw.find(b',"node":', len(_SAMPLE_PREFIX))
+            seen = self.raw_rests.get(raw[cut:]) if cut > 0 else None
+            if seen is not None and _JSON_NUMBER.fullmatch(raw, len(_SAMPLE_PREFIX), cut):
+                h, stack = seen
+                return StackSample(float(_loads_fast(raw[len(_SAMPLE_PREFIX):cut], "")), h.node, h.pid, h.title,
+                                   h.rank, h.native, stack, h.error)
         m = _SAMPLE_LINE.fullmatch(raw)
         if m is None:
             return None
@@ -380,6 +393,7 @@ class _StackDecoder:
             if not isinstance(parsed, list):
                 return None
             ts = self.raw_threads[threads] = tuple(self.thread(x, lineno) for x in parsed)
+        self.raw_rests[raw[m.end(1):]] = (head, ts)
         return StackSample(float(_loads_fast(t, "")), head.node, head.pid, head.title, head.rank, head.native, ts,
                            head.error)
 

@@ -462,3 +462,18 @@ def test_chunked_line_reader_cuts_lines_as_readline_did(monkeypatch: pytest.Monk
         except BundleError as exc:
             got.append(str(exc))
         assert got == _ref_raw_lines(io.BytesIO(data), "f", limit), f"case {case}: {data!r}"
+
+
+def test_a_repeated_sample_line_with_a_new_t_decodes_as_whole_lines_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line whose text after ``t`` repeats an earlier line's skips the regular expression: its ``t`` alone decides,
+    as parsing the line whole decides (odd numbers, non-numbers, text that moves where ``,"node":`` is)."""
+    data = codec.encode_stack_samples([StackSample(T0, 0, 7, "sglang::scheduler_TP0", 0, False, (
+        ThreadStack(1, "MainThread", True, True, (Frame("forward", "/sglang/model.py", 10),)),))])
+    frame, line = data.rstrip(b"\n").split(b"\n")
+    prefix, rest = line[:len(codec._SAMPLE_PREFIX)], line[line.index(b',"node":'):]
+    assert prefix == codec._SAMPLE_PREFIX
+    for t in (b"1800000001.25", b"-0", b"1e400", b"1E-3", b"01", b"1.", b"+1", b".5", b"nan", b"", b'"1"', b"true",
+              b"[1]", b'1,"node":0', b"1 ", b"-"):
+        fast, general = _decode_both(b"\n".join((frame, line, prefix + t + rest, b"")), monkeypatch)
+        assert fast == general, (t, fast, general)
+        assert isinstance(fast, str) or len(fast) == 2
