@@ -248,7 +248,7 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     if (first.node, first.rank) in own:
         ev.append(f"rank {first.rank}'s own error: {own[(first.node, first.rank)][1][:300]}")
     elif first.rank is not None:
-        silent = [p for p in gone[1:] if p.rank is not None and cause[(p.node, p.pid)] == _FIRST_ON_NODE]
+        silent = [p for p in gone[1:] if p.rank is not None and cause[(p.node, p.pid)] in (_SOLE_FIRST, _TIED_FIRST)]
         if silent:
             ev.append("also died first on its node without an error of its own: "
                       + ", ".join(f"rank {p.rank} (node {p.node})" for p in silent[:6])
@@ -269,7 +269,7 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
 
 
 #: Why a dead process may be the cause, best first (see _death_causes).
-_OWN_ERROR, _FIRST_ON_NODE, _FIRST_HELPER, _AFTER_ON_NODE, _VICTIM = range(5)
+_OWN_ERROR, _SOLE_FIRST, _TIED_FIRST, _FIRST_HELPER, _AFTER_ON_NODE, _VICTIM = range(6)
 
 
 def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | None], tuple[float, str]],
@@ -281,15 +281,18 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
     polling, each node on its own clock and at its own lag: across nodes, the first seen gone is often not the
     first to die (the soak named a rank that the other node's cleanup killed, and a node's detokenizer, in 5 of
     20 crashes). What does hold is each node's own order, from one poller: a process seen gone after another of
-    its node died in that node's cleanup. So, best first: a rank with an error of its own; a scheduler among
-    its node's first deaths (no word of its own: the crash); a detokenizer or launcher among its node's first
-    deaths (a scheduler that died first anywhere explains more); a process that died after another of its node;
-    a rank whose error says a peer died (a victim).
+    its node died in that node's cleanup, and a rank seen gone alone, before anything else of its node, died
+    before any peer's error could reach it, while one seen in the same poll as a victim may be that victim's
+    cleanup. So, best first: a rank with an error of its own; a scheduler seen gone alone first on its node (no
+    word of its own: the crash); one seen gone first but in one poll with others; a detokenizer or launcher
+    among its node's first deaths (a scheduler that died first anywhere explains more); a process that died
+    after another of its node; a rank whose error says a peer died (a victim).
     """
     first: dict[int, float] = {}
     for p in gone:
         if p.gone_t is not None and (p.node, p.rank) not in own:
             first[p.node] = min(first.get(p.node, math.inf), p.gone_t)
+    in_first = {(p.node, p.pid) for p in gone if p.gone_t is not None and p.gone_t == first.get(p.node)}
     out: dict[tuple[int, int], int] = {}
     for p in gone:
         key = (p.node, p.rank)
@@ -299,8 +302,11 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
             c = _VICTIM
         elif p.gone_t is not None and p.gone_t > first.get(p.node, math.inf):
             c = _AFTER_ON_NODE
+        elif p.rank is None:
+            c = _FIRST_HELPER
         else:
-            c = _FIRST_ON_NODE if p.rank is not None else _FIRST_HELPER
+            alone = p.gone_t is not None and not any(q[0] == p.node and q[1] != p.pid for q in in_first)
+            c = _SOLE_FIRST if alone else _TIED_FIRST
         out[(p.node, p.pid)] = c
     return out
 

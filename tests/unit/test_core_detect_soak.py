@@ -257,3 +257,23 @@ def test_a_crash_is_not_pinned_on_another_nodes_detokenizer() -> None:
     # of its victims over its detokenizer, and the merged view above is what the bundle writes
     local = d.detect(obs(processes=[p for p in ps if p.node == 0], logs=logs), TH, t + 1)
     assert local is not None and local.rank is None
+
+
+def test_a_rank_seen_gone_alone_outranks_one_seen_with_a_victim() -> None:
+    """GIVEN the CI soak's crash of rank 0, as its bundle recorded it: node 1's sidecar saw ranks 2 and 3 gone in one
+    poll (rank 3 a victim, "Connection closed by peer"; rank 2 killed by node 1's cleanup) 14 ms before node 0's saw
+    rank 0 gone alone; node 0's victim (rank 1) and detokenizer 66 ms later WHEN detect runs THEN rank 0: gone
+    alone, before anything of its node, it died before any peer's error could reach it. (Before: rank 2.)"""
+    t = T0
+    ps = [_gone(0, 3496, "python -m sgl_seat.sim.launch_server", None, t + 0.0797),
+          _gone(0, 3498, title(0), 0, t + 0.0138),
+          _gone(0, 3499, title(1), 1, t + 0.0797), _gone(0, 3500, "sglang::detokenizer", None, t + 0.0797),
+          _gone(1, 3497, "python -m sgl_seat.sim.launch_server", None, t + 0.0664),
+          _gone(1, 3501, title(2), 2, t), _gone(1, 3502, title(3), 3, t)]
+    logs = [_exc_line(t + 0.0138, 1, _CLOSED), _exc_line(t, 3, _CLOSED)]
+    v = d.detect(obs(processes=ps, logs=logs), TH, t + 1)
+    assert v is not None and v.kind is VerdictKind.PROCESS_EXITED and (v.rank, v.node) == (0, 0), v
+
+
+_CLOSED = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+           "[127.0.0.1]:9092. This is typically caused by a remote worker crashing.")
