@@ -55,6 +55,14 @@ def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return a
 
 
+def _pick(c: npt.NDArray[Any], idx: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``c[idx]``; a column that is one value repeated (stride 0, e.g. absent GPU times) stays a broadcast view."""
+    if c.strides == (0,) and len(c):
+        return np.broadcast_to(c[:1], len(idx))
+    out: npt.NDArray[Any] = c[idx]
+    return out
+
+
 class ProbeColumns(Sequence[ProbeRecord]):
     """Probe records as numpy columns plus the distinct :class:`ProbeGroup` each row belongs to.
 
@@ -80,9 +88,10 @@ class ProbeColumns(Sequence[ProbeRecord]):
         self.end: F64 = col(end, np.float64)
         self.gather_size: I64 = col(gather_size, np.int64)
         n = len(self.group)
-        self.gpu: Mask = col(np.zeros(n, np.bool_) if gpu is None else gpu, np.bool_)
-        self.gpu_start: F64 = col(np.full(n, math.nan) if gpu_start is None else gpu_start, np.float64)
-        self.gpu_end: F64 = col(np.full(n, math.nan) if gpu_end is None else gpu_end, np.float64)
+        # Absent GPU columns are one value seen n times (a broadcast view: no memory, nothing to copy in take()).
+        self.gpu: Mask = col(np.broadcast_to(False, n) if gpu is None else gpu, np.bool_)
+        self.gpu_start: F64 = col(np.broadcast_to(math.nan, n) if gpu_start is None else gpu_start, np.float64)
+        self.gpu_end: F64 = col(np.broadcast_to(math.nan, n) if gpu_end is None else gpu_end, np.float64)
         cols = (self.seq, self.start, self.end, self.gather_size, self.gpu, self.gpu_start, self.gpu_end)
         if any(c.shape != (n,) for c in cols):
             raise ValueError("probe columns differ in length")
@@ -137,8 +146,8 @@ class ProbeColumns(Sequence[ProbeRecord]):
         idx = np.flatnonzero(rows) if rows.dtype == np.bool_ else rows
         recs = None if self._records is None else [self._records[i] for i in idx.tolist()]
         return ProbeColumns(self.groups, self.group[idx], self.seq[idx], self.start[idx], self.end[idx],
-                            self.gather_size[idx], self.gpu[idx], self.gpu_start[idx], self.gpu_end[idx],
-                            records=recs)
+                            self.gather_size[idx], _pick(self.gpu, idx), _pick(self.gpu_start, idx),
+                            _pick(self.gpu_end, idx), records=recs)
 
     def canonical(self) -> ProbeColumns:
         """The rows in the observation's canonical order, by (start, node, pid, seq) and then as given (a stable

@@ -543,13 +543,14 @@ def _table(blocks: list[_Block]) -> ProbeColumns:
     def nan(n: int) -> F64:
         return np.full(n, math.nan)
 
+    has_gpu = any(b.gpu for b in blocks)  # none: the columns' own absent-GPU form (no three columns of a million)
     return ProbeColumns(
         list(index), cat(gi, np.int64), cat([b.seq for b in blocks], np.int64),
         cat([b.start for b in blocks], np.float64), cat([b.end for b in blocks], np.float64),
         cat([b.gather for b in blocks], np.int64),
-        cat([b.gpu[0] if b.gpu else np.zeros(len(b.seq), np.int64) for b in blocks], np.bool_),
-        cat([b.gpu[1] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64),
-        cat([b.gpu[2] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64))
+        cat([b.gpu[0] if b.gpu else np.zeros(len(b.seq), np.int64) for b in blocks], np.bool_) if has_gpu else None,
+        cat([b.gpu[1] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64) if has_gpu else None,
+        cat([b.gpu[2] if b.gpu else nan(len(b.seq)) for b in blocks], np.float64) if has_gpu else None)
 
 
 def decode_probe_records(stream: IO[bytes], name: str) -> ProbeColumns:

@@ -477,3 +477,20 @@ def test_a_repeated_sample_line_with_a_new_t_decodes_as_whole_lines_do(monkeypat
         fast, general = _decode_both(b"\n".join((frame, line, prefix + t + rest, b"")), monkeypatch)
         assert fast == general, (t, fast, general)
         assert isinstance(fast, str) or len(fast) == 2
+
+
+def test_absent_gpu_columns_stay_one_value_through_take() -> None:
+    """A bundle without GPU timing decodes its three GPU columns as one value repeated (no memory for a million
+    rows), canonical order keeps them so, and the records read back as they were written."""
+    recs = [ProbeRecord(0, r, 100 + r, 1, s, TARGETS[0], T0 + (s * 7 + r) % 5, None if s == 3 else T0 + 9.0, 64)
+            for r in range(2) for s in range(4)]
+    cols = decode_probe_records(io.BytesIO(encode_probe_records(recs)), "probe.jsonl")
+    canon = cols.canonical()
+    for c in (cols, canon):
+        assert c.gpu.strides == c.gpu_start.strides == c.gpu_end.strides == (0,)
+        assert not c.gpu.any() and np.isnan(c.gpu_start).all() and len(c.gpu_end) == len(recs)
+    assert sorted(canon, key=lambda p: (p.start, p.node, p.pid, p.seq)) == list(canon)
+    assert sorted(map(repr, canon)) == sorted(map(repr, recs))
+    gpu = [*recs, ProbeRecord(0, 0, 100, 1, 9, TARGETS[0], T0, T0 + 1, 64, True, T0 + 0.5, None)]
+    mixed = decode_probe_records(io.BytesIO(encode_probe_records(gpu)), "probe.jsonl").canonical()
+    assert mixed.gpu.strides != (0,) and sorted(map(repr, mixed)) == sorted(map(repr, gpu))
