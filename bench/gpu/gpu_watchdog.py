@@ -122,8 +122,8 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
         out["bare_ns"] = per_call(bare)
         out["probe_host_ns"] = per_call(wrapped)
         # One event per call (the end), through each record path; the capture test through the CUDAGraph hooks.
-        for how in ("method", "ctypes", "base"):
-            timer = probe.enable_gpu_cuda(torch, how, start_thread=False)
+        for how, w_us in (("method", 0.0), ("ctypes", 0.0), ("base", 0.0), ("base", probe.DEFAULT_COALESCE_US)):
+            timer = probe.enable_gpu_cuda(torch, how, start_thread=False, coalesce_us=w_us)
             assert timer is not None
             recorded: list[int] = []
 
@@ -133,10 +133,12 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
                 timer.poll()
 
             ns = per_call(wrapped, drain)
-            out[f"probe_event_{how}_ns"] = ns
-            out[f"added_by_event_{how}_ns"] = ns - out["probe_host_ns"]
-            out[f"events_per_batch_min_{how}"] = min(recorded)
-            out[f"event_errors_{how}"] = timer.errors
+            name = how if not w_us else f"{how}_coalesce_{w_us:g}us"
+            out[f"probe_event_{name}_ns"] = ns
+            out[f"added_by_event_{name}_ns"] = ns - out["probe_host_ns"]
+            out[f"calls_queued_per_batch_min_{name}"] = min(recorded)
+            out[f"events_recorded_{name}"] = timer.recorded
+            out[f"event_errors_{name}"] = timer.errors
             probe.disable_gpu()
         return out
     finally:
@@ -184,6 +186,7 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
             fig["with_event"] = added_ns(t, "probe")
             fig["event_errors"] = timer.errors if timer is not None else None
             fig["reader_queries"] = timer.queries if timer is not None else None
+            fig["events_recorded"] = timer.recorded if timer is not None else None
             probe.disable_gpu()
             out[f"fetch_rows_{size}"] = fig
         return out

@@ -6,14 +6,16 @@ call by call in one process:
 
 - ``bare``: ``sgl_seat.sim.rowfetch.fetch_rows`` in CUDA mode (host gather into pinned staging, copy to GPU 0);
 - ``host``: this checkout's probe, GPU timing off;
-- ``ev_base`` / ``ev_ctypes``: this checkout's probe with its one event per call, through
-  ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``;
+- ``ev_base`` / ``ev_ctypes``: this checkout's probe with an event after every call (coalescing off), through
+  ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``; ``ev_base_w200``: the default, calls
+  within 200 us of their stream's last event riding on the next one;
 - ``old_pair`` (``--old PATH``, a copy of the previous probe.py): two events per call through ctypes, the reader
   querying every pending pair.
 
 Two sessions, each interleaving bare, host and one group of event arms (the readers of one group run while it
-is measured): ``new`` (ev_base, ev_ctypes) and ``old`` (old_pair). Printed per gather size: the median of each arm
-minus the median of ``host`` (what events add) and of ``bare``, with a 95 % interval over 20 blocks. Then the
+is measured): ``new`` (ev_base, ev_ctypes, ev_base_w200) and ``old`` (old_pair). Printed per gather size: the
+median of each arm minus the median of ``host`` (what events add) and of ``bare``, with a 95 % interval over 20
+blocks, and the 1 %-trimmed mean minus ``host``'s (with coalescing, the cost per call is the mean). Then the
 host-only probe's cost around an empty function (issue 15.2's host target) for reference.
 
     python bench/gpu/probe_ab.py --old /tmp/probe_prev.py --calls 4000 --out DIR
@@ -44,6 +46,15 @@ from sgl_seat.sim import rowfetch  # noqa: E402
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"
 
 
+def trimmed_mean(xs: list[int], cut: float = 0.01) -> float:
+    """Mean without the top and bottom 1 %: with coalescing, calls differ (an event or none), so the mean, not
+    the median, is the cost per call; the trim drops the reader's and the OS's rare long interruptions."""
+    ys = sorted(xs)
+    k = int(len(ys) * cut)
+    ys = ys[k:len(ys) - k] if k else ys
+    return sum(ys) / len(ys)
+
+
 def load_copy(path: Path, name: str) -> ModuleType:
     """A separate copy of a probe module: its own globals, ring and reader thread."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -58,6 +69,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", default=None, help="a copy of the previous probe.py (two events per call)")
     ap.add_argument("--calls", type=int, default=4000, help="calls per arm and gather size")
+    ap.add_argument("--cold-pools", dest="warm_pools", action="store_false",
+                    help="no warm event pool for the old probe (the new one always prefills)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
@@ -76,20 +89,24 @@ def main() -> int:
     arms: dict[str, Any] = {"bare": fr, "host": wrapped(host_mod)}
     groups: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
     timers: dict[str, Any] = {}
-    for how in ("base", "ctypes"):
-        mod = load_copy(src, f"probe_ev_{how}")
+    for how, w_us in (("base", 0.0), ("ctypes", 0.0), ("base", 200.0)):
+        name = f"ev_{how}" + (f"_w{w_us:g}" if w_us else "")
+        mod = load_copy(src, f"probe_{name}")
         w = wrapped(mod)
         w(table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
-        timers[f"ev_{how}"] = mod.enable_gpu_cuda(torch, how)
-        groups["new"][f"ev_{how}"] = w
+        timers[name] = mod.enable_gpu_cuda(torch, how, coalesce_us=w_us)
+        groups["new"][name] = w
     if a.old:
         old = load_copy(Path(a.old), "probe_old_pair")
         w = wrapped(old)
         w(table, rowfetch.make_ids(0, 1, table.shape[0]))
         raw = old._raw_recorder(torch)
         timers["old_pair"] = old.enable_gpu(raw[0], torch.cuda.is_current_stream_capturing, record=raw[1])
+        if a.warm_pools:  # the same warm pool as the new probe's prefill, so the comparison is of the records
+            timers["old_pair"]._free.extend((raw[0](), raw[0]()) for _ in range(1024))
         groups["old"]["old_pair"] = w
-    out: dict[str, Any] = {"calls_per_arm": a.calls, "gather_sizes": list(GATHER_SIZES)}
+    out: dict[str, Any] = {"calls_per_arm": a.calls, "gather_sizes": list(GATHER_SIZES),
+                           "old_pool_warm": bool(a.old and a.warm_pools)}
     for gname, garms in groups.items():
         if not garms:
             continue
@@ -103,12 +120,16 @@ def main() -> int:
             for n in garms:
                 fig[f"{n}_over_host"] = added_ns(t, n, base="host")
                 fig[f"{n}_over_bare"] = added_ns(t, n)
+                fig[f"{n}_trimmed_mean_over_host_ns"] = trimmed_mean(t[n]) - trimmed_mean(t["host"])
             out[f"{gname}_rows_{size}"] = fig
-            short = {k: round(v["median_ns"]) for k, v in fig.items() if isinstance(v, dict)}
+            short = {k: round(v["median_ns"]) for k, v in fig.items() if isinstance(v, dict) and "_over_host" in k}
+            short.update({k.replace("_trimmed_mean_over_host_ns", "_mean"): round(v) for k, v in fig.items()
+                          if k.endswith("_trimmed_mean_over_host_ns")})
             print(f"{gname} rows {size:3d} bare {fig['bare_median_ns']:.0f} ns; added (median ns) {short}",
                   flush=True)
     out["timer_errors"] = {n: getattr(tm, "errors", None) for n, tm in timers.items()}
     out["reader_queries"] = {n: getattr(tm, "queries", None) for n, tm in timers.items()}
+    out["events_recorded"] = {n: getattr(tm, "recorded", None) for n, tm in timers.items()}
 
     def empty(table: object, ids: object) -> object:
         return ids

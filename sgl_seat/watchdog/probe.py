@@ -88,6 +88,9 @@ ENV_GPU = "SGL_SEAT_PROBE_GPU"
 ENV_GPU_POLL = "SGL_SEAT_PROBE_GPU_POLL_S"
 ENV_GPU_PATH = "SGL_SEAT_PROBE_GPU_PATH"  # base | ctypes | method (see cuda_paths)
 DEFAULT_GPU_PATH = "base"
+ENV_GPU_COALESCE = "SGL_SEAT_PROBE_GPU_COALESCE_US"  # see GpuTimer; 0: an event after every call
+DEFAULT_COALESCE_US = 200.0
+PREFILL_EVENTS = 1024  # events made when GPU timing starts (GpuTimer.prefill): ~10 ms once, none on the hot path
 
 MAGIC = b"SGLPRB01"
 RING_VERSION = 2  # 2: integer ns times, lap-tagged end word (1: float seconds, checked end store)
@@ -294,39 +297,64 @@ if hasattr(os, "register_at_fork"):
 # GPU stream timing: one CUDA event after each call, resolved by a reader thread in this process
 
 
+class _Stream:
+    """One stream's unresolved calls: groups closed by an event, and the calls since its last event."""
+
+    __slots__ = ("groups", "last_rec_ns", "open", "seen")
+
+    def __init__(self) -> None:
+        # (event, calls) in record order; the event was recorded after the last of its calls (slot word, call number).
+        self.groups: collections.deque[tuple[Any, list[tuple[int, int]]]] = collections.deque()
+        self.open: list[tuple[int, int]] = []  # calls after the last event, waiting for the next one
+        self.last_rec_ns = 0  # perf_counter_ns of the last event recorded on this stream
+        self.seen: float | None = None  # when the reader saw this stream's last probed work complete
+
+
 class GpuTimer:
-    """Records one CUDA event after each wrapped call, on the current stream, and resolves it off the hot path.
+    """Records one CUDA event after wrapped calls, on the current stream, and resolves them off the hot path.
 
-    Why one event, not a pair around the call: recording an event from Python costs 1.5-2.8 us on the H200 hosts
-    measured (``bench/gpu/event_cost.py``), and the probe's budget for GPU timing is 2 us per call. The call's
-    *end* event says when its work finished on the stream; its *start* is bounded by the previous probed call's
-    end event on the same stream (the stream runs in order: once that one completed, this call's work could
-    start) and by the host call's own start (the work did not exist before it was enqueued). So the reader
-    publishes, for the oldest unfinished call of each stream, ``gpu_start = max(host start, when the reader saw
-    the previous end event complete)`` (or the host start when there is none) and state *started*; later calls
-    on the stream stay *queued* (their work waits behind it). What a second event would have told apart, and
-    this does not: unprobed work between two probed calls (a matmul, an all-reduce) counts into the next call's
-    in-flight age. A rank whose host runs ahead while its stream waits in a collective can thus show a probed
-    call "in flight" too; the stalled rank's call is older (its start bound is earlier), and the detectors name
-    the oldest.
+    Why one event, not a pair around the call: recording an event from Python costs 0.8-2 us on the H200 hosts
+    measured (more right after a host-to-device copy; ``bench/gpu/event_cost.py``, ``record_after_copy.py``), and
+    the probe's budget for GPU timing is 2 us per call. The call's *end* event says when its work finished on the
+    stream; its *start* is bounded by the previous probed work on the same stream (the stream runs in order: once
+    that completed, this call's work could start) and by the host call's own start (the work did not exist
+    before it was enqueued). So the reader publishes, for the oldest unfinished call of each stream,
+    ``gpu_start = max(host start, when the reader saw the previous probed work complete)`` and state *started*;
+    later calls on the stream stay *queued* (their work waits behind it). What a second event would have told
+    apart, and this does not: unprobed work between two probed calls (a matmul, an all-reduce) counts into the
+    next call's in-flight age. A rank whose host runs ahead while its stream waits in a collective can thus show a
+    probed call "in flight" too; the stalled rank's call is older (its start bound is earlier), and the
+    detectors name the oldest.
 
-    ``event_factory`` makes one event (a ``torch.cuda.Event``, or a fake in tests). ``record(event)`` records it
-    on the current stream and returns a key for that stream (``event.record()``'s result by default);
-    ``query(event)`` says whether it completed (``event.query()`` by default); ``capturing()`` says whether a
-    CUDA graph is being captured (an event recorded then would belong to the graph). The hot path
-    (:meth:`end`) takes a pooled event, records it and queues it: no synchronisation, no query, no allocation
-    once the pool is warm. :meth:`poll` (the reader thread, or a test directly) resolves each stream's queue.
+    Coalescing (``coalesce_us``, ``SGL_SEAT_PROBE_GPU_COALESCE_US``, default 200; 0: an event every call): a call
+    that comes less than that after the last event recorded on its stream, while that stream still has
+    unresolved calls, records none; it completes with the next event recorded on the stream (stream order), or,
+    when no later call records one, when the stream is seen idle (``stream_idle``). Such calls cost the stream
+    lookup and a list append, not the runtime call. A stall inside one is still seen: the last event before it
+    completed, the next one (or the stream's idleness) never comes, so its group's first call is in flight.
+
+    ``event_factory`` makes one event (a ``torch.cuda.Event``, or a fake in tests). ``stream_key()`` names the
+    current stream (the raw handle in CUDA); ``record(event, key)`` records the event on it (``event.record()`` by
+    default); ``query(event)`` says whether it completed (``event.query()`` by default); ``stream_idle(key)``
+    whether all work on the stream completed (None: not known); ``capturing()`` whether a CUDA graph is being
+    captured (an event recorded then would belong to the graph). The hot path (:meth:`end`) takes a pooled event,
+    records it and queues it: no synchronisation, no query, no allocation once the pool is warm. :meth:`poll`
+    (the reader thread, or a test directly) resolves each stream's queue.
     """
 
     def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
                  nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
-                 record: Callable[[Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
-                 thread_init: Callable[[], None] | None = None) -> None:
+                 stream_key: Callable[[], Any] | None = None, record: Callable[[Any, Any], Any] | None = None,
+                 query: Callable[[Any], bool] | None = None, stream_idle: Callable[[Any], bool | None] | None = None,
+                 thread_init: Callable[[], None] | None = None, coalesce_us: float = 0.0) -> None:
         self._factory = event_factory
-        self._record: Callable[[Any], Any] = record if record is not None else _record_method
+        self._stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
+        self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
         self._query: Callable[[Any], bool] = query if query is not None else _query_method
+        self._stream_idle = stream_idle
         self._capturing = capturing
         self._thread_init = thread_init
+        self._coalesce_ns = int(max(0.0, coalesce_us) * 1000)
         self._gpu_word = gpu_off // 8  # first double of the side area, in 8-byte words
         self._base = HEADER_BYTES // SLOT_BYTES
         self._limit = nslots
@@ -335,31 +363,41 @@ class GpuTimer:
         self.idle_poll_s = max(poll_s, 0.2)
         self._clock = clock
         self._free: list[Any] = []
-        # Per stream key, the unresolved calls in record order: (slot word, call number, event).
-        self._streams: dict[Any, collections.deque[tuple[int, int, Any]]] = {}
-        self._queued = 0  # calls recorded and not yet resolved, all streams (the hot path's bound)
-        self._seen: dict[Any, float] = {}  # stream key -> when the reader saw its last probed end event complete
+        self._streams: dict[Any, _Stream] = {}
+        self._queued = 0  # calls queued and not yet resolved, all streams (the hot path's bound)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errors = 0
-        self.queries = 0  # event queries the reader made (the bench reports it)
+        self.queries = 0  # event and stream queries the reader made (the bench reports it)
+        self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:
-        """After the call in slot word ``b`` (call ``c``): record its end event, or mark the slot untimed.
+        """After the call in slot word ``b`` (call ``c``): queue it on its stream, recording an event unless a
+        recent one on that stream will cover it; or mark the slot untimed.
 
-        The wrapper wrote the slot with state *queued*; where no event is recorded (a CUDA graph being
+        The wrapper wrote the slot with state *queued*; where the call is not queued (a CUDA graph being
         captured, too many unresolved calls, an error) the state goes back to *none*.
         """
         q = _Q
         try:
             if self._queued < self._limit and not self._capturing():
-                ev = self._free.pop() if self._free else self._factory()
-                key = self._record(ev)
-                dq = self._streams.get(key)
-                if dq is None:
-                    dq = self._streams[key] = collections.deque()
-                dq.append((b, c, ev))
+                key = self._stream_key()
+                s = self._streams.get(key)
+                if s is None:
+                    s = self._streams[key] = _Stream()
+                now = _perf_ns()
+                if s.groups and now - s.last_rec_ns < self._coalesce_ns:
+                    s.open.append((b, c))
+                else:
+                    ev = self._free.pop() if self._free else self._factory()
+                    self._record(ev, key)
+                    calls = s.open
+                    calls.append((b, c))
+                    s.groups.append((ev, calls))
+                    s.open = []
+                    s.last_rec_ns = now
+                    self.recorded += 1
                 self._queued += 1
                 return
         except Exception as exc:
@@ -372,63 +410,75 @@ class GpuTimer:
     def poll(self, now: float | None = None) -> int:
         """Publish what completed since the last poll; returns how many calls are still unresolved.
 
-        Per stream: events complete in record order, so the completed ones are a prefix of the queue, found
+        Per stream: events complete in record order, so the completed groups are a prefix of the queue, found
         with at most ~log2(n) + 2 queries (the newest first: when it completed, all did). Completed calls get
         state *done* (``gpu_end`` = now: the poll's resolution); the oldest unfinished one *started*.
         """
         q, d = _Q, _D
         t = self._clock() if now is None else now
         left = 0
-        for key, dq in list(self._streams.items()):
-            if not dq:
+        for key, s in list(self._streams.items()):
+            if not s.groups and not s.open:
                 continue
             try:
-                k = self._done_prefix(dq)
+                k = self._done_prefix(s.groups) if s.groups else 0
+                tail_done = (k == len(s.groups) and bool(s.open) and self._stream_idle is not None
+                             and bool(self._stream_idle(key)))
+                if tail_done:
+                    self.queries += 1
             except Exception as exc:  # a query that fails (an event captured into a graph after all): drop them
                 self.errors += 1
                 _warn("gpu-query", f"cannot query a CUDA event ({type(exc).__name__}: {exc}); those calls untimed")
-                self._drop(dq, q)
+                self._drop(s, q)
                 continue
-            prev = self._seen.get(key)
+            prev = s.seen
+            done: list[tuple[int, int]] = []
             for _ in range(k):
-                b, c, ev = dq.popleft()
-                self._queued -= 1
+                ev, calls = s.groups.popleft()
                 self._free.append(ev)
-                if q is None or d is None or q[b + _W_CALL] != c:
-                    continue  # the slot was reused (or the ring is gone): nothing to publish
-                g = self._gpu_word + 2 * ((b >> 3) - self._base)
-                if q[b + _W_GPU] != GPU_STARTED:
-                    d[g] = self._start_bound(q, b, prev)
-                d[g + 1] = t
-                q[b + _W_GPU] = GPU_DONE
-                prev = t
-            if k:
-                self._seen[key] = t
-            if dq and q is not None and d is not None:
-                b, c, _ev = dq[0]
+                done.extend(calls)
+            if tail_done:
+                done.extend(s.open)
+                s.open = []
+            if done:
+                self._queued -= len(done)
+                s.seen = t
+                if q is not None and d is not None:
+                    for b, c in done:
+                        if q[b + _W_CALL] != c:
+                            continue  # the slot was reused: nothing to publish
+                        g = self._gpu_word + 2 * ((b >> 3) - self._base)
+                        if q[b + _W_GPU] != GPU_STARTED:
+                            d[g] = self._start_bound(q, b, prev)
+                        d[g + 1] = t
+                        q[b + _W_GPU] = GPU_DONE
+                        prev = t
+            head = s.groups[0][1][0] if s.groups else (s.open[0] if s.open else None)
+            if head is not None and q is not None and d is not None:
+                b, c = head
                 if q[b + _W_CALL] == c and q[b + _W_GPU] == GPU_QUEUED:
                     d[self._gpu_word + 2 * ((b >> 3) - self._base)] = self._start_bound(q, b, prev)
                     q[b + _W_GPU] = GPU_STARTED
-            left += len(dq)
+            left += sum(len(calls) for _ev, calls in s.groups) + len(s.open)
         return left
 
-    def _done_prefix(self, dq: collections.deque[tuple[int, int, Any]]) -> int:
-        """How many calls at the front of one stream's queue have completed."""
+    def _done_prefix(self, groups: collections.deque[tuple[Any, list[tuple[int, int]]]]) -> int:
+        """How many groups at the front of one stream's queue have completed."""
         query = self._query
-        n = len(dq)
+        n = len(groups)
         self.queries += 1
-        if query(dq[-1][2]):
+        if query(groups[-1][0]):
             return n
         if n == 1:
             return 0
         self.queries += 1
-        if not query(dq[0][2]):
+        if not query(groups[0][0]):
             return 0
-        lo, hi = 0, n - 1  # dq[lo] completed, dq[hi] did not
+        lo, hi = 0, n - 1  # groups[lo] completed, groups[hi] did not
         while hi - lo > 1:
             mid = (lo + hi) // 2
             self.queries += 1
-            if query(dq[mid][2]):
+            if query(groups[mid][0]):
                 lo = mid
             else:
                 hi = mid
@@ -437,17 +487,28 @@ class GpuTimer:
     @staticmethod
     def _start_bound(q: memoryview[int], b: int, prev: float | None) -> float:
         """When the call's GPU work could have started: not before its host call, nor before the previous probed
-        end on its stream was seen complete."""
+        work on its stream was seen complete."""
         host = q[b + _W_START] / 1e9
         return host if prev is None or prev < host else prev
 
-    def _drop(self, dq: collections.deque[tuple[int, int, Any]], q: memoryview[int] | None) -> None:
-        while dq:
-            b, c, ev = dq.popleft()
-            self._queued -= 1
-            self._free.append(ev)
-            if q is not None and q[b + _W_CALL] == c:
-                q[b + _W_GPU] = GPU_NONE
+    def _drop(self, s: _Stream, q: memoryview[int] | None) -> None:
+        calls = [bc for _ev, group in s.groups for bc in group] + s.open
+        self._free.extend(ev for ev, _group in s.groups)
+        s.groups.clear()
+        s.open = []
+        self._queued -= len(calls)
+        if q is not None:
+            for b, c in calls:
+                if q[b + _W_CALL] == c:
+                    q[b + _W_GPU] = GPU_NONE
+
+    def prefill(self, n: int) -> None:
+        """Make ``n`` events now, off the hot path. Why: an empty pool makes the hot path create its event
+        (``torch.cuda.Event()`` and a first record: 6-12 us on the H200 hosts measured), and the pool only refills
+        as the reader resolves calls; a fast caller (tens of thousands of calls a second) between two polls drains
+        a cold pool. Measured around the sim's CUDA fetch with a cold pool: +4-10 us per call instead of ~2 us."""
+        for _ in range(max(0, n)):
+            self._free.append(self._factory())
 
     def start(self) -> None:
         """Start the reader thread (once)."""
@@ -461,15 +522,26 @@ class GpuTimer:
                 self._thread_init()
         wait = self.poll_s
         while not self._stop.wait(wait):
+            # Calls queued since the last poll (it left none unresolved, or it left some): keep the short period.
+            # Testing the queue *after* the poll instead would back off whenever a poll resolves everything, as it
+            # does on a fast stream, and the event pool would drain between polls (measured: +7-10 us a call).
+            busy = self._queued > 0
             with contextlib.suppress(Exception):  # never raise into the engine
                 self.poll()
-            wait = self.poll_s if self._queued else self.idle_poll_s
+            wait = self.poll_s if busy or self._queued else self.idle_poll_s
 
     def stop(self) -> None:
         self._stop.set()
 
 
-def _record_method(ev: Any) -> Any:
+_perf_ns = time.perf_counter_ns
+
+
+def _no_stream() -> Any:
+    return None
+
+
+def _record_method(ev: Any, key: Any) -> Any:
     return ev.record()
 
 
@@ -537,11 +609,13 @@ def _graph_capture_hooks(torch: Any) -> Callable[[], bool] | None:
 
 @dataclass(frozen=True)
 class CudaPaths:
-    """How the timer makes, records and queries events in a CUDA process (see :func:`cuda_paths`)."""
+    """How the timer names streams, makes, records and queries events in a CUDA process (see :func:`cuda_paths`)."""
 
     factory: Callable[[], Any]
-    record: Callable[[Any], Any]
+    stream_key: Callable[[], Any]
+    record: Callable[[Any, Any], Any]
     query: Callable[[Any], bool]
+    stream_idle: Callable[[Any], bool | None] | None
     thread_init: Callable[[], None] | None
     how: str
 
@@ -549,13 +623,16 @@ class CudaPaths:
 def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
     """Event paths that skip ``torch.cuda.Event.record()``'s per-call ``Stream`` object (5.8-11 us per call).
 
-    ``how``: ``base`` records through ``torch._C._CudaEventBase.record(event, stream)`` with the current stream's
-    ``Stream`` object cached by its raw handle (measured 2.2 us against 2.8 us for ctypes on a slow H200 host);
-    ``ctypes`` calls the runtime's ``cudaEventRecord`` on the current raw stream; ``method`` is ``Event.record()``
-    (the slow reference). Events are made without timing (``cudaEventDisableTiming``: cheaper to record and
-    query; nothing here needs elapsed times). The returned stream key is the raw stream handle. ``thread_init``
-    puts the reader thread in relaxed stream-capture mode, so its queries never invalidate a graph another thread
-    captures in torch's default (global) mode. Raises where a path is not available.
+    The stream key is the current raw stream handle (``torch._C._cuda_getCurrentRawStream``). ``how``: ``base``
+    records through ``torch._C._CudaEventBase.record(event, stream)`` with the stream's ``Stream`` object cached by
+    its handle; ``ctypes`` calls the runtime's ``cudaEventRecord`` on the raw handle; ``method`` is
+    ``Event.record()`` (the slow reference). Measured on H200 hosts, ns per record of a plain event with the
+    stream lookup: ctypes 976-1051, base 1150-1169, method 5938-6319 (``bench/gpu/event_cost.py``). Events are
+    made without timing (``cudaEventDisableTiming``: half the cost of a timing event's record, 0.8 against 1.8 us;
+    nothing here needs elapsed times). ``stream_idle`` is the runtime's ``cudaStreamQuery``. ``thread_init`` puts
+    the reader thread in relaxed stream-capture mode: a query from another thread while one captures a graph in
+    torch's default (global) mode invalidates that capture (``bench/gpu/capture_check.py``). Raises where a path is
+    not available.
     """
     import ctypes
 
@@ -569,6 +646,9 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
         except OSError:
             continue
 
+    def stream_key() -> Any:
+        return raw_stream(get_device())
+
     def factory() -> Any:
         ev = torch.cuda.Event()
         ev.record()  # creates the CUDA event (torch creates it lazily, on the first record)
@@ -577,7 +657,7 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
     def query(ev: Any) -> bool:
         return bool(ev.query())
 
-    record: Callable[[Any], Any]
+    record: Callable[[Any, Any], Any]
     paths_factory: Callable[[], Any]
     query_fn: Callable[[Any], bool]
     if how == "ctypes":
@@ -591,12 +671,10 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
             ev = factory()
             return (ev, ev.cuda_event)
 
-        def record_ct(item: Any) -> Any:
-            s = raw_stream(get_device())
-            err = rec(item[1], s)
+        def record_ct(item: Any, key: Any) -> None:
+            err = rec(item[1], key)
             if err:
                 raise RuntimeError(f"cudaEventRecord returned {err}")
-            return s
 
         def query_ct(item: Any) -> bool:
             return bool(item[0].query())
@@ -607,26 +685,24 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
         current_stream = torch.cuda.current_stream
         cache: dict[int, Any] = {}
 
-        def record_base(ev: Any) -> Any:
-            s = raw_stream(get_device())
-            obj = cache.get(s)
+        def record_base(ev: Any, key: Any) -> None:
+            obj = cache.get(key)
             if obj is None:
                 if len(cache) > 64:
                     cache.clear()
-                obj = cache[s] = current_stream()
+                obj = cache[key] = current_stream()
             base_record(ev, obj)
-            return s
 
         paths_factory, record, query_fn = factory, record_base, query
     elif how == "method":
-        def record_method(ev: Any) -> Any:
+        def record_method(ev: Any, key: Any) -> None:
             ev.record()
-            return raw_stream(get_device())
 
         paths_factory, record, query_fn = factory, record_method, query
     else:
         raise ValueError(f"unknown event path {how!r}")
     thread_init = None
+    stream_idle = None
     if lib is not None and hasattr(lib, "cudaThreadExchangeStreamCaptureMode"):
         exchange = lib.cudaThreadExchangeStreamCaptureMode
 
@@ -634,22 +710,33 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
             mode = ctypes.c_int(2)  # cudaStreamCaptureModeRelaxed
             exchange(ctypes.byref(mode))
 
+    if lib is not None and hasattr(lib, "cudaStreamQuery"):
+        squery = lib.cudaStreamQuery
+        squery.argtypes = [ctypes.c_void_p]
+        squery.restype = ctypes.c_int
+
+        def stream_idle(key: Any) -> bool | None:
+            rc = squery(key)
+            return True if rc == 0 else False if rc == 600 else None  # 600: cudaErrorNotReady
+
     # One round trip, so a path that does not work with torch's context fails here, not on the hot path.
     probe_ev = paths_factory()
-    record(probe_ev)
+    record(probe_ev, stream_key())
     torch.cuda.synchronize()
     if not query_fn(probe_ev):
         raise RuntimeError("a recorded event did not complete after a synchronize")
-    return CudaPaths(paths_factory, record, query_fn, thread_init, how)
+    return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how)
 
 
 def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] = lambda: False, *,
-               poll_s: float | None = None, start_thread: bool = True,
-               record: Callable[[Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
-               thread_init: Callable[[], None] | None = None) -> GpuTimer | None:
+               poll_s: float | None = None, start_thread: bool = True, stream_key: Callable[[], Any] | None = None,
+               record: Callable[[Any, Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
+               stream_idle: Callable[[Any], bool | None] | None = None,
+               thread_init: Callable[[], None] | None = None, coalesce_us: float | None = None) -> GpuTimer | None:
     """Time wrapped calls on the GPU stream too (the ring must exist; created if need be). Tests pass fakes.
 
-    ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests).
+    ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests);
+    ``coalesce_us`` None: ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (default 200).
     """
     global _GPU
     if not _ensure_ring() or _MM is None:
@@ -659,20 +746,28 @@ def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] =
     if _GPU is not None:
         _GPU.stop()
     timer = GpuTimer(event_factory, capturing, gpu_off=gpu_off, nslots=nslots,
-                     poll_s=poll_s if poll_s is not None else _gpu_poll_s(), record=record, query=query,
-                     thread_init=thread_init)
+                     poll_s=poll_s if poll_s is not None else _gpu_poll_s(), stream_key=stream_key, record=record,
+                     query=query, stream_idle=stream_idle, thread_init=thread_init,
+                     coalesce_us=_gpu_coalesce_us() if coalesce_us is None else coalesce_us)
     if start_thread:
         timer.start()
     _GPU = timer
     return timer
 
 
-def enable_gpu_cuda(torch: Any, how: str = "base", *, start_thread: bool = True) -> GpuTimer | None:
+def enable_gpu_cuda(torch: Any, how: str = DEFAULT_GPU_PATH, *, start_thread: bool = True,
+                    coalesce_us: float | None = None) -> GpuTimer | None:
     """:func:`enable_gpu` with the real CUDA paths (:func:`cuda_paths`) and the graph-capture hooks."""
     paths = cuda_paths(torch, how)
     capturing = _graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
-    return enable_gpu(paths.factory, capturing, start_thread=start_thread, record=paths.record,
-                      query=paths.query, thread_init=paths.thread_init)
+    timer = enable_gpu(paths.factory, capturing, start_thread=False, stream_key=paths.stream_key,
+                       record=paths.record, query=paths.query, stream_idle=paths.stream_idle,
+                       thread_init=paths.thread_init, coalesce_us=coalesce_us)
+    if timer is not None:
+        timer.prefill(PREFILL_EVENTS)
+        if start_thread:
+            timer.start()
+    return timer
 
 
 def disable_gpu() -> None:
@@ -692,6 +787,14 @@ def _gpu_poll_s() -> float:
     except ValueError:
         return 0.02
     return val if 0.001 <= val <= 5.0 else 0.02
+
+
+def _gpu_coalesce_us() -> float:
+    try:
+        val = float(os.environ.get(ENV_GPU_COALESCE, DEFAULT_COALESCE_US))
+    except ValueError:
+        return DEFAULT_COALESCE_US
+    return val if 0.0 <= val <= 1e6 else DEFAULT_COALESCE_US
 
 
 def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
@@ -718,7 +821,9 @@ def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
             paths = cuda_paths(torch, "method")
         capturing = _graph_capture_hooks(torch) or cuda.is_current_stream_capturing
         timer = GpuTimer(paths.factory, capturing, gpu_off=gpu_off, nslots=nslots, poll_s=_gpu_poll_s(),
-                         record=paths.record, query=paths.query, thread_init=paths.thread_init)
+                         stream_key=paths.stream_key, record=paths.record, query=paths.query,
+                         stream_idle=paths.stream_idle, thread_init=paths.thread_init, coalesce_us=_gpu_coalesce_us())
+        timer.prefill(min(PREFILL_EVENTS, nslots))
         timer.start()
         _GPU = timer
     except Exception as exc:

@@ -26,6 +26,7 @@ class FakeStream:
         self.name = name
         self.recorded: list[FakeEvent] = []
         self.done = 0  # events [0, done) have completed
+        self.idle = False  # all work on the stream completed (cudaStreamQuery)
 
     def complete(self, n: int) -> None:
         """The GPU gets past the next ``n`` recorded events of this stream."""
@@ -82,7 +83,8 @@ def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def gpu(ring_dir: Path) -> FakeGpu:
     g = FakeGpu()
-    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False)
+    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False, coalesce_us=0,
+                             stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
     return g
 
@@ -236,7 +238,7 @@ def test_a_long_queue_is_resolved_with_few_queries(ring_dir: Path, monkeypatch: 
     monkeypatch.setenv(probe.ENV_SLOTS, "512")
     probe.reset()
     g = FakeGpu()
-    assert probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False) is not None
+    assert probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False, coalesce_us=0) is not None
     mod = _fetch_module("gpu_t9")
     probe.install(["gpu_t9:fetch_rows@ids"])
     for _ in range(300):
@@ -363,3 +365,100 @@ def test_real_cuda_events_time_a_stalled_kernel(ring_dir: Path, monkeypatch: pyt
     timer.poll()
     (rec,) = _read()
     assert rec.gpu_start is not None and rec.gpu_end is not None and rec.gpu_end >= rec.gpu_start
+
+
+def test_a_prefilled_pool_keeps_event_creation_off_the_hot_path(gpu: FakeGpu) -> None:
+    """Making an event costs 6-12 us on a real GPU host: calls take pooled ones, and the pool refills as the
+    reader resolves calls."""
+    timer = probe.gpu_timer()
+    assert timer is not None
+    made = [0]
+    factory = timer._factory
+
+    def counting() -> FakeEvent:
+        made[0] += 1
+        return factory()  # type: ignore[no-any-return]
+
+    timer._factory = counting
+    timer.prefill(3)
+    assert made[0] == 3
+    mod = _fetch_module("gpu_t10")
+    probe.install(["gpu_t10:fetch_rows@ids"])
+    for _ in range(3):
+        mod.fetch_rows([1], [0])
+    assert made[0] == 3, "three calls, three pooled events: none made on the hot path"
+    mod.fetch_rows([1], [0])
+    assert made[0] == 4, "an empty pool still times the call (one event made)"
+    gpu.current.complete(4)
+    _poll(time.time() + 1.0)
+    for _ in range(4):
+        mod.fetch_rows([1], [0])
+    assert made[0] == 4, "resolved calls give their events back to the pool"
+
+
+@pytest.fixture
+def coalescing(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeGpu, list[int]]:
+    """A timer that lets calls within 1 ms of its stream's last event ride on the next one; a settable clock."""
+    g = FakeGpu()
+    clock = [10**9]
+    monkeypatch.setattr(probe, "_perf_ns", lambda: clock[0])
+    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False, coalesce_us=1000,
+                             stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
+    assert timer is not None
+    return g, clock
+
+
+def test_calls_close_together_share_the_next_event(coalescing: tuple[FakeGpu, list[int]]) -> None:
+    """Calls 2-3 come within 1 ms of call 1's event: no event of their own; call 4, later, records one that
+    covers them (stream order). The GPU stalls inside call 2: call 1 done, call 2 in flight, 3-4 queued."""
+    g, clock = coalescing
+    mod = _fetch_module("gpu_c1")
+    probe.install(["gpu_c1:fetch_rows@ids"])
+    for dt in (0, 100_000, 100_000, 2_000_000):  # ns after the previous call
+        clock[0] += dt
+        mod.fetch_rows([1], [0])
+    timer = probe.gpu_timer()
+    assert timer is not None and timer.recorded == 2 and len(g.current.recorded) == 2
+    g.current.complete(1)
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 3
+    recs = _read()
+    assert recs[0].gpu_end == t
+    assert [r.seq for r in recs if r.gpu_in_flight(t + 5.0)] == [recs[1].seq]
+    assert recs[1].gpu_start == t and recs[2].gpu_start is None and recs[3].gpu_start is None
+    g.current.complete(1)
+    assert _poll(t + 1.0) == 0
+    assert all(r.gpu_end is not None for r in _read())
+
+
+def test_trailing_calls_without_an_event_resolve_when_the_stream_is_idle(
+        coalescing: tuple[FakeGpu, list[int]]) -> None:
+    """The last calls before the host stops calling have no later event: they are in flight until the stream is
+    seen idle (all its work done), then done; a stall inside one keeps the stream busy, so it stays in flight."""
+    g, _clock = coalescing
+    mod = _fetch_module("gpu_c2")
+    probe.install(["gpu_c2:fetch_rows@ids"])
+    for _ in range(3):
+        mod.fetch_rows([1], [0])
+    assert len(g.current.recorded) == 1, "only the first call (nothing queued on its stream) records"
+    g.current.complete(1)
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 2
+    first, second, third = _read()
+    assert first.gpu_end == t and second.gpu_in_flight(t + 4.0) and not third.gpu_in_flight(t + 4.0)
+    assert _poll(t + 4.0) == 2 and _read()[1].gpu_in_flight(t + 4.0), "a busy stream: still in flight"
+    g.current.idle = True
+    assert _poll(t + 5.0) == 0
+    assert [r.gpu_end for r in _read()] == [t, t + 5.0, t + 5.0]
+
+
+def test_a_call_after_everything_resolved_records_its_own_event(coalescing: tuple[FakeGpu, list[int]]) -> None:
+    """Coalescing needs an unresolved event on the stream; a call that finds none records one, even at once."""
+    g, _clock = coalescing
+    mod = _fetch_module("gpu_c3")
+    probe.install(["gpu_c3:fetch_rows@ids"])
+    mod.fetch_rows([1], [0])
+    g.current.complete(1)
+    _poll(_read()[-1].end + 1.0)
+    mod.fetch_rows([1], [0])
+    assert len(g.current.recorded) == 2
