@@ -209,15 +209,6 @@ def rowfetch_scatter(bundle: Bundle, now: float, *, limit: int = 4000) -> list[t
 # ---- stacks ------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Seg:
-    start: float
-    end: float
-    state: str
-    frame: str | None
-    samples: int
-
-
 def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
     """Function names of the probe targets (``pkg.mod:func`` or ``pkg.mod.func``), as the detectors derive them."""
     return ROWFETCH_FUNCS | {g.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for g in bundle.probes.groups}
@@ -233,33 +224,47 @@ def _rank_samples(samples: Iterable[StackSample]) -> dict[int, list[StackSample]
     return out
 
 
+def _state_codes(samples: Sequence[StackSample], funcs: frozenset[str]) -> tuple[I64, list[RankState]]:
+    """Per sample, the index of its main thread's state in the returned list of distinct (state, frame) pairs.
+
+    A sample's threads tuple is shared by every sample decoded from the same text (``codec``), so a classification
+    is looked up by that tuple's identity: one dictionary hit per sample, not a main-thread search."""
+    codes = np.empty(len(samples), np.int64)
+    by_threads: dict[int, int] = {}
+    index: dict[tuple[str, str | None], int] = {}
+    for i, s in enumerate(samples):
+        code = by_threads.get(id(s.threads))
+        if code is None:
+            th = s.main_thread()
+            st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
+            code = index.setdefault((st.state, st.frame), len(index))
+            if th is not None:  # a failed dump's state depends on its error too: not shared by its threads
+                by_threads[id(s.threads)] = code
+        codes[i] = code
+    return codes, [RankState(state, frame) for state, frame in index]
+
+
 def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[str, Any]]:
-    """Per rank, consecutive samples in the same state on the same frame merged into segments."""
+    """Per rank, consecutive samples in the same state on the same frame merged into segments.
+
+    A segment runs from its first sample to the next segment's first sample; the last sample lasts one sampling
+    period (the median gap), up to the trigger (a rank that died stops there). Computed as run lengths over the
+    per-sample state codes (an hour is 3,600 samples per rank)."""
     out = []
     for rank, samples in sorted(_rank_samples(bundle.stacks).items()):
-        segs: list[_Seg] = []
-        cache: dict[int, RankState] = {}
-        gaps = sorted(b.t - a.t for a, b in itertools.pairwise(samples) if b.t > a.t)
-        period = gaps[len(gaps) // 2] if gaps else 1.0
-        for i, s in enumerate(samples):
-            th = s.main_thread()
-            key = id(th)
-            st = cache.get(key)
-            if st is None:
-                st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
-                if th is not None:
-                    cache[key] = st
-            # The last sample lasts one sampling period, up to the trigger (a rank that died stops there).
-            nxt = samples[i + 1].t if i + 1 < len(samples) else max(s.t, min(trig, s.t + period))
-            if segs and segs[-1].state == st.state and segs[-1].frame == st.frame:
-                segs[-1].end = nxt
-                segs[-1].samples += 1
-            else:
-                segs.append(_Seg(s.t, nxt, st.state, st.frame, 1))
+        codes, states = _state_codes(samples, funcs)
+        t = np.array([s.t for s in samples], np.float64)
+        gaps = np.diff(t)
+        gaps = np.sort(gaps[gaps > 0])
+        period = float(gaps[len(gaps) // 2]) if len(gaps) else 1.0
+        first = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))  # each segment's first sample
+        after = [*first[1:].tolist(), len(samples)]
         last = samples[-1]
-        out.append({"rank": rank, "node": last.node, "pid": last.pid, "title": last.title,
-                    "segments": [{"start_s": _r(g.start - trig), "end_s": _r(g.end - trig), "state": g.state,
-                                  "frame": g.frame, "samples": g.samples} for g in segs]})
+        ends = [*t[first[1:]].tolist(), max(last.t, min(trig, last.t + period))]
+        segs = [{"start_s": _r(t[a] - trig), "end_s": _r(e - trig), "state": states[codes[a]].state,
+                 "frame": states[codes[a]].frame, "samples": b - a}
+                for a, b, e in zip(first.tolist(), after, ends, strict=True)]
+        out.append({"rank": rank, "node": last.node, "pid": last.pid, "title": last.title, "segments": segs})
     return out
 
 
