@@ -7,13 +7,14 @@ call by call in one process:
 - ``bare``: ``sgl_seat.sim.rowfetch.fetch_rows`` in CUDA mode (host gather into pinned staging, copy to GPU 0);
 - ``host``: this checkout's probe, GPU timing off;
 - ``ev_base`` / ``ev_ctypes``: this checkout's probe with an event after every call (coalescing off), through
-  ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``; ``ev_base_w200``: the default, calls
-  within 200 us of their stream's last event riding on the next one;
+  ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``; ``ev_base_w<W>``: calls within
+  W us (``--coalesce-us``, default 200,1000; 1000 is the probe's default) of their stream's last event riding on the
+  next one;
 - ``old_pair`` (``--old PATH``, a copy of the previous probe.py): two events per call through ctypes, the reader
   querying every pending pair.
 
 Two sessions, each interleaving bare, host and one group of event arms (the readers of one group run while it
-is measured): ``new`` (ev_base, ev_ctypes, ev_base_w200) and ``old`` (old_pair). Printed per gather size: the
+is measured): ``new`` (ev_base, ev_ctypes, ev_base_w<W>) and ``old`` (old_pair). Printed per gather size: the
 median of each arm minus the median of ``host`` (what events add) and of ``bare``, with a 95 % interval over 20
 blocks, and the 1 %-trimmed mean minus ``host``'s (with coalescing, the cost per call is the mean). Then the
 host-only probe's cost around an empty function (issue 15.2's host target) for reference.
@@ -71,6 +72,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=4000, help="calls per arm and gather size")
     ap.add_argument("--cold-pools", dest="warm_pools", action="store_false",
                     help="no warm event pool for the old probe (the new one always prefills)")
+    ap.add_argument("--coalesce-us", default="200,1000", help="windows of the ev_base_w* arms (us, comma-separated)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
@@ -89,7 +91,8 @@ def main() -> int:
     arms: dict[str, Any] = {"bare": fr, "host": wrapped(host_mod)}
     groups: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
     timers: dict[str, Any] = {}
-    for how, w_us in (("base", 0.0), ("ctypes", 0.0), ("base", 200.0)):
+    variants = [("base", 0.0), ("ctypes", 0.0)] + [("base", float(w)) for w in a.coalesce_us.split(",") if float(w)]
+    for how, w_us in variants:
         name = f"ev_{how}" + (f"_w{w_us:g}" if w_us else "")
         mod = load_copy(src, f"probe_{name}")
         w = wrapped(mod)

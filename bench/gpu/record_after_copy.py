@@ -5,7 +5,7 @@ into pinned staging, non-blocking copy to GPU 0). Arms, interleaved call by call
 interleaved_ns``), each the fetch followed by: nothing (``bare``); the current raw stream's lookup (``stream``);
 ``_CudaEventBase.record`` of a plain event on the cached stream (``rec_base``); ctypes ``cudaEventRecord`` of a
 plain event on the raw stream (``rec_ctypes``); and the fetch wrapped by the probe, host only (``probe_host``)
-and with its events (``probe_event``: the default, calls within 200 us of their stream's last event riding on the
+and with its events (``probe_event``: the default, calls within 1 ms of their stream's last event riding on the
 next one; ``probe_event_w0``: an event after every call; reader threads running). Printed: each arm's median
 minus ``bare``'s.
 

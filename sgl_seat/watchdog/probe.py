@@ -89,7 +89,7 @@ ENV_GPU_POLL = "SGL_SEAT_PROBE_GPU_POLL_S"
 ENV_GPU_PATH = "SGL_SEAT_PROBE_GPU_PATH"  # base | ctypes | method (see cuda_paths)
 DEFAULT_GPU_PATH = "base"
 ENV_GPU_COALESCE = "SGL_SEAT_PROBE_GPU_COALESCE_US"  # see GpuTimer; 0: an event after every call
-DEFAULT_COALESCE_US = 200.0
+DEFAULT_COALESCE_US = 1000.0
 PREFILL_EVENTS = 1024  # events made when GPU timing starts (GpuTimer.prefill): ~10 ms once, none on the hot path
 
 MAGIC = b"SGLPRB01"
@@ -326,7 +326,7 @@ class GpuTimer:
     probed call "in flight" too; the stalled rank's call is older (its start bound is earlier), and the
     detectors name the oldest.
 
-    Coalescing (``coalesce_us``, ``SGL_SEAT_PROBE_GPU_COALESCE_US``, default 200; 0: an event every call): a call
+    Coalescing (``coalesce_us``, ``SGL_SEAT_PROBE_GPU_COALESCE_US``, default 1000; 0: an event every call): a call
     that comes less than that after the last event recorded on its stream, while that stream still has
     unresolved calls, records none; it completes with the next event recorded on the stream (stream order), or,
     when no later call records one, when the stream is seen idle (``stream_idle``). Such calls cost the stream
@@ -736,7 +736,7 @@ def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] =
     """Time wrapped calls on the GPU stream too (the ring must exist; created if need be). Tests pass fakes.
 
     ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests);
-    ``coalesce_us`` None: ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (default 200).
+    ``coalesce_us`` None: ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (default 1000).
     """
     global _GPU
     if not _ensure_ring() or _MM is None:
