@@ -20,14 +20,14 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from sgl_seat.core.records import ProbeRecord
 
-__all__ = ["F64", "I64", "Mask", "ProbeColumns", "ProbeGroup"]
+__all__ = ["F64", "I64", "Mask", "ProbeColumns", "ProbeGroup", "RowsOnDemand"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -63,7 +63,53 @@ def _pick(c: npt.NDArray[Any], idx: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return out
 
 
-class ProbeColumns(Sequence[ProbeRecord]):
+R = TypeVar("R", covariant=True)
+
+
+class RowsOnDemand(Sequence[R]):
+    """A table of columns read as a sequence of records, each built by :meth:`record` only when asked for.
+
+    Indexing, slicing, iteration and equality (by content, with a table of the same kind) for the column tables
+    that stand in for record lists (probe records here, request shapes in ``forensics.request_table``).
+    """
+
+    __slots__ = ()
+
+    def record(self, i: int) -> R:
+        """Row ``i`` (0 <= i < len) as a record."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> R: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[R]: ...
+
+    def __getitem__(self, i: int | slice) -> R | list[R]:
+        if isinstance(i, slice):
+            return [self.record(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self.record(i)
+
+    def __iter__(self) -> Iterator[R]:
+        return (self.record(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking container: equal by content
+
+
+class ProbeColumns(RowsOnDemand[ProbeRecord]):
     """Probe records as numpy columns plus the distinct :class:`ProbeGroup` each row belongs to.
 
     ``group[i]`` indexes ``groups``; ``rank``/``node``/``pid``/``thread`` give the per-row values of the
@@ -238,33 +284,10 @@ class ProbeColumns(Sequence[ProbeRecord]):
                            gather_size=int(self.gather_size[i]), gpu=bool(self.gpu[i]),
                            gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge)
 
-    @overload
-    def __getitem__(self, i: int) -> ProbeRecord: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[ProbeRecord]: ...
-
-    def __getitem__(self, i: int | slice) -> ProbeRecord | list[ProbeRecord]:
-        if isinstance(i, slice):
-            return [self.record(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("probe record index out of range")
-        return self.record(i)
-
     def __iter__(self) -> Iterator[ProbeRecord]:
         if self._records is not None:
             return iter(self._records)
-        return (self.record(i) for i in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ProbeColumns):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable-looking container: equal by content
+        return super().__iter__()
 
     def __repr__(self) -> str:
         return f"ProbeColumns({len(self)} records, {len(self.groups)} groups)"

@@ -14,13 +14,13 @@ A :class:`RequestTable` is a ``Sequence[RequestShape]``, so code that reads reco
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any, overload
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sgl_seat.core.columns import F64, Mask
+from sgl_seat.core.columns import F64, Mask, RowsOnDemand
 from sgl_seat.forensics.codec import iter_json_lines, records_from_parsed
 from sgl_seat.forensics.redact import RequestShape
 
@@ -42,7 +42,7 @@ def _ints(v: Sequence[int]) -> npt.NDArray[Any]:
         return np.array(v, dtype=object)
 
 
-class RequestTable(Sequence[RequestShape]):
+class RequestTable(RowsOnDemand[RequestShape]):
     """Request shapes as columns: ``t`` and ``finished`` (NaN where None) as floats, ``prompt_tokens`` and
     ``prefix_group`` as integers, ``has_prompt`` where the raw text was kept; records on demand."""
 
@@ -84,32 +84,6 @@ class RequestTable(Sequence[RequestShape]):
 
     def __len__(self) -> int:
         return len(self.t)
-
-    @overload
-    def __getitem__(self, i: int) -> RequestShape: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[RequestShape]: ...
-
-    def __getitem__(self, i: int | slice) -> RequestShape | list[RequestShape]:
-        if isinstance(i, slice):
-            return [self.record(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("request index out of range")
-        return self.record(i)
-
-    def __iter__(self) -> Iterator[RequestShape]:
-        return (self.record(i) for i in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]  # equal by content
 
     def __repr__(self) -> str:
         return f"RequestTable({len(self)} requests)"
