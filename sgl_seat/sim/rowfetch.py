@@ -15,7 +15,7 @@ into a pinned staging buffer and is copied to the rank's GPU (non-blocking), all
 An armed *GPU* stall (:func:`arm_gpu_stall`) enqueues a spin kernel on the current stream inside this frame,
 before the copy: the call returns at once and its CPU thread runs on, while the rows never arrive on the GPU
 for the stall's length (the shape of a UVA read of a host table that stalls inside a kernel). Only the
-probe's CUDA events around the call see it.
+probe's CUDA event after the call sees it.
 """
 
 from __future__ import annotations
