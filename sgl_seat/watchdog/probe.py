@@ -392,10 +392,11 @@ class GpuTimer:
                 else:
                     ev = self._free.pop() if self._free else self._factory()
                     self._record(ev, key)
-                    calls = s.open
+                    # One statement, no call inside: the reader thread never sees these calls both waiting and
+                    # in the new group (CPython switches threads only at calls and backward jumps).
+                    calls, s.open = s.open, []
                     calls.append((b, c))
                     s.groups.append((ev, calls))
-                    s.open = []
                     s.last_rec_ns = now
                     self.recorded += 1
                 self._queued += 1
@@ -438,8 +439,8 @@ class GpuTimer:
                 self._free.append(ev)
                 done.extend(calls)
             if tail_done:
-                done.extend(s.open)
-                s.open = []
+                tail, s.open = s.open, []  # one statement: see end()
+                done.extend(tail)
             if done:
                 self._queued -= len(done)
                 s.seen = t
@@ -460,6 +461,9 @@ class GpuTimer:
                     d[self._gpu_word + 2 * ((b >> 3) - self._base)] = self._start_bound(q, b, prev)
                     q[b + _W_GPU] = GPU_STARTED
             left += sum(len(calls) for _ev, calls in s.groups) + len(s.open)
+        # Recounted, not only decremented: a call appended to a waiting list just as the reader took it is never
+        # published (its slot stays queued: never "in flight"), and its count must not hold the bound forever.
+        self._queued = left
         return left
 
     def _done_prefix(self, groups: collections.deque[tuple[Any, list[tuple[int, int]]]]) -> int:
