@@ -236,8 +236,11 @@ class RayPeers:
             try:
                 parts.append(json.loads(ray.get(fut, timeout=max(0.5, deadline - time.monotonic()))))
             except Exception as exc:
+                # Answered the ping, then lost mid-capture (a raylet killed while its part was being taken):
+                # named like a node lost before it, with what was last seen from it.
+                seen = self._last_seen(n, time.time(), ask_ray=True) if n in self._answer else ""
                 missing.append({"node": n, "step": "capture", "status": "error",
-                                "detail": f"{type(exc).__name__}: {exc}"[:300]})
+                                "detail": f"{type(exc).__name__}: {exc}"[:300], "last_seen": seen})
         return parts, missing
 
 
