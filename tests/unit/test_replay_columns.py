@@ -494,3 +494,22 @@ def test_absent_gpu_columns_stay_one_value_through_take() -> None:
     gpu = [*recs, ProbeRecord(0, 0, 100, 1, 9, TARGETS[0], T0, T0 + 1, 64, True, T0 + 0.5, None)]
     mixed = decode_probe_records(io.BytesIO(encode_probe_records(gpu)), "probe.jsonl").canonical()
     assert mixed.gpu.strides != (0,) and sorted(map(repr, mixed)) == sorted(map(repr, gpu))
+
+
+def test_canonical_order_sorts_only_tied_starts_as_the_full_key_does() -> None:
+    """Many equal starts (runs of 2..many rows, equal node/pid/seq inside a run too): the rows come out in the order
+    of a stable lexsort over (start, node, pid, seq), which the tie-only sort replaced; NaN starts take the full
+    sort."""
+    rng = np.random.default_rng(11)
+    groups = [ProbeGroup(node, rank, pid, 1, TARGETS[0]) for node, rank, pid in ((1, 0, 300), (0, 1, 200), (0, 2, 100),
+                                                                                 (1, 3, 100))]
+    for case in range(60):
+        n = int(rng.integers(2, 400))
+        start = T0 + rng.integers(0, max(2, n // int(rng.integers(1, 8))), n).astype(np.float64) * 0.5
+        if case % 10 == 9:
+            start[rng.integers(0, n, 3)] = math.nan
+        cols = ProbeColumns(groups, rng.integers(0, len(groups), n), rng.integers(0, 4, n), start,
+                            np.arange(n, dtype=np.float64), np.full(n, 64))
+        want = np.lexsort((cols.seq, cols.pid, cols.node, cols.start))
+        got = cols.canonical()
+        assert np.array_equal(got.end, cols.end[want]), f"case {case}"  # ``end`` numbers the rows
