@@ -1,6 +1,7 @@
 """Everything but the local-cluster path, on one shared two-node local cluster (Ray startup is the slow part):
 faults (a killed node-1 engine, 3 nodes on 2, SIGINT during `up`, a busy port, a second `up`), a rank-0 hang
-that makes the seat DEGRADED, `logs -f`, and `demo`.
+that makes the seat DEGRADED and `logs -f`. (`demo` is test_demo.py's: the demo on its own local cluster, which
+covers the seat's side; taking a seat down on a cluster it did not start, leaving the cluster, is every test here.)
 
 The seats here use ``cluster.address: 127.0.0.1:<gcs port>`` of that cluster, i.e. the "existing
 cluster" path; that is also how a 3-node seat is asked of a 2-node cluster. After each test no
@@ -270,17 +271,3 @@ def test_bad_fault_is_refused_before_anything_starts(tmp_path: Path) -> None:
     res = run_cli(["up", "--seat", str(spec), "--fault", "explode:rank=1"], home, timeout=60)
     assert res.returncode == 2 and "unknown kind 'explode'" in res.stderr, res.stderr
     assert not (home / "seats").exists() or not any((home / "seats").iterdir())
-
-
-def test_demo_answers_and_leaves_nothing(shared: Shared, clean: None, tmp_path: Path) -> None:
-    """`demo` on a seat of a shared cluster brings it up with the draft on, answers, catches the injected stall,
-    and always takes the seat down (the cluster stays: the demo did not start it). The demo's own checks of the
-    bundle, verdict and processes are in test_demo.py."""
-    home = tmp_path / "home"
-    spec = write_spec(tmp_path, "lt-demo", address=shared.address, slot=7)
-    res = run_cli(["demo", "--seat", str(spec), "--quick"], home, timeout=240)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "is READY at http://127.0.0.1:" in res.stdout and "(draft on)" in res.stdout
-    assert res.stdout.count("\n> ") == 1 and "tokens, synthetic]" in res.stdout
-    assert "verdict: row-fetch stall on rank 3, node 1" in res.stdout and "[6/6] down" in res.stdout
-    _assert_seat_gone(shared, "lt-demo", home)
