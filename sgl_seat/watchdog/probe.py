@@ -21,7 +21,9 @@ GPU stream (``SGL_SEAT_PROBE_GPU``: ``auto`` (default: on when the process has i
 first wrapped call), ``1``, ``0``): on a GPU a wrapped call mostly *enqueues* work, and a stalled host read
 (SGLang's Engram table read over UVA) stalls a kernel, not the call. So each call also records one CUDA
 event on the current stream after it (pooled, no synchronisation on the hot path; skipped while a CUDA graph
-is captured). A reader thread in the engine process (``sgl-seat-probe-gpu``) resolves them every
+is captured; calls within ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (1000) of their stream's last event share the
+next one; ``SGL_SEAT_PROBE_GPU_PATH`` picks how events are recorded, see :func:`cuda_paths`). A reader
+thread in the engine process (``sgl-seat-probe-gpu``) resolves them every
 ``SGL_SEAT_PROBE_GPU_POLL_S`` (0.02 s; less often while nothing is queued) and publishes into the same ring:
 the slot's last word says none / queued / started / done, and a side area after the slots holds the GPU
 start and end (wall clock). The end is when the reader saw the event complete; the start is a bound, not an
@@ -46,7 +48,7 @@ The end time is recovered from the start (full precision) and the 48 low bits, e
 than 78 hours.
 
 This module uses the standard library only and never raises into the engine: a probe that cannot
-install or write warns once on stderr and gets out of the way. It is one file of about 600 lines on
+install or write warns once on stderr and gets out of the way. It is one file of about 1,300 lines on
 purpose: ``watchdog/boot/sitecustomize.py`` loads it by path into engine interpreters that may not have
 sgl-seat installed, so the writer, the import hook and the ring reader must travel as this one module.
 """
