@@ -324,9 +324,10 @@ class GpuTimer:
     ``gpu_start = max(host start, when the reader saw the previous probed work complete)`` and state *started*;
     later calls on the stream stay *queued* (their work waits behind it). What a second event would have told
     apart, and this does not: unprobed work between two probed calls (a matmul, an all-reduce) counts into the
-    next call's in-flight age. A rank whose host runs ahead while its stream waits in a collective can thus show a
-    probed call "in flight" too; the stalled rank's call is older (its start bound is earlier), and the
-    detectors name the oldest.
+    next call's in-flight age. A rank whose host runs ahead while its stream waits in a collective thus shows its
+    next probed call "in flight" too; the stalled rank's call is older by the GPU work between two probed calls
+    (the rest of a step), and the detectors name the oldest; where that work is shorter than the readers' poll
+    jitter (``poll_s`` each) either rank can come out oldest.
 
     Coalescing (``coalesce_us``, ``SGL_SEAT_PROBE_GPU_COALESCE_US``, default 1000; 0: an event every call): a call
     that comes less than that after the last event recorded on its stream, while that stream still has
