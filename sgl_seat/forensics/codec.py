@@ -138,9 +138,16 @@ def iter_json_lines(stream: IO[bytes], name: str, *, fast: bool = False) -> Iter
 
     ``fast``: parse with orjson where installed (the record files; a one-hour bundle's run to tens of MB).
     """
-    loads = _loads_fast if fast else _loads
+    fast_loads = _FAST_LOADS if fast else None
     for lineno, raw in _raw_lines(stream, name):
-        yield lineno, loads(raw, f"{name}:{lineno}")
+        if fast_loads is None:
+            obj = _loads(raw, f"{name}:{lineno}")
+        else:  # as _loads_fast, without formatting the line's name unless it is needed
+            try:
+                obj = fast_loads(raw)
+            except ValueError:  # orjson.JSONDecodeError: the standard decoder gives the value or the error
+                obj = _loads(raw, f"{name}:{lineno}")
+        yield lineno, obj
 
 
 #: Bytes read at a time by :func:`_raw_lines` (lines are cut from these chunks).
