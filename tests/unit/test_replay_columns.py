@@ -513,3 +513,37 @@ def test_canonical_order_sorts_only_tied_starts_as_the_full_key_does() -> None:
         want = np.lexsort((cols.seq, cols.pid, cols.node, cols.start))
         got = cols.canonical()
         assert np.array_equal(got.end, cols.end[want]), f"case {case}"  # ``end`` numbers the rows
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_a_bundle_leaves_the_garbage_collector_as_it_found_it(tmp_path: Any, enabled: bool) -> None:
+    """The collector is paused while a bundle decodes (bulk allocation, no cycles) and restored after, also when
+    reading fails."""
+    import gc
+    import shutil
+    from pathlib import Path
+
+    from sgl_seat.forensics.bundle import read_bundle
+
+    src = next(p for p in sorted((Path(__file__).parent.parent / "fixtures" / "bundles").iterdir()) if p.is_dir())
+    bad = Path(shutil.copytree(src, tmp_path / src.name))
+    (bad / "probe.jsonl").write_bytes(b"{}\n")
+    seen: list[bool] = []
+    real = codec.decode_probe_records
+
+    def spy(stream: Any, name: str) -> Any:
+        seen.append(gc.isenabled())
+        return real(stream, name)
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr("sgl_seat.forensics.bundle.decode_probe_records", spy)
+            assert len(read_bundle(src).probes) > 0 and gc.isenabled() is enabled
+            with pytest.raises(BundleError):
+                read_bundle(bad)
+            assert gc.isenabled() is enabled
+        assert seen and not any(seen)
+    finally:
+        (gc.enable if was else gc.disable)()
