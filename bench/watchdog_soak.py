@@ -26,8 +26,10 @@ per hour of healthy traffic (bundles while no fault was active and the watchdog 
 latency from the fault to the bundle on disk (p50/p95/max), from the fault passing the detector's own threshold to
 the detection and to the bundle (a stall is a stall once a fetch is ``rowfetch_inflight_s`` = 3 s late: "stall ->
 bundle", target p95 <= 3 s; a crash has no threshold), misses (a fault that fired with no bundle within 30 s) and
-wrong verdicts (a bundle naming another kind or rank). ``--minutes`` is the planned length: every fault is
-injected even if that stretches it (a crash's recovery is a seat restart, tens of seconds on a loaded box).
+wrong verdicts (a bundle naming another kind or rank), and how many native stacks the fault bundles hold (a
+capture takes them inside a budget after the Python ones; the rest keep their Python stack). ``--minutes`` is the
+planned length: every fault is injected even if that stretches it (a crash's recovery is a seat restart, tens of
+seconds on a loaded box).
 Every engine figure is SYNTHETIC (the sim). Ports 30800-30899. Usage::
 
     python bench/watchdog_soak.py [--minutes 30] [--faults 20] [--seed 1] [--json]
@@ -97,6 +99,9 @@ class FaultResult:
     outcome: str = "pending"  # caught | miss | wrong | not fired
     extra_bundles: int = 0
     recovery: str = ""
+    native: tuple[int, int] | None = None  # (native stacks captured, processes dumped) in its bundle
+    collect_s: float | None = None  # of detection -> bundle: the nodes' parts (stack dumps), then writing it
+    assemble_s: float | None = None
 
     def latency(self) -> float | None:
         return None if self.written_at is None or self.began_at is None else self.written_at - self.began_at
@@ -380,6 +385,10 @@ class Rig:
                 if res.began_at is None and res.kind != "crash":
                     res.began_at = self._stall_start(res.rank, res.armed_at)
                 ok = res.verdict == EXPECTED[res.kind].value and res.verdict_rank == res.rank
+                res.native = _native_count(d.get("path"))
+                if isinstance(d.get("collect_s"), float) and isinstance(d.get("seconds"), float):
+                    # the sidecar's collect_s runs from the capture's start to the bundle written (parts + writing)
+                    res.collect_s, res.assemble_s = d["collect_s"] - d["seconds"], d["seconds"]
                 res.outcome = "caught" if ok else "wrong"
                 if res.began_at is None:  # a bundle, but the fault never fired: the bundle is not its
                     self.file_false([d], f"{res.kind} armed, not yet fired")
@@ -453,6 +462,19 @@ def _traffic_main(args: str) -> int:
     t.stop(30)
     print(json.dumps({"completed": t.completed, "errors": t.errors, "tokens": t.tokens}), flush=True)
     return 0
+
+
+def _native_count(path: str | None) -> tuple[int, int] | None:
+    """(native stacks captured, processes dumped) from a bundle's capture steps: the capture takes native dumps
+    inside a budget (watchdog/capture.py NATIVE_BUDGET_S) and says which missed it."""
+    if not path:
+        return None
+    try:
+        steps = json.loads((Path(path) / "manifest.json").read_text())["capture"]
+    except (OSError, ValueError, KeyError):
+        return None
+    native = [st for st in steps if str(st.get("step", "")).startswith("py-spy --native ")]
+    return sum(1 for st in native if st.get("status") == "ok"), len(native)
 
 
 def _watch_pid(pid: int, out: list[float], stop: threading.Event) -> None:
@@ -590,6 +612,16 @@ def table(r: SoakReport) -> str:
                      f"{cnt['not fired']:>9}  {cols[0]:>20}  {cols[1]:>23}  {cols[2]:>23}{'p95 <= 3.00':>13}")
     extra = sum(f.extra_bundles for f in r.faults)
     lines.append(f"extra bundles inside fault windows (one fault, one bundle): {extra}")
+    for name, xs in (("collecting the nodes' parts", [f.collect_s for f in r.faults if f.collect_s is not None]),
+                     ("writing the bundle", [f.assemble_s for f in r.faults if f.assemble_s is not None])):
+        if xs:
+            lines.append(f"of detection -> bundle, {name}: p50 {percentile(xs, 50):.2f} s, "
+                         f"p95 {percentile(xs, 95):.2f} s, max {max(xs):.2f} s")
+    nat = [f.native for f in r.faults if f.native is not None]
+    if nat:
+        lines.append(f"native stacks in the fault bundles: {sum(n[0] for n in nat)} of {sum(n[1] for n in nat)} "
+                     "processes inside the capture's native budget (the others kept their Python stack, and the "
+                     "bundle says so)")
     for f in r.faults:
         if f.outcome in ("miss", "wrong"):
             lines.append(f"  {f.outcome}: {f.kind} {f.spec} (draft {'on' if f.draft else 'off'}): verdict "

@@ -117,6 +117,10 @@ def _step(node: int, step: str, status: str, detail: str = "") -> dict[str, Any]
 #: stacks (tens of milliseconds, the target never stopped) are taken first and always kept; native dumps run by
 #: priority inside the budget, and the bundle's capture steps say which were not captured in time.
 NATIVE_BUDGET_S = 1.0
+#: ... and native dumps stop this long after the detection that asked for the capture (the sidecar passes the
+#: deadline): time lost before the dumps began (a busy host, a slow source poll) comes out of the native budget,
+#: not on top of it, so a bundle follows its detection by about this plus the writing.
+NATIVE_BY_S = 1.25
 
 
 def native_workers() -> int:
@@ -169,6 +173,7 @@ def node_part(
     env: Mapping[str, str],
     dump_timeout_s: float = 5.0,
     native_budget_s: float = NATIVE_BUDGET_S,
+    native_deadline: float | None = None,
     focus_ranks: Sequence[int] = (),
     gpu: bool = True,
     requests: Sequence[RequestShape] | None = None,
@@ -177,8 +182,9 @@ def node_part(
     """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts).
 
     Python-only stacks of every process first, all at once (``--nonblocking``: the target never stops), then
-    native ones by priority (``focus_ranks`` first) for ``native_budget_s`` (see NATIVE_BUDGET_S); a process
-    whose native dump did not land keeps its Python stack as its capture-time stack, and its step says why.
+    native ones by priority (``focus_ranks`` first) for ``native_budget_s`` and until ``native_deadline`` (epoch
+    seconds; see NATIVE_BUDGET_S, NATIVE_BY_S); a process whose native dump did not land keeps its Python stack as
+    its capture-time stack, and its step says why.
     ``requests``: the request shapes this node recorded (node 0, from SGLang's request log), None where the
     node records none.
     """
@@ -192,6 +198,7 @@ def node_part(
     gpu_future = gpu_pool.submit(nvidia_smi) if gpu else None
     py: dict[int, DumpResult] = {}
     nat: dict[int, DumpResult | None] = {}
+    budget = native_budget_s
     if not procs:
         steps.append(_step(node, "discover", "error", "no engine process found on this node"))
     elif pyspy is None:
@@ -203,10 +210,11 @@ def node_part(
                           pool.map(lambda ep: pyspy_dump(ep.pid, exe=exe, native=False, timeout_s=dump_timeout_s),
                                    procs), strict=True))
         t_py = time.time()
+        budget = native_budget_s if native_deadline is None else min(native_budget_s, native_deadline - t_py)
         nat = _native_dumps([ep for ep in native_order(procs, focus_ranks) if not py[ep.pid].gone], exe,
-                            native_budget_s, dump_timeout_s)
+                            budget, dump_timeout_s)
         steps.append(_step(node, "stacks", "ok", f"Python-only {t_py - t0:.2f}s, then native {time.time() - t_py:.2f}s"
-                                                 f" of a {native_budget_s:g}s budget"))
+                                                 f" of a {max(0.0, budget):.2f}s budget"))
     for ep in procs:
         t = time.time()
         p = py[ep.pid]
@@ -225,9 +233,9 @@ def node_part(
                 why = "target gone" if p.gone else "py-spy not found"
                 status = "fallback"
             elif n is None:
-                why, status = f"not begun within the {native_budget_s:g}s native budget", "skipped"
+                why, status = f"not begun within the capture's native budget ({max(0.0, budget):.2f}s)", "skipped"
             elif n.timed_out:
-                why, status = f"not captured within the {native_budget_s:g}s native budget", "timeout"
+                why, status = f"not captured within the capture's native budget ({max(0.0, budget):.2f}s)", "timeout"
             else:
                 why, status = n.error or "failed", "fallback"
             steps.append(_step(node, f"py-spy --native {ep.pid}", status, f"Python-only stack kept: {why}"))

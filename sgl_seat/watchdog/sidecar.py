@@ -386,8 +386,10 @@ class Sidecar:
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],
             logs=self.logs.lines(), processes=self.sampler.processes(), log_text=self.logs.tail_text(), env=env,
             gpu=self.cfg.gpu, **({} if dump_timeout_s is None else {"dump_timeout_s": dump_timeout_s}),
-            # The rank this node's own detectors name gets its native stack first (inside the native budget).
+            # The rank this node's own detectors name gets its native stack first, and native dumps stop soon
+            # after the detection at ``t`` (cap.NATIVE_BY_S): the bundle waits for no slow native unwinding.
             focus_ranks=[self.verdict.rank] if self.verdict is not None and self.verdict.rank is not None else [],
+            native_deadline=t + cap.NATIVE_BY_S,
             requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
             request_redaction=self.recorder.redaction if self.recorder is not None else None)
 

@@ -94,7 +94,21 @@ def test_a_dump_not_begun_in_time_is_skipped_and_said_so(monkeypatch: pytest.Mon
     steps = _steps(part)
     assert sorted(fake.began) == [11, 12]  # schedulers first by rank, then the rest: these two never began
     assert [steps[f"py-spy --native {p}"]["status"] for p in (10, 13)] == ["skipped", "skipped"]
-    assert "not begun within the 0.3s native budget" in steps["py-spy --native 13"]["detail"]
+    assert "not begun within the capture's native budget (0.30s)" in steps["py-spy --native 13"]["detail"]
+
+
+def test_native_dumps_stop_at_the_deadline_after_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a deadline (detection + NATIVE_BY_S) already past when the Python dumps are in (the host was busy)
+    THEN no native dump begins: the time lost comes out of the native budget, not on top of it; and a deadline
+    0.3 s ahead cuts a 5 s budget to 0.3 s."""
+    fake = FakePySpy({10: 0.1, 11: 0.1, 12: 0.1, 13: 0.1})
+    part = _part(fake, monkeypatch, native_budget_s=5.0, native_deadline=time.time() - 1.0)
+    assert fake.began == [] and all(not s["native"] for s in part["native"]) and len(part["native"]) == 4
+    assert {st["status"] for st in part["capture"] if st["step"].startswith("py-spy --native")} == {"skipped"}
+    slow = FakePySpy({10: 30.0, 11: 30.0, 12: 30.0, 13: 30.0})
+    t0 = time.monotonic()
+    _part(slow, monkeypatch, native_budget_s=5.0, native_deadline=time.time() + 0.3)
+    assert time.monotonic() - t0 < 0.3 + 2.0  # not 5 s (2 s of slack for a loaded box)
 
 
 def test_native_order() -> None:
