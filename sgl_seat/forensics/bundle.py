@@ -378,10 +378,10 @@ def read_bundle(path: Path) -> Bundle:
     """Verify a bundle directory and decode every known file into typed records.
 
     The manifest and the listing are checked first; the files' sizes and digests are then checked on a second
-    thread while this one decodes (hashing releases the GIL: on two cores the one-hour bundle's ~65 MB cost no
-    wall time beside its decoding). Decoding is strict on its own, and nothing decoded is returned unless every
-    file matched: where a file does not, its error is raised, as verifying first raised it, even where decoding
-    failed too.
+    thread while this one decodes (hashing releases the GIL: with a second core free, the one-hour bundle's ~65 MB
+    are hashed beside its decoding, not before it). Decoding is strict on its own, and nothing decoded is
+    returned unless every file matched: where a file does not, its error is raised, as verifying first raised it,
+    even where decoding failed too.
     """
     root = Path(path)
     m = _read_manifest(root)
