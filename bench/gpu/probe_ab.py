@@ -10,6 +10,7 @@ call by call in one process:
   ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``; ``ev_base_w<W>``: calls within
   W us (``--coalesce-us``, default 200,1000; 1000 is the probe's default) of their stream's last event riding on the
   next one;
+- ``ev_base_w1000_plain`` (``--plain``): the default window with plain events (``SGL_SEAT_PROBE_GPU_TIMING=0``);
 - ``old_pair`` (``--old PATH``, a copy of the previous probe.py): two events per call through ctypes, the reader
   querying every pending pair.
 
@@ -73,6 +74,7 @@ def main() -> int:
     ap.add_argument("--cold-pools", dest="warm_pools", action="store_false",
                     help="no warm event pool for the old probe (the new one always prefills)")
     ap.add_argument("--coalesce-us", default="200,1000", help="windows of the ev_base_w* arms (us, comma-separated)")
+    ap.add_argument("--plain", action="store_true", help="also the 1 ms window with plain (no timing) events")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
@@ -91,13 +93,16 @@ def main() -> int:
     arms: dict[str, Any] = {"bare": fr, "host": wrapped(host_mod)}
     groups: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
     timers: dict[str, Any] = {}
-    variants = [("base", 0.0), ("ctypes", 0.0)] + [("base", float(w)) for w in a.coalesce_us.split(",") if float(w)]
-    for how, w_us in variants:
-        name = f"ev_{how}" + (f"_w{w_us:g}" if w_us else "")
+    variants = [("base", 0.0, True), ("ctypes", 0.0, True)]
+    variants += [("base", float(w), True) for w in a.coalesce_us.split(",") if float(w)]
+    if a.plain:  # the default window with plain (no timing) events
+        variants.append(("base", 1000.0, False))
+    for how, w_us, timing in variants:
+        name = f"ev_{how}" + (f"_w{w_us:g}" if w_us else "") + ("" if timing else "_plain")
         mod = load_copy(src, f"probe_{name}")
         w = wrapped(mod)
         w(table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
-        timers[name] = mod.enable_gpu_cuda(torch, how, coalesce_us=w_us)
+        timers[name] = mod.enable_gpu_cuda(torch, how, coalesce_us=w_us, timing=timing)
         groups["new"][name] = w
     if a.old:
         old = load_copy(Path(a.old), "probe_old_pair")

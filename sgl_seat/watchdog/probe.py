@@ -92,6 +92,7 @@ ENV_GPU_PATH = "SGL_SEAT_PROBE_GPU_PATH"  # base | ctypes | method (see cuda_pat
 DEFAULT_GPU_PATH = "base"
 ENV_GPU_COALESCE = "SGL_SEAT_PROBE_GPU_COALESCE_US"  # see GpuTimer; 0: an event after every call
 DEFAULT_COALESCE_US = 1000.0
+ENV_GPU_TIMING = "SGL_SEAT_PROBE_GPU_TIMING"  # 1 (default): timing events, completion times to microseconds
 PREFILL_EVENTS = 1024  # events made when GPU timing starts (GpuTimer.prefill): ~10 ms once, none on the hot path
 
 MAGIC = b"SGLPRB01"
@@ -349,8 +350,10 @@ class GpuTimer:
                  nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
                  stream_key: Callable[[], Any] | None = None, record: Callable[[Any, Any], Any] | None = None,
                  query: Callable[[Any], bool] | None = None, stream_idle: Callable[[Any], bool | None] | None = None,
-                 thread_init: Callable[[], None] | None = None, coalesce_us: float = 0.0) -> None:
+                 thread_init: Callable[[], None] | None = None, coalesce_us: float = 0.0,
+                 event_time: Callable[[Any], float | None] | None = None) -> None:
         self._factory = event_factory
+        self._event_time = event_time
         self._stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
         self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
         self._query: Callable[[Any], bool] = query if query is not None else _query_method
@@ -435,6 +438,14 @@ class GpuTimer:
                 _warn("gpu-query", f"cannot query a CUDA event ({type(exc).__name__}: {exc}); those calls untimed")
                 self._drop(s, q)
                 continue
+            seen = t
+            if k and self._event_time is not None:
+                # When the last completed event completed, on the wall clock (timing events): the next call's
+                # start bound, to microseconds instead of the poll's period. Read before the event is pooled.
+                with contextlib.suppress(Exception):
+                    at = self._event_time(s.groups[k - 1][0])
+                    if at is not None:
+                        seen = min(t, at if s.seen is None else max(at, s.seen))
             prev = s.seen
             done: list[tuple[int, int]] = []
             for _ in range(k):
@@ -446,7 +457,7 @@ class GpuTimer:
                 done.extend(tail)
             if done:
                 self._queued -= len(done)
-                s.seen = t
+                s.seen = seen
                 if q is not None and d is not None:
                     for b, c in done:
                         if q[b + _W_CALL] != c:
@@ -456,7 +467,7 @@ class GpuTimer:
                             d[g] = self._start_bound(q, b, prev)
                         d[g + 1] = t
                         q[b + _W_GPU] = GPU_DONE
-                        prev = t
+                        prev = seen
             head = s.groups[0][1][0] if s.groups else (s.open[0] if s.open else None)
             if head is not None and q is not None and d is not None:
                 b, c = head
@@ -625,9 +636,10 @@ class CudaPaths:
     stream_idle: Callable[[Any], bool | None] | None
     thread_init: Callable[[], None] | None
     how: str
+    event_time: Callable[[Any], float | None] | None = None
 
 
-def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
+def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
     """Event paths that skip ``torch.cuda.Event.record()``'s per-call ``Stream`` object (5.8-11 us per call).
 
     The stream key is the current raw stream handle (``torch._C._cuda_getCurrentRawStream``). ``how``: ``base``
@@ -640,6 +652,13 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
     the reader thread in relaxed stream-capture mode: a query from another thread while one captures a graph in
     torch's default (global) mode invalidates that capture (``bench/gpu/capture_check.py``). Raises where a path is
     not available.
+
+    ``timing`` (``SGL_SEAT_PROBE_GPU_TIMING``, default on): timing events, and ``event_time`` giving the wall-clock
+    moment an event completed (a reference event recorded on a private idle stream and synchronised, its wall time
+    the midpoint of that wait; then ``elapsed_time``; re-anchored every 30 s). Why: the next call's start bound is
+    when the previous event completed; seen by the reader's poll it is late by up to the poll period (20 ms), and
+    with the host a step ahead that jitter decided which rank looked stalled longer (``bench/gpu/runahead_check.py``:
+    the wrong rank named once in two at 1 ms steps). A timing event costs ~1 us more to record (1.8 against 0.8 us).
     """
     import ctypes
 
@@ -657,7 +676,7 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
         return raw_stream(get_device())
 
     def factory() -> Any:
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event(enable_timing=timing)
         ev.record()  # creates the CUDA event (torch creates it lazily, on the first record)
         return ev
 
@@ -726,20 +745,48 @@ def cuda_paths(torch: Any, how: str = "base") -> CudaPaths:
             rc = squery(key)
             return True if rc == 0 else False if rc == 600 else None  # 600: cudaErrorNotReady
 
+    event_time = _wall_clock_of_events(torch, how) if timing else None
     # One round trip, so a path that does not work with torch's context fails here, not on the hot path.
     probe_ev = paths_factory()
     record(probe_ev, stream_key())
     torch.cuda.synchronize()
     if not query_fn(probe_ev):
         raise RuntimeError("a recorded event did not complete after a synchronize")
-    return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how)
+    if event_time is not None and event_time(probe_ev) is None:
+        event_time = None
+    return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time)
+
+
+def _wall_clock_of_events(torch: Any, how: str) -> Callable[[Any], float | None]:
+    """``event -> wall time it completed`` for timing events of this process's current device (see cuda_paths)."""
+    stream = torch.cuda.Stream()  # private: nothing else runs on it, so its event completes at once
+    anchor: list[Any] = [None, 0.0, 0.0]  # reference event, its wall time, when it was taken (monotonic)
+
+    def reanchor() -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        t0 = time.time()
+        ev.record(stream)
+        ev.synchronize()
+        t1 = time.time()
+        anchor[:] = [ev, (t0 + t1) / 2, time.monotonic()]
+
+    reanchor()
+
+    def event_time(item: Any) -> float | None:
+        ev = item[0] if how == "ctypes" else item
+        if time.monotonic() - anchor[2] > 30.0:
+            reanchor()
+        return float(anchor[1] + anchor[0].elapsed_time(ev) / 1e3)
+
+    return event_time
 
 
 def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] = lambda: False, *,
                poll_s: float | None = None, start_thread: bool = True, stream_key: Callable[[], Any] | None = None,
                record: Callable[[Any, Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
                stream_idle: Callable[[Any], bool | None] | None = None,
-               thread_init: Callable[[], None] | None = None, coalesce_us: float | None = None) -> GpuTimer | None:
+               thread_init: Callable[[], None] | None = None, coalesce_us: float | None = None,
+               event_time: Callable[[Any], float | None] | None = None) -> GpuTimer | None:
     """Time wrapped calls on the GPU stream too (the ring must exist; created if need be). Tests pass fakes.
 
     ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests);
@@ -755,7 +802,7 @@ def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] =
     timer = GpuTimer(event_factory, capturing, gpu_off=gpu_off, nslots=nslots,
                      poll_s=poll_s if poll_s is not None else _gpu_poll_s(), stream_key=stream_key, record=record,
                      query=query, stream_idle=stream_idle, thread_init=thread_init,
-                     coalesce_us=_gpu_coalesce_us() if coalesce_us is None else coalesce_us)
+                     coalesce_us=_gpu_coalesce_us() if coalesce_us is None else coalesce_us, event_time=event_time)
     if start_thread:
         timer.start()
     _GPU = timer
@@ -763,13 +810,13 @@ def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] =
 
 
 def enable_gpu_cuda(torch: Any, how: str = DEFAULT_GPU_PATH, *, start_thread: bool = True,
-                    coalesce_us: float | None = None) -> GpuTimer | None:
+                    coalesce_us: float | None = None, timing: bool | None = None) -> GpuTimer | None:
     """:func:`enable_gpu` with the real CUDA paths (:func:`cuda_paths`) and the graph-capture hooks."""
-    paths = cuda_paths(torch, how)
+    paths = cuda_paths(torch, how, _gpu_timing() if timing is None else timing)
     capturing = _graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
     timer = enable_gpu(paths.factory, capturing, start_thread=False, stream_key=paths.stream_key,
                        record=paths.record, query=paths.query, stream_idle=paths.stream_idle,
-                       thread_init=paths.thread_init, coalesce_us=coalesce_us)
+                       thread_init=paths.thread_init, coalesce_us=coalesce_us, event_time=paths.event_time)
     if timer is not None:
         timer.prefill(PREFILL_EVENTS)
         if start_thread:
@@ -794,6 +841,10 @@ def _gpu_poll_s() -> float:
     except ValueError:
         return 0.02
     return val if 0.001 <= val <= 5.0 else 0.02
+
+
+def _gpu_timing() -> bool:
+    return os.environ.get(ENV_GPU_TIMING, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def _gpu_coalesce_us() -> float:
@@ -822,14 +873,15 @@ def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
             return
         how = os.environ.get(ENV_GPU_PATH, "").strip() or DEFAULT_GPU_PATH
         try:
-            paths = cuda_paths(torch, how)
+            paths = cuda_paths(torch, how, _gpu_timing())
         except Exception as exc:
             _warn("gpu-path", f"event path {how!r} unavailable ({type(exc).__name__}: {exc}); using Event.record()")
-            paths = cuda_paths(torch, "method")
+            paths = cuda_paths(torch, "method", _gpu_timing())
         capturing = _graph_capture_hooks(torch) or cuda.is_current_stream_capturing
         timer = GpuTimer(paths.factory, capturing, gpu_off=gpu_off, nslots=nslots, poll_s=_gpu_poll_s(),
                          stream_key=paths.stream_key, record=paths.record, query=paths.query,
-                         stream_idle=paths.stream_idle, thread_init=paths.thread_init, coalesce_us=_gpu_coalesce_us())
+                         stream_idle=paths.stream_idle, thread_init=paths.thread_init, coalesce_us=_gpu_coalesce_us(),
+                         event_time=paths.event_time)
         timer.prefill(min(PREFILL_EVENTS, nslots))
         timer.start()
         _GPU = timer

@@ -28,8 +28,10 @@ class FakeStream:
         self.done = 0  # events [0, done) have completed
         self.idle = False  # all work on the stream completed (cudaStreamQuery)
 
-    def complete(self, n: int) -> None:
-        """The GPU gets past the next ``n`` recorded events of this stream."""
+    def complete(self, n: int, at: float | None = None) -> None:
+        """The GPU gets past the next ``n`` recorded events of this stream (at wall time ``at``, if given)."""
+        for ev in self.recorded[self.done:self.done + n]:
+            ev.done_at = at
         self.done = min(len(self.recorded), self.done + n)
 
 
@@ -52,6 +54,7 @@ class FakeEvent:
         self.gpu = gpu
         self.stream: FakeStream | None = None
         self.index = -1
+        self.done_at: float | None = None  # what a timing event's elapsed time would give
 
     def record(self) -> FakeStream:
         """Record on the current stream; the stream is the timer's key for it (the raw handle in CUDA)."""
@@ -462,3 +465,23 @@ def test_a_call_after_everything_resolved_records_its_own_event(coalescing: tupl
     _poll(_read()[-1].end + 1.0)
     mod.fetch_rows([1], [0])
     assert len(g.current.recorded) == 2
+
+
+def test_timing_events_give_the_next_calls_start_bound_to_the_microsecond(ring_dir: Path) -> None:
+    """With timing events the reader reads when the previous event completed instead of taking its own poll time
+    (late by up to a poll period): the next call's start bound, and the order of two ranks' stalled calls."""
+    g = FakeGpu()
+    assert probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False, coalesce_us=0,
+                            stream_key=lambda: g.current, event_time=lambda ev: ev.done_at) is not None
+    mod = _fetch_module("gpu_t11")
+    probe.install(["gpu_t11:fetch_rows@ids"])
+    mod.fetch_rows([1], [0])
+    mod.fetch_rows([1], [0])
+    first, second = _read()
+    at = second.end + 0.5
+    g.current.complete(1, at=at)
+    _poll(at + 0.02)  # the poll comes 20 ms after the event completed
+    first, second = _read()
+    assert first.gpu_end == at + 0.02
+    assert second.gpu_start == pytest.approx(at), "the start bound is the event's completion, not the poll"
+    assert second.gpu_age(at + 1.0) == pytest.approx(1.0)
