@@ -5,9 +5,11 @@ fault kind fast. One two-node sim seat (draft off; the bench also runs draft on)
 a 400,000-token prefill that is one forward of >= 30 s on every rank (synthetic prefill cost), the other healthy
 episodes as the time allows (idle gaps, bursts past the slot cap, a rank 5x slower but alive), then two CPU-side
 row-fetch stalls at random steps and gather sizes, one slow-then-stall and one crash, each followed by
-recovery. Asserted: no false bundle, every fault fired and got a bundle of the right kind (no miss; a stall names
-its rank), and per kind p95 <= 3 s from the fault passing its detector's threshold to the bundle on disk.
-Ports 30800-30816. About 3 minutes; everything it starts it stops (checked by pid).
+recovery. Asserted (issue 15): no false bundle, every fault fired and got one bundle of the right kind naming the
+right rank (no miss; a crash's rank too, since the process-exited detector reads each node's own order of deaths),
+and per kind p95 <= 3 s from the fault passing its detector's threshold to the bundle on disk.
+Ports 30800-30816. About 2.5 minutes (150 s measured on 2 cores at load 4-5); everything it starts it stops
+(checked by pid).
 """
 
 from __future__ import annotations
@@ -20,11 +22,7 @@ from types import ModuleType
 import psutil
 import pytest
 
-# slow: not in CI's default run this session. Its last fresh-clone CI run recorded a false "stack unchanged"
-# bundle (rank 1 at Scheduler._step, 4.0 s, while a crash was armed): a false positive still to fix (issue 15),
-# and the run costs 2.5 minutes of a CI that is at its 20-minute limit. `bash scripts/test.sh -m slow
-# tests/integration/test_watchdog_soak.py` runs it; bench/watchdog_soak.py is the full soak.
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_soak.py"
 
@@ -51,13 +49,12 @@ def test_soak_no_false_bundles_and_fast_detection(tmp_path: Path) -> None:
     assert rep.probe_read_errors == 0
     # Healthy work: no bundle at all.
     assert rep.false_bundles == [], rep.false_bundles
-    # Every fault fired and got its bundle (no miss), of the right kind; one bundle per fault. A stall's rank
-    # comes from the probe and must be right; a crash's rank is reported, not asserted: in a SIGKILL cascade
-    # across nodes the first deaths fall within one liveness poll (the bench counts such verdicts as wrong).
+    # Every fault fired and got its bundle (no miss), of the right kind, naming the faulted rank; one bundle per
+    # fault. A stall's rank comes from the probe; a crash's from each node's own order of deaths (a SIGKILL
+    # cascade across nodes falls within one liveness poll, so polls are not compared across nodes).
     outcomes = [(f.kind, f.spec, f.outcome, f.verdict, f.verdict_rank) for f in rep.faults]
-    assert len(rep.faults) == 4 and all(f.outcome in ("caught", "wrong") for f in rep.faults), outcomes
-    assert all(f.verdict == soak.EXPECTED[f.kind].value for f in rep.faults), outcomes
-    assert all(f.verdict_rank == f.rank for f in rep.faults if f.kind != "crash"), outcomes
+    assert len(rep.faults) == 4 and all(f.outcome == "caught" for f in rep.faults), outcomes
+    assert all(f.verdict == soak.EXPECTED[f.kind].value and f.verdict_rank == f.rank for f in rep.faults), outcomes
     assert sum(f.extra_bundles for f in rep.faults) == 0
     # Fault past its detector's threshold -> bundle on disk: p95 <= 3 s per kind.
     th = rep.thresholds["rowfetch_inflight_s"]
