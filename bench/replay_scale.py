@@ -33,6 +33,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -207,18 +208,22 @@ def _load_analysis(m: dict[str, Any]) -> float:
 
 
 def _run(path: Path, code: Path | None, runs: int) -> dict[str, Any]:
-    """The best of ``runs`` fresh-process measurements (least load + analysis), with ``code`` first on the path."""
+    """The best of ``runs`` fresh-process measurements (least load + analysis), with ``code`` first on the path;
+    ``spread`` holds every run's load + analysis (wall) and its load average, for the median and the worst."""
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
     best: dict[str, Any] | None = None
+    spread: list[tuple[float, float]] = []
     for _ in range(runs):
         proc = subprocess.run([sys.executable, __file__, "--measure", str(path)], capture_output=True, text=True,
                               check=True, env=env)
         m = json.loads(proc.stdout.strip().splitlines()[-1])
+        spread.append((_load_analysis(m), os.getloadavg()[0]))
         if best is None or _load_analysis(m) < _load_analysis(best):
             best = m
     assert best is not None
+    best["spread"] = spread
     return best
 
 
@@ -262,6 +267,11 @@ def _report(new: dict[str, Any], old: dict[str, Any] | None, rev: str) -> None:
     ok_m = new["peak_rss_mb"] <= TARGET_MB
     print(f"target load + analysis <= {TARGET_S:.0f} s on 2 cores: {'PASS' if ok_t else 'MISS'} "
           f"({new['total_s']:.2f} s wall, {new['total_s_cpu']:.2f} s CPU)")
+    for tag, m in (("new", new), ("old", old)):
+        if m is not None and len(m["spread"]) > 1:
+            walls, loads = [w for w, _ in m["spread"]], [la for _, la in m["spread"]]
+            print(f"  {tag}: load + analysis over {len(walls)} runs: median {statistics.median(walls):.2f} s, worst "
+                  f"{max(walls):.2f} s wall (load average {min(loads):.1f}-{max(loads):.1f})")
     print(f"peak RSS of the replay process: {new['peak_rss_mb']:.0f} MB (target <= {TARGET_MB}): "
           f"{'PASS' if ok_m else 'MISS'}" + (f"; old {old['peak_rss_mb']:.0f} MB" if old else ""))
     print(f"verdict reproduced (replayed == recorded): {new['verdict_ok']}; HTML {new['html_kb']:.0f} KB; "
@@ -281,7 +291,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=3600)
     ap.add_argument("--probes", type=int, default=1_000_000)
-    ap.add_argument("--runs", type=int, default=1, help="fresh-process runs per code version; the best is shown")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="fresh-process runs per code version; the best is shown, with the median and the worst")
     ap.add_argument("--baseline", default=BASELINE, help="git revision to measure side by side")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--keep", type=Path, help="build into (or reuse) this directory and keep it")
