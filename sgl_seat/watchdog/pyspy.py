@@ -177,10 +177,12 @@ def pyspy_dump(pid: int, *, exe: str, native: bool = False, timeout_s: float = 2
 
 
 def capture_stacks(pid: int, *, exe: str | None, timeout_s: float = 5.0) -> tuple[DumpResult, DumpResult | None]:
-    """Capture-time dumps: ``--native`` first, then Python-only (``--nonblocking``) as well.
+    """Both dumps of one process: Python-only (``--nonblocking``) first, then ``--native``.
 
     Both are kept: native stacks show where a thread sits in C (the driver, NCCL, a sleep), the
     Python one is the cheap, always-available view. A failed native dump leaves the Python one.
+    (A capture does not call this: :func:`sgl_seat.watchdog.capture.node_part` takes every process's
+    Python dump first and the native ones after, inside a budget.)
     """
     if exe is None:
         missing = DumpResult((), "py-spy not found", 0.0, False)
