@@ -78,9 +78,13 @@ def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(probe.ENV_SLOTS, "8")
     monkeypatch.setenv(probe.ENV_RANK, "1")
     monkeypatch.setenv(probe.ENV_GPU, "0")  # enable_gpu() below turns it on with the fake
+    # The ring's target table is process-wide and holds 30 names (later ones share the last): this file's
+    # targets must not fill it for the test files that run after it in the same process.
     probe.reset()
+    probe._TARGET_NAMES.clear()
     yield d
     probe.reset()
+    probe._TARGET_NAMES.clear()
 
 
 @pytest.fixture
