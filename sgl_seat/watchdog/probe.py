@@ -468,6 +468,7 @@ class GpuTimer:
                         d[g + 1] = t
                         q[b + _W_GPU] = GPU_DONE
                         prev = seen
+                prev = seen  # the head's predecessor completed with the last of these
             head = s.groups[0][1][0] if s.groups else (s.open[0] if s.open else None)
             if head is not None and q is not None and d is not None:
                 b, c = head
