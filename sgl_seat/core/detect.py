@@ -196,12 +196,25 @@ def forward_last_seen(obs: Observation, th: WatchdogSpec, now: float, since: flo
     Why: tokens stay flat through a long forward and for a moment after it (``/metrics`` is polled about once a
     second): the no-progress detector counts flatness from the end of the forward, not from its start.
     """
+    span = forward_span(obs, th, now, since)
+    return None if span is None else span[1]
+
+
+def forward_span(obs: Observation, th: WatchdogSpec, now: float, since: float) -> tuple[float, float] | None:
+    """(since when, last seen) of the latest long forward (see one_forward) seen at a sample time in [since, now].
+
+    Why: a rank's stack sits unchanged through a long forward and for a sample or two after it while its peers
+    move on into the next collective (the soak's draft-on prefill of 40 s, then a rank slowed 5x: one rank at its
+    step's sleep, three in all_reduce, tokens flat, the very shape of a hang); the stack detector counts from the
+    forward's end, and the start says whether the forward itself outlasted SGLang's own bound.
+    """
     fresh = max(3.0 / th.sample_hz, 5.0)
-    stacks = _scheduler_stacks(obs, now, since - 2.0 * fresh)
+    stacks = _scheduler_stacks(obs, now, -math.inf)
     names = _target_names(obs)
     for t in sorted({x[0] for ts in stacks.values() for x in ts if x[0] >= since}, reverse=True):
-        if _forward_at(stacks, t, fresh, names) is not None:
-            return t
+        found = _forward_at(stacks, t, fresh, names)
+        if found is not None:
+            return found[1], t
     return None
 
 
@@ -476,6 +489,11 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     fwd = one_forward(obs, th, now)
     if fwd is not None and now - fwd.since < th.engine_timeout_s:
         return None  # every rank in one long forward: no rank lags (the engine's own watchdog bounds it)
+    span = forward_span(obs, th, now, min(c[0] for c in cands))
+    if span is not None and span[1] - span[0] < th.engine_timeout_s:
+        cands = [c for c in cands if c[0] > span[1]]  # unchanged since within a long forward: count from its end
+        if not cands:
+            return None
     waiting = {c[1] for c in cands if collective_frame(c[2].main_thread()) is not None
                and not any(short_name(f) in {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
                            for f in python_frames(c[2].main_thread()))}

@@ -277,3 +277,24 @@ def test_a_rank_seen_gone_alone_outranks_one_seen_with_a_victim() -> None:
 
 _CLOSED = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
            "[127.0.0.1]:9092. This is typically caused by a remote worker crashing.")
+
+
+def test_a_rank_still_in_a_long_forward_as_its_peers_leave_it_is_not_a_hang() -> None:
+    """GIVEN a 30 s forward on every rank (a 400k-token prefill, tokens flat), then ranks 0-2 in the next all_reduce
+    while rank 3's latest sample still shows the forward's frame WHEN detect runs THEN no verdict: its five unchanged
+    samples lie in the forward, so they count from its end (the 8-minute soak's draft-on false bundle: rank 3 at
+    Scheduler._step, 5 samples over 4.0 s, right after a 40 s prefill). Before: stack unchanged on rank 3.
+    Five samples past the forward with no fetch, still there while its peers wait: stack unchanged again."""
+    start = T0 + 12
+    rec = long_forward(start, start + 30)
+    flat = rec["metrics"][-1].values
+    t = start + 31
+    while t <= start + 36:
+        rec["samples"] += [sample(t, r, COMPUTE if r == 3 else ALL_REDUCE) for r in range(4)]
+        rec["metrics"].append(metrics(t, gen=flat["sglang:generation_tokens_total"], running=8,
+                                      used=flat["sglang:num_used_tokens"]))
+        t += 1.0
+    first = {k: [x for x in v if getattr(x, "t", 0.0) <= start + 31] for k, v in rec.items() if k != "processes"}
+    assert d.detect(obs(**first, processes=rec["processes"]), TH, start + 31.5) is None
+    v = d.detect(obs(**rec), TH, start + 36.5)
+    assert v is not None and v.kind is VerdictKind.STACK_UNCHANGED and v.rank == 3, v
