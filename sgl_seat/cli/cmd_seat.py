@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
@@ -221,10 +224,23 @@ def logs(
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    # Following, the first Ctrl-C ends the loop between two reads (a KeyboardInterrupt raised inside a Ray call
+    # can leave the driver's shutdown hanging); a second one interrupts at once.
+    stopping = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        stopping.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if follow else None
     try:
-        seat_logs.logs(resolve_name(name), node=node, follow=follow, lines=lines, write=write)
+        seat_logs.logs(resolve_name(name), node=node, follow=follow, lines=lines, write=write, stop=stopping.is_set)
     except KeyboardInterrupt:
         return
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def demo(

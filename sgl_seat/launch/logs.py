@@ -66,7 +66,9 @@ def logs(name: str, *, node: int | None, follow: bool, lines: int, write: Callab
                 *complete, partial[r] = (partial.get(r, "") + res["data"]).split("\n")
                 for ln in complete:
                     write(_prefixed(r, ln, prefix))
-            time.sleep(poll)
+            until = time.monotonic() + poll
+            while not stop() and time.monotonic() < until:
+                time.sleep(min(0.05, poll))
     finally:
         if connected:
             cluster.disconnect()

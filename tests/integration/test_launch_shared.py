@@ -105,29 +105,31 @@ def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: S
     up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--timeout", "180"], home)
     assert up.returncode == 0, up.stdout + up.stderr
     endpoint = endpoint_of(up.stdout)
-
-    again = run_cli(["up", "--seat", str(spec)], home, timeout=120)
-    assert again.returncode != 0
-    assert "already recorded as READY" in again.stderr and "second `up` is refused" in again.stderr
-    st = status_json("lt-fail", home)
-    assert st["state"] == "READY" and st["endpoint"] == endpoint
-
-    # `logs -f` streams lines written after it started (a request makes node 0 log one).
-    follower = subprocess.Popen([*cli_argv(), "logs", "lt-fail", "--node", "0", "-f", "--lines", "0"],
-                                env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=tmp_path)
-    time.sleep(4.0)
-    r = httpx.post(f"{endpoint}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}},
-                   timeout=60)
-    assert r.status_code == 200
-    time.sleep(3.0)
-    follower.send_signal(signal.SIGINT)
-    followed, _ = follower.communicate(timeout=30)
-    assert follower.returncode == 0 and followed.strip(), followed
-
-    pgids, agents = engine_pgids(st), _agent_procs(st)
-    node1 = st["nodes"][1]["engine_pid"]
+    follower: subprocess.Popen[str] | None = None
+    pgids: list[int] = []
+    agents: list[Proc] = []
     try:
+        again = run_cli(["up", "--seat", str(spec)], home, timeout=120)
+        assert again.returncode != 0
+        assert "already recorded as READY" in again.stderr and "second `up` is refused" in again.stderr
+        st = status_json("lt-fail", home)
+        assert st["state"] == "READY" and st["endpoint"] == endpoint
+        pgids, agents = engine_pgids(st), _agent_procs(st)
+
+        # `logs -f` streams lines written after it started (a request makes node 0 log one); Ctrl-C ends it.
+        follower = subprocess.Popen([*cli_argv(), "logs", "lt-fail", "--node", "0", "-f", "--lines", "0"],
+                                    env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=tmp_path)
+        time.sleep(4.0)
+        r = httpx.post(f"{endpoint}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}},
+                       timeout=60)
+        assert r.status_code == 200
+        time.sleep(3.0)
+        follower.send_signal(signal.SIGINT)
+        followed, _ = follower.communicate(timeout=30)
+        assert follower.returncode == 0 and followed.strip(), followed
+
+        node1 = st["nodes"][1]["engine_pid"]
         t0 = time.monotonic()
         os.kill(node1, signal.SIGKILL)
         state, reason = "", ""
@@ -141,7 +143,10 @@ def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: S
         assert reason.startswith(f"node 1 engine (pid {node1}) killed by SIGKILL"), reason
         assert st["log_tail"], "a FAILED seat keeps the log tail"
     finally:
-        down = run_cli(["down", "lt-fail"], home, timeout=180)
+        if follower is not None and follower.poll() is None:  # a `logs -f` that did not stop: not left behind
+            follower.kill()
+            follower.communicate(timeout=10)
+        down = run_cli(["down", "lt-fail"], home, timeout=180)  # whatever failed above, the next test starts clean
     assert down.returncode == 0, down.stdout + down.stderr
     _assert_seat_gone(shared, "lt-fail", home, pgids, agents)
 
