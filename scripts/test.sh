@@ -20,8 +20,23 @@ fi
 rc=0
 echo "== pytest: unit and contract tests (2 workers)"
 python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract || rc=$?
-# Integration tests one at a time: on two workers, runs in a fresh clone failed where modules ran side by side
-# (seats' `up` timing out, a raylet-kill capture, a sidecar snapshot), different ones each run.
-echo "== pytest: integration tests"
-python -m pytest -q -p no:cacheprovider -m "not slow" --durations=15 tests/integration || rc=$?
+# Integration tests in two streams at once, each one module at a time (tests/integration/conftest.py says why
+# these two): the modules with a local Ray cluster on 127.0.0.1, and the rest. Each stream's output goes to its
+# own log, printed when both have ended.
+echo "== pytest: integration tests (two streams: 'ray' and 'other', printed when both end)"
+logs=$(mktemp -d)
+trap 'kill $pid_ray $pid_other 2>/dev/null || true' INT TERM
+pid_ray="" pid_other=""
+for stream in ray other; do
+  SGL_SEAT_STREAM=$stream python -m pytest -q -p no:cacheprovider -m "not slow" --durations=10 tests/integration \
+    > "$logs/$stream.log" 2>&1 &
+  eval "pid_$stream=$!"
+done
+for stream in ray other; do
+  eval "pid=\$pid_$stream"
+  src=0; wait "$pid" || src=$?
+  echo "== integration stream '$stream' (exit $src)"; cat "$logs/$stream.log"
+  [ "$src" -gt "$rc" ] && rc=$src
+done
+rm -rf "$logs"
 exit $rc

@@ -1,41 +1,39 @@
-"""Integration modules run on two pytest-xdist workers (``--dist loadgroup``), a module never split.
+"""Integration modules run in two streams at once (scripts/test.sh), each stream one module after another.
 
-Why: the integration tests wait far more than they compute (Ray and engines starting, detections, timeouts),
-and one at a time they no longer fit CI's 20 minutes. Modules that draw ports from the same range, or share a
-seat name's probe rings, go in one group and so run one after the other on one worker; every other module is a
-group of its own. Every test here gets a group: a module's tests share module-scoped seats and clusters.
+Why two streams: the integration tests wait far more than they compute (Ray and engines starting, detections,
+timeouts); one at a time they no longer fit CI's 20 minutes on 2 cores. Why these two: every module that starts
+a Ray cluster on 127.0.0.1 runs in stream ``ray``, never beside another such module (two local clusters on one
+host share Ray's fixed default ports and its /tmp/ray session files; beside each other, seats' `up` timed out in
+earlier CI runs); stream ``other`` holds the modules without a local Ray cluster, and the two-host cluster, whose
+Ray lives in network namespaces of its own. The port ranges of the two streams do not overlap (launch 33000-33999, runbooks 30500-30599 and the
+watchdog seat 36600-36716 in ``ray``; sim 32000-32999, gate 30740-30799, soak 30800-30899, Prometheus
+30900-30930, raw prompts 36750-36766 and the namespaces' own addresses in ``other``).
+
+``SGL_SEAT_STREAM=ray|other`` selects a stream's modules (unset: every module, in file order).
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-#: Modules that must not run beside each other (same port range or helpers); the rest: one group a module.
-GROUPS = {
-    "test_launch_lifecycle": "launch-ports",  # launchutil's 33000-33999 blocks, `demo` seats
-    "test_launch_shared": "launch-ports",
-    "test_demo": "launch-ports",
-    "test_sim_engine": "sim-ports",  # simutil's 32000-32999
-    "test_sim_errors": "sim-ports",
-    "test_watchdog_sidecar": "sim-ports",
-    "test_watchdog_sampler": "sim-ports",
-    "test_gate": "sim-ports",
-    "test_plan_sizing_child": "sim-ports",
-    "test_watchdog_seat": "wd-ports",  # 36000-36999
-    "test_watchdog_raw_prompts": "wd-ports",
-}
-
-
-#: Modules that run alone, after the parallel stage (scripts/test.sh): beside another module their seat's `up`,
-#: a runbook's `down` and the dashboard queries timed out in a fresh-clone CI run at load ~4.
-SERIAL = {"test_runbooks", "test_watchdog_seat", "test_prometheus"}
+#: The modules that start a local Ray cluster on 127.0.0.1 (one at a time, in this order: the longest first).
+RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_launch_shared", "test_launch_lifecycle", "test_demo")
+STREAM_ENV = "SGL_SEAT_STREAM"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stream = os.environ.get(STREAM_ENV, "").strip()
+    if stream not in ("", "ray", "other"):
+        raise pytest.UsageError(f"{STREAM_ENV}={stream!r}: expected 'ray' or 'other'")
+    if not stream:
+        return
+    keep, drop = [], []
     for item in items:
-        if item.path.parent.name != "integration":
-            continue
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group(GROUPS.get(module, module)))
-        if module in SERIAL:
-            item.add_marker(pytest.mark.serial)
+        in_ray = item.path.parent.name == "integration" and item.path.stem in RAY_LOCAL
+        (keep if in_ray == (stream == "ray") else drop).append(item)
+    if stream == "ray":
+        keep.sort(key=lambda it: RAY_LOCAL.index(it.path.stem))  # stable: a module's own order is kept
+    items[:] = keep
+    config.hook.pytest_deselected(items=drop)
