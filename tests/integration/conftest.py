@@ -4,10 +4,11 @@ Why two streams: the integration tests wait far more than they compute (Ray and 
 timeouts); one at a time they no longer fit CI's 20 minutes on 2 cores. Why these two: every module that starts
 a Ray cluster on 127.0.0.1 runs in stream ``ray``, never beside another such module (two local clusters on one
 host share Ray's fixed default ports and its /tmp/ray session files; beside each other, seats' `up` timed out in
-earlier CI runs); stream ``other`` holds the modules without a local Ray cluster, and the two-host cluster, whose
-Ray lives in network namespaces of its own. The port ranges of the two streams do not overlap (launch 33000-33999, runbooks 30500-30599 and the
-watchdog seat 36600-36716 in ``ray``; sim 32000-32999, gate 30740-30799, soak 30800-30899, Prometheus
-30900-30930, raw prompts 36750-36766 and the namespaces' own addresses in ``other``).
+earlier CI runs); stream ``other`` holds the modules without a local Ray cluster, and the two-host cluster,
+whose Ray lives in network namespaces of its own. The two streams' port ranges do not overlap: launch
+33000-33999, runbooks 30500-30599 and the watchdog seat 36600-36716 in ``ray``; sim 32000-32999, gate
+30740-30799, soak 30800-30899, Prometheus 30900-30930, raw prompts 36750-36766 and the namespaces' own
+addresses in ``other``.
 
 ``SGL_SEAT_STREAM=ray|other`` selects a stream's modules (unset: every module, in file order).
 """
