@@ -70,7 +70,7 @@ from tests.simrig import SimSeat, Traffic, sim_spec
 #: (draft on: 40 s, the draft-extend factor 1.25 on top).
 PREFILL_TOKEN_MS = 0.08
 LONG_PROMPT = 400_000
-BASE_PORT = 30800  # draft off: 30800-30816; draft on: 30840-30856
+BASE_PORT = 30800  # draft off: 30800-30816; draft on: 30840-30856 (the CI test passes its own: 30860-30876)
 FAULT_KINDS = ("stall", "slow-stall", "crash")
 HEALTHY_KINDS = ("idle", "burst", "prefill", "slow")
 MISS_AFTER_S = 30.0  # a fault that fired and has no bundle this long after is a miss
@@ -160,13 +160,13 @@ class Rig:
     """One seat generation with its sidecars, its background traffic, and the bookkeeping of bundles."""
 
     def __init__(self, draft: bool, workdir: Path, report: SoakReport, rng: random.Random,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], base_port: int = BASE_PORT) -> None:
         self.draft = draft
         self.workdir = workdir
         self.report = report
         self.rng = rng
         self.log = log
-        self.port = BASE_PORT + (40 if draft else 0)
+        self.port = base_port + (40 if draft else 0)
         self.seat: SimSeat | None = None
         self.sidecars: dict[int, Sidecar] = {}
         self.background: TrafficProc | None = None
@@ -181,7 +181,9 @@ class Rig:
     # ---- seat life cycle
 
     def start(self) -> None:
-        name = "soak-on" if self.draft else "soak-off"
+        # The port in the name: a seat's probe rings live under /dev/shm/sgl-seat-<name>, so two soaks at once (the
+        # bench and the CI test) must differ in name as in ports (one run's sidecars removed the other's rings).
+        name = f"soak-{'on' if self.draft else 'off'}-{self.port}"
         spec = sim_spec(name, self.port, **self.th.model_dump())  # every watchdog key at its default
         gen = self.report.seat_starts
         self.seat = SimSeat(spec, draft=self.draft, workdir=self.workdir / f"{name}-{gen}")
@@ -507,7 +509,7 @@ FAULT_COST_S = {"stall": 20.0, "slow-stall": 25.0, "crash": 40.0}
 HEALTHY_COST_S = {"idle": 18.0, "burst": 15.0, "prefill": 45.0, "slow": 25.0}
 
 
-def run_soak(*, minutes: float, faults: dict[str, int], seed: int, workdir: Path,
+def run_soak(*, minutes: float, faults: dict[str, int], seed: int, workdir: Path, base_port: int = BASE_PORT,
              drafts: tuple[bool, ...] = (False, True), healthy_first: tuple[str, ...] = (),
              log: Callable[[str], None] = print) -> SoakReport:
     """The whole campaign; returns the report (print it with :func:`table`).
@@ -526,7 +528,7 @@ def run_soak(*, minutes: float, faults: dict[str, int], seed: int, workdir: Path
         for i, draft in enumerate(drafts):
             share_end = t_start + (deadline - t_start) * (i + 1) / len(drafts)
             todo = plan[draft]
-            rig = Rig(draft, workdir, report, rng, log)
+            rig = Rig(draft, workdir, report, rng, log, base_port)
             rig.start()
             try:
                 # Every healthy kind at least once per draft (while the faults' time allows), then at random;

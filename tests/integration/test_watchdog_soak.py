@@ -8,8 +8,8 @@ row-fetch stalls at random steps and gather sizes, one slow-then-stall and one c
 recovery. Asserted (issue 15): no false bundle, every fault fired and got one bundle of the right kind (no miss; a
 stall names its rank; a crash's rank is printed), and per kind p95 <= 3 s from the fault passing its detector's
 threshold to the bundle on disk.
-Ports 30800-30816. About 2.5 minutes (150 s measured on 2 cores at load 4-5); everything it starts it stops
-(checked by pid).
+Ports 30860-30876 (the bench's own run uses 30800-30856). About 2.5 minutes (150 s measured on 2 cores at load
+4-5); everything it starts it stops (checked by pid).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ def _bench() -> ModuleType:
 def test_soak_no_false_bundles_and_fast_detection(tmp_path: Path) -> None:
     soak = _bench()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    # Its own ports and seat name (soak-off-30860): the bench's 30-minute run on 30800 can run beside it.
     rep = soak.run_soak(minutes=2.0, faults={"stall": 2, "slow-stall": 1, "crash": 1}, seed=15, workdir=tmp_path,
-                        drafts=(False,), healthy_first=("prefill",), log=print)
+                        base_port=30860, drafts=(False,), healthy_first=("prefill",), log=print)
     print(soak.table(rep))
 
     # The sample is real: the long prefill ran (>= 30 s to its answer), and healthy time was watched.
