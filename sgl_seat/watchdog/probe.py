@@ -1255,6 +1255,10 @@ class RingError(ValueError):
     """A file that is not a probe ring of a version this reader knows."""
 
 
+class RingNotReady(RingError):
+    """A ring its process is still creating: shorter than a header, or its magic not written yet (it goes last)."""
+
+
 def read_header(buf: bytes | mmap.mmap) -> RingHeader:
     if len(buf) < HEADER_BYTES or bytes(buf[0:8]) != MAGIC:
         raise RingError("not a probe ring (bad magic)")
@@ -1297,9 +1301,11 @@ class RingReader:
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < HEADER_BYTES:
-                raise RingError(f"{self.path}: too short for a probe ring")
+                raise RingNotReady(f"{self.path}: shorter than a header (being created)")
             mm = mmap.mmap(fh.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
         try:
+            if bytes(mm[0:8]) == bytes(8):
+                raise RingNotReady(f"{self.path}: no magic yet (being created)")
             hdr = read_header(mm)
             end = HEADER_BYTES + hdr.nslots * SLOT_BYTES
             if size < end:

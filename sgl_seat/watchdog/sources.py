@@ -53,6 +53,8 @@ class ProbeReader:
                 reader = self._readers[pid] = probe.RingReader(path)
             try:
                 recs = reader.read(node=self.node, rank=rank if rank is not None else None)
+            except (FileNotFoundError, probe.RingNotReady):
+                continue  # the process is creating its ring, or exited and removed it: nothing to read, no error
             except (OSError, ValueError) as exc:
                 self.errors += 1
                 log.debug("probe ring %s unreadable: %s", path, exc)
