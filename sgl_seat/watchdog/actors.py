@@ -50,7 +50,8 @@ class SidecarActor:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics poll otherwise
         self.cfg = SidecarConfig.from_json(config_json)
         peers = RayPeers(self.cfg) if self.cfg.nnodes > 1 and self.cfg.namespace else None
-        self.core = Sidecar(self.cfg, peers=peers)
+        raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
+        self.core = Sidecar(self.cfg, peers=peers, host_gone=lambda: os.getppid() != raylet)
         self.core.start()
 
     def ping(self) -> str:

@@ -64,8 +64,13 @@ class Sidecar:
     """One node's watchdog (see the module doc). ``peers`` None: a single-node seat, it coordinates itself."""
 
     def __init__(self, cfg: SidecarConfig, *, peers: Peers | None = None, sampler: Sampler | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, host_gone: Callable[[], bool] | None = None) -> None:
         self.cfg = cfg
+        #: True once this node's own Ray raylet is gone (the Ray actor's parent exited): the node's engines die
+        #: with it and this sidecar soon after, so it neither detects nor captures any more; the other nodes name
+        #: this node unreachable (its heartbeats stop), which is the finding, not the deaths that follow it.
+        self.host_gone = host_gone
+        self._host_gone_logged = False
         self.th = cfg.watchdog
         self.peers = peers
         self.clock = clock
@@ -219,6 +224,12 @@ class Sidecar:
         now = self.clock()
         self.poll_sources(now)
         self.ticks += 1
+        if self.host_gone is not None and self.host_gone():
+            if not self._host_gone_logged:
+                log.warning("node %d watchdog: this node's raylet is gone; no more captures from here (the other "
+                            "nodes name this node unreachable)", self.cfg.node)
+                self._host_gone_logged = True
+            return self.verdict
         lost = self.peers.silent(now) if self.peers is not None else {}
         if lost and self.latched_at is None:  # a node lost is a finding by itself, with or without traffic
             gone = node_unreachable(sorted(lost), self.cfg.rank_nodes, now, last_seen=lost)

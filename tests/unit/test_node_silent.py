@@ -74,3 +74,26 @@ def test_a_silent_node_is_captured_at_once_and_named_with_what_was_last_seen(tmp
         assert all("last_seen" not in step for step in manifest["capture"])  # said once, in the verdict
     finally:
         sc.exporter.close()
+
+
+def test_a_sidecar_whose_raylet_is_gone_captures_nothing(tmp_path: Path) -> None:
+    """Its node's raylet killed: the node's engines die with it, but that is not this sidecar's finding to write
+    (the other nodes name the node unreachable); before the raylet went, the same silence is captured."""
+    clock = [103.0]
+    gone = [True]
+    peers = _Peers(lost_at=100.0)
+    cfg = SidecarConfig(seat="s", node=0, nnodes=2, thresholds={}, bundle_dir=str(tmp_path), rank_nodes=RANK_NODES,
+                        gpu=False)
+    sc = Sidecar(cfg, peers=peers, sampler=Sampler(node=0, discover=lambda: [], pyspy=False),
+                 clock=lambda: clock[0], host_gone=lambda: gone[0])
+    try:
+        assert sc.tick() is None and peers.collects == 0 and sc.latched_at is None
+        gone[0] = False
+        v = sc.tick()
+        assert v is not None and v.kind.value == "node-unreachable"
+        deadline = time.monotonic() + 20
+        while peers.collects == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert peers.collects == 1
+    finally:
+        sc.exporter.close()
