@@ -51,7 +51,14 @@ class SidecarActor:
         self.cfg = SidecarConfig.from_json(config_json)
         peers = RayPeers(self.cfg) if self.cfg.nnodes > 1 and self.cfg.namespace else None
         raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
-        self.core = Sidecar(self.cfg, peers=peers, host_gone=lambda: os.getppid() != raylet)
+        self._host_gone: Callable[[], bool] = lambda: os.getppid() != raylet
+        self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone)
+
+    def _alive_host(self) -> None:
+        """Calls from other nodes reach this actor directly, not through its raylet: with the raylet gone it would
+        still answer for a while, and the node would look reachable while its engines die. It says it is not."""
+        if self._host_gone():
+            raise RuntimeError(f"node {self.cfg.node}'s raylet is gone (this sidecar outlives it briefly)")
         self.core.start()
 
     def ping(self) -> str:
@@ -59,6 +66,7 @@ class SidecarActor:
         node id, its last stack sample, its last probe record)."""
         import ray
 
+        self._alive_host()
         core = self.core
         node_ip: Callable[[], str] = ray.util.get_node_ip_address
         samples = core.sampler.samples(since=time.time() - 30.0)
@@ -77,6 +85,7 @@ class SidecarActor:
         return json.dumps(self.core.coordinate(json.loads(trigger_json)))
 
     def capture_part(self, capture_id: str, t: float) -> str:
+        self._alive_host()
         return json.dumps(self.core.part(capture_id, t))
 
     def snapshot(self) -> str:
