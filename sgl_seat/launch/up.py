@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from types import FrameType
 from typing import Any
 
 from sgl_seat.deadline import bounded
@@ -83,6 +86,8 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     deadline = time.monotonic() + opts.timeout
 
     def left() -> float:
+        if interrupted.is_set():  # a Ctrl-C that a Ray call swallowed still stops `up` at its next step
+            raise KeyboardInterrupt
         rem = deadline - time.monotonic()
         if rem <= 0:
             raise EngineError(f"`up` did not finish within --timeout {opts.timeout:.0f} s",
@@ -100,8 +105,20 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     )
     claim_record(rec)
     sess = _Session(rec)
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    # Ctrl-C is remembered, not only raised: raised inside a Ray call it can be swallowed there (a CI run saw
+    # `up` reach READY after a SIGINT sent during its dist-init stage).
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         _up_stages(spec, plan, backend, opts, sess, stages, left)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
         return rec, stages.times
     except BaseException as exc:
         with sigint_ignored():
@@ -116,6 +133,8 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
             remove_record(sess.rec.name)
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         if sess.connected:
             cluster.disconnect()
 
