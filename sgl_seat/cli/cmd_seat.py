@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -68,8 +69,11 @@ class ConsoleReporter:
 
     def close(self) -> None:
         if self._status is not None:
-            self._status.stop()
-            self._status = None
+            status, self._status = self._status, None
+            # A Ctrl-C can land inside rich's own start of the spinner and leave its render hooks half set; the
+            # spinner is cosmetic, so stopping it never hides the interrupt or the error being reported.
+            with contextlib.suppress(IndexError):
+                status.stop()
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress on stderr).")]
