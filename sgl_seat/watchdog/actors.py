@@ -53,13 +53,13 @@ class SidecarActor:
         raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
         self._host_gone: Callable[[], bool] = lambda: os.getppid() != raylet
         self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone)
+        self.core.start()
 
     def _alive_host(self) -> None:
         """Calls from other nodes reach this actor directly, not through its raylet: with the raylet gone it would
         still answer for a while, and the node would look reachable while its engines die. It says it is not."""
         if self._host_gone():
             raise RuntimeError(f"node {self.cfg.node}'s raylet is gone (this sidecar outlives it briefly)")
-        self.core.start()
 
     def ping(self) -> str:
         """Liveness, and what a peer keeps as this node's "last seen" should it go silent (its address and Ray

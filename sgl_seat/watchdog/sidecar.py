@@ -121,6 +121,10 @@ class Sidecar:
     # ---- life cycle
 
     def start(self) -> None:
+        """Start the tick and liveness threads; a second call while they run does nothing (a start per call
+        once piled up tick threads, each sending its own heartbeats, until pings went unanswered)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         if self.probes is not None:
             self.probes.cleanup(set())
         self.sampler.refresh(force=True)

@@ -9,6 +9,8 @@ Ray: tests/integration/test_netns_cluster.py cuts a real link and kills a real r
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,3 +99,27 @@ def test_a_sidecar_whose_raylet_is_gone_captures_nothing(tmp_path: Path) -> None
         assert peers.collects == 1
     finally:
         sc.exporter.close()
+
+
+def test_the_sidecar_actor_starts_its_watchdog_once_and_calls_do_not_start_more(tmp_path: Path) -> None:
+    """`ping` and `capture_part` check the raylet and answer; they once started the watchdog again on every call,
+    and the tick threads piled up (two a ping, two pings a second from each peer) until the host was too loaded
+    to answer heartbeats, and the seat wrote false node-unreachable bundles."""
+    from sgl_seat.watchdog.actors import SidecarActor
+
+    cfg = SidecarConfig(seat="s", node=0, nnodes=1, thresholds={}, bundle_dir=str(tmp_path), rank_nodes=RANK_NODES,
+                        gpu=False, metrics_port=0, root_pid=os.getpid())
+    actor = SidecarActor(cfg.to_json())
+    try:
+        first = actor.core._thread
+        assert first is not None and first.is_alive()  # watching from construction on, as `up` expects
+        before = {t.ident for t in threading.enumerate()}
+        for _ in range(5):
+            actor._alive_host()
+            actor.core.start()
+        assert actor.core._thread is first
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert not [n for n in started if n.startswith(("sgl-seat-watchdog", "sgl-seat-liveness"))], started
+    finally:
+        actor.stop()
+    assert not first.is_alive()
