@@ -123,10 +123,18 @@ def probe_cost(calls: int = 6000, sizes: Sequence[int] = GATHER_SIZES) -> dict[s
         def empty(table: object, ids: object) -> object:
             return ids
 
+        out["writer"] = probe.native_state()
+        native = probe._native() is not None
         w_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"))
+        p_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"), python=True)
         lists = [list(range(32))]
-        t = interleaved_ns({"bare": lambda x: empty(None, x), "probe": lambda x: w_empty(None, x)}, lists, calls * 5)
+        arms: dict[str, Callable[[Any], Any]] = {"bare": lambda x: empty(None, x), "probe": lambda x: w_empty(None, x)}
+        if native:
+            arms["python"] = lambda x: p_empty(None, x)
+        t = interleaved_ns(arms, lists, calls * 5)
         out["empty"] = added_ns(t, "probe")
+        if native:
+            out["python_empty"] = added_ns(t, "python")
         try:
             import torch
 
@@ -137,10 +145,16 @@ def probe_cost(calls: int = 6000, sizes: Sequence[int] = GATHER_SIZES) -> dict[s
         table = rowfetch.make_table()
         fr = rowfetch.fetch_rows
         w_fr = probe.make_wrapper(fr, probe.parse_target(SIM_TARGET))
+        p_fr = probe.make_wrapper(fr, probe.parse_target(SIM_TARGET), python=True)
         for size in sizes:
             ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
-            t = interleaved_ns({"bare": lambda x: fr(table, x), "probe": lambda x: w_fr(table, x)}, ids, calls)
+            arms = {"bare": lambda x: fr(table, x), "probe": lambda x: w_fr(table, x)}
+            if native:
+                arms["python"] = lambda x: p_fr(table, x)
+            t = interleaved_ns(arms, ids, calls)
             out[f"fetch_rows_{size}"] = added_ns(t, "probe")
+            if native:
+                out[f"python_fetch_rows_{size}"] = added_ns(t, "python")
         return out
     finally:
         probe.reset()
@@ -246,14 +260,17 @@ def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
 
 def print_probe(cost: dict[str, Any]) -> None:
     """The probe's cost table (shared with bench/gpu/gpu_watchdog.py)."""
-    print(f"{'probe cost per call (ns)':34}{'base':>10}{'added':>10}{'95 % interval':>18}{'target':>10}")
+    print(f"probe writer: {cost.get('writer', 'python')}")
+    print(f"{'probe cost per call (ns)':48}{'base':>10}{'added':>10}{'95 % interval':>18}{'target':>10}")
     for key, fig in cost.items():
         if not isinstance(fig, dict):
             continue
-        label = "empty function" if key == "empty" else key.replace("fetch_rows_", "sim fetch_rows, ") + \
-            ("" if key == "empty" else " rows")
+        py = key.startswith("python_")
+        k = key.removeprefix("python_")
+        label = "empty function" if k == "empty" else k.replace("fetch_rows_", "sim fetch_rows, ") + " rows"
+        label = ("Python writer: " if py else "") + label
         ci = f"{fig['ci95_low_ns']:.0f}..{fig['ci95_high_ns']:.0f}"
-        print(f"{'  ' + label:34}{fig['base_median_ns']:10.0f}{fig['median_ns']:10.0f}{ci:>18}{'<= 1000':>10}")
+        print(f"{'  ' + label:48}{fig['base_median_ns']:10.0f}{fig['median_ns']:10.0f}{ci:>18}{'<= 1000':>10}")
 
 
 def print_throughput(tput: dict[str, Any]) -> None:

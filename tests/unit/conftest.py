@@ -5,7 +5,23 @@ from __future__ import annotations
 
 import pytest
 
+from sgl_seat.watchdog import probe
+
 
 @pytest.fixture(autouse=True)
 def _size_with_the_mirror(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+
+
+def probe_writer(writer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's ring writer: the C one (``probe_native.c``, the default where it builds) or the Python one.
+    Targets installed by an earlier test are forgotten (install is idempotent per target: a module made anew
+    under the same name would not be wrapped)."""
+    probe.reset()
+    monkeypatch.setattr(probe, "_INSTALLED", {})
+    monkeypatch.setattr(probe, "_PENDING", {})
+    if writer == "python":
+        monkeypatch.setattr(probe, "_NATIVE", None)
+        monkeypatch.setattr(probe, "_NATIVE_DECIDED", True)
+    elif probe._native() is None:
+        pytest.skip(f"no C writer here: {probe.native_state()}")  # test_native_writer_builds_here says why

@@ -14,17 +14,33 @@ import pytest
 
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.watchdog import probe
+from tests.unit.conftest import probe_writer
 
 
-@pytest.fixture
-def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(params=["native", "python"])
+def ring_dir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ring directory, once with each writer: every ring test holds for both."""
     d = tmp_path / "rings"
     monkeypatch.setenv(probe.ENV_DIR, str(d))
     monkeypatch.setenv(probe.ENV_SLOTS, "64")
     monkeypatch.setenv(probe.ENV_RANK, "3")
+    probe_writer(request.param, monkeypatch)
     probe.reset()
     yield d
     probe.reset()
+
+
+def test_native_writer_builds_here() -> None:
+    """Where a C compiler and the interpreter's headers are (CI has both), the C writer builds and loads: a C
+    source that stopped compiling would otherwise pass every test on the Python writer."""
+    import shutil
+    import sysconfig
+
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if (shutil.which("cc") is None and shutil.which("gcc") is None) or not headers.exists():
+        pytest.skip("no C compiler or no Python.h here: the Python writer is used")
+    assert probe._native() is not None, probe.native_state()
+    assert probe.native_state().startswith("native (")
 
 
 def _module(name: str, src: str) -> types.ModuleType:
@@ -127,16 +143,21 @@ def test_import_hook_wraps_a_module_imported_later(ring_dir: Path, tmp_path: Pat
             @staticmethod
             def helper(ids):
                 return 7
+            @classmethod
+            def make(cls, ids):
+                return cls
     """))
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
-    state = probe.install(["probe_pkg_late.rows:Table.gather@indices", "probe_pkg_late.rows:Table.helper"])
+    state = probe.install(["probe_pkg_late.rows:Table.gather@indices", "probe_pkg_late.rows:Table.helper",
+                           "probe_pkg_late.rows:Table.make@ids"])
     assert set(state.values()) >= {"pending"}
     import probe_pkg_late.rows as rows
 
     assert probe.installed()["probe_pkg_late.rows:Table.gather@indices"] == "installed"
     assert rows.Table().gather([1, 2]) == 2 and rows.Table.helper([1]) == 7
-    names = {r.target for r in _records(ring_dir)}
-    assert {"probe_pkg_late.rows:Table.gather", "probe_pkg_late.rows:Table.helper"} <= names
+    assert rows.Table.make([1, 2, 3]) is rows.Table and rows.Table().make([4]) is rows.Table
+    sizes = {(r.target.rsplit(".", 1)[1], r.gather_size) for r in _records(ring_dir)}
+    assert sizes == {("gather", 2), ("helper", 1), ("make", 3), ("make", 1)}  # bound like the functions they wrap
     for m in ("probe_pkg_late.rows", "probe_pkg_late"):
         sys.modules.pop(m, None)
 
@@ -299,9 +320,13 @@ def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> No
     sig = inspect.signature(mod.gather)
     probe.install(["probe_t11:gather@ids", "probe_t11:varargs@0:none", "probe_t11:shadow@ids"])
     assert inspect.signature(mod.gather) == sig
-    assert mod.gather.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generated
-    assert not mod.varargs.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generic
-    assert not mod.shadow.__code__.co_filename.startswith("<sgl-seat probe wrapper")
+    native = probe._NATIVE is not None
+    if native:  # one C wrapper for every signature
+        assert all(type(f).__name__ == "Wrapper" for f in (mod.gather, mod.varargs, mod.shadow))
+    else:
+        assert mod.gather.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generated
+        assert not mod.varargs.__code__.co_filename.startswith("<sgl-seat probe wrapper")  # generic
+        assert not mod.shadow.__code__.co_filename.startswith("<sgl-seat probe wrapper")
     assert mod.gather("w", [1, 2]) == ("w", [1, 2], None, 64, False)
     assert mod.gather("w", ids=range(3), sort_ids=True, block=8) == ("w", [0, 1, 2], None, 8, True)
     assert mod.varargs(1, 2, 3) == 3
@@ -309,6 +334,8 @@ def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> No
     with pytest.raises(TypeError):
         mod.gather("w")  # a missing argument fails as the target itself would
     recs = [r for r in _records(ring_dir) if r.target.startswith("probe_t11")]
+    # the C wrapper times the failing call too (its TypeError comes from the target); the generated one fails
+    # before it writes, as the target's own signature
     assert [(r.target.split(":")[1], r.gather_size) for r in recs] == [
-        ("gather", 2), ("gather", 3), ("varargs", -1), ("shadow", 1)]
+        ("gather", 2), ("gather", 3), ("varargs", -1), ("shadow", 1)] + ([("gather", -1)] if native else [])
     assert all(r.end is not None for r in recs)

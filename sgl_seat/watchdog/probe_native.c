@@ -1,0 +1,306 @@
+/* The probe's hot path in C: the same ring writes as probe.py's Python wrapper, without the interpreter.
+ *
+ * Why: around a real row fetch (a gather of hundreds of KB that evicts the caches) the Python wrapper added
+ * 1.3-3.0 us per call, most of it the interpreter's own objects (frames, globals, the struct packer) missed
+ * in cache after the gather; the target is 1 us. This file does exactly what probe._exact_wrapper's body does,
+ * in the same order and with the same ring layout (probe.py's module doc has the writer protocol), and nothing
+ * more. probe.py builds it at first use with the interpreter's own compiler into a private cache directory and
+ * falls back to the Python wrapper wherever that fails; it is never required.
+ *
+ * Module functions:
+ *   set_ring(buffer, mask, shift, header_slots)  the ring to write (a writable buffer, held until cleared);
+ *                                                resets the call counter (a new ring starts at call 1)
+ *   clear_ring()                                 forget the ring (reset, or a forked child)
+ *   next_call()                                  the process-wide call counter (probe._NEXT uses it too)
+ *   Wrapper(fn, tidx, pos, kw, mode, probe_globals, ensure_ring)
+ *       a callable that times each call of fn: mode 0 none, 1 len, 2 numel, 3 dim0 of argument pos (or keyword
+ *       kw); probe_globals is probe.py's module dict (its _GPU, read each call, as the Python wrapper does)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define W_END 3
+#define W_GPU 7
+#define END_BITS 48
+#define END_MASK ((((uint64_t)1) << END_BITS) - 1)
+#define LAP_MASK 0x7FFF
+#define GPU_NONE 0
+#define GPU_QUEUED 1
+
+static Py_buffer ring_view;
+static int64_t *ring_words = NULL; /* NULL: no ring (the wrapper asks probe._ensure_ring) */
+static uint64_t ring_mask = 0;
+static int ring_shift = 0;
+static uint64_t ring_header_slots = 0;
+static uint64_t counter = 0;
+
+static PyObject *str_numel = NULL, *str_shape = NULL, *str_gpu = NULL, *str_end = NULL;
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* time.time_ns(): the same clock the reader and the Python path use */
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline uint64_t take_call(void) { return __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED); }
+
+static PyObject *set_ring(PyObject *mod, PyObject *args) {
+    PyObject *buf;
+    unsigned long long mask, header_slots;
+    int shift;
+    if (!PyArg_ParseTuple(args, "OKiK", &buf, &mask, &shift, &header_slots)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) return NULL;
+    if ((uint64_t)view.len < (header_slots + mask + 1) * 64) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "ring buffer smaller than its slots");
+        return NULL;
+    }
+    if (ring_words != NULL) PyBuffer_Release(&ring_view);
+    ring_view = view;
+    ring_words = (int64_t *)view.buf;
+    ring_mask = mask;
+    ring_shift = shift;
+    ring_header_slots = header_slots;
+    counter = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *clear_ring(PyObject *mod, PyObject *unused) {
+    if (ring_words != NULL) {
+        ring_words = NULL;
+        PyBuffer_Release(&ring_view);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *next_call(PyObject *mod, PyObject *unused) { return PyLong_FromUnsignedLongLong(take_call()); }
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;
+    PyObject *kw;      /* the sized argument's name, or None */
+    PyObject *globals; /* probe.py's module dict */
+    PyObject *ensure;  /* probe._ensure_ring */
+    PyObject *dict;    /* functools.update_wrapper's attributes */
+    Py_ssize_t pos;
+    int tidx;
+    int mode;
+} Wrapper;
+
+static int64_t gather_size(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *obj = NULL;
+    if (w->mode == 0) return -1;
+    if (w->pos >= 0 && w->pos < nargs) {
+        obj = args[w->pos];
+    } else if (kwnames != NULL && w->kw != Py_None) {
+        Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+            if (name == w->kw || PyUnicode_Compare(name, w->kw) == 0) {
+                obj = args[nargs + i];
+                break;
+            }
+        }
+    }
+    if (obj == NULL) return -1;
+    int64_t gs = -1;
+    if (w->mode == 1) {
+        Py_ssize_t n = PyObject_Length(obj);
+        gs = n;
+    } else {
+        PyObject *r = NULL;
+        if (w->mode == 2) {
+            r = PyObject_CallMethodNoArgs(obj, str_numel);
+        } else if (w->mode == 3) {
+            PyObject *shape = PyObject_GetAttr(obj, str_shape);
+            if (shape != NULL) {
+                r = PySequence_GetItem(shape, 0);
+                Py_DECREF(shape);
+            }
+        }
+        if (r != NULL) {
+            gs = PyLong_AsLongLong(r);
+            Py_DECREF(r);
+        }
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        gs = -1;
+    }
+    return gs;
+}
+
+static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Wrapper *w = (Wrapper *)self;
+    if (ring_words == NULL) {
+        PyObject *ok = PyObject_CallNoArgs(w->ensure);
+        int yes = ok != NULL && PyObject_IsTrue(ok) == 1;
+        Py_XDECREF(ok);
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (!yes || ring_words == NULL) return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    }
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int64_t gs = gather_size(w, args, nargs, kwnames);
+    /* probe._GPU, read each call like the Python wrapper's LOAD_GLOBAL (the event timer starts and stops). */
+    PyObject *g = PyDict_GetItemWithError(w->globals, str_gpu);
+    if (g == NULL && PyErr_Occurred()) PyErr_Clear();
+    if (g == Py_None) g = NULL;
+    Py_XINCREF(g);
+    int64_t *words = ring_words;
+    uint64_t c = take_call();
+    uint64_t b = ((c & ring_mask) + ring_header_slots) << 3; /* the slot's first word */
+    int64_t *slot = words + b;
+    uint64_t lap = ((c >> ring_shift) & LAP_MASK) << END_BITS;
+    __atomic_store_n(&slot[0], (int64_t)(2 * c + 1), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    slot[1] = (int64_t)c;
+    slot[2] = now_ns();
+    slot[3] = 0;
+    slot[4] = gs;
+    slot[5] = (int64_t)PyThread_get_thread_ident();
+    slot[6] = w->tidx;
+    slot[7] = g == NULL ? GPU_NONE : GPU_QUEUED;
+    __atomic_store_n(&slot[0], (int64_t)(2 * c + 2), __ATOMIC_RELEASE);
+    PyObject *res = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    if (g != NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *r = NULL;
+        PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c);
+        if (pb != NULL && pc != NULL) {
+            PyObject *argv[3] = {g, pb, pc};
+            r = PyObject_VectorcallMethod(str_end, argv, 3, NULL);
+        }
+        Py_XDECREF(pb);
+        Py_XDECREF(pc);
+        if (r == NULL) {
+            PyErr_Clear();
+            if (ring_words == words) words[b + W_GPU] = GPU_NONE; /* untimed on the GPU, as end() does */
+        }
+        Py_XDECREF(r);
+        PyErr_Restore(et, ev, tb);
+        Py_DECREF(g);
+    }
+    /* blind end store with the call's lap (probe.py's module doc); a ring replaced meanwhile is not written */
+    if (ring_words == words)
+        __atomic_store_n(&slot[W_END], (int64_t)(lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
+    return res;
+}
+
+static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fn, *kw, *globals, *ensure;
+    Py_ssize_t pos;
+    int tidx, mode;
+    static char *names[] = {"fn", "tidx", "pos", "kw", "mode", "probe_globals", "ensure_ring", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OinOiO!O", names, &fn, &tidx, &pos, &kw, &mode, &PyDict_Type,
+                                     &globals, &ensure))
+        return NULL;
+    if (!PyCallable_Check(fn) || !PyCallable_Check(ensure)) {
+        PyErr_SetString(PyExc_TypeError, "fn and ensure_ring must be callable");
+        return NULL;
+    }
+    if (kw != Py_None && !PyUnicode_Check(kw)) {
+        PyErr_SetString(PyExc_TypeError, "kw must be a str or None");
+        return NULL;
+    }
+    Wrapper *w = (Wrapper *)type->tp_alloc(type, 0);
+    if (w == NULL) return NULL;
+    w->vectorcall = wrapper_vectorcall;
+    w->fn = Py_NewRef(fn);
+    w->kw = Py_NewRef(kw);
+    w->globals = Py_NewRef(globals);
+    w->ensure = Py_NewRef(ensure);
+    w->dict = NULL;
+    w->pos = pos;
+    w->tidx = tidx;
+    w->mode = mode;
+    return (PyObject *)w;
+}
+
+static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->fn);
+    Py_VISIT(w->kw);
+    Py_VISIT(w->globals);
+    Py_VISIT(w->ensure);
+    Py_VISIT(w->dict);
+    return 0;
+}
+
+static int wrapper_clear(Wrapper *w) {
+    Py_CLEAR(w->fn);
+    Py_CLEAR(w->kw);
+    Py_CLEAR(w->globals);
+    Py_CLEAR(w->ensure);
+    Py_CLEAR(w->dict);
+    return 0;
+}
+
+static void wrapper_dealloc(Wrapper *w) {
+    PyObject_GC_UnTrack(w);
+    wrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* A method wrapped on its class is bound like the function it replaces. */
+static PyObject *wrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *wrapper_fn(Wrapper *w, void *closure) { return Py_NewRef(w->fn); }
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"probed_function", (getter)wrapper_fn, NULL, "the wrapped callable", NULL},
+    {NULL},
+};
+
+static PyTypeObject WrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "probe_native.Wrapper",
+    .tp_basicsize = sizeof(Wrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A callable that times each call into the probe ring (see the module source).",
+    .tp_new = wrapper_new,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
+    .tp_descr_get = wrapper_descr_get,
+    .tp_dictoffset = offsetof(Wrapper, dict),
+    .tp_getset = wrapper_getset,
+};
+
+static PyMethodDef module_methods[] = {
+    {"set_ring", set_ring, METH_VARARGS, "set_ring(buffer, mask, shift, header_slots): the ring to write"},
+    {"clear_ring", clear_ring, METH_NOARGS, "forget the ring"},
+    {"next_call", next_call, METH_NOARGS, "the next call number"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "probe_native", NULL, -1, module_methods};
+
+PyMODINIT_FUNC PyInit_probe_native(void) {
+    if (PyType_Ready(&WrapperType) < 0) return NULL;
+    str_numel = PyUnicode_InternFromString("numel");
+    str_shape = PyUnicode_InternFromString("shape");
+    str_gpu = PyUnicode_InternFromString("_GPU");
+    str_end = PyUnicode_InternFromString("end");
+    if (!str_numel || !str_shape || !str_gpu || !str_end) return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL) return NULL;
+    Py_INCREF(&WrapperType);
+    if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
+        Py_DECREF(&WrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
