@@ -90,6 +90,10 @@ _SCHED_EXC = re.compile(r"Scheduler hit an exception: (.*)")
 #: "Connection closed by peer ... typically caused by a remote worker crashing", NCCL's remote errors).
 _PEER_FAILURE = re.compile(r"Connection (?:closed|reset) by peer|remote worker crash|remote process exited"
                            r"|ncclRemoteError|communicator was aborted", re.IGNORECASE)
+#: The dead peer's address in gloo's error ("Connection closed by peer [127.0.0.1]:5848", "Read error
+#: [127.0.0.1]:2190: Connection reset by peer"): the local port of one
+#: of the dead rank's sockets (EngineProcess.ports says whose).
+_PEER_ADDR = re.compile(r"\[([^\]\s/]+)\]:(\d+)")  # the first [address]:port; never gloo's [source path:line]
 
 
 def _fmt_s(x: float) -> str:
@@ -235,14 +239,16 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
             crashed[int(m.group(1))] = int(m.group(2)) if m.group(2) not in (None, "None") else None
     # Whose fault: a rank that logged an error of its own goes first, then ranks that died without a word, and
     # last the ranks whose error says a peer died (victims). Polling alone cannot order deaths within one tick.
-    own, victims = _rank_errors(obs, now)
+    own, victims, victim_ports = _rank_errors(obs, now)
     order = list(crashed)
     # A rank that logged its own error SIGQUITs its node, whose cleanup may kill its neighbours before the
     # failing rank itself has finished exiting: it is the cause even if it is still seen alive.
     gone_keys = {(p.node, p.pid) for p in gone}
     gone += [p for p in obs.processes if (p.node, p.rank) in own and (p.node, p.pid) not in gone_keys]
-    cause = _death_causes(gone, own, victims)
-    gone.sort(key=lambda p: (cause[(p.node, p.pid)], own.get((p.node, p.rank), (math.inf, ""))[0],
+    named = _named_by_victims(obs.processes, victim_ports)
+    cause = _death_causes(gone, own, victims, named)
+    gone.sort(key=lambda p: (cause[(p.node, p.pid)], -len(named.get((p.node, p.pid), ())),
+                             own.get((p.node, p.rank), (math.inf, ""))[0],
                              order.index(p.pid) if p.pid in order else len(order),
                              p.gone_t if p.gone_t is not None else math.inf,
                              p.rank is None, p.rank if p.rank is not None else 0, p.node, p.pid))
@@ -260,6 +266,10 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
           + (f" (exit code {first.exit_code})" if first.exit_code is not None else "")]
     if (first.node, first.rank) in own:
         ev.append(f"rank {first.rank}'s own error: {own[(first.node, first.rank)][1][:300]}")
+    elif cause[(first.node, first.pid)] == _NAMED_BY_PEERS:
+        namers = named[(first.node, first.pid)]
+        ev.append(f"named as the dead peer by the collective errors of {', '.join(f'rank {r}' for _, r, _ in namers)}"
+                  f" ({', '.join(sorted({f'port {port}' for _, _, port in namers}))}: sockets of rank {first.rank})")
     elif first.rank is not None:
         silent = [p for p in gone[1:] if p.rank is not None and cause[(p.node, p.pid)] in (_SOLE_FIRST, _TIED_FIRST)]
         if silent:
@@ -282,11 +292,32 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
 
 
 #: Why a dead process may be the cause, best first (see _death_causes).
-_OWN_ERROR, _SOLE_FIRST, _TIED_FIRST, _FIRST_HELPER, _AFTER_ON_NODE, _VICTIM = range(6)
+_OWN_ERROR, _NAMED_BY_PEERS, _SOLE_FIRST, _TIED_FIRST, _FIRST_HELPER, _AFTER_ON_NODE, _VICTIM = range(7)
+
+
+def _named_by_victims(processes: Sequence[EngineProcess], victim_ports: Mapping[tuple[int, int | None], int],
+                      ) -> dict[tuple[int, int], list[tuple[int, int | None, int]]]:
+    """Per rank process (node, pid), the victims whose collective error names one of its sockets' ports as the
+    peer that closed: [(victim node, victim rank, port)]. A port held by more than one rank process (two hosts
+    may reuse a number) names nobody."""
+    holders: dict[int, list[EngineProcess]] = {}
+    for p in processes:
+        if p.rank is not None:
+            for port in p.ports:
+                holders.setdefault(port, []).append(p)
+    named: dict[tuple[int, int], list[tuple[int, int | None, int]]] = {}
+    for (vnode, vrank), printed in sorted(victim_ports.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        # gloo prints the port as stored in the socket address, in network byte order (seen on x86: "[127.0.0.1]:7089"
+        # for a socket on port 45339); either reading is taken, and one holder in all is required.
+        hs = [(p, port) for port in {printed, ((printed & 0xFF) << 8) | (printed >> 8)} for p in holders.get(port, [])]
+        if len(hs) == 1 and (hs[0][0].node, hs[0][0].rank) != (vnode, vrank):
+            named.setdefault((hs[0][0].node, hs[0][0].pid), []).append((vnode, vrank, hs[0][1]))
+    return named
 
 
 def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | None], tuple[float, str]],
-                  victims: set[tuple[int, int | None]]) -> dict[tuple[int, int], int]:
+                  victims: set[tuple[int, int | None]],
+                  named: Mapping[tuple[int, int], Sequence[object]] | None = None) -> dict[tuple[int, int], int]:
     """Per dead process (by node and pid), how likely it is the cause of the cascade: lower is likelier.
 
     Why: a crash takes its node and the seat down within tens of milliseconds (the peers' collectives fail,
@@ -296,7 +327,9 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
     20 crashes). What does hold is each node's own order, from one poller: a process seen gone after another of
     its node died in that node's cleanup, and a rank seen gone alone, before anything else of its node, died
     before any peer's error could reach it, while one seen in the same poll as a victim may be that victim's
-    cleanup. So, best first: a rank with an error of its own; a scheduler seen gone alone first on its node (no
+    cleanup. So, best first: a rank with an error of its own; a rank that its peers' collective errors name as
+    the peer that closed (gloo names it by address, :func:`_named_by_victims`: the engine's own words, which the
+    soak's cross-node misorders lacked); a scheduler seen gone alone first on its node (no
     word of its own: the crash); one seen gone first but in one poll with others; a detokenizer or launcher
     among its node's first deaths (a scheduler that died first anywhere explains more); a process that died
     after another of its node; a rank whose error says a peer died (a victim).
@@ -311,6 +344,8 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
         key = (p.node, p.rank)
         if key in own:
             c = _OWN_ERROR
+        elif named and (p.node, p.pid) in named and key not in victims:
+            c = _NAMED_BY_PEERS
         elif key in victims and p.rank is not None:
             c = _VICTIM
         elif p.gone_t is not None and p.gone_t > first.get(p.node, math.inf):
@@ -325,10 +360,13 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
 
 
 def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | None], tuple[float, str]],
-                                                          set[tuple[int, int | None]]]:
-    """Scheduler errors by (node, rank) up to ``now``: (own errors with their first time and text, victims)."""
+                                                          set[tuple[int, int | None]],
+                                                          dict[tuple[int, int | None], int]]:
+    """Scheduler errors by (node, rank) up to ``now``: (own errors with their first time and text, victims, the
+    port each victim's error names as its dead peer's)."""
     own: dict[tuple[int, int | None], tuple[float, str]] = {}
     victims: set[tuple[int, int | None]] = set()
+    ports: dict[tuple[int, int | None], int] = {}
     for ln in obs.logs:
         if ln.t > now:
             continue
@@ -339,9 +377,13 @@ def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | No
         key = (ln.node, int(tp.group(1)))
         if _PEER_FAILURE.search(m.group(1)):
             victims.add(key)
+            addr = _PEER_ADDR.search(m.group(1))
+            if addr and key not in ports:
+                ports[key] = int(addr.group(2))
         elif key not in own:
             own[key] = (ln.t, m.group(1))
-    return own, victims - set(own)
+    real = victims - set(own)
+    return own, real, {k: v for k, v in ports.items() if k in real}
 
 
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:

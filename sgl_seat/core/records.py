@@ -260,6 +260,9 @@ class EngineProcess:
 
     ``gone_t`` (optional, added compatibly in schema 1) is when the sidecar first saw it gone: with
     several processes dying in a cascade it orders them, so the first to die is named.
+    ``ports`` (optional, added compatibly in schema 1) are the local TCP ports of its sockets as last seen alive:
+    a peer's collective error names the dead peer by address ("Connection closed by peer [ip]:port"), and these
+    say which rank held that socket.
     """
 
     node: int
@@ -269,12 +272,15 @@ class EngineProcess:
     alive: bool
     exit_code: int | None = None
     gone_t: float | None = None
+    ports: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
                              "alive": self.alive, "exit_code": self.exit_code}
         if self.gone_t is not None:
             d["gone_t"] = self.gone_t
+        if self.ports:
+            d["ports"] = list(self.ports)
         return d
 
     @classmethod
@@ -287,7 +293,16 @@ class EngineProcess:
             alive=bool(_get(d, "alive", bool)),
             exit_code=_get(d, "exit_code", int, optional=True),
             gone_t=_opt_float(_get(d, "gone_t", _NUM, optional=True)),
+            ports=_ports(_get(d, "ports", list, optional=True)),
         )
+
+
+def _ports(v: list[Any] | None) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 65536 for x in v):
+        raise RecordError("field 'ports': expected a list of TCP port numbers")
+    return tuple(v)
 
 
 @dataclass(frozen=True, slots=True)

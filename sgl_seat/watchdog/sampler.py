@@ -22,6 +22,10 @@ from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes, pid_st
 from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")
+#: Seconds between two reads of the schedulers' socket ports (see Sampler._read_ports); a few ms a read.
+PORTS_EVERY_S = 10.0
+#: ... and while a scheduler has none yet (its collective connects during start-up).
+PORTS_UNREAD_EVERY_S = 2.0
 
 
 class Sampler:
@@ -52,6 +56,8 @@ class Sampler:
         self._ring: deque[StackSample] = deque(maxlen=max(64, int(history_s * sample_hz * 16) + 64))
         self._known: dict[int, EngineProc] = {}
         self._dead: dict[int, EngineProcess] = {}
+        self._ports: dict[int, tuple[int, ...]] = {}  # scheduler pid -> its sockets' local TCP ports
+        self._last_ports = float("-inf")
         self._last_discover = float("-inf")
         self._last_other: dict[int, float] = {}
         self.others_every_s = others_every_s
@@ -82,7 +88,7 @@ class Sampler:
             if ep is None:
                 return False
             self._dead[pid] = EngineProcess(node=self.node, pid=pid, title=ep.title, rank=ep.rank, alive=False,
-                                            exit_code=None, gone_t=now)
+                                            exit_code=None, gone_t=now, ports=self._ports.pop(pid, ()))
         log.warning("node %d: engine process %d (%s) is gone", self.node, pid, ep.title)
         return True
 
@@ -127,6 +133,30 @@ class Sampler:
                 for e in found:
                     if e.pid not in self._dead:
                         self._known[e.pid] = e
+        with self._lock:
+            unread = any(e.rank is not None and e.pid not in self._ports for e in self._known.values())
+        if now - self._last_ports >= (PORTS_UNREAD_EVERY_S if unread else PORTS_EVERY_S):
+            self._last_ports = now
+            self._read_ports()
+
+    def _read_ports(self) -> None:
+        """Each live scheduler's sockets' local TCP ports: when a rank dies, its peers' collective errors name it
+        by one of these ("Connection closed by peer [ip]:port"), which names the dead rank in the engine's own
+        words where polling cannot order deaths across nodes. A collective's connections are made at start-up
+        and kept, so a snapshot every PORTS_EVERY_S is current when a rank dies."""
+        with self._lock:
+            scheds = [e for e in self._known.values() if e.rank is not None]
+        got: dict[int, tuple[int, ...]] = {}
+        for e in scheds:
+            try:
+                conns = psutil.Process(e.pid).net_connections(kind="tcp")
+            except (psutil.Error, OSError):
+                continue
+            got[e.pid] = tuple(sorted({c.laddr.port for c in conns if c.laddr}))
+        with self._lock:
+            for pid, ports in got.items():
+                if pid in self._known and ports:
+                    self._ports[pid] = ports
 
     def live(self) -> list[EngineProc]:
         with self._lock:
@@ -135,8 +165,8 @@ class Sampler:
     def processes(self) -> list[EngineProcess]:
         """Every engine process seen in this generation: alive ones and those that went away."""
         with self._lock:
-            alive = [EngineProcess(node=self.node, pid=e.pid, title=e.title, rank=e.rank, alive=True)
-                     for e in self._known.values()]
+            alive = [EngineProcess(node=self.node, pid=e.pid, title=e.title, rank=e.rank, alive=True,
+                                   ports=self._ports.get(e.pid, ())) for e in self._known.values()]
             return sorted([*alive, *self._dead.values()], key=lambda p: p.pid)
 
     def forget_dead(self) -> None:
