@@ -5,8 +5,8 @@ fault kind fast. One two-node sim seat (draft off; the bench also runs draft on)
 a 400,000-token prefill that is one forward of >= 30 s on every rank (synthetic prefill cost), the other healthy
 episodes as the time allows (idle gaps, bursts past the slot cap, a rank 5x slower but alive), then two CPU-side
 row-fetch stalls at random steps and gather sizes, one slow-then-stall and one crash, each followed by
-recovery. Asserted (issue 15): no false bundle, every fault fired and got one bundle of the right kind (no miss; a
-stall names its rank; a crash's rank is printed), and per kind p95 <= 3 s from the fault passing its detector's
+recovery. Asserted (issue 15): no false bundle, every fault fired and got one bundle of the right kind naming
+its rank (no miss, no wrong rank), and per kind p95 <= 3 s from the fault passing its detector's
 threshold to the bundle on disk.
 Ports 30860-30876 (the bench's own run uses 30800-30856). About 2.5 minutes (150 s measured on 2 cores at load
 4-5); everything it starts it stops (checked by pid).
@@ -50,16 +50,14 @@ def test_soak_no_false_bundles_and_fast_detection(tmp_path: Path) -> None:
     assert rep.probe_read_errors == 0
     # Healthy work: no bundle at all.
     assert rep.false_bundles == [], rep.false_bundles
-    # Every fault fired and got its bundle (no miss), of the right kind; one bundle per fault. A stall's rank
-    # comes from the probe and must be right. A crash's rank is printed, not asserted: the detector reads each
-    # node's own order of deaths, but a SIGKILL cascade across nodes takes a few milliseconds and a casualty of a
-    # node's cleanup can be seen gone before that node's victim has exited, so polls cannot always tell (the
-    # two short bench runs of 30 Nov: 4 of 5 crash ranks right; this test's one crash: right in 6 runs).
+    # Every fault fired and got its bundle (no miss), of the right kind, naming the faulted rank; one bundle per
+    # fault. A stall's rank comes from the probe; a crash's from its peers' collective errors, which name the dead
+    # peer by a socket of its (polls alone could not order a SIGKILL cascade across nodes: the 30-minute soak of
+    # 30 Nov named the wrong rank in 5 of 20 crashes before the sampler kept the schedulers' ports).
     outcomes = [(f.kind, f.spec, f.outcome, f.verdict, f.verdict_rank) for f in rep.faults]
-    assert len(rep.faults) == 4 and all(f.outcome in ("caught", "wrong") for f in rep.faults), outcomes
+    assert len(rep.faults) == 4 and all(f.outcome == "caught" for f in rep.faults), outcomes
     assert all(f.verdict == soak.EXPECTED[f.kind].value for f in rep.faults), outcomes
-    assert all(f.verdict_rank == f.rank for f in rep.faults if f.kind != "crash"), outcomes
-    print("crash ranks (faulted, named):", [(f.rank, f.verdict_rank) for f in rep.faults if f.kind == "crash"])
+    assert all(f.verdict_rank == f.rank for f in rep.faults), outcomes
     assert sum(f.extra_bundles for f in rep.faults) == 0
     # Fault past its detector's threshold -> bundle on disk: p95 <= 3 s per kind.
     th = rep.thresholds["rowfetch_inflight_s"]
