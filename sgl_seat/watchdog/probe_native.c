@@ -38,6 +38,8 @@ static int ring_shift = 0;
 static uint64_t ring_header_slots = 0;
 static uint64_t counter = 0;
 
+static PyTypeObject *numel_type = NULL; /* the type numel_descr belongs to (the last sized argument's) */
+static PyObject *numel_descr = NULL;
 static PyObject *str_numel = NULL, *str_shape = NULL, *str_gpu = NULL, *str_end = NULL;
 
 static inline int64_t now_ns(void) {
@@ -116,7 +118,22 @@ static int64_t gather_size(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, 
     } else {
         PyObject *r = NULL;
         if (w->mode == 2) {
-            r = PyObject_CallMethodNoArgs(obj, str_numel);
+            /* the type's own numel, looked up once per type: no instance attribute lookup per call */
+            if (Py_TYPE(obj) != numel_type) {
+                PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(obj), str_numel);
+                if (d != NULL && PyCallable_Check(d)) {
+                    Py_XSETREF(numel_descr, d);
+                    Py_XSETREF(numel_type, (PyTypeObject *)Py_NewRef(Py_TYPE(obj)));
+                } else {
+                    Py_XDECREF(d);
+                    PyErr_Clear();
+                }
+            }
+            if (Py_TYPE(obj) == numel_type) {
+                r = PyObject_Vectorcall(numel_descr, &obj, 1, NULL);
+            } else {
+                r = PyObject_CallMethodNoArgs(obj, str_numel);
+            }
         } else if (w->mode == 3) {
             PyObject *shape = PyObject_GetAttr(obj, str_shape);
             if (shape != NULL) {
