@@ -6,9 +6,11 @@ a Ray cluster on 127.0.0.1 runs in stream ``ray``, never beside another such mod
 host share Ray's fixed default ports and its /tmp/ray session files; beside each other, seats' `up` timed out in
 earlier CI runs); stream ``other`` holds the modules without a local Ray cluster, and the two-host cluster,
 whose Ray lives in network namespaces of its own. The two streams' port ranges do not overlap: launch
-33000-33999, runbooks 30500-30599 and the watchdog seat 36600-36716 in ``ray``; sim 32000-32999, gate
-30740-30799, soak 30800-30899, Prometheus 30900-30930, raw prompts 36750-36766 and the namespaces' own
-addresses in ``other``.
+23000-23999, runbooks 30500-30599 and the watchdog seat 26600-26716 in ``ray``; sim 32000-32767, gate
+30740-30799, soak 30800-30899, Prometheus 30900-30930, raw prompts 26750-26766, the sidecar 26110-26111 and
+the namespaces' own addresses in ``other``. All are below Linux's ephemeral range (32768-60999): a fixed port in
+it can be taken at any moment as the local port of another process's outgoing connection (a fresh-clone CI run
+failed on "address already in use" for 36752), and above Ray's worker ports (10002-19999).
 
 ``SGL_SEAT_STREAM=ray|other`` selects a stream's modules (unset: every module, in file order).
 """

@@ -1,7 +1,8 @@
 """Helpers for the launch integration tests: seat specs in our port range, the CLI as a subprocess,
 a shared two-node local cluster, Ray inspection from a separate process, and process-tree checks.
 
-Ports: the launch tests own 33000-33999 (other suites test concurrently in other ranges;
+Ports: the launch tests own 23000-23999 (below Linux's ephemeral range, 32768-60999, and above Ray's worker
+ports, 10002-19999) (other suites test concurrently in other ranges;
 ``SGL_SEAT_TEST_PORTS=LO-HI`` moves the range, see simutil). Every
 process check is by pid (with create time) or by process group of processes these tests started,
 never by name across the host: other engineers' sim engines carry the same ``sglang::`` titles.
@@ -29,7 +30,7 @@ from simutil import port_range
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SIM = REPO / "launch" / "seats" / "local-sim.yaml"
 MODEL_CONFIG = REPO / "launch" / "models" / "deepseek-v4-flash"
-PORT_BASE, PORT_TOP = port_range((33000, 33999))
+PORT_BASE, PORT_TOP = port_range((23000, 23999))
 ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 

@@ -4,7 +4,7 @@ text from the OpenAI payload SGLang logs first), with token counts and the share
 
 No Ray: the two sim nodes are process groups started by ``tests.simrig`` with the plan's argv and
 environment, the sidecars run in this process (the redacted default path is ``test_watchdog_seat.py``'s).
-Ports 36750-36762.
+Ports 26750-26762 (below Linux's ephemeral range).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.simrig import SimSeat, sim_spec
 
 pytestmark = pytest.mark.integration
 
-HTTP = 36750
+HTTP = 26750
 SYSTEM = "You are the on-call assistant of the inference team; keep answers short and exact. " * 4
 
 

@@ -16,9 +16,9 @@ cluster (sidecars started by `up`), steady traffic, then:
 - a crashed rank: a bundle of kind "process exited" with the log tail;
 - `down` stops the sidecars and leaves no process behind.
 
-One seat serves the module (an `up` costs ~20-40 s on a small box); tests run in file order. Ports 36600-36620
-for the seat, 36700-36712 for the replay target (ours: 36000-36999). Processes are checked by pid and process
-group, never by name.
+One seat serves the module (an `up` costs ~20-40 s on a small box); tests run in file order. Ports 26600-26620
+for the seat, 26700-26712 for the replay target (ours: 26000-26999, below Linux's ephemeral range, see
+tests/integration/conftest.py). Processes are checked by pid and process group, never by name.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ from tests.simrig import SimSeat, Traffic, sim_spec
 pytestmark = pytest.mark.integration
 
 SEAT = "wd-seat"
-HTTP = 36600  # +2 admin node 0, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
+HTTP = 26600  # +2 admin node 0, +5 dist-init, +10/+12 node 1 and its admin, +15/+16 the sidecar exporters
 TARGET = "wd-replay-target"
-TARGET_HTTP = 36700  # the fresh seat that replayed traffic is sent to: +2, +5, +10, +12
+TARGET_HTTP = 26700  # the fresh seat that replayed traffic is sent to: +2, +5, +10, +12
 
 
 @dataclass

@@ -35,8 +35,8 @@ from sgl_seat.watchdog.sidecar import Sidecar
 
 pytestmark = pytest.mark.integration
 
-METRICS_PORT = 36110
-EXPORTER_PORT = 36111
+METRICS_PORT = 26110
+EXPORTER_PORT = 26111
 
 ROWS = textwrap.dedent("""
     import glob, os, time
