@@ -107,7 +107,7 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
         wrapped = probe.make_wrapper(bare, probe.parse_target("bench_gpu:bare@ids:none"))
         torch.cuda.init()
         torch.zeros(1, device="cuda")
-        out: dict[str, Any] = {"calls_per_batch": batch, "batches": batches}
+        out: dict[str, Any] = {"calls_per_batch": batch, "batches": batches, "writer": probe.native_state()}
 
         def per_call(fn: Any, after: Any = None) -> float:
             best = float("inf")
@@ -173,7 +173,7 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
         table = rowfetch.pin_table(rowfetch.make_table())
         fr = rowfetch.fetch_rows
         host = probe.make_wrapper(fr, probe.parse_target(TARGET))
-        out: dict[str, Any] = {"calls_per_arm": calls}
+        out: dict[str, Any] = {"calls_per_arm": calls, "writer": probe.native_state()}
         for size in GATHER_SIZES:
             ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
             probe.disable_gpu()
