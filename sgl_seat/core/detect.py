@@ -317,7 +317,7 @@ def _named_by_victims(processes: Sequence[EngineProcess], victim_ports: Mapping[
 
 def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | None], tuple[float, str]],
                   victims: set[tuple[int, int | None]],
-                  named: Mapping[tuple[int, int], Sequence[object]] | None = None) -> dict[tuple[int, int], int]:
+                  named: Mapping[tuple[int, int], Sequence[object]]) -> dict[tuple[int, int], int]:
     """Per dead process (by node and pid), how likely it is the cause of the cascade: lower is likelier.
 
     Why: a crash takes its node and the seat down within tens of milliseconds (the peers' collectives fail,
@@ -344,7 +344,7 @@ def _death_causes(gone: Sequence[EngineProcess], own: Mapping[tuple[int, int | N
         key = (p.node, p.rank)
         if key in own:
             c = _OWN_ERROR
-        elif named and (p.node, p.pid) in named and key not in victims:
+        elif (p.node, p.pid) in named and key not in victims:
             c = _NAMED_BY_PEERS
         elif key in victims and p.rank is not None:
             c = _VICTIM

@@ -20,7 +20,6 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 #include <time.h>
 
 #define W_END 3
@@ -178,11 +177,11 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     __atomic_thread_fence(__ATOMIC_RELEASE);
     slot[1] = (int64_t)c;
     slot[2] = now_ns();
-    slot[3] = 0;
+    slot[W_END] = 0;
     slot[4] = gs;
     slot[5] = (int64_t)PyThread_get_thread_ident();
     slot[6] = w->tidx;
-    slot[7] = g == NULL ? GPU_NONE : GPU_QUEUED;
+    slot[W_GPU] = g == NULL ? GPU_NONE : GPU_QUEUED;
     __atomic_store_n(&slot[0], (int64_t)(2 * c + 2), __ATOMIC_RELEASE);
     PyObject *res = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
     if (g != NULL) {
