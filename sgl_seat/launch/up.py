@@ -84,6 +84,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
     stages = Stages(reporter or NullReporter())
     deadline = time.monotonic() + opts.timeout
+    interrupted = threading.Event()  # set by the SIGINT handler below; left() checks it
 
     def left() -> float:
         if interrupted.is_set():  # a Ctrl-C that a Ray call swallowed still stops `up` at its next step
@@ -105,7 +106,6 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     )
     claim_record(rec)
     sess = _Session(rec)
-    interrupted = threading.Event()
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
         interrupted.set()
