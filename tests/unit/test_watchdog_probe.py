@@ -24,6 +24,9 @@ def ring_dir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv(probe.ENV_DIR, str(d))
     monkeypatch.setenv(probe.ENV_SLOTS, "64")
     monkeypatch.setenv(probe.ENV_RANK, "3")
+    # Host timing only: on a GPU machine an earlier test leaves CUDA initialised, and the auto mode would then
+    # time these calls on the GPU too (their records change as the reader resolves them).
+    monkeypatch.setenv(probe.ENV_GPU, "0")
     probe_writer(request.param, monkeypatch)
     probe.reset()
     yield d
