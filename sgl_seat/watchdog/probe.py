@@ -466,6 +466,12 @@ class GpuTimer:
         self.errors = 0
         self.queries = 0  # event and stream queries the reader made (the bench reports it)
         self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
+        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg_fn)`` lets it take
+        #: :meth:`end`'s coalescing branch without entering the interpreter, the stream key being
+        #: ``key_fn(key_arg_fn())`` and ``captures[0]`` the count of graph captures in progress (the capture
+        #: hooks' list); None: every call goes through :meth:`end`. Set only where it means what ``stream_key``
+        #: and ``capturing`` mean (:func:`_fast_path`).
+        self._fast: tuple[list[int], Callable[[Any], Any], Callable[[], Any]] | None = None
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:
@@ -728,6 +734,8 @@ class CudaPaths:
     thread_init: Callable[[], None] | None
     how: str
     event_time: Callable[[Any], float | None] | None = None
+    #: The stream key as ``key_parts[0](key_parts[1]())`` (``stream_key``'s two builtins), for the C writer.
+    key_parts: tuple[Callable[[Any], Any], Callable[[], Any]] | None = None
 
 
 def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
@@ -845,7 +853,15 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
         raise RuntimeError("a recorded event did not complete after a synchronize")
     if event_time is not None and event_time(probe_ev) is None:
         event_time = None
-    return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time)
+    return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time,
+                     (raw_stream, get_device))
+
+
+def _fast_path(timer: GpuTimer, paths: CudaPaths, capturing: Callable[[], bool]) -> None:
+    """Let the C writer take the coalescing branch itself where the capture test is the hooks' count (a list it
+    can read) and the stream key is the paths' two builtins; elsewhere every call goes through ``end``."""
+    if capturing is _graph_capturing and paths.key_parts is not None:
+        timer._fast = (_CAPTURES, paths.key_parts[0], paths.key_parts[1])
 
 
 def _wall_clock_of_events(torch: Any, how: str) -> Callable[[Any], float | None]:
@@ -909,6 +925,7 @@ def enable_gpu_cuda(torch: Any, how: str = DEFAULT_GPU_PATH, *, start_thread: bo
                        record=paths.record, query=paths.query, stream_idle=paths.stream_idle,
                        thread_init=paths.thread_init, coalesce_us=coalesce_us, event_time=paths.event_time)
     if timer is not None:
+        _fast_path(timer, paths, capturing)
         timer.prefill(PREFILL_EVENTS)
         if start_thread:
             timer.start()
@@ -973,6 +990,7 @@ def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
                          stream_key=paths.stream_key, record=paths.record, query=paths.query,
                          stream_idle=paths.stream_idle, thread_init=paths.thread_init, coalesce_us=_gpu_coalesce_us(),
                          event_time=paths.event_time)
+        _fast_path(timer, paths, capturing)
         timer.prefill(min(PREFILL_EVENTS, nslots))
         timer.start()
         _GPU = timer

@@ -377,6 +377,36 @@ def test_real_cuda_events_time_a_stalled_kernel(ring_dir: Path, monkeypatch: pyt
     assert rec.gpu_start is not None and rec.gpu_end is not None and rec.gpu_end >= rec.gpu_start
 
 
+def test_real_cuda_calls_close_together_share_one_event(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real GPU, with the default window: three spinning calls back to back record one event (the C writer
+    queues the later two itself, through the timer's fast path), and all three resolve once the stream is idle."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (CI has none): the fake-event tests above cover the logic; "
+                    "bench/gpu/writer_cost.py measures this path on a GPU machine")
+    torch.cuda.init()
+    monkeypatch.setenv(probe.ENV_GPU, "1")
+    monkeypatch.setenv(probe.ENV_GPU_COALESCE, "1000000")  # 1 s: the three calls fall in one window
+    probe.reset()
+    mod = types.ModuleType("gpu_t9")
+
+    def fetch_rows(table: object, ids: object) -> None:
+        torch.cuda._sleep(int(1e8))
+
+    mod.fetch_rows = fetch_rows  # type: ignore[attr-defined]
+    sys.modules["gpu_t9"] = mod
+    probe.install(["gpu_t9:fetch_rows@"])
+    for _ in range(3):
+        mod.fetch_rows(None, None)
+    timer = probe.gpu_timer()
+    assert timer is not None and timer._fast is not None, "the CUDA paths give the C writer its fast path"
+    assert timer.recorded == 1 and timer.errors == 0
+    torch.cuda.synchronize()
+    timer.poll()
+    recs = _read()
+    assert len(recs) == 3 and all(r.gpu and r.gpu_end is not None for r in recs)
+
+
 def test_a_prefilled_pool_keeps_event_creation_off_the_hot_path(gpu: FakeGpu) -> None:
     """Making an event costs 6-12 us on a real GPU host: calls take pooled ones, and the pool refills as the
     reader resolves calls."""
@@ -492,3 +522,48 @@ def test_timing_events_give_the_next_calls_start_bound_to_the_microsecond(ring_d
     assert first.gpu_end == at + 0.02
     assert second.gpu_start == pytest.approx(at), "the start bound is the event's completion, not the poll"
     assert second.gpu_age(at + 1.0) == pytest.approx(1.0)
+
+
+def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
+        ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``timer._fast`` set (as the CUDA paths set it), the C writer queues a call that rides on a later event
+    itself; the Python writer goes through ``end``. Both leave the same state: one event for calls close together,
+    the later calls waiting on the stream; a capture in progress or a new stream is ``end``'s to decide."""
+    g = FakeGpu()
+    captures = [0]
+    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: captures[0] > 0, start_thread=False, coalesce_us=60e6,
+                             stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
+    assert timer is not None
+    timer._fast = (captures, lambda key: key, lambda: g.current)
+    ends: list[int] = []
+    real_end = timer.end
+
+    def counting_end(b: int, c: int) -> None:
+        ends.append(c)
+        real_end(b, c)
+
+    monkeypatch.setattr(timer, "end", counting_end)
+    mod = _fetch_module("gpu_fast1")
+    probe.install(["gpu_fast1:fetch_rows@ids"])
+    for _ in range(4):
+        mod.fetch_rows([1], [0])
+    native = probe._native() is not None
+    assert ends == ([1] if native else [1, 2, 3, 4]), "only the first call (nothing queued yet) needs end"
+    s = timer._streams[g.streams["s0"]]
+    assert len(g.streams["s0"].recorded) == 1 and timer.recorded == 1 and timer._queued == 4
+    recs = _read()
+    assert [c for _b, c in s.open] == [r.seq for r in recs[1:]], "calls 2-4 wait for the stream's next event"
+    captures[0] = 1  # a graph capture in progress: no event, and the call is not queued
+    mod.fetch_rows([1], [0])
+    assert timer._queued == 4 and _read()[-1].gpu is False
+    captures[0] = 0
+    g.current = g.stream("s1")  # a new stream: its first call records
+    mod.fetch_rows([1], [0])
+    assert len(g.streams["s1"].recorded) == 1 and timer._queued == 5
+    assert ends == ([1, 5, 6] if native else [1, 2, 3, 4, 5, 6])
+    g.streams["s0"].complete(1)
+    g.streams["s1"].complete(1)
+    g.streams["s0"].idle = True
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 0
+    assert [r.gpu_end is not None for r in _read()] == [True, True, True, True, False, True]
