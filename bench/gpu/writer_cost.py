@@ -12,7 +12,9 @@ mode, so every arm sees the same timer:
 - ``plain``: plain events (``SGL_SEAT_PROBE_GPU_TIMING=0``), same window;
 - ``every``: an event after every call (window 0), timing events;
 - ``nofast``: as ``events``, but the C writer calls the timer's Python ``end`` for every call (``timer._fast``
-  None: what the C writer did before it took the coalescing branch itself).
+  None: what the C writer did before it took the timer's work over);
+- ``nocrec``: as ``events``, the C writer queueing coalesced calls itself but leaving every event's record to
+  ``end`` (``record_addr`` 0: what it did at 9b92344).
 
 Printed per gather size (1/4/8/32 rows) and mode: each writer's cost over ``bare`` as the median difference
 (with a 95 % interval over 20 blocks) and as the difference of 1 %-trimmed means; with coalescing calls differ
@@ -61,7 +63,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=4000, help="calls per arm, gather size and mode")
     ap.add_argument("--rounds", type=int, default=2, help="repeats of the whole set of modes")
-    ap.add_argument("--modes", default="host,events,nofast,plain,every")
+    ap.add_argument("--modes", default="host,events,nofast,nocrec,plain,every")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="writer-cost-", dir="/dev/shm")
@@ -76,6 +78,7 @@ def main() -> int:
     from sgl_seat.watchdog import probe
 
     out["writer"] = probe.native_state()
+    out["commit"] = os.environ.get("SGL_SEAT_COMMIT")
     out["torch"] = torch.__version__
     out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(json.dumps({"writer": out["writer"], "gpu": out["gpu"]}), flush=True)
@@ -92,7 +95,8 @@ def main() -> int:
         arms_fn["c"] = probe.make_wrapper(fr, spec)
     arms_fn["py"](table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
     modes = {"host": None, "events": (probe.DEFAULT_COALESCE_US, True), "plain": (probe.DEFAULT_COALESCE_US, False),
-             "every": (0.0, True), "nofast": (probe.DEFAULT_COALESCE_US, True)}
+             "every": (0.0, True), "nofast": (probe.DEFAULT_COALESCE_US, True),
+             "nocrec": (probe.DEFAULT_COALESCE_US, True)}
     rows: list[dict[str, Any]] = []
     for rnd in range(a.rounds):
         for mode in a.modes.split(","):
@@ -104,8 +108,13 @@ def main() -> int:
                 assert timer is not None
                 if mode == "nofast":
                     timer._fast = None
+                elif mode == "nocrec" and timer._fast is not None:
+                    timer._fast = (*timer._fast[:3], 0)
                 elif timer._fast is None:
                     print(f"{mode}: the timer has no C fast path here", flush=True)
+                if mode == "events" and "c_records_events" not in out:
+                    out["c_records_events"] = bool(timer._fast and timer._fast[3])
+                    print(f"C writer records events itself: {out['c_records_events']}", flush=True)
             for size in GATHER_SIZES:
                 ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
                 fns = {n: (lambda x, f=f: f(table, x)) for n, f in arms_fn.items()}

@@ -466,12 +466,14 @@ class GpuTimer:
         self.errors = 0
         self.queries = 0  # event and stream queries the reader made (the bench reports it)
         self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
-        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg_fn)`` lets it take
-        #: :meth:`end`'s coalescing branch without entering the interpreter, the stream key being
-        #: ``key_fn(key_arg_fn())`` and ``captures[0]`` the count of graph captures in progress (the capture
-        #: hooks' list); None: every call goes through :meth:`end`. Set only where it means what ``stream_key``
-        #: and ``capturing`` mean (:func:`_fast_path`).
-        self._fast: tuple[list[int], Callable[[Any], Any], Callable[[], Any]] | None = None
+        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg, record_addr)`` lets it
+        #: do :meth:`end`'s work itself on a stream this timer knows, without entering the interpreter: the
+        #: stream key is ``key_fn(key_arg)`` (``key_arg()`` first where it is callable), ``captures[0]`` the count
+        #: of graph captures in progress (the capture hooks' list), ``record_addr`` the address of the CUDA
+        #: runtime's ``cudaEventRecord`` (0: coalesced calls only; recording stays here). None: every call goes
+        #: through :meth:`end`. Set only where it means what ``stream_key``, ``capturing`` and ``record`` mean
+        #: (:func:`_fast_path`).
+        self._fast: tuple[list[int], Callable[[Any], Any], Any, int] | None = None
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:
@@ -734,8 +736,10 @@ class CudaPaths:
     thread_init: Callable[[], None] | None
     how: str
     event_time: Callable[[Any], float | None] | None = None
-    #: The stream key as ``key_parts[0](key_parts[1]())`` (``stream_key``'s two builtins), for the C writer.
-    key_parts: tuple[Callable[[Any], Any], Callable[[], Any]] | None = None
+    #: For the C writer: the stream key as ``fast_key[0](fast_key[1])`` (a builtin and its argument, or a callable
+    #: giving it), and the address of ``cudaEventRecord`` where the pool's events can be recorded through it (0: not).
+    fast_key: tuple[Callable[[Any], Any], Any] | None = None
+    record_addr: int = 0
 
 
 def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
@@ -771,8 +775,19 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
         except OSError:
             continue
 
-    def stream_key() -> Any:
-        return raw_stream(get_device())
+    # The current device's stream: -1 asks torch for the current device itself (one binding call instead of two);
+    # where a torch does not give the same handle that way, the device is asked first.
+    current_by_minus_one = False
+    with contextlib.suppress(Exception):
+        current_by_minus_one = raw_stream(-1) == raw_stream(get_device())
+    key_arg: Any = -1 if current_by_minus_one else get_device
+
+    if current_by_minus_one:
+        def stream_key() -> Any:
+            return raw_stream(-1)
+    else:
+        def stream_key() -> Any:
+            return raw_stream(get_device())
 
     def factory() -> Any:
         ev = torch.cuda.Event(enable_timing=timing)
@@ -853,15 +868,35 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
         raise RuntimeError("a recorded event did not complete after a synchronize")
     if event_time is not None and event_time(probe_ev) is None:
         event_time = None
+    record_addr = _native_record_addr(ctypes, lib, paths_factory, stream_key, query_fn, torch) if how == "base" else 0
     return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time,
-                     (raw_stream, get_device))
+                     (raw_stream, key_arg), record_addr)
+
+
+def _native_record_addr(ctypes: Any, lib: Any, factory: Callable[[], Any], stream_key: Callable[[], Any],
+                        query: Callable[[Any], bool], torch: Any) -> int:
+    """The address of the runtime's ``cudaEventRecord`` for the C writer, once one of the pool's events recorded
+    through it completed after a synchronize (the same runtime as torch's); 0 where that cannot be had."""
+    if lib is None or not hasattr(lib, "cudaEventRecord"):
+        return 0
+    try:
+        addr = int(ctypes.cast(lib.cudaEventRecord, ctypes.c_void_p).value or 0)
+        ev = factory()
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(addr)
+        if proto(ev.cuda_event, stream_key()) != 0:
+            return 0
+        torch.cuda.synchronize()
+        return addr if query(ev) else 0
+    except Exception:
+        return 0
 
 
 def _fast_path(timer: GpuTimer, paths: CudaPaths, capturing: Callable[[], bool]) -> None:
-    """Let the C writer take the coalescing branch itself where the capture test is the hooks' count (a list it
-    can read) and the stream key is the paths' two builtins; elsewhere every call goes through ``end``."""
-    if capturing is _graph_capturing and paths.key_parts is not None:
-        timer._fast = (_CAPTURES, paths.key_parts[0], paths.key_parts[1])
+    """Let the C writer do ``end``'s work itself where the capture test is the hooks' count (a list it can read) and
+    the stream key the paths' builtin; it records through ``cudaEventRecord`` where the paths found it working.
+    Elsewhere every call goes through ``end``."""
+    if capturing is _graph_capturing and paths.fast_key is not None:
+        timer._fast = (_CAPTURES, paths.fast_key[0], paths.fast_key[1], paths.record_addr)
 
 
 def _wall_clock_of_events(torch: Any, how: str) -> Callable[[Any], float | None]:

@@ -41,7 +41,8 @@ static PyTypeObject *numel_type = NULL; /* the type numel_descr belongs to (the 
 static PyObject *numel_descr = NULL;
 static PyObject *str_numel = NULL, *str_shape = NULL, *str_gpu = NULL, *str_end = NULL;
 static PyObject *str_fast = NULL, *str_streams = NULL, *str_groups = NULL, *str_last = NULL, *str_coalesce = NULL,
-                *str_queued = NULL, *str_limit = NULL, *str_open = NULL;
+                *str_queued = NULL, *str_limit = NULL, *str_open = NULL, *str_free = NULL, *str_cuda_event = NULL,
+                *str_append = NULL, *str_recorded = NULL;
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -168,23 +169,32 @@ static int64_t attr_int(PyObject *obj, PyObject *name) {
     return r;
 }
 
-/* GpuTimer.end's coalescing branch, without entering the interpreter: a call less than the window after its
- * stream's last event, while that stream has unresolved groups, joins the stream's open calls and records no
- * event. Why here: on the GPU hosts measured, the Python method call behind it (the call itself, the capture
- * test, the stream lookup closure) added about 1 us to every coalesced call, half the budget for GPU timing.
- * timer._fast is (captures, key_fn, key_arg_fn), set by probe.py where the capture hooks are in place: the
- * count of CUDA graph captures in progress (a list of one int) and the stream key as key_fn(key_arg_fn()).
- * Returns 1 where the call was queued here, 0 where GpuTimer.end decides (it records an event, or the call is
- * not queued), -1 on an error (the caller clears it and lets GpuTimer.end decide). The GIL is held throughout and
- * nothing here runs Python code but the two key functions (builtins in CUDA), so the reader thread sees the
- * append and the count together, as it does in the Python branch. */
+typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signature */
+
+/* GpuTimer.end without entering the interpreter, for the two common cases on a stream it already knows:
+ *  - coalesce: a call less than the window after the stream's last event, while the stream has unresolved
+ *    groups, joins the stream's open calls and records no event;
+ *  - record: otherwise it takes a pooled event, records it on the stream through the CUDA runtime's
+ *    cudaEventRecord (its address given by probe.py) and closes the stream's open calls into a new group.
+ * Why here: on the H200 hosts measured (bench/gpu/writer_cost.py), the Python method behind these (the call, the
+ * capture test, the stream lookup closure, the record closure) cost 1-2 us per coalesced call and several per
+ * recorded one, against a budget of 2 us per call for GPU timing.
+ * timer._fast is (captures, key_fn, key_arg, record_addr), set by probe.py where the capture hooks are in place:
+ * the count of CUDA graph captures in progress (a list of one int), the stream key as key_fn(key_arg) (key_arg
+ * called first where it is callable), and the address of cudaEventRecord (0: GpuTimer.end records). The pool's
+ * events have a `cuda_event` attribute (the raw handle; torch's Event) and the key is the raw stream handle.
+ * Returns 1 where the call was queued here, 0 where GpuTimer.end decides (a new stream, an empty pool, a failed
+ * record, a capture, a full queue), -1 on an error (the caller clears it and lets GpuTimer.end decide). The GIL
+ * is held throughout and nothing here runs Python code but the key function (a builtin in CUDA), so the reader
+ * thread sees each change whole, as it does in the Python method. */
 static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     int res = 0;
     PyObject *fast = NULL, *arg = NULL, *key = NULL, *streams = NULL, *groups = NULL, *open = NULL, *item = NULL,
-             *nq = NULL;
+             *nq = NULL, *pool = NULL, *ev = NULL, *handle = NULL, *fresh = NULL, *group = NULL, *r = NULL,
+             *stamp = NULL, *nrec = NULL;
     fast = PyObject_GetAttr(g, str_fast);
     if (fast == NULL) goto fail;
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 3) goto done;
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 4) goto done;
     PyObject *caps = PyTuple_GET_ITEM(fast, 0);
     if (!PyList_Check(caps) || PyList_GET_SIZE(caps) < 1) goto done;
     long ncap = PyLong_AsLong(PyList_GET_ITEM(caps, 0));
@@ -195,7 +205,8 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     int64_t limit = attr_int(g, str_limit);
     if (limit == -1 && PyErr_Occurred()) goto fail;
     if (queued >= limit) goto done;
-    arg = PyObject_CallNoArgs(PyTuple_GET_ITEM(fast, 2));
+    PyObject *karg = PyTuple_GET_ITEM(fast, 2);
+    arg = PyCallable_Check(karg) ? PyObject_CallNoArgs(karg) : Py_NewRef(karg);
     if (arg == NULL) goto fail;
     key = PyObject_CallOneArg(PyTuple_GET_ITEM(fast, 1), arg);
     if (key == NULL) goto fail;
@@ -205,18 +216,21 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     PyObject *s = PyDict_GetItemWithError(streams, key); /* borrowed */
     if (s == NULL) {
         if (PyErr_Occurred()) goto fail;
-        goto done; /* a new stream: GpuTimer.end records its first event */
+        goto done; /* a new stream: GpuTimer.end makes its state and records its first event */
     }
     groups = PyObject_GetAttr(s, str_groups);
     if (groups == NULL) goto fail;
     Py_ssize_t ng = PyObject_Size(groups);
     if (ng < 0) goto fail;
-    if (ng == 0) goto done;
-    int64_t last = attr_int(s, str_last);
-    if (last == -1 && PyErr_Occurred()) goto fail;
-    int64_t window = attr_int(g, str_coalesce);
-    if (window == -1 && PyErr_Occurred()) goto fail;
-    if (!(perf_ns() - last < window)) goto done;
+    int64_t now = perf_ns();
+    int coalesce = 0;
+    if (ng > 0) {
+        int64_t last = attr_int(s, str_last);
+        if (last == -1 && PyErr_Occurred()) goto fail;
+        int64_t window = attr_int(g, str_coalesce);
+        if (window == -1 && PyErr_Occurred()) goto fail;
+        coalesce = now - last < window;
+    }
     open = PyObject_GetAttr(s, str_open);
     if (open == NULL) goto fail;
     if (!PyList_Check(open)) goto done;
@@ -224,9 +238,45 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     if (pb != NULL && pc != NULL) item = PyTuple_Pack(2, pb, pc);
     Py_XDECREF(pb);
     Py_XDECREF(pc);
+    if (item == NULL) goto fail;
+    if (!coalesce) {
+        unsigned long long addr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, 3));
+        if (addr == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        if (addr == 0) goto done;
+        pool = PyObject_GetAttr(g, str_free);
+        if (pool == NULL) goto fail;
+        if (!PyList_Check(pool) || PyList_GET_SIZE(pool) == 0) goto done; /* end() makes an event */
+        Py_ssize_t np = PyList_GET_SIZE(pool);
+        ev = Py_NewRef(PyList_GET_ITEM(pool, np - 1));
+        handle = PyObject_GetAttr(ev, str_cuda_event);
+        if (handle == NULL) goto fail;
+        void *h = PyLong_AsVoidPtr(handle);
+        if (h == NULL && PyErr_Occurred()) goto fail;
+        void *stream = PyLong_AsVoidPtr(key);
+        if (stream == NULL && PyErr_Occurred()) goto fail;
+        if (((record_fn)(uintptr_t)addr)(h, stream) != 0) goto done; /* end() records again, and counts the error */
+        if (PyErr_Occurred()) goto fail; /* a test's ctypes callback that raised */
+        if (PyList_SetSlice(pool, np - 1, np, NULL) < 0) goto fail; /* the event leaves the pool once recorded */
+        fresh = PyList_New(0);
+        if (fresh == NULL || PyList_Append(open, item) < 0) goto fail;
+        group = PyTuple_Pack(2, ev, open);
+        if (group == NULL) goto fail;
+        /* the stream's open calls become the new group, and a fresh list takes their place */
+        if (PyObject_SetAttr(s, str_open, fresh) < 0) goto fail;
+        r = PyObject_CallMethodOneArg(groups, str_append, group);
+        if (r == NULL) goto fail;
+        stamp = PyLong_FromLongLong(now);
+        int64_t recorded = attr_int(g, str_recorded);
+        if (recorded == -1 && PyErr_Occurred()) goto fail;
+        nrec = PyLong_FromLongLong(recorded + 1);
+        if (stamp == NULL || nrec == NULL || PyObject_SetAttr(s, str_last, stamp) < 0 ||
+            PyObject_SetAttr(g, str_recorded, nrec) < 0)
+            goto fail;
+    } else if (PyList_Append(open, item) < 0) {
+        goto fail;
+    }
     nq = PyLong_FromLongLong(queued + 1);
-    if (item == NULL || nq == NULL || PyList_Append(open, item) < 0) goto fail;
-    if (PyObject_SetAttr(g, str_queued, nq) < 0) goto fail;
+    if (nq == NULL || PyObject_SetAttr(g, str_queued, nq) < 0) goto fail;
     res = 1;
 done:
     Py_XDECREF(fast);
@@ -237,6 +287,14 @@ done:
     Py_XDECREF(open);
     Py_XDECREF(item);
     Py_XDECREF(nq);
+    Py_XDECREF(pool);
+    Py_XDECREF(ev);
+    Py_XDECREF(handle);
+    Py_XDECREF(fresh);
+    Py_XDECREF(group);
+    Py_XDECREF(r);
+    Py_XDECREF(stamp);
+    Py_XDECREF(nrec);
     return res;
 fail:
     res = -1;
@@ -412,8 +470,13 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
     str_queued = PyUnicode_InternFromString("_queued");
     str_limit = PyUnicode_InternFromString("_limit");
     str_open = PyUnicode_InternFromString("open");
+    str_free = PyUnicode_InternFromString("_free");
+    str_cuda_event = PyUnicode_InternFromString("cuda_event");
+    str_append = PyUnicode_InternFromString("append");
+    str_recorded = PyUnicode_InternFromString("recorded");
     if (!str_numel || !str_shape || !str_gpu || !str_end || !str_fast || !str_streams || !str_groups || !str_last ||
-        !str_coalesce || !str_queued || !str_limit || !str_open)
+        !str_coalesce || !str_queued || !str_limit || !str_open || !str_free || !str_cuda_event || !str_append ||
+        !str_recorded)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;

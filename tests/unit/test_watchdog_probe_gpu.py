@@ -9,6 +9,7 @@ One test at the end uses real CUDA events and is skipped, saying why, where torc
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import textwrap
 import time
@@ -400,7 +401,37 @@ def test_real_cuda_calls_close_together_share_one_event(ring_dir: Path, monkeypa
         mod.fetch_rows(None, None)
     timer = probe.gpu_timer()
     assert timer is not None and timer._fast is not None, "the CUDA paths give the C writer its fast path"
+    assert timer._fast[3] != 0, "cudaEventRecord's address, checked by a round trip"
     assert timer.recorded == 1 and timer.errors == 0
+    torch.cuda.synchronize()
+    timer.poll()
+    recs = _read()
+    assert len(recs) == 3 and all(r.gpu and r.gpu_end is not None for r in recs)
+
+
+def test_real_cuda_events_recorded_by_the_c_writer_resolve(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real GPU with no window: each of three spinning calls records its own event (under the C writer
+    through ``cudaEventRecord``, after the first), and all three resolve after a synchronize."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (CI has none): the fake-event tests above cover the logic; "
+                    "bench/gpu/writer_cost.py measures this path on a GPU machine")
+    torch.cuda.init()
+    monkeypatch.setenv(probe.ENV_GPU, "1")
+    monkeypatch.setenv(probe.ENV_GPU_COALESCE, "0")
+    probe.reset()
+    mod = types.ModuleType("gpu_t10")
+
+    def fetch_rows(table: object, ids: object) -> None:
+        torch.cuda._sleep(int(2e8))
+
+    mod.fetch_rows = fetch_rows  # type: ignore[attr-defined]
+    sys.modules["gpu_t10"] = mod
+    probe.install(["gpu_t10:fetch_rows@"])
+    for _ in range(3):
+        mod.fetch_rows(None, None)
+    timer = probe.gpu_timer()
+    assert timer is not None and timer.recorded == 3 and timer.errors == 0
     torch.cuda.synchronize()
     timer.poll()
     recs = _read()
@@ -534,7 +565,7 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
     timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: captures[0] > 0, start_thread=False, coalesce_us=60e6,
                              stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
-    timer._fast = (captures, lambda key: key, lambda: g.current)
+    timer._fast = (captures, lambda _arg: g.current, None, 0)  # record_addr 0: recording stays in end()
     ends: list[int] = []
     real_end = timer.end
 
@@ -567,3 +598,61 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
     t = _read()[-1].end + 1.0
     assert _poll(t) == 0
     assert [r.gpu_end is not None for r in _read()] == [True, True, True, True, False, True]
+
+
+def test_the_c_writer_records_events_through_the_runtime_address(
+        ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``cudaEventRecord``'s address in ``timer._fast`` (here a ctypes callback standing in for it), the C
+    writer records a pooled event on the call's stream and opens a new group itself; a record that fails (non-zero
+    return) leaves the call to ``end``. The groups come out as the Python method makes them."""
+    g = FakeGpu()
+    handles: dict[int, FakeEvent] = {}
+    by_key = {id(st): st for st in g.streams.values()}
+
+    def make() -> FakeEvent:
+        ev = FakeEvent(g)
+        ev.cuda_event = id(ev)  # type: ignore[attr-defined]  # torch's Event: the raw handle
+        handles[id(ev)] = ev
+        return ev
+
+    timer = probe.enable_gpu(make, lambda: False, start_thread=False, coalesce_us=0,
+                             stream_key=lambda: id(g.current), record=lambda ev, _key: ev.record(),
+                             stream_idle=lambda key: by_key[key].idle)
+    assert timer is not None
+    timer.prefill(8)
+    runtime_calls: list[tuple[int, int]] = []
+    fail_next = [False]
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    def fake_record(handle: int, stream: int) -> int:
+        if fail_next[0]:
+            fail_next[0] = False
+            return 1  # cudaErrorInvalidValue
+        runtime_calls.append((handle, stream))
+        assert stream == id(g.current)
+        handles[handle].record()
+        return 0
+
+    timer._fast = ([0], lambda _arg: id(g.current), None, int(ctypes.cast(fake_record, ctypes.c_void_p).value or 0))
+    ends: list[int] = []
+    real_end = timer.end
+
+    def counting_end(b: int, c: int) -> None:
+        ends.append(c)
+        real_end(b, c)
+
+    monkeypatch.setattr(timer, "end", counting_end)
+    mod = _fetch_module("gpu_fast2")
+    probe.install(["gpu_fast2:fetch_rows@ids"])
+    for i in range(4):
+        fail_next[0] = i == 2
+        mod.fetch_rows([1], [0])
+    native = probe._native() is not None
+    assert ends == ([1, 3] if native else [1, 2, 3, 4]), "the first call (a new stream) and the failed record go to end"
+    assert len(runtime_calls) == (2 if native else 0)
+    s = timer._streams[id(g.streams["s0"])]
+    assert [[c for _b, c in calls] for _ev, calls in s.groups] == [[1], [2], [3], [4]]
+    assert timer.recorded == 4 and timer._queued == 4 and len(g.streams["s0"].recorded) == 4 and not s.open
+    g.streams["s0"].complete(4)
+    assert _poll(_read()[-1].end + 1.0) == 0
+    assert all(r.gpu and r.gpu_end is not None for r in _read())
