@@ -59,11 +59,45 @@ def build_env() -> dict[str, Any]:
             "include": inc, "python_h": os.path.exists(os.path.join(inc, "Python.h"))}
 
 
+def lookup_cost(torch: Any, rowfetch: Any, table: Any, calls: int) -> list[dict[str, Any]]:
+    """The stream key's pieces right after the fetch (whose gather evicts the caches they need): arms are the
+    fetch followed by ``_cuda_getCurrentRawStream(-1)`` (the probe's key), by it with the device index given, by
+    it with ``_cuda_getDevice()`` asked first (the key before f0aaad3), by ``_cuda_getDevice()`` alone."""
+    from watchdog_overhead import GATHER_SIZES, interleaved_ns
+
+    raw, getdev = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    dev = getdev()
+    fr = rowfetch.fetch_rows
+
+    def then(extra: Any) -> Any:
+        def arm(x: Any) -> None:
+            fr(table, x)
+            extra()
+        return arm
+
+    arms = {"bare": lambda x: fr(table, x), "raw_minus1": then(lambda: raw(-1)), "raw_dev": then(lambda: raw(dev)),
+            "raw_getdev": then(lambda: raw(getdev())), "getdev": then(getdev),
+            "lambda_only": then(lambda: None)}
+    res = []
+    for size in GATHER_SIZES:
+        ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
+        t = interleaved_ns(arms, ids, calls)
+        torch.cuda.synchronize()
+        row = {"rows": size, **{f"{n}_trimmed_mean_over_bare_ns": trimmed_mean(t[n]) - trimmed_mean(t["bare"])
+                                for n in arms if n != "bare"}}
+        res.append(row)
+        print(f"lookups rows {size:2d}:", {k.replace("_trimmed_mean_over_bare_ns", ""): round(v)
+                                          for k, v in row.items() if k != "rows"}, flush=True)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=4000, help="calls per arm, gather size and mode")
     ap.add_argument("--rounds", type=int, default=2, help="repeats of the whole set of modes")
     ap.add_argument("--modes", default="host,events,nofast,nocrec,plain,every")
+    ap.add_argument("--lookups", action="store_true",
+                    help="also: what the stream key's torch calls cost right after the fetch, by gather size")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="writer-cost-", dir="/dev/shm")
@@ -141,6 +175,8 @@ def main() -> int:
                       flush=True)
             probe.disable_gpu()
     out["rows"] = rows
+    if a.lookups:
+        out["lookups"] = lookup_cost(torch, rowfetch, table, a.calls)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "writer_cost.json").write_text(json.dumps(out, indent=1))
