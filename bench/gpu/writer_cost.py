@@ -61,8 +61,9 @@ def build_env() -> dict[str, Any]:
 
 def lookup_cost(torch: Any, rowfetch: Any, table: Any, calls: int) -> list[dict[str, Any]]:
     """The stream key's pieces right after the fetch (whose gather evicts the caches they need): arms are the
-    fetch followed by ``_cuda_getCurrentRawStream(-1)`` (the probe's key), by it with the device index given, by
-    it with ``_cuda_getDevice()`` asked first (the key before f0aaad3), by ``_cuda_getDevice()`` alone."""
+    fetch followed by ``_cuda_getCurrentRawStream(-1)`` (the exact key), by it with the device index given (the C
+    writer's key for coalesced calls), by it with ``_cuda_getDevice()`` asked first (the key before f0aaad3), by
+    ``_cuda_getDevice()`` alone, and by an empty lambda (the arms' own call overhead)."""
     from watchdog_overhead import GATHER_SIZES, interleaved_ns
 
     raw, getdev = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
@@ -143,7 +144,7 @@ def main() -> int:
                 if mode == "nofast":
                     timer._fast = None
                 elif mode == "nocrec" and timer._fast is not None:
-                    timer._fast = (*timer._fast[:3], 0)
+                    timer._fast = (*timer._fast[:3], 0, timer._fast[4])
                 elif timer._fast is None:
                     print(f"{mode}: the timer has no C fast path here", flush=True)
                 if mode == "events" and "c_records_events" not in out:

@@ -466,14 +466,15 @@ class GpuTimer:
         self.errors = 0
         self.queries = 0  # event and stream queries the reader made (the bench reports it)
         self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
-        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg, record_addr)`` lets it
-        #: do :meth:`end`'s work itself on a stream this timer knows, without entering the interpreter: the
-        #: stream key is ``key_fn(key_arg)`` (``key_arg()`` first where it is callable), ``captures[0]`` the count
-        #: of graph captures in progress (the capture hooks' list), ``record_addr`` the address of the CUDA
-        #: runtime's ``cudaEventRecord`` (0: coalesced calls only; recording stays here). None: every call goes
-        #: through :meth:`end`. Set only where it means what ``stream_key``, ``capturing`` and ``record`` mean
-        #: (:func:`_fast_path`).
-        self._fast: tuple[list[int], Callable[[Any], Any], Any, int] | None = None
+        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg, record_addr,
+        #: exact_arg)`` lets it do :meth:`end`'s work itself on a stream this timer knows, without entering the
+        #: interpreter: the stream key is ``key_fn(key_arg)`` (``key_arg()`` first where it is callable),
+        #: ``captures[0]`` the count of graph captures in progress (the capture hooks' list), ``record_addr`` the
+        #: address of the CUDA runtime's ``cudaEventRecord`` (0: coalesced calls only; recording stays here), and
+        #: ``exact_arg`` (None: none) the argument whose key a call that records must match (else it comes here).
+        #: None: every call goes through :meth:`end`. Set only where it means what ``stream_key``, ``capturing``
+        #: and ``record`` mean (:func:`_fast_path`).
+        self._fast: tuple[list[int], Callable[[Any], Any], Any, int, Any] | None = None
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:
@@ -737,8 +738,9 @@ class CudaPaths:
     how: str
     event_time: Callable[[Any], float | None] | None = None
     #: For the C writer: the stream key as ``fast_key[0](fast_key[1])`` (a builtin and its argument, or a callable
-    #: giving it), and the address of ``cudaEventRecord`` where the pool's events can be recorded through it (0: not).
-    fast_key: tuple[Callable[[Any], Any], Any] | None = None
+    #: giving it) with ``fast_key[2]`` the argument that gives the exact key (the thread's current device), and the
+    #: address of ``cudaEventRecord`` where the pool's events can be recorded through it (0: not).
+    fast_key: tuple[Callable[[Any], Any], Any, Any] | None = None
     record_addr: int = 0
 
 
@@ -869,8 +871,12 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
     if event_time is not None and event_time(probe_ev) is None:
         event_time = None
     record_addr = _native_record_addr(ctypes, lib, paths_factory, stream_key, query_fn, torch) if how == "base" else 0
+    # The C writer's coalesced calls key the stream by the device current now (the process's: an SGLang scheduler
+    # or a sim rank runs on one), not by asking the runtime each call (~270 ns after a 32-row gather on an H200
+    # host, bench/gpu/writer_cost.py --lookups); a call that records checks the exact key first.
+    fixed = get_device() if current_by_minus_one else get_device
     return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time,
-                     (raw_stream, key_arg), record_addr)
+                     (raw_stream, fixed, key_arg), record_addr)
 
 
 def _native_record_addr(ctypes: Any, lib: Any, factory: Callable[[], Any], stream_key: Callable[[], Any],
@@ -896,7 +902,7 @@ def _fast_path(timer: GpuTimer, paths: CudaPaths, capturing: Callable[[], bool])
     the stream key the paths' builtin; it records through ``cudaEventRecord`` where the paths found it working.
     Elsewhere every call goes through ``end``."""
     if capturing is _graph_capturing and paths.fast_key is not None:
-        timer._fast = (_CAPTURES, paths.fast_key[0], paths.fast_key[1], paths.record_addr)
+        timer._fast = (_CAPTURES, paths.fast_key[0], paths.fast_key[1], paths.record_addr, paths.fast_key[2])
 
 
 def _wall_clock_of_events(torch: Any, how: str) -> Callable[[Any], float | None]:

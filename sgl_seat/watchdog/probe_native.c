@@ -179,10 +179,15 @@ typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signat
  * Why here: on the H200 hosts measured (bench/gpu/writer_cost.py), the Python method behind these (the call, the
  * capture test, the stream lookup closure, the record closure) cost 1-2 us per coalesced call and several per
  * recorded one, against a budget of 2 us per call for GPU timing.
- * timer._fast is (captures, key_fn, key_arg, record_addr), set by probe.py where the capture hooks are in place:
- * the count of CUDA graph captures in progress (a list of one int), the stream key as key_fn(key_arg) (key_arg
- * called first where it is callable), and the address of cudaEventRecord (0: GpuTimer.end records). The pool's
- * events have a `cuda_event` attribute (the raw handle; torch's Event) and the key is the raw stream handle.
+ * timer._fast is (captures, key_fn, key_arg, record_addr, exact_arg), set by probe.py where the capture hooks
+ * are in place: the count of CUDA graph captures in progress (a list of one int), the stream key as
+ * key_fn(key_arg) (key_arg called first where it is callable), the address of cudaEventRecord (0: GpuTimer.end
+ * records), and exact_arg: where not None, a call that would record checks key_fn(exact_arg) (called first where
+ * callable) against the key and leaves the call to GpuTimer.end where they differ. probe.py passes the process's
+ * device as key_arg and -1 (the thread's current device) as exact_arg: asking the CUDA runtime for the current
+ * device right after a large gather costs ~270 ns on an H200 host, so a coalesced call skips it and a record
+ * (which decides the stream an event goes to) does not. The pool's events have a `cuda_event` attribute (the raw
+ * handle; torch's Event) and the key is the raw stream handle.
  * Returns 1 where the call was queued here, 0 where GpuTimer.end decides (a new stream, an empty pool, a failed
  * record, a capture, a full queue), -1 on an error (the caller clears it and lets GpuTimer.end decide). The GIL
  * is held throughout and nothing here runs Python code but the key function (a builtin in CUDA), so the reader
@@ -191,10 +196,10 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     int res = 0;
     PyObject *fast = NULL, *arg = NULL, *key = NULL, *streams = NULL, *groups = NULL, *open = NULL, *item = NULL,
              *nq = NULL, *pool = NULL, *ev = NULL, *handle = NULL, *fresh = NULL, *group = NULL, *r = NULL,
-             *stamp = NULL, *nrec = NULL;
+             *stamp = NULL, *nrec = NULL, *xarg = NULL, *exact = NULL;
     fast = PyObject_GetAttr(g, str_fast);
     if (fast == NULL) goto fail;
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 4) goto done;
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 5) goto done;
     PyObject *caps = PyTuple_GET_ITEM(fast, 0);
     if (!PyList_Check(caps) || PyList_GET_SIZE(caps) < 1) goto done;
     long ncap = PyLong_AsLong(PyList_GET_ITEM(caps, 0));
@@ -243,6 +248,16 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
         unsigned long long addr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, 3));
         if (addr == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
         if (addr == 0) goto done;
+        PyObject *xa = PyTuple_GET_ITEM(fast, 4);
+        if (xa != Py_None) { /* the event's stream must be the thread's current one */
+            xarg = PyCallable_Check(xa) ? PyObject_CallNoArgs(xa) : Py_NewRef(xa);
+            if (xarg == NULL) goto fail;
+            exact = PyObject_CallOneArg(PyTuple_GET_ITEM(fast, 1), xarg);
+            if (exact == NULL) goto fail;
+            int same = PyObject_RichCompareBool(exact, key, Py_EQ);
+            if (same < 0) goto fail;
+            if (!same) goto done;
+        }
         pool = PyObject_GetAttr(g, str_free);
         if (pool == NULL) goto fail;
         if (!PyList_Check(pool) || PyList_GET_SIZE(pool) == 0) goto done; /* end() makes an event */
@@ -295,6 +310,8 @@ done:
     Py_XDECREF(r);
     Py_XDECREF(stamp);
     Py_XDECREF(nrec);
+    Py_XDECREF(xarg);
+    Py_XDECREF(exact);
     return res;
 fail:
     res = -1;

@@ -565,7 +565,7 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
     timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: captures[0] > 0, start_thread=False, coalesce_us=60e6,
                              stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
-    timer._fast = (captures, lambda _arg: g.current, None, 0)  # record_addr 0: recording stays in end()
+    timer._fast = (captures, lambda _arg: g.current, None, 0, None)  # record_addr 0: recording stays in end()
     ends: list[int] = []
     real_end = timer.end
 
@@ -604,7 +604,8 @@ def test_the_c_writer_records_events_through_the_runtime_address(
         ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``cudaEventRecord``'s address in ``timer._fast`` (here a ctypes callback standing in for it), the C
     writer records a pooled event on the call's stream and opens a new group itself; a record that fails (non-zero
-    return) leaves the call to ``end``. The groups come out as the Python method makes them."""
+    return), or a thread whose exact stream key is not the fixed one, leaves the call to ``end``. The groups come
+    out as the Python method makes them."""
     g = FakeGpu()
     handles: dict[int, FakeEvent] = {}
     by_key = {id(st): st for st in g.streams.values()}
@@ -633,7 +634,10 @@ def test_the_c_writer_records_events_through_the_runtime_address(
         handles[handle].record()
         return 0
 
-    timer._fast = ([0], lambda _arg: id(g.current), None, int(ctypes.cast(fake_record, ctypes.c_void_p).value or 0))
+    # As in CUDA: coalesced calls key the stream by a fixed argument (the process's device: here "s0"), a call
+    # that records checks the exact key (the thread's current device: here the current stream's name).
+    addr = int(ctypes.cast(fake_record, ctypes.c_void_p).value or 0)
+    timer._fast = ([0], lambda name: id(g.stream(name)), "s0", addr, lambda: g.current.name)
     ends: list[int] = []
     real_end = timer.end
 
@@ -653,6 +657,12 @@ def test_the_c_writer_records_events_through_the_runtime_address(
     s = timer._streams[id(g.streams["s0"])]
     assert [[c for _b, c in calls] for _ev, calls in s.groups] == [[1], [2], [3], [4]]
     assert timer.recorded == 4 and timer._queued == 4 and len(g.streams["s0"].recorded) == 4 and not s.open
+    g.current = g.stream("s1")  # the thread moves on: the fixed key is no longer its stream's, so end() decides
+    mod.fetch_rows([1], [0])
+    assert ends[-1] == 5 and len(runtime_calls) == (2 if native else 0)
+    s1 = timer._streams[id(g.streams["s1"])]
+    assert len(g.streams["s1"].recorded) == 1 and [c for _b, c in s1.groups[0][1]] == [5]
     g.streams["s0"].complete(4)
+    g.streams["s1"].complete(1)
     assert _poll(_read()[-1].end + 1.0) == 0
     assert all(r.gpu and r.gpu_end is not None for r in _read())
