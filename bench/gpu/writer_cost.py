@@ -14,7 +14,9 @@ mode, so every arm sees the same timer:
 - ``nofast``: as ``events``, but the C writer calls the timer's Python ``end`` for every call (``timer._fast``
   None: what the C writer did before it took the timer's work over);
 - ``nocrec``: as ``events``, the C writer queueing coalesced calls itself but leaving every event's record to
-  ``end`` (``record_addr`` 0: what it did at 9b92344).
+  ``end`` (``record_addr`` 0: what it did at 9b92344);
+- ``exactkey``: as ``events``, the C writer asking for the thread's current device on every call (what it did
+  at f0aaad3) instead of keying coalesced calls by the device fixed at start.
 
 Printed per gather size (1/4/8/32 rows) and mode: each writer's cost over ``bare`` as the median difference
 (with a 95 % interval over 20 blocks) and as the difference of 1 %-trimmed means; with coalescing calls differ
@@ -131,7 +133,7 @@ def main() -> int:
     arms_fn["py"](table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
     modes = {"host": None, "events": (probe.DEFAULT_COALESCE_US, True), "plain": (probe.DEFAULT_COALESCE_US, False),
              "every": (0.0, True), "nofast": (probe.DEFAULT_COALESCE_US, True),
-             "nocrec": (probe.DEFAULT_COALESCE_US, True)}
+             "nocrec": (probe.DEFAULT_COALESCE_US, True), "exactkey": (probe.DEFAULT_COALESCE_US, True)}
     rows: list[dict[str, Any]] = []
     for rnd in range(a.rounds):
         for mode in a.modes.split(","):
@@ -145,6 +147,9 @@ def main() -> int:
                     timer._fast = None
                 elif mode == "nocrec" and timer._fast is not None:
                     timer._fast = (*timer._fast[:3], 0, timer._fast[4])
+                elif mode == "exactkey" and timer._fast is not None:
+                    caps, key_fn, _fixed, addr, exact = timer._fast
+                    timer._fast = (caps, key_fn, exact, addr, exact)
                 elif timer._fast is None:
                     print(f"{mode}: the timer has no C fast path here", flush=True)
                 if mode == "events" and "c_records_events" not in out:
