@@ -196,7 +196,7 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     int res = 0;
     PyObject *fast = NULL, *arg = NULL, *key = NULL, *streams = NULL, *groups = NULL, *open = NULL, *item = NULL,
              *nq = NULL, *pool = NULL, *ev = NULL, *handle = NULL, *fresh = NULL, *group = NULL, *r = NULL,
-             *stamp = NULL, *nrec = NULL, *xarg = NULL, *exact = NULL;
+             *stamp = NULL, *nrec = NULL, *xarg = NULL, *exact = NULL, *st = NULL;
     fast = PyObject_GetAttr(g, str_fast);
     if (fast == NULL) goto fail;
     if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 5) goto done;
@@ -218,11 +218,13 @@ static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
     streams = PyObject_GetAttr(g, str_streams);
     if (streams == NULL) goto fail;
     if (!PyDict_Check(streams)) goto done;
-    PyObject *s = PyDict_GetItemWithError(streams, key); /* borrowed */
-    if (s == NULL) {
+    st = PyDict_GetItemWithError(streams, key);
+    if (st == NULL) {
         if (PyErr_Occurred()) goto fail;
         goto done; /* a new stream: GpuTimer.end makes its state and records its first event */
     }
+    Py_INCREF(st); /* held: a key function or a test's record callback may run Python, and the reader drop it */
+    PyObject *s = st;
     groups = PyObject_GetAttr(s, str_groups);
     if (groups == NULL) goto fail;
     Py_ssize_t ng = PyObject_Size(groups);
@@ -312,6 +314,7 @@ done:
     Py_XDECREF(nrec);
     Py_XDECREF(xarg);
     Py_XDECREF(exact);
+    Py_XDECREF(st);
     return res;
 fail:
     res = -1;
