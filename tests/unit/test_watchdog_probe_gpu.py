@@ -409,9 +409,13 @@ def test_real_cuda_calls_close_together_share_one_event(ring_dir: Path, monkeypa
     assert len(recs) == 3 and all(r.gpu and r.gpu_end is not None for r in recs)
 
 
+gpu_t10_spin: list[list[int]] = [[]]
+
+
 def test_real_cuda_events_recorded_by_the_c_writer_resolve(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a real GPU with no window: each of three spinning calls records its own event (under the C writer
-    through ``cudaEventRecord``, after the first), and all three resolve after a synchronize."""
+    """On a real GPU with no window: each spinning call records its own event (under the C writer through
+    ``cudaEventRecord``, after the first); of three more, the third stalls its kernel: the first two are done, the
+    third in flight, while every call has returned; all resolve after a synchronize."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here (CI has none): the fake-event tests above cover the logic; "
@@ -422,8 +426,11 @@ def test_real_cuda_events_recorded_by_the_c_writer_resolve(ring_dir: Path, monke
     probe.reset()
     mod = types.ModuleType("gpu_t10")
 
+    gpu_t10_spin[0] = []
+
     def fetch_rows(table: object, ids: object) -> None:
-        torch.cuda._sleep(int(2e8))
+        spins = gpu_t10_spin[0]
+        torch.cuda._sleep(spins.pop(0) if spins else int(2e8))
 
     mod.fetch_rows = fetch_rows  # type: ignore[attr-defined]
     sys.modules["gpu_t10"] = mod
@@ -434,8 +441,20 @@ def test_real_cuda_events_recorded_by_the_c_writer_resolve(ring_dir: Path, monke
     assert timer is not None and timer.recorded == 3 and timer.errors == 0
     torch.cuda.synchronize()
     timer.poll()
+    spins = [int(1e6), int(1e6), int(3e9)]  # the third call's kernel stalls (~1.5-2 s)
+    gpu_t10_spin[0] = spins
+    for _ in range(3):
+        mod.fetch_rows(None, None)
+    time.sleep(0.3)
+    timer.poll()
+    later = _read()[3:]
+    now = time.time()
+    assert [r.gpu_in_flight(now) for r in later] == [False, False, True], "the C-recorded events name the stall"
+    assert later[2].gpu_start is not None and later[0].gpu_end is not None and later[1].gpu_end is not None
+    torch.cuda.synchronize()
+    timer.poll()
     recs = _read()
-    assert len(recs) == 3 and all(r.gpu and r.gpu_end is not None for r in recs)
+    assert len(recs) == 6 and all(r.gpu and r.gpu_end is not None for r in recs)
 
 
 def test_a_prefilled_pool_keeps_event_creation_off_the_hot_path(gpu: FakeGpu) -> None:
