@@ -78,6 +78,10 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
+    # The Python writer: each arm here is a separate copy of probe.py with its own ring, and the C writer's ring is
+    # one per process (the shared object's state), so its arms would write into one another's rings. What this
+    # script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
+    os.environ["SGL_SEAT_PROBE_NATIVE"] = "0"
     os.environ["SGL_SEAT_PROBE_GPU"] = "0"  # each copy's GPU timing is turned on explicitly below
     torch.set_num_threads(1)
     torch.zeros(1, device="cuda")
