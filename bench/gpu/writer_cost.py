@@ -15,6 +15,8 @@ mode, so every arm sees the same timer:
   None: what the C writer did before it took the timer's work over);
 - ``nocrec``: as ``events``, the C writer queueing coalesced calls itself but leaving every event's record to
   ``end`` (``record_addr`` 0: what it did at 9b92344);
+- ``noreader``: as ``events`` with the reader thread off (the timer polled once after each gather size, so at
+  most 1,500 calls per arm fit its queue): what the reader's publishing costs the calling thread;
 - ``exactkey``: as ``events``, the C writer asking for the thread's current device on every call (what it did
   at f0aaad3) instead of keying coalesced calls by the device fixed at start.
 
@@ -133,7 +135,8 @@ def main() -> int:
     arms_fn["py"](table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
     modes = {"host": None, "events": (probe.DEFAULT_COALESCE_US, True), "plain": (probe.DEFAULT_COALESCE_US, False),
              "every": (0.0, True), "nofast": (probe.DEFAULT_COALESCE_US, True),
-             "nocrec": (probe.DEFAULT_COALESCE_US, True), "exactkey": (probe.DEFAULT_COALESCE_US, True)}
+             "nocrec": (probe.DEFAULT_COALESCE_US, True), "exactkey": (probe.DEFAULT_COALESCE_US, True),
+             "noreader": (probe.DEFAULT_COALESCE_US, True)}
     rows: list[dict[str, Any]] = []
     for rnd in range(a.rounds):
         for mode in a.modes.split(","):
@@ -141,7 +144,8 @@ def main() -> int:
             timer = None
             if modes[mode] is not None:
                 w_us, timing = modes[mode]
-                timer = probe.enable_gpu_cuda(torch, probe.DEFAULT_GPU_PATH, coalesce_us=w_us, timing=timing)
+                timer = probe.enable_gpu_cuda(torch, probe.DEFAULT_GPU_PATH, coalesce_us=w_us, timing=timing,
+                                              start_thread=mode != "noreader")
                 assert timer is not None
                 if mode == "nofast":
                     timer._fast = None
@@ -159,8 +163,11 @@ def main() -> int:
                 ids = [rowfetch.make_ids(seed, size, table.shape[0]) for seed in range(1009)]
                 fns = {n: (lambda x, f=f: f(table, x)) for n, f in arms_fn.items()}
                 rec0 = timer.recorded if timer is not None else 0
-                t = interleaved_ns(fns, ids, a.calls)
+                calls = min(a.calls, 1500) if mode == "noreader" else a.calls
+                t = interleaved_ns(fns, ids, calls)
                 torch.cuda.synchronize()
+                if mode == "noreader" and timer is not None:
+                    timer.poll()
                 row: dict[str, Any] = {"round": rnd, "mode": mode, "rows": size,
                                        "bare_median_ns": added_ns(t, "py")["base_median_ns"]}
                 for n in arms_fn:
@@ -169,7 +176,7 @@ def main() -> int:
                     row[f"{n}_over_bare"] = added_ns(t, n)
                     row[f"{n}_trimmed_mean_over_bare_ns"] = trimmed_mean(t[n]) - trimmed_mean(t["bare"])
                 if timer is not None:
-                    probed = a.calls * (len(arms_fn) - 1) + 300 * (len(arms_fn) - 1)
+                    probed = calls * (len(arms_fn) - 1) + 300 * (len(arms_fn) - 1)
                     row["events_recorded_share"] = (timer.recorded - rec0) / probed
                     row["timer_errors"] = timer.errors
                 rows.append(row)
