@@ -390,6 +390,10 @@ if hasattr(os, "register_at_fork"):
 # GPU stream timing: one CUDA event after each call, resolved by a reader thread in this process
 
 
+#: (captures, key_fn, key_arg, record_addr, exact_arg): see GpuTimer._fast.
+FastPath = tuple[list[int], Callable[[Any], Any], Any, int, Any]
+
+
 class _Stream:
     """One stream's unresolved calls: groups closed by an event, and the calls since its last event."""
 
@@ -466,15 +470,44 @@ class GpuTimer:
         self.errors = 0
         self.queries = 0  # event and stream queries the reader made (the bench reports it)
         self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
-        #: For the C writer (``probe_native.c``, ``fast_end``): ``(captures, key_fn, key_arg, record_addr,
-        #: exact_arg)`` lets it do :meth:`end`'s work itself on a stream this timer knows, without entering the
-        #: interpreter: the stream key is ``key_fn(key_arg)`` (``key_arg()`` first where it is callable),
-        #: ``captures[0]`` the count of graph captures in progress (the capture hooks' list), ``record_addr`` the
-        #: address of the CUDA runtime's ``cudaEventRecord`` (0: coalesced calls only; recording stays here), and
-        #: ``exact_arg`` (None: none) the argument whose key a call that records must match (else it comes here).
-        #: None: every call goes through :meth:`end`. Set only where it means what ``stream_key``, ``capturing``
-        #: and ``record`` mean (:func:`_fast_path`).
-        self._fast: tuple[list[int], Callable[[Any], Any], Any, int, Any] | None = None
+        self._nat: Any = None  # the C writer, while it takes this timer's hot path (see _fast)
+        self._fast_cfg: FastPath | None = None
+
+    # -- the C writer's share ------------------------------------------------------------------------
+    @property
+    def _fast(self) -> FastPath | None:
+        """For the C writer (``probe_native.c``, ``gpu_setup``): ``(captures, key_fn, key_arg, record_addr,
+        exact_arg)`` lets it do :meth:`end`'s work itself on the streams this timer knows, keeping the calls that
+        ride on a later event in a buffer of its own until :meth:`_drain` moves them here: the stream key is
+        ``key_fn(key_arg)`` (``key_arg()`` first where it is callable), ``captures[0]`` the count of graph captures
+        in progress (the capture hooks' list), ``record_addr`` the address of the CUDA runtime's
+        ``cudaEventRecord`` (0: recording stays here), and ``exact_arg`` (None: none) the argument whose key a
+        call that records must match (else it comes here). None: every call goes through :meth:`end`. Set only
+        where it means what ``stream_key``, ``capturing`` and ``record`` mean (:func:`_fast_path`); setting it
+        registers the timer with the C writer where this process has one."""
+        return self._fast_cfg
+
+    @_fast.setter
+    def _fast(self, cfg: FastPath | None) -> None:
+        if self._nat is not None:
+            self._drain()
+            self._nat.gpu_clear(self)
+            self._nat = None
+        self._fast_cfg = cfg
+        nat = _NATIVE
+        if cfg is not None and nat is not None:
+            captures, key_fn, key_arg, record_addr, exact_arg = cfg
+            nat.gpu_setup(self, captures, key_fn, key_arg, int(record_addr), exact_arg, self._coalesce_ns,
+                          self._limit)
+            nat.gpu_set_queued(self._queued)
+            self._nat = nat
+
+    def _drain(self) -> None:
+        """Bring the calls the C writer queued in its own buffer into their streams' lists (before this timer
+        reads or changes that state; under the GIL, so none is in flight meanwhile)."""
+        nat = self._nat
+        if nat is not None:
+            self._queued += nat.gpu_drain(self._streams)
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:
@@ -486,6 +519,8 @@ class GpuTimer:
         """
         q = _Q
         try:
+            if self._nat is not None:
+                self._drain()
             if self._queued < self._limit and not self._capturing():
                 key = self._stream_key()
                 s = self._streams.get(key)
@@ -504,6 +539,8 @@ class GpuTimer:
                     s.groups.append((ev, calls))
                     s.last_rec_ns = now
                     self.recorded += 1
+                    if self._nat is not None:
+                        self._nat.gpu_arm(key, now)
                 self._queued += 1
                 return
         except Exception as exc:
@@ -522,6 +559,9 @@ class GpuTimer:
         """
         q, d = _Q, _D
         t = self._clock() if now is None else now
+        nat = self._nat
+        if nat is not None:
+            self._drain()
         left = 0
         for key, s in list(self._streams.items()):
             if not s.groups and not s.open:
@@ -535,7 +575,7 @@ class GpuTimer:
             except Exception as exc:  # a query that fails (an event captured into a graph after all): drop them
                 self.errors += 1
                 _warn("gpu-query", f"cannot query a CUDA event ({type(exc).__name__}: {exc}); those calls untimed")
-                self._drop(s, q)
+                self._drop(key, s, q)
                 continue
             seen = t
             if k and self._event_time is not None:
@@ -551,6 +591,8 @@ class GpuTimer:
                 ev, calls = s.groups.popleft()
                 self._free.append(ev)
                 done.extend(calls)
+            if k and not s.groups and nat is not None:
+                nat.gpu_disarm(key)  # the next call on this stream records its own event
             if tail_done:
                 tail, s.open = s.open, []  # one statement: see end()
                 done.extend(tail)
@@ -578,6 +620,8 @@ class GpuTimer:
         # Recounted, not only decremented: a call appended to a waiting list just as the reader took it is never
         # published (its slot stays queued: never "in flight"), and its count must not hold the bound forever.
         self._queued = left
+        if nat is not None:
+            nat.gpu_set_queued(left)
         return left
 
     def _done_prefix(self, groups: collections.deque[tuple[Any, list[tuple[int, int]]]]) -> int:
@@ -609,7 +653,9 @@ class GpuTimer:
         host = q[b + _W_START] / 1e9
         return host if prev is None or prev < host else prev
 
-    def _drop(self, s: _Stream, q: memoryview[int] | None) -> None:
+    def _drop(self, key: Any, s: _Stream, q: memoryview[int] | None) -> None:
+        if self._nat is not None:
+            self._nat.gpu_disarm(key)
         calls = [bc for _ev, group in s.groups for bc in group] + s.open
         self._free.extend(ev for ev, _group in s.groups)
         s.groups.clear()
@@ -643,13 +689,18 @@ class GpuTimer:
             # Calls queued since the last poll (it left none unresolved, or it left some): keep the short period.
             # Testing the queue *after* the poll instead would back off whenever a poll resolves everything, as it
             # does on a fast stream, and the event pool would drain between polls (measured: +7-10 us a call).
-            busy = self._queued > 0
+            nat = self._nat
+            busy = self._queued > 0 or (nat is not None and nat.gpu_pending() > 0)
             with contextlib.suppress(Exception):  # never raise into the engine
                 self.poll()
             wait = self.poll_s if busy or self._queued else self.idle_poll_s
 
     def stop(self) -> None:
         self._stop.set()
+        if self._nat is not None:
+            self._drain()
+            self._nat.gpu_clear(self)  # the wrapper goes back to end(), which a stopped timer still serves
+            self._nat = None
 
 
 _perf_ns = time.perf_counter_ns

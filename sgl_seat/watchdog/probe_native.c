@@ -20,6 +20,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #define W_END 3
@@ -40,7 +41,7 @@ static uint64_t counter = 0;
 static PyTypeObject *numel_type = NULL; /* the type numel_descr belongs to (the last sized argument's) */
 static PyObject *numel_descr = NULL;
 static PyObject *str_numel = NULL, *str_shape = NULL, *str_gpu = NULL, *str_end = NULL;
-static PyObject *str_fast = NULL, *str_streams = NULL, *str_groups = NULL, *str_last = NULL, *str_coalesce = NULL,
+static PyObject *str_streams = NULL, *str_groups = NULL, *str_last = NULL,
                 *str_queued = NULL, *str_limit = NULL, *str_open = NULL, *str_free = NULL, *str_cuda_event = NULL,
                 *str_append = NULL, *str_recorded = NULL;
 
@@ -161,6 +162,42 @@ static int64_t gather_size(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, 
     return gs;
 }
 
+typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signature */
+
+/* The GPU timer's hot path (probe.GpuTimer.end) without entering the interpreter, for the timer registered by
+ * gpu_setup (probe.py does it where the capture hooks are in place and the stream key is a builtin).
+ *
+ * Why: on the H200 hosts measured (bench/gpu/writer_cost.py), GpuTimer.end cost about 1 us per call called from
+ * here, and the same work done here on the timer's Python objects still 0.4 us warm and more right after a large
+ * gather (attribute and dict lookups, small allocations, each a cache miss once the gather evicted them), against
+ * a budget of 2 us per call for GPU timing. So the two cases of nearly every call keep their state here:
+ *  - coalesce: a call less than the window after its stream's last event, while that stream has unresolved
+ *    events ("armed"), joins the stream's waiting calls: here a pending buffer in C, moved into the stream's
+ *    Python list (GpuTimer's state) by gpu_drain, which the timer calls before it reads or changes that state
+ *    (its end(), its reader's poll); one GIL holder at a time, so the calls keep their order;
+ *  - record: otherwise, on a stream the timer knows, a pooled event is recorded on the stream through the CUDA
+ *    runtime's cudaEventRecord (its address given by probe.py after a round trip) and the stream's waiting calls
+ *    become its group, on the timer's Python objects (records are a few per cent of the calls).
+ * Everything else (a new stream, an empty pool, a failed record, a capture, a full queue) goes to GpuTimer.end,
+ * which calls gpu_arm after it records and the reader gpu_disarm once a stream has no unresolved event left.
+ * The stream key is key_fn(key_arg) (key_arg called first where callable): probe.py passes the raw-stream builtin
+ * and the device current at setup, which skips the runtime's current-device query (~270 ns right after a 32-row
+ * gather); a call that records checks key_fn(exact_arg) (the thread's current device) and leaves a mismatch to
+ * GpuTimer.end. Keys are compared by value (raw stream handles, ints; other objects in tests). */
+#define GS_MAX_STREAMS 16
+typedef struct {
+    PyObject *key;  /* owned */
+    int64_t last_rec_ns;
+    int armed;
+} gs_stream;
+static PyObject *gs_timer = NULL, *gs_caps = NULL, *gs_key_fn = NULL, *gs_key_arg = NULL, *gs_exact_arg = NULL;
+static uintptr_t gs_record = 0;
+static int64_t gs_window = 0, gs_limit = 0, gs_queued = 0;
+static gs_stream gs_streams[GS_MAX_STREAMS];
+static int gs_nstreams = 0;
+static uint64_t *gs_pend = NULL; /* pending calls: (stream index, slot word, call number) triples */
+static Py_ssize_t gs_npend = 0, gs_cap = 0;
+
 static int64_t attr_int(PyObject *obj, PyObject *name) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
@@ -169,136 +206,173 @@ static int64_t attr_int(PyObject *obj, PyObject *name) {
     return r;
 }
 
-typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signature */
+/* The stream's index, -1 where not known (or an error is set), created where asked. */
+static int gs_find(PyObject *key, int create) {
+    for (int i = 0; i < gs_nstreams; i++) {
+        PyObject *k = gs_streams[i].key;
+        int same = PyObject_RichCompareBool(k, key, Py_EQ); /* identity first, then ints by value */
+        if (same < 0) return -1;
+        if (same) return i;
+    }
+    if (!create || gs_nstreams == GS_MAX_STREAMS) return -1;
+    gs_streams[gs_nstreams].key = Py_NewRef(key);
+    gs_streams[gs_nstreams].last_rec_ns = 0;
+    gs_streams[gs_nstreams].armed = 0;
+    return gs_nstreams++;
+}
 
-/* GpuTimer.end without entering the interpreter, for the two common cases on a stream it already knows:
- *  - coalesce: a call less than the window after the stream's last event, while the stream has unresolved
- *    groups, joins the stream's open calls and records no event;
- *  - record: otherwise it takes a pooled event, records it on the stream through the CUDA runtime's
- *    cudaEventRecord (its address given by probe.py) and closes the stream's open calls into a new group.
- * Why here: on the H200 hosts measured (bench/gpu/writer_cost.py), the Python method behind these (the call, the
- * capture test, the stream lookup closure, the record closure) cost 1-2 us per coalesced call and several per
- * recorded one, against a budget of 2 us per call for GPU timing.
- * timer._fast is (captures, key_fn, key_arg, record_addr, exact_arg), set by probe.py where the capture hooks
- * are in place: the count of CUDA graph captures in progress (a list of one int), the stream key as
- * key_fn(key_arg) (key_arg called first where it is callable), the address of cudaEventRecord (0: GpuTimer.end
- * records), and exact_arg: where not None, a call that would record checks key_fn(exact_arg) (called first where
- * callable) against the key and leaves the call to GpuTimer.end where they differ. probe.py passes the process's
- * device as key_arg and -1 (the thread's current device) as exact_arg: asking the CUDA runtime for the current
- * device right after a large gather costs ~270 ns on an H200 host, so a coalesced call skips it and a record
- * (which decides the stream an event goes to) does not. The pool's events have a `cuda_event` attribute (the raw
- * handle; torch's Event) and the key is the raw stream handle.
- * Returns 1 where the call was queued here, 0 where GpuTimer.end decides (a new stream, an empty pool, a failed
- * record, a capture, a full queue), -1 on an error (the caller clears it and lets GpuTimer.end decide). The GIL
- * is held throughout and nothing here runs Python code but the key function (a builtin in CUDA), so the reader
- * thread sees each change whole, as it does in the Python method. */
-static int fast_end(PyObject *g, uint64_t b, uint64_t c) {
+static PyObject *gs_key(PyObject *arg_src) {
+    PyObject *arg = PyCallable_Check(arg_src) ? PyObject_CallNoArgs(arg_src) : Py_NewRef(arg_src);
+    if (arg == NULL) return NULL;
+    PyObject *key = PyObject_CallOneArg(gs_key_fn, arg);
+    Py_DECREF(arg);
+    return key;
+}
+
+/* Move the pending calls into their streams' Python lists (streams: the timer's dict of stream states); a call
+ * whose stream state is gone is marked untimed in its slot. Returns how many were moved, -1 on an error. */
+static Py_ssize_t gs_drain_into(PyObject *streams) {
+    Py_ssize_t moved = 0, i = 0;
+    for (; i < gs_npend; i++) {
+        uint64_t idx = gs_pend[3 * i], b = gs_pend[3 * i + 1], c = gs_pend[3 * i + 2];
+        PyObject *s = PyDict_GetItemWithError(streams, gs_streams[idx].key);
+        if (s == NULL) {
+            if (PyErr_Occurred()) break;
+            if (ring_words != NULL && (uint64_t)ring_words[b + 1] == c) ring_words[b + W_GPU] = GPU_NONE;
+            continue;
+        }
+        PyObject *open = PyObject_GetAttr(s, str_open);
+        if (open == NULL) break;
+        PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c), *item = NULL;
+        if (pb != NULL && pc != NULL) item = PyTuple_Pack(2, pb, pc);
+        Py_XDECREF(pb);
+        Py_XDECREF(pc);
+        int bad = item == NULL || PyList_Append(open, item) < 0;
+        Py_XDECREF(item);
+        Py_DECREF(open);
+        if (bad) break;
+        moved++;
+    }
+    if (i < gs_npend) { /* an error: keep what was not moved, in order */
+        memmove(gs_pend, gs_pend + 3 * i, (size_t)(gs_npend - i) * 3 * sizeof(uint64_t));
+        gs_npend -= i;
+        return -1;
+    }
+    gs_npend = 0;
+    return moved;
+}
+
+/* 1: the call was queued here (coalesced); 0: not, with *key_out the stream key (a new reference) where it was
+ * computed; -1: an error. */
+static int gs_coalesce(uint64_t b, uint64_t c, PyObject **key_out) {
+    *key_out = NULL;
+    if (!PyList_Check(gs_caps) || PyList_GET_SIZE(gs_caps) < 1) return 0;
+    long ncap = PyLong_AsLong(PyList_GET_ITEM(gs_caps, 0));
+    if (ncap == -1 && PyErr_Occurred()) return -1;
+    if (ncap > 0) return 0;
+    PyObject *key = gs_key(gs_key_arg);
+    if (key == NULL) return -1;
+    *key_out = key;
+    int i = gs_find(key, 0);
+    if (i < 0) return PyErr_Occurred() ? -1 : 0;
+    gs_stream *st = &gs_streams[i];
+    if (!st->armed || !(perf_ns() - st->last_rec_ns < gs_window) || gs_npend + gs_queued >= gs_limit) return 0;
+    if (gs_npend == gs_cap) {
+        Py_ssize_t cap = gs_cap ? 2 * gs_cap : 256;
+        uint64_t *p = PyMem_RawRealloc(gs_pend, (size_t)cap * 3 * sizeof(uint64_t));
+        if (p == NULL) return 0; /* GpuTimer.end queues it */
+        gs_pend = p;
+        gs_cap = cap;
+    }
+    gs_pend[3 * gs_npend] = (uint64_t)i;
+    gs_pend[3 * gs_npend + 1] = b;
+    gs_pend[3 * gs_npend + 2] = c;
+    gs_npend++;
+    return 1;
+}
+
+/* The record case, on the timer's Python objects (see above). 1: recorded and queued; 0: GpuTimer.end decides;
+ * -1: an error (the caller clears it and lets GpuTimer.end decide). */
+static int gs_record_call(PyObject *g, uint64_t b, uint64_t c, PyObject *key) {
     int res = 0;
-    PyObject *fast = NULL, *arg = NULL, *key = NULL, *streams = NULL, *groups = NULL, *open = NULL, *item = NULL,
-             *nq = NULL, *pool = NULL, *ev = NULL, *handle = NULL, *fresh = NULL, *group = NULL, *r = NULL,
-             *stamp = NULL, *nrec = NULL, *xarg = NULL, *exact = NULL, *st = NULL;
-    fast = PyObject_GetAttr(g, str_fast);
-    if (fast == NULL) goto fail;
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 5) goto done;
-    PyObject *caps = PyTuple_GET_ITEM(fast, 0);
-    if (!PyList_Check(caps) || PyList_GET_SIZE(caps) < 1) goto done;
-    long ncap = PyLong_AsLong(PyList_GET_ITEM(caps, 0));
-    if (ncap == -1 && PyErr_Occurred()) goto fail;
-    if (ncap > 0) goto done;
-    int64_t queued = attr_int(g, str_queued);
-    if (queued == -1 && PyErr_Occurred()) goto fail;
-    int64_t limit = attr_int(g, str_limit);
-    if (limit == -1 && PyErr_Occurred()) goto fail;
-    if (queued >= limit) goto done;
-    PyObject *karg = PyTuple_GET_ITEM(fast, 2);
-    arg = PyCallable_Check(karg) ? PyObject_CallNoArgs(karg) : Py_NewRef(karg);
-    if (arg == NULL) goto fail;
-    key = PyObject_CallOneArg(PyTuple_GET_ITEM(fast, 1), arg);
-    if (key == NULL) goto fail;
+    PyObject *streams = NULL, *groups = NULL, *open = NULL, *item = NULL, *nq = NULL, *pool = NULL, *ev = NULL,
+             *handle = NULL, *fresh = NULL, *group = NULL, *r = NULL, *stamp = NULL, *nrec = NULL, *exact = NULL,
+             *st = NULL;
+    if (gs_record == 0) goto done;
+    if (gs_exact_arg != Py_None) { /* the event's stream must be the thread's current one */
+        exact = gs_key(gs_exact_arg);
+        if (exact == NULL) goto fail;
+        int same = PyObject_RichCompareBool(exact, key, Py_EQ);
+        if (same < 0) goto fail;
+        if (!same) goto done;
+    }
     streams = PyObject_GetAttr(g, str_streams);
     if (streams == NULL) goto fail;
     if (!PyDict_Check(streams)) goto done;
+    int64_t queued = attr_int(g, str_queued);
+    if (queued == -1 && PyErr_Occurred()) goto fail;
+    if (gs_npend) { /* the waiting calls go into the group this event closes: first into the stream's list */
+        Py_ssize_t moved = gs_drain_into(streams);
+        if (moved < 0) goto fail;
+        queued += moved;
+        nq = PyLong_FromLongLong(queued);
+        if (nq == NULL || PyObject_SetAttr(g, str_queued, nq) < 0) goto fail;
+        Py_CLEAR(nq);
+    }
+    int64_t limit = attr_int(g, str_limit);
+    if (limit == -1 && PyErr_Occurred()) goto fail;
+    if (queued >= limit) goto done;
     st = PyDict_GetItemWithError(streams, key);
     if (st == NULL) {
         if (PyErr_Occurred()) goto fail;
         goto done; /* a new stream: GpuTimer.end makes its state and records its first event */
     }
-    Py_INCREF(st); /* held: a key function or a test's record callback may run Python, and the reader drop it */
-    PyObject *s = st;
-    groups = PyObject_GetAttr(s, str_groups);
-    if (groups == NULL) goto fail;
-    Py_ssize_t ng = PyObject_Size(groups);
-    if (ng < 0) goto fail;
+    Py_INCREF(st);
+    groups = PyObject_GetAttr(st, str_groups);
+    open = PyObject_GetAttr(st, str_open);
+    pool = PyObject_GetAttr(g, str_free);
+    if (groups == NULL || open == NULL || pool == NULL) goto fail;
+    if (!PyList_Check(open) || !PyList_Check(pool) || PyList_GET_SIZE(pool) == 0) goto done; /* end() makes one */
+    Py_ssize_t np = PyList_GET_SIZE(pool);
+    ev = Py_NewRef(PyList_GET_ITEM(pool, np - 1));
+    handle = PyObject_GetAttr(ev, str_cuda_event);
+    if (handle == NULL) goto fail;
+    void *h = PyLong_AsVoidPtr(handle);
+    if (h == NULL && PyErr_Occurred()) goto fail;
+    void *stream = PyLong_AsVoidPtr(key);
+    if (stream == NULL && PyErr_Occurred()) goto fail;
     int64_t now = perf_ns();
-    int coalesce = 0;
-    if (ng > 0) {
-        int64_t last = attr_int(s, str_last);
-        if (last == -1 && PyErr_Occurred()) goto fail;
-        int64_t window = attr_int(g, str_coalesce);
-        if (window == -1 && PyErr_Occurred()) goto fail;
-        coalesce = now - last < window;
-    }
-    open = PyObject_GetAttr(s, str_open);
-    if (open == NULL) goto fail;
-    if (!PyList_Check(open)) goto done;
+    if (((record_fn)gs_record)(h, stream) != 0) goto done; /* end() records again, and counts the error */
+    if (PyErr_Occurred()) goto fail;                        /* a test's ctypes callback that raised */
+    if (PyList_SetSlice(pool, np - 1, np, NULL) < 0) goto fail; /* the event leaves the pool once recorded */
     PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c);
     if (pb != NULL && pc != NULL) item = PyTuple_Pack(2, pb, pc);
     Py_XDECREF(pb);
     Py_XDECREF(pc);
-    if (item == NULL) goto fail;
-    if (!coalesce) {
-        unsigned long long addr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, 3));
-        if (addr == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
-        if (addr == 0) goto done;
-        PyObject *xa = PyTuple_GET_ITEM(fast, 4);
-        if (xa != Py_None) { /* the event's stream must be the thread's current one */
-            xarg = PyCallable_Check(xa) ? PyObject_CallNoArgs(xa) : Py_NewRef(xa);
-            if (xarg == NULL) goto fail;
-            exact = PyObject_CallOneArg(PyTuple_GET_ITEM(fast, 1), xarg);
-            if (exact == NULL) goto fail;
-            int same = PyObject_RichCompareBool(exact, key, Py_EQ);
-            if (same < 0) goto fail;
-            if (!same) goto done;
-        }
-        pool = PyObject_GetAttr(g, str_free);
-        if (pool == NULL) goto fail;
-        if (!PyList_Check(pool) || PyList_GET_SIZE(pool) == 0) goto done; /* end() makes an event */
-        Py_ssize_t np = PyList_GET_SIZE(pool);
-        ev = Py_NewRef(PyList_GET_ITEM(pool, np - 1));
-        handle = PyObject_GetAttr(ev, str_cuda_event);
-        if (handle == NULL) goto fail;
-        void *h = PyLong_AsVoidPtr(handle);
-        if (h == NULL && PyErr_Occurred()) goto fail;
-        void *stream = PyLong_AsVoidPtr(key);
-        if (stream == NULL && PyErr_Occurred()) goto fail;
-        if (((record_fn)(uintptr_t)addr)(h, stream) != 0) goto done; /* end() records again, and counts the error */
-        if (PyErr_Occurred()) goto fail; /* a test's ctypes callback that raised */
-        if (PyList_SetSlice(pool, np - 1, np, NULL) < 0) goto fail; /* the event leaves the pool once recorded */
-        fresh = PyList_New(0);
-        if (fresh == NULL || PyList_Append(open, item) < 0) goto fail;
-        group = PyTuple_Pack(2, ev, open);
-        if (group == NULL) goto fail;
-        /* the stream's open calls become the new group, and a fresh list takes their place */
-        if (PyObject_SetAttr(s, str_open, fresh) < 0) goto fail;
-        r = PyObject_CallMethodOneArg(groups, str_append, group);
-        if (r == NULL) goto fail;
-        stamp = PyLong_FromLongLong(now);
-        int64_t recorded = attr_int(g, str_recorded);
-        if (recorded == -1 && PyErr_Occurred()) goto fail;
-        nrec = PyLong_FromLongLong(recorded + 1);
-        if (stamp == NULL || nrec == NULL || PyObject_SetAttr(s, str_last, stamp) < 0 ||
-            PyObject_SetAttr(g, str_recorded, nrec) < 0)
-            goto fail;
-    } else if (PyList_Append(open, item) < 0) {
-        goto fail;
-    }
+    fresh = PyList_New(0);
+    if (item == NULL || fresh == NULL || PyList_Append(open, item) < 0) goto fail;
+    group = PyTuple_Pack(2, ev, open);
+    if (group == NULL) goto fail;
+    /* the stream's waiting calls become the new group, and a fresh list takes their place */
+    if (PyObject_SetAttr(st, str_open, fresh) < 0) goto fail;
+    r = PyObject_CallMethodOneArg(groups, str_append, group);
+    if (r == NULL) goto fail;
+    stamp = PyLong_FromLongLong(now);
+    int64_t recorded = attr_int(g, str_recorded);
+    if (recorded == -1 && PyErr_Occurred()) goto fail;
+    nrec = PyLong_FromLongLong(recorded + 1);
     nq = PyLong_FromLongLong(queued + 1);
-    if (nq == NULL || PyObject_SetAttr(g, str_queued, nq) < 0) goto fail;
+    if (stamp == NULL || nrec == NULL || nq == NULL || PyObject_SetAttr(st, str_last, stamp) < 0 ||
+        PyObject_SetAttr(g, str_recorded, nrec) < 0 || PyObject_SetAttr(g, str_queued, nq) < 0)
+        goto fail;
+    int i = gs_find(key, 1);
+    if (i >= 0) {
+        gs_streams[i].armed = 1;
+        gs_streams[i].last_rec_ns = now;
+    }
+    PyErr_Clear(); /* a full stream table: those streams' calls go through end() */
     res = 1;
 done:
-    Py_XDECREF(fast);
-    Py_XDECREF(arg);
-    Py_XDECREF(key);
     Py_XDECREF(streams);
     Py_XDECREF(groups);
     Py_XDECREF(open);
@@ -312,13 +386,92 @@ done:
     Py_XDECREF(r);
     Py_XDECREF(stamp);
     Py_XDECREF(nrec);
-    Py_XDECREF(xarg);
     Py_XDECREF(exact);
     Py_XDECREF(st);
     return res;
 fail:
     res = -1;
     goto done;
+}
+
+static void gs_forget(void) {
+    Py_CLEAR(gs_timer);
+    Py_CLEAR(gs_caps);
+    Py_CLEAR(gs_key_fn);
+    Py_CLEAR(gs_key_arg);
+    Py_CLEAR(gs_exact_arg);
+    for (int i = 0; i < gs_nstreams; i++) Py_CLEAR(gs_streams[i].key);
+    gs_nstreams = 0;
+    gs_npend = 0;
+    gs_record = 0;
+    gs_queued = 0;
+}
+
+static PyObject *gpu_setup(PyObject *mod, PyObject *args) {
+    PyObject *timer, *caps, *key_fn, *key_arg, *exact_arg;
+    unsigned long long addr;
+    long long window, limit;
+    if (!PyArg_ParseTuple(args, "OO!OOKOLL", &timer, &PyList_Type, &caps, &key_fn, &key_arg, &addr, &exact_arg,
+                          &window, &limit))
+        return NULL;
+    if (!PyCallable_Check(key_fn)) {
+        PyErr_SetString(PyExc_TypeError, "key_fn must be callable");
+        return NULL;
+    }
+    gs_forget();
+    gs_timer = Py_NewRef(timer);
+    gs_caps = Py_NewRef(caps);
+    gs_key_fn = Py_NewRef(key_fn);
+    gs_key_arg = Py_NewRef(key_arg);
+    gs_exact_arg = Py_NewRef(exact_arg);
+    gs_record = (uintptr_t)addr;
+    gs_window = window;
+    gs_limit = limit;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gpu_clear(PyObject *mod, PyObject *timer) {
+    if (timer == Py_None || timer == gs_timer) gs_forget();
+    Py_RETURN_NONE;
+}
+
+static PyObject *gpu_drain(PyObject *mod, PyObject *streams) {
+    if (!PyDict_Check(streams)) {
+        PyErr_SetString(PyExc_TypeError, "streams must be a dict");
+        return NULL;
+    }
+    Py_ssize_t n = gs_drain_into(streams);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+static PyObject *gpu_arm(PyObject *mod, PyObject *args) {
+    PyObject *key;
+    long long at;
+    if (!PyArg_ParseTuple(args, "OL", &key, &at)) return NULL;
+    int i = gs_find(key, 1);
+    if (i < 0) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_FALSE; /* a full stream table: that stream's calls go through end() */
+    }
+    gs_streams[i].armed = 1;
+    gs_streams[i].last_rec_ns = at;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *gpu_disarm(PyObject *mod, PyObject *key) {
+    int i = gs_find(key, 0);
+    if (i < 0 && PyErr_Occurred()) return NULL;
+    if (i >= 0) gs_streams[i].armed = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gpu_pending(PyObject *mod, PyObject *unused) { return PyLong_FromSsize_t(gs_npend); }
+
+static PyObject *gpu_set_queued(PyObject *mod, PyObject *n) {
+    long long v = PyLong_AsLongLong(n);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    gs_queued = v;
+    Py_RETURN_NONE;
 }
 
 static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -356,7 +509,13 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     if (g != NULL) {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        int done = fast_end(g, b, c);
+        int done = 0;
+        if (g == gs_timer) {
+            PyObject *key = NULL;
+            done = gs_coalesce(b, c, &key);
+            if (done == 0 && key != NULL) done = gs_record_call(g, b, c, key);
+            Py_XDECREF(key);
+        }
         if (done < 0) PyErr_Clear();
         if (done <= 0) {
             PyObject *r = NULL;
@@ -471,6 +630,14 @@ static PyMethodDef module_methods[] = {
     {"set_ring", set_ring, METH_VARARGS, "set_ring(buffer, mask, shift, header_slots): the ring to write"},
     {"clear_ring", clear_ring, METH_NOARGS, "forget the ring"},
     {"next_call", next_call, METH_NOARGS, "the next call number"},
+    {"gpu_setup", gpu_setup, METH_VARARGS,
+     "gpu_setup(timer, captures, key_fn, key_arg, record_addr, exact_arg, window_ns, limit): take the timer's hot path"},
+    {"gpu_clear", gpu_clear, METH_O, "gpu_clear(timer or None): forget the timer (None: whichever)"},
+    {"gpu_drain", gpu_drain, METH_O, "gpu_drain(streams): move the pending calls into the streams' lists"},
+    {"gpu_arm", gpu_arm, METH_VARARGS, "gpu_arm(key, perf_ns): the stream recorded an event then"},
+    {"gpu_disarm", gpu_disarm, METH_O, "gpu_disarm(key): the stream has no unresolved event"},
+    {"gpu_pending", gpu_pending, METH_NOARGS, "how many calls wait in the pending buffer"},
+    {"gpu_set_queued", gpu_set_queued, METH_O, "gpu_set_queued(n): the timer's queued count, for its bound"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -482,11 +649,9 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
     str_shape = PyUnicode_InternFromString("shape");
     str_gpu = PyUnicode_InternFromString("_GPU");
     str_end = PyUnicode_InternFromString("end");
-    str_fast = PyUnicode_InternFromString("_fast");
     str_streams = PyUnicode_InternFromString("_streams");
     str_groups = PyUnicode_InternFromString("groups");
     str_last = PyUnicode_InternFromString("last_rec_ns");
-    str_coalesce = PyUnicode_InternFromString("_coalesce_ns");
     str_queued = PyUnicode_InternFromString("_queued");
     str_limit = PyUnicode_InternFromString("_limit");
     str_open = PyUnicode_InternFromString("open");
@@ -494,8 +659,8 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
     str_cuda_event = PyUnicode_InternFromString("cuda_event");
     str_append = PyUnicode_InternFromString("append");
     str_recorded = PyUnicode_InternFromString("recorded");
-    if (!str_numel || !str_shape || !str_gpu || !str_end || !str_fast || !str_streams || !str_groups || !str_last ||
-        !str_coalesce || !str_queued || !str_limit || !str_open || !str_free || !str_cuda_event || !str_append ||
+    if (!str_numel || !str_shape || !str_gpu || !str_end || !str_streams || !str_groups || !str_last ||
+        !str_queued || !str_limit || !str_open || !str_free || !str_cuda_event || !str_append ||
         !str_recorded)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);

@@ -599,6 +599,9 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
         mod.fetch_rows([1], [0])
     native = probe._native() is not None
     assert ends == ([1] if native else [1, 2, 3, 4]), "only the first call (nothing queued yet) needs end"
+    if native:
+        assert probe._NATIVE.gpu_pending() == 3, "calls 2-4 wait in the C writer's own buffer"
+    timer._drain()  # as the timer does before it reads its state (end(), the reader's poll)
     s = timer._streams[g.streams["s0"]]
     assert len(g.streams["s0"].recorded) == 1 and timer.recorded == 1 and timer._queued == 4
     recs = _read()
@@ -685,3 +688,43 @@ def test_the_c_writer_records_events_through_the_runtime_address(
     g.streams["s1"].complete(1)
     assert _poll(_read()[-1].end + 1.0) == 0
     assert all(r.gpu and r.gpu_end is not None for r in _read())
+
+
+def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stream_records_again(
+        ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls the C writer keeps in its own buffer reach the reader: the poll moves them onto their stream first
+    (the first one after the event in flight on the GPU, the next queued); once the stream has nothing
+    unresolved, the next call records its own event even inside the window (the reader disarmed it)."""
+    g = FakeGpu()
+    timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False, coalesce_us=60e6,
+                             stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
+    assert timer is not None
+    timer._fast = ([0], lambda _arg: g.current, None, 0, None)
+    ends: list[int] = []
+    real_end = timer.end
+
+    def counting_end(b: int, c: int) -> None:
+        ends.append(c)
+        real_end(b, c)
+
+    monkeypatch.setattr(timer, "end", counting_end)
+    mod = _fetch_module("gpu_fast3")
+    probe.install(["gpu_fast3:fetch_rows@ids"])
+    for _ in range(3):
+        mod.fetch_rows([1], [0])
+    native = probe._native() is not None
+    assert ends == ([1] if native else [1, 2, 3])
+    g.current.complete(1)
+    t = _read()[-1].end + 1.0
+    assert _poll(t) == 2
+    first, second, third = _read()
+    assert first.gpu_end == t and second.gpu_in_flight(t + 4.0) and third.gpu_start is None
+    g.current.idle = True
+    assert _poll(t + 5.0) == 0 and all(r.gpu_end is not None for r in _read())
+    mod.fetch_rows([1], [0])  # inside the window, but nothing is unresolved on the stream: an event of its own
+    assert ends[-1] == 4 and len(g.current.recorded) == 2 and timer.recorded == 2
+    if native:
+        assert probe._NATIVE.gpu_pending() == 0
+    timer.stop()  # unregisters it from the C writer; later calls go through end()
+    mod.fetch_rows([1], [0])
+    assert ends[-1] == 5
