@@ -297,6 +297,7 @@ def _after_fork_in_child() -> None:
     _RING_LOCK = threading.Lock()
     if _NATIVE is not None:
         _NATIVE.clear_ring()  # the parent's mapping: this process writes its own ring
+        _NATIVE.gpu_clear(None)  # and the parent's GPU timer's calls are not this process's
 
 
 def reset() -> None:
