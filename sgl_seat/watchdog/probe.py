@@ -508,7 +508,7 @@ class GpuTimer:
         reads or changes that state; under the GIL, so none is in flight meanwhile)."""
         nat = self._nat
         if nat is not None:
-            self._queued += nat.gpu_drain(self._streams)
+            self._queued += nat.gpu_drain(self, self._streams)
 
     # -- hot path ------------------------------------------------------------------------------------
     def end(self, b: int, c: int) -> None:

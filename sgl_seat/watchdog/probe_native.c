@@ -435,7 +435,10 @@ static PyObject *gpu_clear(PyObject *mod, PyObject *timer) {
     Py_RETURN_NONE;
 }
 
-static PyObject *gpu_drain(PyObject *mod, PyObject *streams) {
+static PyObject *gpu_drain(PyObject *mod, PyObject *args) {
+    PyObject *timer, *streams;
+    if (!PyArg_ParseTuple(args, "OO", &timer, &streams)) return NULL;
+    if (timer != gs_timer) return PyLong_FromLong(0); /* another timer took over: its calls are not this one's */
     if (!PyDict_Check(streams)) {
         PyErr_SetString(PyExc_TypeError, "streams must be a dict");
         return NULL;
@@ -633,7 +636,8 @@ static PyMethodDef module_methods[] = {
     {"gpu_setup", gpu_setup, METH_VARARGS,
      "gpu_setup(timer, captures, key_fn, key_arg, record_addr, exact_arg, window_ns, limit): take the timer's hot path"},
     {"gpu_clear", gpu_clear, METH_O, "gpu_clear(timer or None): forget the timer (None: whichever)"},
-    {"gpu_drain", gpu_drain, METH_O, "gpu_drain(streams): move the pending calls into the streams' lists"},
+    {"gpu_drain", gpu_drain, METH_VARARGS,
+     "gpu_drain(timer, streams): move the timer's pending calls into its streams' lists"},
     {"gpu_arm", gpu_arm, METH_VARARGS, "gpu_arm(key, perf_ns): the stream recorded an event then"},
     {"gpu_disarm", gpu_disarm, METH_O, "gpu_disarm(key): the stream has no unresolved event"},
     {"gpu_pending", gpu_pending, METH_NOARGS, "how many calls wait in the pending buffer"},

@@ -728,3 +728,29 @@ def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stre
     timer.stop()  # unregisters it from the C writer; later calls go through end()
     mod.fetch_rows([1], [0])
     assert ends[-1] == 5
+
+
+def test_only_the_timer_registered_last_takes_the_c_writers_pending_calls(ring_dir: Path) -> None:
+    """Two timers in a process (a test, a bench): the C writer serves the one whose ``_fast`` was set last, and an
+    older one's drain takes none of the newer one's calls."""
+    if probe._native() is None:
+        pytest.skip("the C writer's own state: nothing to check with the Python writer")
+    g = FakeGpu()
+    old = probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False, coalesce_us=60e6,
+                           stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
+    assert old is not None
+    old._fast = ([0], lambda _arg: g.current, None, 0, None)
+    new = probe.GpuTimer(lambda: FakeEvent(g), lambda: False, gpu_off=old._gpu_word * 8, nslots=old._limit,
+                         stream_key=lambda: g.current, coalesce_us=60e6)
+    new._fast = ([0], lambda _arg: g.current, None, 0, None)  # the C writer now serves `new`
+    probe._GPU = new
+    mod = _fetch_module("gpu_fast4")
+    probe.install(["gpu_fast4:fetch_rows@ids"])
+    for _ in range(3):
+        mod.fetch_rows([1], [0])
+    assert probe._NATIVE.gpu_pending() == 2
+    old._drain()
+    assert old._queued == 0 and probe._NATIVE.gpu_pending() == 2
+    new._drain()
+    assert new._queued == 3 and [c for _b, c in new._streams[g.current].open] == [r.seq for r in _read()[1:]]
+    new.stop()
