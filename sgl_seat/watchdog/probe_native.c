@@ -3,8 +3,9 @@
  * Why: around a real row fetch (a gather of hundreds of KB that evicts the caches) the Python wrapper added
  * 1.3-3.0 us per call, most of it the interpreter's own objects (frames, globals, the struct packer) missed
  * in cache after the gather; the target is 1 us. This file does exactly what probe._exact_wrapper's body does,
- * in the same order and with the same ring layout (probe.py's module doc has the writer protocol), and nothing
- * more. probe.py builds it at first use with the interpreter's own compiler into a private cache directory and
+ * in the same order and with the same ring layout (probe.py's module doc has the writer protocol); for a GPU
+ * timer registered with gpu_setup it also does GpuTimer.end's common cases (see "The GPU timer's hot path"
+ * below). probe.py builds it at first use with the interpreter's own compiler into a private cache directory and
  * falls back to the Python wrapper wherever that fails; it is never required.
  *
  * Module functions:
@@ -15,6 +16,12 @@
  *   Wrapper(fn, tidx, pos, kw, mode, probe_globals, ensure_ring)
  *       a callable that times each call of fn: mode 0 none, 1 len, 2 numel, 3 dim0 of argument pos (or keyword
  *       kw); probe_globals is probe.py's module dict (its _GPU, read each call, as the Python wrapper does)
+ *   gpu_setup(timer, captures, key_fn, key_arg, record_addr, exact_arg, window_ns, limit)
+ *                                                take that GpuTimer's hot path (GpuTimer._fast's setter)
+ *   gpu_clear(timer or None)                     give it back (GpuTimer.stop; None: whichever, a forked child)
+ *   gpu_drain(timer, streams)                    move the calls waiting here into the timer's stream lists
+ *   gpu_arm(key, perf_ns) / gpu_disarm(key)      a stream recorded an event / has nothing unresolved left
+ *   gpu_pending(), gpu_set_queued(n)             the calls waiting here; the timer's queued count (its bound)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
