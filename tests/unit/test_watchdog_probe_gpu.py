@@ -574,6 +574,19 @@ def test_timing_events_give_the_next_calls_start_bound_to_the_microsecond(ring_d
     assert second.gpu_age(at + 1.0) == pytest.approx(1.0)
 
 
+def _calls_to_end(timer: probe.GpuTimer, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The call numbers that reach the timer's Python ``end`` from now on (the C writer's own paths skip it)."""
+    ends: list[int] = []
+    real_end = timer.end
+
+    def counting_end(b: int, c: int) -> None:
+        ends.append(c)
+        real_end(b, c)
+
+    monkeypatch.setattr(timer, "end", counting_end)
+    return ends
+
+
 def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
         ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``timer._fast`` set (as the CUDA paths set it), the C writer queues a call that rides on a later event
@@ -585,14 +598,7 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
                              stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
     timer._fast = (captures, lambda _arg: g.current, None, 0, None)  # record_addr 0: recording stays in end()
-    ends: list[int] = []
-    real_end = timer.end
-
-    def counting_end(b: int, c: int) -> None:
-        ends.append(c)
-        real_end(b, c)
-
-    monkeypatch.setattr(timer, "end", counting_end)
+    ends = _calls_to_end(timer, monkeypatch)
     mod = _fetch_module("gpu_fast1")
     probe.install(["gpu_fast1:fetch_rows@ids"])
     for _ in range(4):
@@ -660,14 +666,7 @@ def test_the_c_writer_records_events_through_the_runtime_address(
     # that records checks the exact key (the thread's current device: here the current stream's name).
     addr = int(ctypes.cast(fake_record, ctypes.c_void_p).value or 0)
     timer._fast = ([0], lambda name: id(g.stream(name)), "s0", addr, lambda: g.current.name)
-    ends: list[int] = []
-    real_end = timer.end
-
-    def counting_end(b: int, c: int) -> None:
-        ends.append(c)
-        real_end(b, c)
-
-    monkeypatch.setattr(timer, "end", counting_end)
+    ends = _calls_to_end(timer, monkeypatch)
     mod = _fetch_module("gpu_fast2")
     probe.install(["gpu_fast2:fetch_rows@ids"])
     for i in range(4):
@@ -700,14 +699,7 @@ def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stre
                              stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
     timer._fast = ([0], lambda _arg: g.current, None, 0, None)
-    ends: list[int] = []
-    real_end = timer.end
-
-    def counting_end(b: int, c: int) -> None:
-        ends.append(c)
-        real_end(b, c)
-
-    monkeypatch.setattr(timer, "end", counting_end)
+    ends = _calls_to_end(timer, monkeypatch)
     mod = _fetch_module("gpu_fast3")
     probe.install(["gpu_fast3:fetch_rows@ids"])
     for _ in range(3):
