@@ -74,6 +74,16 @@ def mean_ci95(xs: Sequence[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def trimmed_mean(xs: Sequence[int], cut: float = 0.01) -> float:
+    """Mean without the top and bottom 1 %. Why the mean: where calls differ (with GPU-event coalescing, a call
+    records an event or none) the mean, not the median, is the cost per call; the trim drops the OS's and an
+    event reader's rare long interruptions."""
+    ys = sorted(xs)
+    k = int(len(ys) * cut)
+    ys = ys[k:len(ys) - k] if k else ys
+    return sum(ys) / len(ys)
+
+
 def interleaved_ns(arms: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], calls: int,
                    warmup: int = 300) -> dict[str, list[int]]:
     """Nanoseconds of each call, per arm: arms called in rotating order, each call on the next input.

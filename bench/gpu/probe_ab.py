@@ -41,20 +41,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns  # noqa: E402
+from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns, trimmed_mean  # noqa: E402
 
 from sgl_seat.sim import rowfetch  # noqa: E402
 
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"
-
-
-def trimmed_mean(xs: list[int], cut: float = 0.01) -> float:
-    """Mean without the top and bottom 1 %: with coalescing, calls differ (an event or none), so the mean, not
-    the median, is the cost per call; the trim drops the reader's and the OS's rare long interruptions."""
-    ys = sorted(xs)
-    k = int(len(ys) * cut)
-    ys = ys[k:len(ys) - k] if k else ys
-    return sum(ys) / len(ys)
 
 
 def load_copy(path: Path, name: str) -> ModuleType:

@@ -47,14 +47,6 @@ sys.path.insert(0, str(REPO / "bench"))
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"
 
 
-def trimmed_mean(xs: list[int], cut: float = 0.01) -> float:
-    """Mean without the top and bottom 1 %: drops the OS's and the reader's rare long interruptions."""
-    ys = sorted(xs)
-    k = int(len(ys) * cut)
-    ys = ys[k:len(ys) - k] if k else ys
-    return sum(ys) / len(ys)
-
-
 def build_env() -> dict[str, Any]:
     """What the C writer's build needs on this image: the compiler sysconfig names and the interpreter's headers."""
     inc = sysconfig.get_paths()["include"]
@@ -68,7 +60,7 @@ def lookup_cost(torch: Any, rowfetch: Any, table: Any, calls: int) -> list[dict[
     fetch followed by ``_cuda_getCurrentRawStream(-1)`` (the exact key), by it with the device index given (the C
     writer's key for coalesced calls), by it with ``_cuda_getDevice()`` asked first (the key before f0aaad3), by
     ``_cuda_getDevice()`` alone, and by an empty lambda (the arms' own call overhead)."""
-    from watchdog_overhead import GATHER_SIZES, interleaved_ns
+    from watchdog_overhead import GATHER_SIZES, interleaved_ns, trimmed_mean
 
     raw, getdev = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
     dev = getdev()
@@ -111,7 +103,7 @@ def main() -> int:
     print(json.dumps(out), flush=True)
 
     import torch
-    from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns
+    from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns, trimmed_mean
 
     from sgl_seat.sim import rowfetch
     from sgl_seat.watchdog import probe
