@@ -49,7 +49,7 @@ static PyTypeObject *numel_type = NULL; /* the type numel_descr belongs to (the 
 static PyObject *numel_descr = NULL;
 static PyObject *str_numel = NULL, *str_shape = NULL, *str_gpu = NULL, *str_end = NULL;
 static PyObject *str_streams = NULL, *str_groups = NULL, *str_last = NULL,
-                *str_queued = NULL, *str_limit = NULL, *str_open = NULL, *str_free = NULL, *str_cuda_event = NULL,
+                *str_queued = NULL, *str_open = NULL, *str_free = NULL, *str_cuda_event = NULL,
                 *str_append = NULL, *str_recorded = NULL;
 
 static inline int64_t now_ns(void) {
@@ -326,9 +326,7 @@ static int gs_record_call(PyObject *g, uint64_t b, uint64_t c, PyObject *key) {
         if (nq == NULL || PyObject_SetAttr(g, str_queued, nq) < 0) goto fail;
         Py_CLEAR(nq);
     }
-    int64_t limit = attr_int(g, str_limit);
-    if (limit == -1 && PyErr_Occurred()) goto fail;
-    if (queued >= limit) goto done;
+    if (queued >= gs_limit) goto done; /* the timer's _limit, given at gpu_setup (fixed for a timer) */
     st = PyDict_GetItemWithError(streams, key);
     if (st == NULL) {
         if (PyErr_Occurred()) goto fail;
@@ -664,14 +662,13 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
     str_groups = PyUnicode_InternFromString("groups");
     str_last = PyUnicode_InternFromString("last_rec_ns");
     str_queued = PyUnicode_InternFromString("_queued");
-    str_limit = PyUnicode_InternFromString("_limit");
     str_open = PyUnicode_InternFromString("open");
     str_free = PyUnicode_InternFromString("_free");
     str_cuda_event = PyUnicode_InternFromString("cuda_event");
     str_append = PyUnicode_InternFromString("append");
     str_recorded = PyUnicode_InternFromString("recorded");
     if (!str_numel || !str_shape || !str_gpu || !str_end || !str_streams || !str_groups || !str_last ||
-        !str_queued || !str_limit || !str_open || !str_free || !str_cuda_event || !str_append ||
+        !str_queued || !str_open || !str_free || !str_cuda_event || !str_append ||
         !str_recorded)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
