@@ -19,6 +19,7 @@ from typing import Any
 
 from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable, speculative_flags
 from sgl_seat.engines import EngineBackend, backend_for
+from sgl_seat.engines.base import ENGINE_VENV
 from sgl_seat.errors import PlanError
 from sgl_seat.sizing_engram import host_table_env, layout_problem
 from sgl_seat.spec import SeatSpec, spec_location
@@ -42,6 +43,8 @@ class Placeholder(str, Enum):
     #: Node 0's directory for SGLang's request log (``--log-requests-target``); the node agent fills it with
     #: ``$SGL_SEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
     REQUEST_LOG_DIR = "${request_log_dir}"
+    #: The engine's own environment on the node (engines that run from one: SGLang's CPU engine, .venv-sglang).
+    ENGINE_VENV = ENGINE_VENV
 
 
 
@@ -120,6 +123,8 @@ class LaunchPlan:
     capacity: CapacityReport | None
     warnings: tuple[str, ...] = field(default=())
     hosts: tuple[HostPlan, ...] = field(default=())
+    #: Where capacity comes from when the engine does not size it from GPU memory (SGLang's CPU engine).
+    capacity_note: str | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -217,6 +222,7 @@ class LaunchPlan:
             "placement": {"strategy": self.placement.strategy, "bundles": self.placement.bundle_dicts(),
                           "http_bundle": 0},
             "capacity": self.capacity.to_json() if self.capacity else None,
+            **({"capacity_note": self.capacity_note} if self.capacity_note else {}),
             "warnings": list(self.warnings),
             **({"hosts": [h.to_json() for h in self.hosts]} if self.hosts else {}),
         }
@@ -253,6 +259,7 @@ class LaunchPlan:
             mem_fraction=doc["mem_fraction"], http_port=doc["http_port"], dist_init_port=doc["dist_init_port"],
             topology=topo, nodes=nodes, placement=placement, capacity=None, warnings=tuple(doc["warnings"]),
             hosts=tuple(HostPlan.from_json(h) for h in doc.get("hosts", [])),
+            capacity_note=doc.get("capacity_note"),
         )
 
 
@@ -281,7 +288,7 @@ def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, 
     ]
     if draft:
         argv += speculative_flags(spec)
-    return argv + request_log_argv(spec, node_rank)
+    return argv + backend_for(spec.engine).engine_flags(spec) + request_log_argv(spec, node_rank)
 
 
 #: ``--log-requests-level`` for the watchdog's request log: 1 keeps metadata, sampling parameters and token
@@ -370,12 +377,19 @@ def build_plan(
         raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
     chosen = slots_on if use_draft else slots_off
     faults = backend.validate_faults(faults)
+    cannot_draft = backend.draft_problem(spec)
+    if use_draft and cannot_draft:
+        raise PlanError(f"--draft on is refused for seat {spec.name!r}: {cannot_draft}",
+                        fix="bring it up with the draft off (--draft off); the sim seat (local-sim) rehearses the"
+                            " draft-on path", **spec_location(spec, "draft.enabled"))
 
     # Capacity is sized on node 0's own command line for each draft state (SGLang's sizing reads it).
     argv0 = {d: engine_argv(spec, topo, node_rank=0, draft=d, slots=slots_on if d else slots_off, mem_fraction=mf)
              for d in (False, True)}
-    cap = plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf, argv_off=argv0[False],
-                        argv_on=argv0[True])
+    # An engine that does not size from GPU memory says where capacity comes from instead; no GPU figure.
+    cap_note = backend.capacity_note(spec)
+    cap = None if cap_note else plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf,
+                                              argv_off=argv0[False], argv_on=argv0[True])
     engram_env = _engram_env(spec, topo, cap)
     if use_draft:
         _check_draft_family(spec, cap)
@@ -383,7 +397,8 @@ def build_plan(
         refuse_if_unbootable(spec, cap.draft_on if use_draft else cap.draft_off)
     warnings: list[str] = []
     if cap is None:
-        warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
+        if cap_note is None:
+            warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
     elif not cap.draft_off.predicted:
         warnings.append(f"KV pool and slot ceiling are not predicted: {cap.draft_off.problem}")
     warnings += backend.plan_warnings(spec, topo)
@@ -430,6 +445,7 @@ def build_plan(
         capacity=cap,
         warnings=tuple(warnings),
         hosts=hosts,
+        capacity_note=cap_note,
     )
 
 
@@ -491,7 +507,8 @@ def render_text(plan: LaunchPlan) -> str:
     out.append("")
     cap = plan.capacity
     if cap is None:
-        out.append("capacity: not predicted (model.config not set)")
+        out.append(f"capacity: {plan.capacity_note}" if plan.capacity_note
+                   else "capacity: not predicted (model.config not set)")
     else:
         off, on = cap.draft_off, cap.draft_on
         gib = 1 << 30

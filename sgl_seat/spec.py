@@ -233,6 +233,23 @@ class EngramSpec(_Strict):
     host_staging: bool = Field(default=False, description="SGLANG_OPT_DSV41_ENGRAM_HOST_STAGING=1.")
 
 
+class CpuEngineSpec(_Strict):
+    """SGLang's CPU engine (``device: cpu``): for rehearsing a seat where there is no GPU.
+
+    On a CPU the KV pool is not sized from a GPU's memory: SGLang takes the host's available memory, which
+    would reserve gigabytes, so ``--max-total-tokens`` bounds it (``sglang-cpu.md``, "Run").
+    """
+
+    max_total_tokens: int = Field(default=65536, ge=256, le=10_000_000,
+                                  description="--max-total-tokens: the KV pool in tokens (what capacity is on a CPU).")
+    load_format: Literal["dummy", "auto", "safetensors"] = Field(
+        default="dummy", description="--load-format: dummy fills random weights (a tiny model has none on disk).")
+    threads_bind: str | None = Field(
+        default=None, pattern=r"^[0-9,|-]+$",
+        description="SGLANG_CPU_OMP_THREADS_BIND, one entry per rank separated by '|' (default: core i for rank i).",
+    )
+
+
 class SeatSpec(_Strict):
     """A whole seat. ``source`` is where it was loaded from (not part of the YAML)."""
 
@@ -240,6 +257,9 @@ class SeatSpec(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     engine: Literal["sglang", "sim"]
     python: str = Field(default="python3", min_length=1, description="Interpreter on the nodes.")
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda", description="cuda: GPU nodes; cpu: SGLang's CPU engine (rehearsals; engine: sglang only).")
+    cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec)
     model: ModelSpec
     cluster: ClusterSpec
     parallel: ParallelSpec
@@ -265,6 +285,8 @@ class SeatSpec(_Strict):
                              " which host holds which rank, so give the per-machine env in cluster.hosts only")
         if self.sim is not None and self.engine != "sim":
             raise ValueError("a 'sim' block is only valid with engine: sim")
+        if self.device == "cpu" and self.engine != "sglang":
+            raise ValueError("device: cpu is SGLang's CPU engine: only valid with engine: sglang")
         return self
 
     def model_config_path(self) -> Path | None:

@@ -13,9 +13,12 @@ The plan and the node agent hand in the plan's nodes through the narrow :class:`
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 from sgl_seat.engines import preflight, probes
@@ -25,6 +28,18 @@ from sgl_seat.topology import Topology
 
 # SGLang 0.5.23 memory_pool.py: "KV Cache is allocated. dtype: ..., #tokens: N, ..."; the name may carry a
 # label and "VA upper bound" may replace "is allocated" (contracts section 6).
+#: The engine's own environment on a node (a directory), filled by the node's agent at apply time; a plan
+#: writes it into the interpreter, library and model paths of engines that run from one (``sglang.py``).
+ENGINE_VENV = "${engine_venv}"
+#: Where the engine's environment is on a host, when set (else :func:`engine_venv`'s default).
+ENGINE_VENV_ENV = "SGL_SEAT_ENGINE_VENV"
+
+
+def engine_venv() -> str:
+    """The engine's environment on this host: ``$SGL_SEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv
+    this interpreter runs in (the repository's ``.venv``, where setup puts both)."""
+    return os.environ.get(ENGINE_VENV_ENV) or str(Path(sys.prefix).parent / ".venv-sglang")
+
 _KV_LINE = re.compile(r"KV Cache (?:is allocated|VA upper bound)\b.*?#tokens:\s*([\d,]+)")
 
 
@@ -99,6 +114,18 @@ class EngineBackend(ABC):
         ``model_family`` is the model's architecture (from its config.json) when capacity knows it.
         """
 
+    def engine_flags(self, spec: SeatSpec) -> list[str]:
+        """Flags of the engine's own that every node's command line gets after the plan's (none by default)."""
+        return []
+
+    def draft_problem(self, spec: SeatSpec) -> str | None:
+        """Why this engine cannot run the speculative draft for ``spec`` (``None``: it can)."""
+        return None
+
+    def capacity_note(self, spec: SeatSpec) -> str | None:
+        """Where capacity comes from when it is not sized from GPU memory (``None``: the sizing code decides)."""
+        return None
+
     def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
         """Environment of the engine's own every node gets on top of the spec's (none for real SGLang).
 
@@ -156,6 +183,10 @@ class EngineBackend(ABC):
         """
         return None
 
+    def colocated_argv(self, plan: PlannedSeat, node_rank: int, argv: Sequence[str]) -> tuple[str, ...] | None:
+        """Node ``node_rank``'s command line when it shares a host with a lower node (``None``: unchanged)."""
+        return None
+
     def local_checks(self, plan: PlannedSeat, node: PlannedNode, *, gpus: int, gpu_ids: Sequence[str],
                      env: Mapping[str, str]) -> list[Failure]:
         """Every check in :attr:`checks` that runs on the node itself, over facts read from this host.
@@ -163,21 +194,26 @@ class EngineBackend(ABC):
         ``gpus`` is what the node's bundle asks for, ``gpu_ids`` what Ray assigned, ``env`` the engine's
         environment as it will start (the node's, then the plan's).
         """
+        return self._run_checks(self.checks, plan, node, gpus=gpus, gpu_ids=gpu_ids, env=env)
+
+    def _run_checks(self, checks: frozenset[Check], plan: PlannedSeat, node: PlannedNode, *, gpus: int,
+                    gpu_ids: Sequence[str], env: Mapping[str, str]) -> list[Failure]:
+        """The checks of ``checks`` that run on the node itself (:meth:`local_checks`)."""
         r = node.node_rank
         out: list[Failure] = []
-        if Check.GPUS in self.checks:
+        if Check.GPUS in checks:
             out += preflight.check_gpus(r, gpus, gpu_ids, self.visible_gpus())
-        if Check.SOCKET_IFNAME in self.checks:
+        if Check.SOCKET_IFNAME in checks:
             out += preflight.check_socket_ifnames(r, env, probes.interfaces())
-        if Check.IB_HCA in self.checks:
+        if Check.IB_HCA in checks:
             out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), probes.ib_devices())
-        if Check.MODEL_PATH in self.checks:
+        if Check.MODEL_PATH in checks:
             model = argv_value(node.command, "--model-path")
             if model is not None:
                 out += preflight.check_model_path(r, model, probes.path_exists(model))
-        if Check.ENGRAM_HOST in self.checks:
+        if Check.ENGRAM_HOST in checks:
             out += preflight.check_engram_host_table(r, env)
-        if Check.PORTS in self.checks:
+        if Check.PORTS in checks:
             ports = self.listen_ports(plan, node)
             holders = {p: probes.port_holder(p, self.bind_host(node.command, what)) for what, p in ports.items()}
             out += preflight.check_ports_free(r, ports, holders)

@@ -1,22 +1,62 @@
 """Real SGLang 0.5.23: every preflight check applies, fault injection is refused, the probe loads through
-``sitecustomize`` and its targets depend on the model's architecture."""
+``sitecustomize`` and its targets depend on the model's architecture.
+
+The CPU variant (``device: cpu``, SGLang's CPU engine) lives here too, so that neither the plan nor launch
+ever asks which device a seat runs on. Everything it needs was measured on a 2-core CPU machine and is written
+down in ``../shared/reference/sglang-cpu.md``:
+
+- flags: ``--device cpu --attention-backend torch_native`` (the x86 default is ``intel_amx``),
+  ``--max-total-tokens`` (otherwise the pool is sized from the host's available memory: gigabytes),
+  ``--sleep-on-idle`` (an idle scheduler spins at ~100 % of a core without it) and ``--load-format``;
+- environment: ``SGLANG_USE_CPU_ENGINE=1`` (without it SGLang never takes the CPU path), the project's stub
+  ``libcuda.so.1`` on ``LD_LIBRARY_PATH`` (the kernel wheel links it), a missing ``libnccl.so.2`` (TP > 1 would
+  build a pynccl communicator and die on the CPU) and ``SGLANG_CPU_OMP_THREADS_BIND`` with one entry per rank
+  (every node gets the whole list; SGLang picks its entry by global rank);
+- no speculative decoding: the CPU engine cannot run it with registry packages, so ``--draft on`` is refused
+  before anything starts;
+- capacity is what ``--max-total-tokens`` sets; no GPU figure is computed for a CPU seat.
+
+The engine runs in its own environment (``.venv-sglang``, ``scripts/install-sglang-engine.sh``), written
+``${engine_venv}`` in the plan and filled on each node by its agent (:func:`engine_venv`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from sgl_seat.engines import probes
-from sgl_seat.engines.base import EngineBackend
-from sgl_seat.engines.preflight import Check
+from sgl_seat.engines.base import ENGINE_VENV, ENGINE_VENV_ENV, EngineBackend, PlannedNode, PlannedSeat, argv_value
+from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.engines.targets import family_targets
 from sgl_seat.errors import UsageError
 from sgl_seat.spec import SeatSpec
 from sgl_seat.topology import Topology
 
+#: The stub ``libcuda.so.1``'s directory inside the engine's environment (scripts/install-sglang-engine.sh).
+STUB_LIB_DIR = "lib/sgl-seat-stub"
+#: A path with no library: SGLang then disables pynccl (``pynccl.py:73-79``) instead of dying on the CPU.
+NO_NCCL = "/nonexistent/libnccl.so.2"
+#: Checks that need a GPU host; a CPU seat skips them.
+_GPU_CHECKS = frozenset({Check.GPUS, Check.IB_HCA, Check.ENGRAM_HOST})
+#: How far apart the HTTP ports of SGLang nodes sharing one host are (rank >= 1 binds ``--port`` for its
+#: dummy health server, so two nodes on one host cannot share it).
+COLOCATED_PORT_STEP = 10
+
+CPU_DRAFT_REFUSED = (
+    "SGLang's CPU engine cannot run speculative decoding with the registry packages: NGRAM needs"
+    " sgl_kernel's copy_all_layer_kv_cache_cpu (a CPU build of the kernel package that no registry has), the"
+    " torch_native backend cannot verify and EAGLE refuses it"
+)
+
+
+def _is_cpu(argv: Sequence[str]) -> bool:
+    return argv_value(argv, "--device") == "cpu"
+
 
 class SGLangBackend(EngineBackend):
-    """``python -m sglang.launch_server`` on real GPUs."""
+    """``python -m sglang.launch_server`` on real GPUs, or on SGLang's CPU engine (``device: cpu``)."""
 
     name: ClassVar[str] = "sglang"
     module: ClassVar[str] = "sglang.launch_server"
@@ -31,10 +71,74 @@ class SGLangBackend(EngineBackend):
     def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
         return family_targets(model_family) if model_family else ()
 
+    def engine_flags(self, spec: SeatSpec) -> list[str]:
+        if spec.device != "cpu":
+            return []
+        return ["--device", "cpu", "--attention-backend", "torch_native", "--load-format", spec.cpu.load_format,
+                "--max-total-tokens", str(spec.cpu.max_total_tokens), "--sleep-on-idle"]
+
+    def draft_problem(self, spec: SeatSpec) -> str | None:
+        return CPU_DRAFT_REFUSED if spec.device == "cpu" else None
+
+    def capacity_note(self, spec: SeatSpec) -> str | None:
+        if spec.device != "cpu":
+            return None
+        return (f"KV pool set by --max-total-tokens {spec.cpu.max_total_tokens:,} tokens (SGLang's CPU engine:"
+                " no GPU memory to size from; the engine's own 'KV Cache is allocated' line is the actual)")
+
+    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+        if spec.device != "cpu":
+            return {}
+        world = spec.parallel.tp * spec.parallel.dp
+        return {
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "LD_LIBRARY_PATH": f"{ENGINE_VENV}/{STUB_LIB_DIR}",
+            "SGLANG_NCCL_SO_PATH": NO_NCCL,
+            "SGLANG_CPU_OMP_THREADS_BIND": spec.cpu.threads_bind or "|".join(str(i) for i in range(world)),
+            # Nothing is fetched from a model hub: the tiny models are made on the node.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+
     def plan_warnings(self, spec: SeatSpec, topo: Topology) -> list[str]:
+        if spec.device == "cpu":
+            return ["SGLang's CPU engine: a rehearsal seat (tiny model, random weights); its answers are noise"
+                    " and its figures are not a GPU seat's"]
         if topo.nnodes > 1 and not spec.network.node_env and not spec.cluster.hosts:
             return ["network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node"]
         return []
 
     def visible_gpus(self) -> list[str] | None:
         return probes.nvidia_gpus() or []
+
+    def listen_ports(self, plan: PlannedSeat, node: PlannedNode) -> dict[str, int]:
+        """As the base, with the node's own ``--port`` (a colocated node listens on another one)."""
+        ports = super().listen_ports(plan, node)
+        own = argv_value(node.command, "--port")
+        if own is not None:
+            ports["http"] = int(own)
+        return ports
+
+    def colocated_argv(self, plan: PlannedSeat, node_rank: int, argv: Sequence[str]) -> tuple[str, ...] | None:
+        """Nodes on one host (a local rehearsal): node ``r`` moves its ``--port`` up by ``r`` steps."""
+        out = list(argv)
+        for i, a in enumerate(out[:-1]):
+            if a == "--port":
+                out[i + 1] = str(plan.http_port + COLOCATED_PORT_STEP * node_rank)
+        return tuple(out)
+
+    def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
+        return {}
+
+    def local_checks(self, plan: PlannedSeat, node: PlannedNode, *, gpus: int, gpu_ids: Sequence[str],
+                     env: Mapping[str, str]) -> list[Failure]:
+        """Every check, less the GPU host's on a CPU seat, and first of all: is the engine's interpreter there?"""
+        python = node.command[0] if node.command else ""
+        if os.sep in python and not os.access(python, os.X_OK):
+            return [Failure(node.node_rank, "engine-python",
+                            f"the engine's interpreter {python} does not exist on this node",
+                            "install the engine's environment: bash scripts/setup.sh --engine sglang"
+                            f" (or point {ENGINE_VENV_ENV} at it)")]
+        if not _is_cpu(node.command):
+            return super().local_checks(plan, node, gpus=gpus, gpu_ids=gpu_ids, env=env)
+        return self._run_checks(self.checks - _GPU_CHECKS, plan, node, gpus=gpus, gpu_ids=gpu_ids, env=env)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat.engines import backend_for, preflight, probes
+from sgl_seat.engines.base import engine_venv
 from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.launch import procs
 from sgl_seat.launch.home import host_id, logs_dir, seat_home
@@ -115,7 +116,8 @@ class NodeAgent:
         plan = LaunchPlan.from_json(json.loads(plan_json))
         # ${watchdog_boot}: this node's directory of the probe loader (sgl_seat.watchdog.boot_dir, issue 5).
         plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir(),
-                          Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir)})
+                          Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir),
+                          Placeholder.ENGINE_VENV: engine_venv()})
         return plan, plan.nodes[self.node_rank]
 
     def preflight(self, plan_json: str) -> str:

@@ -269,7 +269,10 @@ def _colocate(plan: LaunchPlan, backend: EngineBackend, nodes: Sequence[NodeReco
     if not extra:
         return plan
     return replace(plan, nodes=tuple(
-        replace(nd, env=tuple(sorted({**nd.env_dict(), **extra.get(nd.node_rank, {})}.items()))) for nd in plan.nodes
+        replace(nd, env=tuple(sorted({**nd.env_dict(), **extra[nd.node_rank]}.items())),
+                command=backend.colocated_argv(plan, nd.node_rank, nd.command) or nd.command)
+        if nd.node_rank in extra else nd
+        for nd in plan.nodes
     ))
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The real engine's own environment: SGLang 0.5.23 and its CPU engine in .venv-sglang, beside (never inside) the
+# toolkit's .venv, as a real seat's engine lives in its own image or venv. Called by `scripts/setup.sh --engine
+# sglang` and by the test setup.
+#
+# What it installs (registry packages only; ../shared/reference/sglang-cpu.md lists and explains each):
+#   * torch==2.14.1 and torchvision==0.29.1 through pip (PyPI's builds are CUDA-linked and run on the CPU; pip on
+#     this machine takes them from its local package index, uv would download ~3 GB);
+#   * SGLang's runtime dependencies, pinned in scripts/engine/requirements.txt, through uv where .venv has it;
+#   * sglang==0.5.23, compressed-tensors, xgrammar and sglang-kernel with --no-deps (their metadata pulls CUDA
+#     wheels the CPU engine never loads);
+#   * the project's own stub libcuda.so.1 (scripts/engine/libcuda_stub.c), compiled here with cc: the kernel
+#     wheel's common_ops.abi3.so links libcuda.so.1 and SGLang imports it unconditionally;
+#   * tiny models made locally (sgl_seat/engines/tinymodel.py) under .venv-sglang/models/.
+# Never builds SGLang or its kernels from source.
+#
+# Idempotent: a stamp in .venv-sglang records a hash of this script, the requirements, the stub's source and the
+# tiny-model maker; when it matches and SGLang imports, nothing is installed. Says what it did, how long it took
+# and how large the environment is.
+#
+# Env: SGL_SEAT_ENGINE_VENV (default .venv-sglang in the repository), PYTHON (the interpreter to make it with).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+venv=${SGL_SEAT_ENGINE_VENV:-$repo/.venv-sglang}
+PY=${PYTHON:-python3}
+log() { echo "[engine sglang] $*"; }
+start=$(date +%s)
+
+stamp_of() {
+  cat scripts/install-sglang-engine.sh scripts/engine/requirements.txt scripts/engine/libcuda_stub.c \
+    sgl_seat/engines/tinymodel.py | sha256sum | cut -c1-16
+}
+want=$(stamp_of)
+stub_dir="$venv/lib/sgl-seat-stub"
+cpu_env=(env SGLANG_USE_CPU_ENGINE=1 LD_LIBRARY_PATH="$stub_dir" TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1)
+engine_ok() {
+  [ -x "$venv/bin/python" ] && [ -f "$stub_dir/libcuda.so.1" ] && \
+    "${cpu_env[@]}" "$venv/bin/python" -c '
+import importlib.metadata as m, sys
+assert m.version("sglang") == "0.5.23"
+import sgl_kernel, torch
+assert not torch.cuda.is_available()
+import sglang.launch_server, sglang.srt.entrypoints.http_server
+' >/dev/null 2>&1
+}
+if [ -f "$venv/.sgl-seat-stamp" ] && [ "$(cat "$venv/.sgl-seat-stamp")" = "$want" ] && engine_ok; then
+  log "up to date in $venv ($(du -sh "$venv" | cut -f1)); nothing to do ($(( $(date +%s) - start )) s)"
+  exit 0
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating $venv"
+  "$PY" -m venv "$venv"
+fi
+pip_q() { "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+if ! "$venv/bin/python" -c 'import torch, torchvision; assert torch.__version__.startswith("2.14.1")' 2>/dev/null; then
+  log "installing torch==2.14.1 torchvision==0.29.1 (pip; a CUDA-linked build that runs on the CPU)"
+  pip_q --no-compile torch==2.14.1 torchvision==0.29.1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'torch==2.14.1\ntorchvision==0.29.1\n' > "$tmp/constraints.txt"
+uv=${SGL_SEAT_UV:-$repo/.venv/bin/uv}
+if [ -x "$uv" ]; then
+  inst() { "$uv" pip install -q --python "$venv/bin/python" -c "$tmp/constraints.txt" "$@"; }
+else
+  inst() { pip_q -c "$tmp/constraints.txt" "$@"; }
+fi
+log "installing SGLang's runtime dependencies (scripts/engine/requirements.txt)"
+inst -r scripts/engine/requirements.txt
+log "installing sglang==0.5.23, compressed-tensors, xgrammar, sglang-kernel (--no-deps)"
+inst --no-deps sglang==0.5.23 compressed-tensors==0.18.0 xgrammar==0.2.7 sglang-kernel==0.4.10
+
+log "building the stub libcuda.so.1 with $(command -v cc || echo 'no cc')"
+mkdir -p "$stub_dir"
+cc -shared -fPIC -O2 -Wall -o "$stub_dir/libcuda.so.1" scripts/engine/libcuda_stub.c
+
+log "making tiny models in $venv/models (seeded: the same files every time)"
+for arch in llama qwen3moe; do
+  "$venv/bin/python" sgl_seat/engines/tinymodel.py "$venv/models/tiny-$arch" --arch "$arch" >/dev/null
+done
+
+if ! engine_ok; then
+  log "ERROR: SGLang does not import in $venv; the traceback follows"
+  "${cpu_env[@]}" "$venv/bin/python" -c 'import sgl_kernel, sglang.launch_server' || true
+  exit 1
+fi
+echo "$want" > "$venv/.sgl-seat-stamp"
+log "ok: $venv ($(du -sh "$venv" | cut -f1)), sglang $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))'), torch $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))'), in $(( $(date +%s) - start )) s"
