@@ -192,7 +192,8 @@ def _print_status(rec: SeatRecord) -> None:
         console.print(f"node {n.node_rank}  {n.ip or '?'}  agent pid {n.agent_pid or '-'}  engine pid "
                       f"{n.engine_pid or '-'} ({alive})  GPUs {','.join(n.gpu_ids) or '-'}  log {n.log_path or '-'}")
         for r in n.ranks:
-            console.print(f"    {r.title:<28} pid {r.pid or '-':<8} {'alive' if r.alive else 'not running'}")
+            state = f" ({r.state})" if r.alive and r.state else ""
+            console.print(f"    {r.title:<28} pid {r.pid or '-':<8} {'alive' if r.alive else 'not running'}{state}")
     for ln in rec.log_tail:
         console.print(f"  | {ln}", markup=False)
 

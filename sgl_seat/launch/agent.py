@@ -81,6 +81,8 @@ class NodeAgent:
         self.node: NodePlan | None = None
         self.known: dict[int, float] = {}
         self.rank_pids: dict[str, tuple[int, float]] = {}
+        #: Scheduler title -> when its process was first found gone (:meth:`_note_lost_ranks`).
+        self.rank_lost_at: dict[str, float] = {}
         self.kv_tokens: int | None = None
         self.started_at: float | None = None
         self.exited_at: float | None = None
@@ -159,6 +161,7 @@ class NodeAgent:
         self.kv_tokens = None
         self.known.clear()
         self.rank_pids.clear()
+        self.rank_lost_at.clear()
         self.proc = procs.spawn(node.command, env, self.log_path)
         self.started_at = time.time()
         self.exited_at = None
@@ -171,10 +174,24 @@ class NodeAgent:
 
         Polls instead of ``wait()``: a thread blocked in ``wait()`` makes every other ``poll()`` answer None.
         """
+        tick = 0
         while proc.poll() is None:
             time.sleep(0.05)
+            tick += 1
+            if tick % 5 == 0 and proc is self.proc:
+                self._note_lost_ranks()
         if proc is self.proc and self.exited_at is None:
+            self._note_lost_ranks()
             self.exited_at = time.time()
+
+    def _note_lost_ranks(self) -> None:
+        """When each seen scheduler process vanished (checked every 0.25 s): on a real SGLang node a dead
+        scheduler takes its launcher and, within seconds, the other nodes with it, and the rank that went
+        first is the one to name."""
+        now = time.time()
+        for title, (pid, ctime) in list(self.rank_pids.items()):
+            if title not in self.rank_lost_at and procs.find(pid, ctime) is None:
+                self.rank_lost_at[title] = now
 
     def _scan_kv(self) -> int | None:
         if self.kv_tokens is None:
@@ -208,13 +225,21 @@ class NodeAgent:
             if seen is not None and not alive:
                 lost.append(f"{r.process_title} (pid {seen[0]})")
             ranks.append({"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "title": r.process_title,
-                          "pid": seen[0] if seen else None, "alive": alive})
+                          "pid": seen[0] if seen else None, "alive": alive,
+                          "state": procs.state_of(seen[0]) if alive and seen else ("gone" if seen else None)})
         reason = None
+        gone = f"scheduler process gone: {', '.join(lost)}" if lost else ""
         if rc is not None:
-            reason = f"node {self.node_rank} engine (pid {self.proc.pid}) {procs.describe_exit(rc)}"
+            exit_text = f"engine (pid {self.proc.pid}) {procs.describe_exit(rc)}"
+            first_lost = min(self.rank_lost_at.values(), default=None)
+            if gone and first_lost is not None and (self.exited_at is None or first_lost < self.exited_at):
+                reason = f"node {self.node_rank}: {gone}; then its {exit_text}"
+            else:
+                reason = f"node {self.node_rank} {exit_text}"
         elif lost:
-            reason = f"node {self.node_rank}: scheduler process gone: {', '.join(lost)}"
+            reason = f"node {self.node_rank}: {gone}"
         dead = reason is not None
+        went_at = min([*self.rank_lost_at.values(), *([self.exited_at] if self.exited_at else [])], default=None)
         return {
             "node_rank": self.node_rank,
             "started": True,
@@ -231,7 +256,8 @@ class NodeAgent:
             "kv_tokens": self._scan_kv(),
             "log_tail": tail_lines(self.log_path, 40) if dead else [],
             "started_at": self.started_at,
-            "exited_at": self.exited_at if rc is not None else None,
+            # When this node first went: a scheduler found gone, or the engine's exit (the seat's ordering).
+            "exited_at": went_at if dead else None,
         }
 
     def engine_state(self) -> str:

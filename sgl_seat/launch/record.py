@@ -37,6 +37,9 @@ class RankRecord:
     title: str
     pid: int | None = None
     alive: bool = False
+    #: The process's state as the OS reports it (psutil: running, sleeping, stopped, ...); "gone" once it is
+    #: not there. A stopped (SIGSTOP) scheduler is alive but serves nothing.
+    state: str | None = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -182,7 +182,7 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
                 "log_path": n.log_path,
                 "pids": n.pids,
                 "ranks": [{"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "title": r.title, "pid": r.pid,
-                           "alive": r.alive} for r in n.ranks],
+                           "alive": r.alive, "state": r.state} for r in n.ranks],
             }
             for n in rec.nodes
         ],
