@@ -1,8 +1,9 @@
 """How a sidecar reaches the others: the :class:`Peers` protocol and in-process peers.
 
 In a seat the peers are the other sidecars' Ray actors (:class:`sgl_seat.watchdog.actors.RayPeers`); in
-tests and single-host tools, :func:`local_peers` wires :class:`~sgl_seat.watchdog.sidecar.Sidecar` cores
-to each other in-process (node 0 coordinates, everyone reaches everyone).
+tests and single-host tools, :func:`local_peers` wires sidecar cores to each other in-process (node 0
+coordinates, everyone reaches everyone). It knows a core only as :class:`SidecarCore`, the two calls it makes
+(:class:`~sgl_seat.watchdog.sidecar.Sidecar` is one); this module never imports the sidecar, which imports it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from sgl_seat.watchdog.sidecar import Sidecar
+from typing import Any, Protocol
 
 
 class CoordinatorUnreachable(RuntimeError):
@@ -38,7 +36,19 @@ class Peers(Protocol):
         ...
 
 
-def local_peers(sidecars: Mapping[int, Sidecar]) -> dict[int, Peers]:
+class SidecarCore(Protocol):
+    """What :func:`local_peers` calls on a node's sidecar core (:class:`~sgl_seat.watchdog.sidecar.Sidecar`)."""
+
+    def coordinate(self, trigger: dict[str, Any]) -> dict[str, Any]:
+        """As node 0: run the capture that ``trigger`` asks for; returns its answer (status, bundle path...)."""
+        ...
+
+    def part(self, capture_id: str, t: float) -> dict[str, Any]:
+        """This node's part of capture ``capture_id`` at time ``t`` (JSON-able)."""
+        ...
+
+
+def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
     """In-process peers for tests and single-host tools: node 0 coordinates, everyone reaches everyone."""
 
     class _Local:

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgl_seat.core.detect import detect
 from sgl_seat.core.nodeloss import node_unreachable
@@ -37,7 +37,7 @@ from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.exporter import Exporter
-from sgl_seat.watchdog.peers import CoordinatorUnreachable, Peers
+from sgl_seat.watchdog.peers import CoordinatorUnreachable, Peers, SidecarCore
 from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
 from sgl_seat.watchdog.rankview import RankView, rank_views, tokens_per_s
 from sgl_seat.watchdog.sampler import Sampler
@@ -441,3 +441,8 @@ class Sidecar:
                 "processes": [p.to_json() for p in obs.processes],
                 "request_log": dict(self.request_log.stats()) if self.request_log is not None else None,
             }
+
+
+if TYPE_CHECKING:
+    # mypy holds the Sidecar to what in-process peers call on it (peers.local_peers knows only the protocol).
+    _is_a_core: type[SidecarCore] = Sidecar
