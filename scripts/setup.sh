@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Set up sgl-seat on a fresh machine: a venv in .venv with the CPU torch the sim needs, the
 # package (editable) and, with --test, the test tools and SGLang 0.5.23's argument parser.
+# --engine sglang also installs the real engine's own environment, .venv-sglang (SGLang 0.5.23 on its CPU
+# engine, scripts/install-sglang-engine.sh); --test does too (the real-engine tests need it).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+want_test=0 want_engine=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --test) want_test=1; want_engine=1 ;;
+    --engine) shift; [ "${1:-}" = sglang ] || { echo "setup: --engine takes 'sglang'" >&2; exit 2; }; want_engine=1 ;;
+    --engine=sglang) want_engine=1 ;;
+    *) echo "setup: unknown option $1 (use --test, --engine sglang)" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -54,6 +64,9 @@ fi
 python -c "import sgl_seat, ray, torch" || { echo "setup: install failed" >&2; exit 1; }
 if [ $want_test = 1 ]; then
   bash scripts/install-sglang-parser.sh
+fi
+if [ $want_engine = 1 ]; then
+  bash scripts/install-sglang-engine.sh
 fi
 if [ -n "$deb_pid" ]; then wait "$deb_pid" || true; fi
 echo "setup: ok ($(python --version), torch $(python -c 'import torch; print(torch.__version__)'))"

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from sgl_seat import __version__
-from sgl_seat.cli import cmd_bundle, cmd_gate, cmd_plan, cmd_replay, cmd_seat, cmd_watch
+from sgl_seat.cli import cmd_bundle, cmd_gate, cmd_model, cmd_plan, cmd_replay, cmd_seat, cmd_watch
 from sgl_seat.cli.common import err_console, styled
 from sgl_seat.errors import SeatError
 
@@ -32,6 +32,7 @@ for _name, _fn in cmd_watch.COMMANDS.items():
 app.command("replay")(cmd_replay.replay)
 app.command("gate")(cmd_gate.gate)
 app.add_typer(cmd_bundle.app, name="bundle")
+app.add_typer(cmd_model.app, name="model")
 
 
 @app.callback(invoke_without_command=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_seat.engines import ENGINE_MODULES
-from sgl_seat.errors import CapacityError
+from sgl_seat.engines import ENGINE_MODULES, backend_for
+from sgl_seat.errors import CapacityError, PlanError
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import builtin_profiles, load_spec
 from tests.contract.sglang_parser import parse_with_sglang
@@ -42,6 +42,11 @@ def _flags(command: tuple[str, ...], engine: str) -> list[str]:
 @pytest.mark.parametrize(("seat", "draft", "slots", "mf"), MATRIX)
 def test_generated_argv_parses_with_sglang(seat: str, draft: bool, slots: int | None, mf: float | None) -> None:
     spec = load_spec(seat)
+    cannot_draft = backend_for(spec.engine).draft_problem(spec)
+    if draft and cannot_draft:  # SGLang's CPU engine: refused before anything runs, with the reason
+        with pytest.raises(PlanError, match="--draft on is refused"):
+            build_plan(spec, draft=draft, slots=slots, mem_fraction=mf)
+        return
     try:
         plan = build_plan(spec, draft=draft, slots=slots, mem_fraction=mf)
     except CapacityError:
@@ -61,6 +66,12 @@ def test_generated_argv_parses_with_sglang(seat: str, draft: bool, slots: int | 
         assert parsed["enable_metrics"] is True
         assert parsed["port"] == spec.network.http_port
         assert parsed["host"] == spec.network.host
+        if spec.device == "cpu":  # the CPU engine's flags, as SGLang's parser reads them
+            assert parsed["device"] == "cpu"
+            assert parsed["attention_backend"] == "torch_native"
+            assert parsed["load_format"] == spec.cpu.load_format
+            assert parsed["max_total_tokens"] == spec.cpu.max_total_tokens
+            assert parsed["sleep_on_idle"] is True
         if draft:
             assert parsed["speculative_algorithm"] == spec.draft.algorithm
             assert parsed["speculative_num_steps"] == spec.draft.steps

@@ -12,7 +12,9 @@ the namespaces' own addresses in ``other``. All are below Linux's ephemeral rang
 it can be taken at any moment as the local port of another process's outgoing connection (a fresh-clone CI run
 failed on "address already in use" for 36752), and above Ray's worker ports (10002-19999).
 
-``SGL_SEAT_STREAM=ray|other`` selects a stream's modules (unset: every module, in file order).
+``SGL_SEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order). Stream
+``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199);
+scripts/test.sh runs it after stream ``ray`` in the same slot, since two local clusters must not run at once.
 """
 
 from __future__ import annotations
@@ -23,20 +25,30 @@ import pytest
 
 #: The modules that start a local Ray cluster on 127.0.0.1 (one at a time, in this order: the longest first).
 RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_launch_shared", "test_launch_lifecycle", "test_demo")
+#: Real SGLang seats through a local Ray cluster: stream ``sglang``, run after stream ``ray`` (never beside
+#: another local cluster), while stream ``other`` may still run.
+REAL_ENGINE = ("test_real_sglang_seat",)
+STREAMS = ("ray", "sglang", "other")
 STREAM_ENV = "SGL_SEAT_STREAM"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     stream = os.environ.get(STREAM_ENV, "").strip()
-    if stream not in ("", "ray", "other"):
-        raise pytest.UsageError(f"{STREAM_ENV}={stream!r}: expected 'ray' or 'other'")
+    if stream not in ("", *STREAMS):
+        raise pytest.UsageError(f"{STREAM_ENV}={stream!r}: expected one of {', '.join(STREAMS)}")
     if not stream:
         return
     keep, drop = [], []
     for item in items:
-        in_ray = item.path.parent.name == "integration" and item.path.stem in RAY_LOCAL
-        (keep if in_ray == (stream == "ray") else drop).append(item)
+        (keep if _stream_of(item) == stream else drop).append(item)
     if stream == "ray":
         keep.sort(key=lambda it: RAY_LOCAL.index(it.path.stem))  # stable: a module's own order is kept
     items[:] = keep
     config.hook.pytest_deselected(items=drop)
+
+
+def _stream_of(item: pytest.Item) -> str:
+    stem = item.path.stem if item.path.parent.name == "integration" else ""
+    if stem in RAY_LOCAL:
+        return "ray"
+    return "sglang" if stem in REAL_ENGINE else "other"

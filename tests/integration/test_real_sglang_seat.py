@@ -1,0 +1,264 @@
+"""Real SGLang 0.5.23 brought up, watched and taken down by `sgl-seat` (the ``local-sglang`` profile).
+
+The engine is SGLang's own server on its CPU engine (two nodes, one TP rank each, gloo between them, a tiny
+model with random weights), started through the local Ray cluster and the node agents exactly as a GPU seat
+is. One seat serves the whole module (its start-up costs 1-3 minutes on 2 cores); the tests that break it run
+last, in file order, and the two seats that must fail to start run first (never beside it: one local
+Ray cluster at a time). Processes are checked by the pids and process groups the seat reported, and by the
+seat's name that every engine process carries in its environment (SGL_SEAT_NAME), never by a name pattern.
+
+Under ``CI=true`` a missing engine environment FAILS the module (`scripts/setup.sh --engine sglang` makes it);
+elsewhere it skips with the reason. Runs in its own integration stream, ``sglang`` (tests/integration/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+from launchutil import REPO, Proc, alive, descendants, engine_pgids, in_groups, run_cli, status_json, wait_until
+
+from sgl_seat.engines.base import engine_venv
+
+pytestmark = pytest.mark.integration
+
+LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
+#: This module's ports (below Linux's ephemeral range; no other module uses 24100-24199).
+HTTP_PORT, DIST_PORT = 24100, 24105
+NODE1_PORT = HTTP_PORT + 10  # SGLangBackend.colocated_argv: node 1 of a one-host seat moves up one step
+UP_TIMEOUT_S = 600
+
+
+def _engine_ready() -> str | None:
+    venv = Path(engine_venv())
+    if not (venv / "bin" / "python").is_file() or not (venv / ".sgl-seat-stamp").is_file():
+        return f"the engine environment {venv} is not installed (bash scripts/setup.sh --engine sglang)"
+    return None
+
+
+def _require_engine() -> None:
+    why = _engine_ready()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {why}: the real-engine tests must run in CI")
+    pytest.skip(why)
+
+
+def _write_spec(directory: Path, name: str, **over: Any) -> Path:
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SGLANG.read_text())
+    doc["name"] = name
+    doc["network"]["http_port"], doc["network"]["dist_init_port"] = HTTP_PORT, DIST_PORT
+    for key, value in over.items():
+        doc[key] = value
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _engine_processes(seat: str) -> list[Proc]:
+    """Every process on this host that belongs to ``seat``'s engine: the plan gives each node's engine
+    ``SGL_SEAT_NAME=<seat>`` and every process of SGLang's tree (launcher, schedulers, detokenizer,
+    resource_tracker) inherits it. Found across the whole process table, by that mark alone."""
+    out = []
+    for q in psutil.process_iter():
+        try:
+            if q.environ().get("SGL_SEAT_NAME") != seat or q.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = q.cmdline()
+            out.append(Proc(q.pid, q.create_time(), None, (cmd[0] if cmd else q.name())[:160]))
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+class RealSeat:
+    """The module's seat: its home, its `up` output, and every process it was seen with."""
+
+    def __init__(self, home: Path, spec: Path, name: str) -> None:
+        self.home, self.spec, self.name = home, spec, name
+        self.up_stdout = ""
+        self.seen: list[Proc] = []
+        self.pgids: list[int] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{HTTP_PORT}"
+
+    def status(self) -> dict[str, Any]:
+        return status_json(self.name, self.home)
+
+    def remember(self) -> dict[str, Any]:
+        st = self.status()
+        self.pgids = sorted(set(self.pgids) | set(engine_pgids(st)))
+        for n in st["nodes"]:
+            if n.get("engine_pid"):
+                self.seen += descendants(n["engine_pid"])
+        self.seen += in_groups(self.pgids)
+        return st
+
+
+def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing(tmp_path: Path) -> None:
+    """GIVEN an engine environment that does not exist WHEN `up` THEN it fails in preflight within seconds,
+    naming the interpreter and the install command, and no process of the seat is left."""
+    _require_engine()
+    home = tmp_path / "home"
+    spec = _write_spec(tmp_path, "rs-noenv")
+    env_before = os.environ.get("SGL_SEAT_ENGINE_VENV")
+    os.environ["SGL_SEAT_ENGINE_VENV"] = str(tmp_path / "no-such-venv")
+    try:
+        t0 = time.monotonic()
+        up = run_cli(["up", "--seat", str(spec), "--timeout", "180"], home, timeout=240)
+        took = time.monotonic() - t0
+    finally:
+        if env_before is None:
+            os.environ.pop("SGL_SEAT_ENGINE_VENV", None)
+        else:
+            os.environ["SGL_SEAT_ENGINE_VENV"] = env_before
+    out = up.stdout + up.stderr
+    assert up.returncode != 0, out
+    assert "engine-python" in out and "no-such-venv/bin/python does not exist" in out, out
+    assert "scripts/setup.sh --engine sglang" in out
+    print(f"`up` refused in {took:.1f} s")
+    assert not _engine_processes("rs-noenv")
+    assert run_cli(["status", "rs-noenv", "--json"], home, timeout=60).returncode != 0
+
+
+def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path: Path) -> None:
+    """GIVEN a seat whose context length the tiny model cannot take WHEN `up` THEN SGLang itself refuses at
+    start-up; `up` fails within its timeout quoting SGLang's own error line, and leaves no process behind."""
+    _require_engine()
+    home = tmp_path / "home"
+    doc = yaml.safe_load(LOCAL_SGLANG.read_text())
+    model = {**doc["model"], "context_length": 65536}  # the tiny model's max_position_embeddings is 4096
+    spec = _write_spec(tmp_path, "rs-badflag", model=model)
+    up = run_cli(["up", "--seat", str(spec), "--timeout", "400"], home, timeout=460)
+    out = up.stdout + up.stderr
+    print(out[-3000:])
+    assert up.returncode != 0, out
+    assert "context_length" in out and "4096" in out, out  # SGLang's own ValueError, from the node log
+    assert not _engine_processes("rs-badflag")
+
+
+@pytest.fixture(scope="module")
+def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
+    _require_engine()
+    base = tmp_path_factory.mktemp("real-sglang")
+    rs = RealSeat(base / "home", _write_spec(base, "rs-real"), "rs-real")
+    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
+    rs.up_stdout = up.stdout
+    print(up.stdout)
+    try:
+        assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
+        rs.remember()
+        yield rs
+    finally:
+        down = run_cli(["down", rs.name], rs.home, timeout=240)
+        print(down.stdout, down.stderr)
+        left = alive(rs.seen) + in_groups(rs.pgids) + _engine_processes(rs.name)
+        assert not left, f"`down` left processes of the real engine behind: {left}"
+
+
+def test_up_reaches_ready_with_real_scheduler_pids(seat: RealSeat) -> None:
+    """GIVEN the local-sglang profile WHEN `up` THEN READY with 2 nodes and 2 ranks whose pids are real
+    ``sglang::scheduler_TP0`` / ``TP1`` processes, each on its own node's engine tree, in `status --json`."""
+    st = seat.remember()
+    assert st["state"] == "READY", st
+    assert "READY seat rs-real" in seat.up_stdout
+    assert [n["node_rank"] for n in st["nodes"]] == [0, 1]
+    for n in st["nodes"]:
+        (rank,) = n["ranks"]
+        assert rank["title"] == f"sglang::scheduler_TP{n['node_rank']}"
+        assert rank["alive"] and rank["state"] in ("running", "sleeping"), rank
+        proc = psutil.Process(rank["pid"])
+        assert proc.cmdline()[0] == rank["title"]  # SGLang's own setproctitle
+        assert rank["pid"] in {p.pid for p in descendants(n["engine_pid"])}
+        assert n["engine_pid"] == n["pgid"]
+
+
+def test_a_streamed_chat_completion_comes_back_through_the_endpoint(seat: RealSeat) -> None:
+    """GIVEN the READY real seat WHEN a streamed /v1/chat/completions is sent to its endpoint THEN chunks come
+    back and the stream ends with [DONE] (the text is noise: random weights)."""
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Say hello to the seat."}],
+            "max_tokens": 12, "stream": True}
+    chunks, done = 0, False
+    with httpx.stream("POST", f"{seat.endpoint}/v1/chat/completions", json=body, timeout=120.0,
+                      trust_env=False) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ").strip()
+            if data == "[DONE]":
+                done = True
+                break
+            doc = json.loads(data)
+            assert doc["object"] == "chat.completion.chunk"
+            chunks += 1
+    assert done and chunks >= 2, (done, chunks)
+
+
+def test_logs_of_node_1_are_the_real_engine_log(seat: RealSeat) -> None:
+    """GIVEN the READY seat WHEN `logs --node 1` THEN it shows SGLang's own node-1 log: its TP1 scheduler's lines
+    and the dummy health server a node of rank >= 1 starts."""
+    res = run_cli(["logs", seat.name, "--node", "1", "--lines", "400"], seat.home, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert " TP1] " in res.stdout
+    assert f"Dummy health check server started in background thread at 127.0.0.1:{NODE1_PORT}" in res.stdout
+
+
+def test_node_1_health_is_a_constant_200_that_says_nothing(seat: RealSeat) -> None:
+    """GIVEN the READY seat THEN node 1's /health answers 200 from SGLang's dummy server and node 1 serves no
+    API (``/get_server_info`` 404): which is why its liveness comes from its processes, never its /health."""
+    with httpx.Client(timeout=10.0, trust_env=False) as c:
+        assert c.get(f"http://127.0.0.1:{NODE1_PORT}/health").status_code == 200
+        assert c.get(f"http://127.0.0.1:{NODE1_PORT}/get_server_info").status_code == 404
+        assert c.get(f"{seat.endpoint}/get_server_info").status_code == 200
+
+
+def test_a_stopped_rank_1_is_shown_stopped_while_node_1_health_says_200(seat: RealSeat) -> None:
+    """GIVEN the READY seat WHEN rank 1's scheduler is SIGSTOPped THEN `status --json` shows rank 1 alive but
+    ``stopped`` while node 1's /health still answers 200; SIGCONT brings it back to running or sleeping."""
+    pid = next(n["ranks"][0]["pid"] for n in seat.status()["nodes"] if n["node_rank"] == 1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rank1 = next(n["ranks"][0] for n in seat.status()["nodes"] if n["node_rank"] == 1)
+        assert rank1["alive"] and rank1["state"] == "stopped", rank1
+        assert httpx.get(f"http://127.0.0.1:{NODE1_PORT}/health", timeout=10.0, trust_env=False).status_code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_until(lambda: psutil.Process(pid).status() != psutil.STATUS_STOPPED, 10)
+
+
+def test_rank_1_sigkilled_status_is_not_ready_and_names_rank_1(seat: RealSeat) -> None:
+    """GIVEN the READY seat WHEN rank 1's scheduler is SIGKILLed THEN `status` no longer says READY and its
+    reason names rank 1's scheduler first (SGLang then takes node 1's launcher and node 0 down by itself)."""
+    st = seat.remember()
+    pid = next(n["ranks"][0]["pid"] for n in st["nodes"] if n["node_rank"] == 1)
+    health_before = httpx.get(f"http://127.0.0.1:{NODE1_PORT}/health", timeout=10.0, trust_env=False).status_code
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+
+    def not_ready() -> bool:
+        return seat.status()["state"] != "READY"
+
+    assert wait_until(not_ready, 60, interval=1.0), "status still READY 60 s after rank 1 was killed"
+    st = seat.status()
+    print(f"not READY after {time.monotonic() - t0:.1f} s: {st['state']}: {st['reason']}")
+    assert health_before == 200
+    assert st["state"] in ("FAILED", "DEGRADED"), st
+    assert st["reason"].startswith(f"node 1: scheduler process gone: sglang::scheduler_TP1 (pid {pid})"), st["reason"]
+    rank1 = next(n["ranks"][0] for n in st["nodes"] if n["node_rank"] == 1)
+    assert not rank1["alive"]
+    text = run_cli(["status", seat.name], seat.home, timeout=60).stdout
+    assert "sglang::scheduler_TP1" in text and "not running" in text
