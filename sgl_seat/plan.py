@@ -19,8 +19,15 @@ from typing import Any
 
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.errors import PlanError
-from sgl_seat.sizing.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable, speculative_flags
-from sgl_seat.sizing.engram import host_table_env, layout_problem
+from sgl_seat.sizing import (
+    Capacity,
+    CapacityReport,
+    host_table_env,
+    layout_problem,
+    plan_capacity,
+    refuse_if_unbootable,
+    speculative_flags,
+)
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from sgl_seat.plan import Placeholder, build_plan
-from sgl_seat.sizing.sglang import installed_version
+from sgl_seat.sizing import installed_version
 from sgl_seat.spec import load_spec
 from sgl_seat.watchdog import boot_dir
 from tests.contract.conftest import require

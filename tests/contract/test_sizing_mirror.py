@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.sizing import mirror
-from sgl_seat.sizing.sglang import SizingCase, SizingError, size_with_sglang
+from sgl_seat.sizing import SizingCase, SizingError, mirror, size_with_sglang
 from tests.contract.conftest import require
 
 pytestmark = pytest.mark.contract

@@ -6,8 +6,7 @@ import psutil
 import pytest
 
 from sgl_seat.plan import build_plan
-from sgl_seat.sizing.cache import CACHE_ENV
-from sgl_seat.sizing.sglang import installed_version, sizing_session
+from sgl_seat.sizing import CACHE_ENV, installed_version, sizing_session
 from sgl_seat.spec import load_spec
 
 pytestmark = pytest.mark.integration
