@@ -8,7 +8,7 @@ KV pool tokens each reported (they must agree within 1 %). Targets from issue 10
 mirror under 0.5 s of plan time; the mirror's figure is measured in-process too (``build_plan`` alone, no
 interpreter start). The SGLang path is measured cold (``SGL_SEAT_SIZING_CACHE=off``: the child imports SGLang
 and runs its sizing, what the first plan of a seat pays) and warm (the same plan again: SGLang's answers for
-the identical inputs read back from the sizing cache, sgl_seat/sizing_cache.py), in a temporary
+the identical inputs read back from the sizing cache, sgl_seat/sizing/cache.py), in a temporary
 ``SGL_SEAT_HOME`` so no earlier cache entry counts.
 
 Usage::

@@ -2,7 +2,7 @@
 # Install just enough of SGLang 0.5.23 to run its OWN command-line parser
 # (`ServerArgs.add_cli_args` + `ServerArgs.from_cli_args` from
 # `sglang.srt.server_args`) and its OWN startup KV-pool sizing (ServerArgs
-# resolution, ModelConfig, the pool configurators; sgl_seat/sizing_sglang_child.py)
+# resolution, ModelConfig, the pool configurators; sgl_seat/sizing/child.py)
 # on a CPU-only machine, without a GPU and without sglang's ~80 GPU-centric
 # runtime dependencies.
 #
@@ -104,7 +104,7 @@ PYEOF
 
 # SGLang's sizing path imports (run once after installing; ~10 s).
 sizing_ok() {
-  "$PY" -c 'from sgl_seat.sizing_sglang_child import Sizer; Sizer()' >/dev/null 2>&1
+  "$PY" -c 'from sgl_seat.sizing.child import Sizer; Sizer()' >/dev/null 2>&1
 }
 
 if parser_ok && deps_present; then
@@ -187,7 +187,7 @@ if ! parser_ok; then
 fi
 if ! sizing_ok; then
   log "ERROR: SGLang's sizing path fails to import; traceback follows."
-  "$PY" -c 'from sgl_seat.sizing_sglang_child import Sizer; Sizer()' || true
+  "$PY" -c 'from sgl_seat.sizing.child import Sizer; Sizer()' || true
   exit 1
 fi
 log "done in $(( $(date +%s) - start ))s"

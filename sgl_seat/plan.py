@@ -17,11 +17,18 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from sgl_seat.capacity import Capacity, CapacityReport, plan_capacity, refuse_if_unbootable, speculative_flags
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.engines.base import ENGINE_VENV
 from sgl_seat.errors import PlanError
-from sgl_seat.sizing_engram import host_table_env, layout_problem
+from sgl_seat.sizing import (
+    Capacity,
+    CapacityReport,
+    host_table_env,
+    layout_problem,
+    plan_capacity,
+    refuse_if_unbootable,
+    speculative_flags,
+)
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any
 
 from sgl_seat.errors import PreflightError
-from sgl_seat.sizing_engram import HostReaders, check_node, needs_from_env
+from sgl_seat.sizing import HostReaders, check_node, needs_from_env
 
 
 class Check(str, Enum):

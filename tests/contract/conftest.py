@@ -32,8 +32,7 @@ def sglang_required() -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _one_sizing_child_per_module() -> Iterator[None]:
     """SGLang's imports cost seconds: a contract module's many plans share one sizing child, stopped after it."""
-    from sgl_seat.sizing_cache import CACHE_ENV
-    from sgl_seat.sizing_sglang import sizing_session
+    from sgl_seat.sizing import CACHE_ENV, sizing_session
 
     # Contract tests compare against SGLang's code run now, never against answers kept from an earlier run
     # (the cache's own contract test turns it back on in a temporary home).

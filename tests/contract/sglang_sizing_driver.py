@@ -1,6 +1,6 @@
 """An independent run of SGLang 0.5.23's startup sizing, for the contract tests (not used by sgl-seat itself).
 
-Written apart from ``sgl_seat/sizing_sglang_child.py`` so the plan's figures are checked against code that
+Written apart from ``sgl_seat/sizing/child.py`` so the plan's figures are checked against code that
 shares none of the plan's argument handling: the argv goes through SGLang's own ``prepare_server_args`` (the
 server's entry point, logging setup included), the memory figures are computed here from the spec's inputs,
 and ``ModelRunner``'s steps are replayed from its source order. Reads one JSON document on stdin, writes one
@@ -37,7 +37,7 @@ def main() -> int:
     request = json.load(sys.stdin)
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
-    from sgl_seat.sizing_sglang_child import _install_stubs  # only the torchvision import stub
+    from sgl_seat.sizing.child import _install_stubs  # only the torchvision import stub
 
     _install_stubs()
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig

@@ -10,7 +10,7 @@ the ring (the Triton launch behind it fails on a machine without a GPU; the reco
 SGLang's import chain reaches ``torchvision`` (image transforms of a vision config, nothing Engram uses). Its
 PyPI wheel for torch 2.13 is built against CUDA torch and fails to register its operators under the CPU torch
 (``operator torchvision::nms does not exist``), and the CPU wheel's index is not reachable from CI; so where the
-real one cannot be imported, the sizing child's import stub stands in for it (:mod:`sgl_seat.sizing_sglang_child`),
+real one cannot be imported, the sizing child's import stub stands in for it (:mod:`sgl_seat.sizing.child`),
 and the child says so. Under CI=true a missing SGLang fails this test (conftest.py).
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from sgl_seat.plan import Placeholder, build_plan
-from sgl_seat.sizing_sglang import installed_version
+from sgl_seat.sizing import installed_version
 from sgl_seat.spec import load_spec
 from sgl_seat.watchdog import boot_dir
 from tests.contract.conftest import require
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, sys
-from sgl_seat.sizing_sglang_child import _install_stubs
+from sgl_seat.sizing.child import _install_stubs
 stubs = _install_stubs()                      # torchvision only, and only if the real one fails to import
 probe = sys.modules.get("sgl_seat.watchdog.probe") or sys.modules.get("sgl_seat_probe")
 pending = dict(probe.installed()) if probe else None

@@ -1,4 +1,4 @@
-"""The mirror (sgl_seat.sizing_mirror) against SGLang 0.5.23's own sizing code, side by side over a grid.
+"""The mirror (sgl_seat.sizing.mirror) against SGLang 0.5.23's own sizing code, side by side over a grid.
 
 Grid: the shipped DeepSeek-V4 configs (``deepseek_v4`` and ``deepseek_v41``), draft off and EAGLE on with
 1-5 steps (topk 1), ``--speculative-adaptive``, memory fraction 0.70-0.92, 1-64 slots, two context lengths
@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from sgl_seat import sizing_mirror as mirror
-from sgl_seat.sizing_sglang import SizingCase, SizingError, size_with_sglang
+from sgl_seat.sizing import SizingCase, SizingError, mirror, size_with_sglang
 from tests.contract.conftest import require
 
 pytestmark = pytest.mark.contract

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.capacity import SOURCE_SGLANG
 from sgl_seat.errors import CapacityError
 from sgl_seat.plan import build_plan
-from sgl_seat.sizing_sglang import installed_version
+from sgl_seat.sizing import SOURCE_SGLANG, installed_version
 from sgl_seat.spec import load_spec
 from tests.contract.conftest import require
 
@@ -148,7 +147,7 @@ def test_a_cached_answer_is_what_sglangs_code_computes(tmp_path: Path, monkeypat
     """The second plan of the same seat reads SGLang's answers from the cache; they equal a fresh computation,
     and the plan says where they came from."""
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    from sgl_seat.sizing_cache import CACHE_ENV
+    from sgl_seat.sizing import CACHE_ENV
 
     monkeypatch.setenv("SGL_SEAT_SIZING", "sglang")
     monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path))

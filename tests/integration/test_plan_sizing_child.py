@@ -6,8 +6,7 @@ import psutil
 import pytest
 
 from sgl_seat.plan import build_plan
-from sgl_seat.sizing_cache import CACHE_ENV
-from sgl_seat.sizing_sglang import installed_version, sizing_session
+from sgl_seat.sizing import CACHE_ENV, installed_version, sizing_session
 from sgl_seat.spec import load_spec
 
 pytestmark = pytest.mark.integration
@@ -17,7 +16,7 @@ def _sizing_children() -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if any("sgl_seat.sizing_sglang_child" in a for a in p.cmdline()):
+            if any("sgl_seat.sizing.child" in a for a in p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.capacity import GIB, SOURCE_MIRROR, plan_capacity, refuse_if_unbootable
 from sgl_seat.errors import CapacityError
+from sgl_seat.sizing import SOURCE_MIRROR, plan_capacity, refuse_if_unbootable
+from sgl_seat.sizing.capacity import GIB
 from sgl_seat.spec import SeatSpec
 
 MODELS = Path(__file__).resolve().parents[2] / "launch" / "models"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.sizing_engram import (
+from sgl_seat.sizing.engram import (
     HostReaders,
     NodeNeeds,
     check_node,
@@ -163,7 +163,7 @@ def test_plan_with_the_host_table_sets_the_env_on_every_node_and_takes_the_table
 def test_without_the_host_table_the_checkpoint_does_not_fit_and_the_env_is_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sgl_seat.capacity import plan_capacity
+    from sgl_seat.sizing import plan_capacity
 
     monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
     cap = plan_capacity(_v41_seat(tmp_path, None), slots_off=8, slots_on=8, mem_fraction=0.85)

@@ -4,7 +4,7 @@ The layers, low to high (ARCHITECTURE.md describes them):
 
     L0  errors, deadline (and the package root's ``__version__``)
     L1  core (records, observation, frames, detectors), spec, topology
-    L2  capacity, engines (the engine backends: everything engine-specific)
+    L2  sizing (the KV pool and slot ceiling), engines (the engine backends: everything engine-specific)
     L3  plan
     L4  forensics (may import core, never watchdog)
     L5  watchdog
@@ -36,7 +36,7 @@ PKG = ROOT / "sgl_seat"
 LAYERS: dict[str, int] = {
     "": 0, "errors": 0, "deadline": 0,
     "core": 1, "spec": 1, "topology": 1,
-    "capacity": 2, "engines": 2,
+    "sizing": 2, "engines": 2,
     "plan": 3,
     "forensics": 4,
     "watchdog": 5,
@@ -44,9 +44,7 @@ LAYERS: dict[str, int] = {
     "gate": 7,
     "cli": 8,
 }
-#: Where the sizing and capacity model may grow (a module or package whose name starts so): layer 2.
-LAYER_PREFIXES: dict[str, int] = {"capacity": 2, "sizing": 2}
-LAYER_NAMES = {0: "errors", 1: "core/spec/topology", 2: "capacity/engines", 3: "plan", 4: "forensics",
+LAYER_NAMES = {0: "errors", 1: "core/spec/topology", 2: "sizing/engines", 3: "plan", 4: "forensics",
                5: "watchdog", 6: "launch", 7: "gate", 8: "cli"}
 DIRECTION = " < ".join(f"L{n} {name}" for n, name in sorted(LAYER_NAMES.items()))
 
@@ -119,9 +117,7 @@ def top(dotted: str) -> str | None:
 
 
 def layer_of(name: str) -> int | None:
-    if name in LAYERS:
-        return LAYERS[name]
-    return next((n for p, n in LAYER_PREFIXES.items() if name.startswith(p)), None)
+    return LAYERS.get(name)
 
 
 def violations(label: str, module: str, source: str, *, is_package: bool = False,
@@ -199,7 +195,7 @@ def test_the_documented_exceptions_are_still_needed() -> None:
      "L4 forensics may not import L5"),
     ("sgl_seat.forensics.analysis", "from ..watchdog import sampler\n", 1, "L4 forensics may not import L5"),
     ("sgl_seat.core.detect", "from sgl_seat import launch\n", 1, "L1 core/spec/topology may not import L6"),
-    ("sgl_seat.engines.base", "import sgl_seat.launch.probes\n", 1, "L2 capacity/engines may not import L6"),
+    ("sgl_seat.engines.base", "import sgl_seat.launch.probes\n", 1, "L2 sizing/engines may not import L6"),
     ("sgl_seat.watchdog.sidecar", "from sgl_seat.launch.cluster import bounded\n", 1,
      "L5 watchdog may not import L6"),
     ("sgl_seat.launch.sidecars", "import importlib\nimportlib.import_module('sgl_seat.cli.main')\n", 2,
@@ -209,6 +205,7 @@ def test_the_documented_exceptions_are_still_needed() -> None:
     ("sgl_seat.sim.node", "x = __import__('sgl_seat.launch.procs')\n", 1, "the sim (the stand-in engine process)"),
     ("sgl_seat.watchdog.actors", "from tests.simrig import SimSeat\n", 1, "may import from tests/"),
     ("sgl_seat.newthing", "import sgl_seat.errors\n", 1, "sgl_seat.newthing has no layer"),
+    ("sgl_seat.sizing_extra", "import sgl_seat.errors\n", 1, "sgl_seat.sizing_extra has no layer"),
 ])
 def test_a_bad_import_is_named_with_file_line_and_rule(module: str, source: str, line: int, rule: str) -> None:
     got = violations("x.py", module, source)
@@ -223,7 +220,7 @@ def test_a_bad_import_is_named_with_file_line_and_rule(module: str, source: str,
     ("sgl_seat.engines.sim", "from sgl_seat.sim.args import ENV_FAULTS\n"),
     ("sgl_seat.sim.contract", "from sgl_seat.topology import scheduler_title\nfrom . import logs\n"),
     ("sgl_seat.forensics.bundle", "from sgl_seat import __version__\nimport json\n"),
-    ("sgl_seat.capacity_model.kv", "from sgl_seat.spec import SeatSpec\n"),
+    ("sgl_seat.sizing.capacity", "from sgl_seat.spec import SeatSpec\nfrom sgl_seat.sizing import mirror\n"),
 ])
 def test_imports_along_the_direction_pass(module: str, source: str) -> None:
     assert violations("x.py", module, source) == []

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from sgl_seat import sizing_cache, sizing_sglang
-from sgl_seat.sizing_sglang import SGLANG_VERSION, SizingCase
+from sgl_seat.sizing import SGLANG_VERSION, SizingCase
+from sgl_seat.sizing import cache as sizing_cache
+from sgl_seat.sizing import sglang as sizing_sglang
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ CACHE_ENV = "SGL_SEAT_SIZING_CACHE"
 FORMAT = 1
 #: Files in the model directory larger than this are weights or tokenizers, which sizing does not read.
 _SMALL_FILE = 4 * 1024 * 1024
-_CHILD_SOURCE = Path(__file__).with_name("sizing_sglang_child.py")
+_CHILD_SOURCE = Path(__file__).with_name("child.py")
 
 
 def cache_dir() -> Path | None:

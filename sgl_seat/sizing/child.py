@@ -1,8 +1,8 @@
-"""The child process that runs SGLang 0.5.23's own startup sizing on CPU (``python -m sgl_seat.sizing_sglang_child``).
+"""The child process that runs SGLang 0.5.23's own startup sizing on CPU (``python -m sgl_seat.sizing.child``).
 
 Why a child: SGLang's imports take seconds and install process-wide state (its published config bags, the
 platform override), so the planner never imports it in its own process. The parent
-(:mod:`sgl_seat.sizing_sglang`) writes one JSON request per line on stdin and reads one JSON answer per line on
+(:mod:`sgl_seat.sizing.sglang`) writes one JSON request per line on stdin and reads one JSON answer per line on
 stdout; nothing else crosses the pipe (no pickle). The child exits at end of input.
 
 What runs is SGLang's code, in the order ``ModelRunner`` runs it, without constructing ``ModelRunner`` (its
@@ -46,7 +46,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sgl_seat.sizing_mirror import bisect_max
+from sgl_seat.sizing.mirror import bisect_max
 
 GIB = 1 << 30
 #: Platform facts of a CUDA GPU node, set through SGLang's ``override_platform``.

@@ -1,4 +1,4 @@
-"""Ask the installed SGLang to size the KV pool, through a child process (:mod:`sgl_seat.sizing_sglang_child`).
+"""Ask the installed SGLang to size the KV pool, through a child process (:mod:`sgl_seat.sizing.child`).
 
 The child imports SGLang once (seconds) and then answers any number of requests (milliseconds each), so one
 worker is kept per planner process and reused: a whole grid of cases, or every plan a test session builds,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from sgl_seat import sizing_cache
+from sgl_seat.sizing import cache as sizing_cache
 
 #: The SGLang release whose sizing code the child runs and the mirror follows.
 SGLANG_VERSION = "0.5.23"
@@ -80,7 +80,7 @@ class _Worker:
         env.setdefault("HF_HUB_OFFLINE", "1")
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [python, "-m", "sgl_seat.sizing_sglang_child"],
+            [python, "-m", "sgl_seat.sizing.child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, start_new_session=True, text=True, bufsize=1,
         )
