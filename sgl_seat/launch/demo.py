@@ -20,6 +20,8 @@ written), ``seen`` when this process's poll (every :data:`POLL_S`) found the com
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +99,7 @@ class DemoResult:
     endpoint: str
     quick: bool
     synthetic: bool
+    draft: bool = True
     stages: StageTimes = field(default_factory=StageTimes)
     substages: dict[str, list[Stage]] = field(default_factory=dict)  # `up`'s and `down`'s own
     answers: list[Answer] = field(default_factory=list)
@@ -112,7 +115,7 @@ class DemoResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "seat": self.seat, "endpoint": self.endpoint, "draft": True, "quick": self.quick,
+            "seat": self.seat, "endpoint": self.endpoint, "draft": self.draft, "quick": self.quick,
             "synthetic": self.synthetic, "synthetic_note": SYNTHETIC_NOTE if self.synthetic else None,
             "total_s": round(self.stages.total(), 3),
             "stages": [{**s.to_json(), **({"stages": [x.to_json() for x in self.substages[s.name]]}
@@ -129,11 +132,26 @@ class DemoResult:
         }
 
 
+def stall_rank(spec: SeatSpec) -> int:
+    """The rank the demo stalls: rank 3 on a sim seat (its row fetch), the last rank on a real one."""
+    return STALL_RANK if backend_for(spec.engine).synthetic else spec.parallel.tp - 1
+
+
+def demo_draft(spec: SeatSpec) -> bool:
+    """The draft on, as the field report's seat ran, unless the engine cannot run it (SGLang's CPU engine)."""
+    return backend_for(spec.engine).draft_problem(spec) is None
+
+
 def check_spec(spec: SeatSpec) -> None:
-    """The demo injects its stall through the sim's fault route: a sim seat with a rank 3 is needed."""
+    """A sim seat with a rank 3 (its row fetch is stalled through the sim's fault route), or a real seat whose
+    nodes all run on this host (a scheduler is stopped with SIGSTOP, which needs its pid here)."""
     if not backend_for(spec.engine).synthetic:
-        raise UsageError(f"seat {spec.name} runs engine {spec.engine!r}; the demo injects a fault, which only the "
-                         "sim engine takes", fix="run `sgl-seat demo` without --seat (the built-in local-sim seat)")
+        if spec.cluster.address != "local" or spec.parallel.tp < 2:
+            raise UsageError(f"seat {spec.name} runs engine {spec.engine!r} on cluster {spec.cluster.address!r};"
+                             " on a real engine the demo stalls a scheduler with SIGSTOP, which needs a seat of"
+                             " TP >= 2 whose nodes all run on this host (cluster.address: local)",
+                             fix="run `sgl-seat demo --seat local-sglang`, or without --seat (the sim seat)")
+        return
     if spec.parallel.tp <= STALL_RANK:
         raise UsageError(f"seat {spec.name} has tp {spec.parallel.tp}: no rank {STALL_RANK} to stall",
                          fix="use a sim seat with tp 4 or more, e.g. the built-in local-sim")
@@ -211,31 +229,37 @@ def _stage(stages: Stages, name: str, detail: str) -> Iterator[dict[str, str]]:
 
 def run_demo(spec: SeatSpec, opts: DemoOptions, *, reporter: Reporter | None,
              say: Callable[[str], None]) -> DemoResult:
-    """Up (draft on), traffic, stall on rank 3, bundle, replay, HTML, and always down."""
+    """Up (draft on where the engine runs it), traffic, a stall on one rank, bundle, replay, HTML, always down."""
     check_spec(spec)
     synthetic = backend_for(spec.engine).synthetic
-    res = DemoResult(seat=spec.name, endpoint="", quick=opts.quick, synthetic=synthetic)
+    draft = demo_draft(spec)
+    res = DemoResult(seat=spec.name, endpoint="", quick=opts.quick, synthetic=synthetic, draft=draft)
     stages = Stages(reporter or NullReporter())
     stages.times = res.stages
     say(f"demo: seat {spec.name} from {spec.source}" + (" (quick)" if opts.quick else ""))
     if synthetic:
         say(f"({SYNTHETIC_NOTE})")
-    say("\n[1/6] up, draft on")
-    rec, times = up(spec, UpOptions(draft=True, timeout=opts.up_timeout), reporter)
+    word = "on" if draft else f"off ({backend_for(spec.engine).draft_problem(spec)})"
+    say(f"\n[1/6] up, draft {word}")
+    rec, times = up(spec, UpOptions(draft=draft, timeout=opts.up_timeout), reporter)
     res.stages.records.append(Stage("up", times.total(), f"READY at {rec.endpoint}"))
     res.substages["up"] = list(times.records)
     res.endpoint = rec.endpoint or ""
     load = Load(res.endpoint, spec.model.name, concurrency=opts.concurrency)  # halted by the cleanup on every path
     failed = True
     try:
-        say(f"seat {rec.name} is READY at {res.endpoint} (draft on) in {times.total():.1f} s")
+        say(f"seat {rec.name} is READY at {res.endpoint} (draft {'on' if draft else 'off'}) in "
+            f"{times.total():.1f} s")
         unwatched = [f"{w.name}: {w.detail}" for w in times.warnings() if w.name == "sidecars"]
         if rec.no_watchdog or unwatched:
             raise EngineError("the seat is up without its watchdog sidecars, so no stall would be caught: "
                               + ("; ".join(unwatched) or "the spec sets watchdog.enabled: false"),
                               fix="use a seat with the watchdog on; `up` prints why its sidecars did not start")
         _traffic(spec, opts, res, stages, say, load)
-        _inject(rec, res, stages, say, bundles_dir_of(rec))  # where `up` told the sidecars to write
+        if synthetic:
+            _inject(rec, res, stages, say, bundles_dir_of(rec))  # where `up` told the sidecars to write
+        else:
+            _stop_scheduler(rec, stall_rank(spec), res, stages, say, bundles_dir_of(rec))
         _replay(spec, opts, res, stages, say)
         failed = False
     finally:
@@ -276,14 +300,46 @@ def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str
         t_inj = time.time()
         note["detail"] = f"{fault} armed on node {node} ({url})"
     res.injection["armed_at"] = t_inj
+    _wait_bundle(res, stages, say, bdir, before, t_inj,
+                 how=f"rerun with `sgl-seat up --draft on`, inject with `curl -X POST {url} -d "
+                     f"'{{\"fault\": \"{fault}\"}}'` and follow `sgl-seat watch`",
+                 start="the sim's fault route answered that the stall is armed")
+
+
+def _stop_scheduler(rec: SeatRecord, rank: int, res: DemoResult, stages: Stages, say: Callable[[str], None],
+                    bdir: Path) -> None:
+    """A real engine has no fault route: stop ``rank``'s scheduler process with SIGSTOP (released in cleanup).
+
+    Its peers then wait in the real all-reduce, as the field report's ranks waited on the stalled one.
+    """
+    node = next((n for n in rec.nodes if any(r.tp_rank == rank for r in n.ranks)), None)
+    rk = None if node is None else next(r for r in node.ranks if r.tp_rank == rank)
+    if node is None or rk is None or rk.pid is None or node.host_id != host_id():
+        raise UsageError(f"rank {rank}'s scheduler is not a process of this host in seat {rec.name}'s record",
+                         fix="run the demo on a local seat (cluster.address: local)")
+    res.injection = {"fault": "SIGSTOP", "rank": rank, "node": node.node_rank, "pid": rk.pid, "title": rk.title,
+                     "armed_at": None}
+    say(f"\n[3/6] stop rank {rank}'s scheduler ({rk.title}, pid {rk.pid}, node {node.node_rank}) with SIGSTOP:"
+        " a real SGLang engine takes no injected fault")
+    with _stage(stages, "inject", f"SIGSTOP -> {rk.title} pid {rk.pid}") as note:
+        before = _complete_bundles(bdir)
+        os.kill(rk.pid, signal.SIGSTOP)
+        t_inj = time.time()
+        note["detail"] = f"{rk.title} (pid {rk.pid}) stopped"
+    res.injection["armed_at"] = t_inj
+    _wait_bundle(res, stages, say, bdir, before, t_inj,
+                 how=f"bring the seat up, `kill -STOP {rk.pid}` and follow `sgl-seat watch`",
+                 start=f"SIGSTOP was sent to {rk.title}")
+
+
+def _wait_bundle(res: DemoResult, stages: Stages, say: Callable[[str], None], bdir: Path, before: set[Path],
+                 t_inj: float, *, how: str, start: str) -> None:
     say(f"\n[4/6] wait for the watchdog's bundle under {bdir}")
     with _stage(stages, "bundle", f"watching {bdir}") as note:
         found = wait_for_bundle(bdir, before, BUNDLE_TIMEOUT_S)
         if found is None:
             raise EngineError(f"no bundle under {bdir} within {BUNDLE_TIMEOUT_S:g} s of the injected stall",
-                              fix="the watchdog sidecars log through Ray; rerun with `sgl-seat up --draft on`, "
-                                  f"inject with `curl -X POST {url} -d '{{\"fault\": \"{fault}\"}}'` and "
-                                  "follow `sgl-seat watch`")
+                              fix=f"the watchdog sidecars log through Ray; {how}")
         path, t_seen = found
         m = verify_bundle(path)  # checksums and manifest, as `replay` checks them
         res.bundle = {
@@ -291,7 +347,7 @@ def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str
             "detected_after_s": round(m.trigger_t - t_inj, 3),
             "written_after_s": round(m.created - t_inj, 3),
             "seen_after_s": round(t_seen - t_inj, 3),
-            "timing": "seconds after the sim's fault route answered that the stall is armed (time.time() on this "
+            "timing": f"seconds after {start} (time.time() on this "
                       "host): detected = the bundle trigger's time (the sidecar's detector fired), written = the "
                       f"manifest's created time, seen = this process's poll (every {POLL_S:g} s) found it",
         }
@@ -344,9 +400,12 @@ def _cleanup(rec: SeatRecord, load: Load, res: DemoResult, reporter: Reporter | 
     """
     say("\n[6/6] down")
     load.halt()
-    if res.injection:  # the fault route was about to be called, or was: disarm (harmless when nothing is armed)
+    if res.injection.get("admin_url"):  # the fault route was about to be called, or was: disarm (harmless)
         with contextlib.suppress(SeatError):
             _admin("DELETE", res.injection["admin_url"])
+    if res.injection.get("pid"):  # a stopped scheduler: let it go on, so that `down` drains a live tree
+        with contextlib.suppress(OSError):
+            os.kill(res.injection["pid"], signal.SIGCONT)
     if load.started:
         load.stop(10.0)
         res.traffic = load.to_json()
@@ -362,6 +421,6 @@ def _cleanup(rec: SeatRecord, load: Load, res: DemoResult, reporter: Reporter | 
     say(f"seat {rec.name} is down in {times.total():.1f} s; no engine process remains")
     if not failed and res.verdict is not None:
         v = res.verdict
-        say(f"\ndemo done in {res.stages.total():.1f} s of stages: the stall on rank {STALL_RANK} "
+        say(f"\ndemo done in {res.stages.total():.1f} s of stages: the stall on rank {res.injection['rank']} "
             f"was captured {res.bundle['seen_after_s']:.1f} s after the injection and diagnosed as "
             f"{v['kind']} on rank {v['rank']}, node {v['node']}")

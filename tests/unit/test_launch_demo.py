@@ -297,8 +297,17 @@ def test_seats_the_demo_cannot_stall_are_refused_before_up(monkeypatch: pytest.M
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "demo", "--seat", "large"])
     with pytest.raises(SystemExit) as ei:
         main()
-    assert ei.value.code == 2 and "only the sim engine takes" in capsys.readouterr().err
+    assert ei.value.code == 2 and "whose nodes all run on this host" in capsys.readouterr().err
     spec = load_spec("local-sim")
     small = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"tp": 2, "ep": 2})})
     with pytest.raises(UsageError, match="no rank 3"):
         demo.check_spec(small)
+
+
+def test_on_a_real_local_seat_the_demo_stops_the_last_rank_with_the_draft_off() -> None:
+    """local-sglang (real SGLang, CPU engine): accepted; the draft off (the engine refuses it); rank 1 stalled."""
+    spec = load_spec("local-sglang")
+    demo.check_spec(spec)
+    assert demo.stall_rank(spec) == 1
+    assert demo.demo_draft(spec) is False
+    assert demo.demo_draft(load_spec("local-sim")) is True and demo.stall_rank(load_spec("local-sim")) == 3
