@@ -10,6 +10,7 @@ The engine is the sim: the engine stages measure sgl-seat's overhead plus the si
 SGLang's weight loading.
 
     python bench/up_overhead.py [--runs 3] [--draft on|off] [--seat local-sim] [--port 33900] [--json]
+    python bench/up_overhead.py --seat local-sglang --runs 2     # real SGLang on its CPU engine (draft off)
 
 The existing-cluster case (issue 11): ``--existing-cluster --seat SPEC`` with a spec whose ``cluster.address``
 is a cluster you run (e.g. the two-namespace cluster of ``scripts/netns-cluster.sh``; run the bench on one of
@@ -35,6 +36,7 @@ import yaml
 if "--existing-cluster" not in sys.argv:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+from sgl_seat.engines import backend_for
 from sgl_seat.launch.stages import StageTimes
 from sgl_seat.launch.teardown import down
 from sgl_seat.launch.up import UpOptions, up
@@ -79,10 +81,11 @@ def _table(title: str, runs: list[StageTimes]) -> list[dict[str, object]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--draft", choices=["on", "off"], default="on")
+    ap.add_argument("--draft", choices=["on", "off"], default=None,
+                    help="default: on, unless the seat's engine cannot run the draft (local-sglang: off)")
     ap.add_argument("--seat", default="local-sim")
     ap.add_argument("--port", type=int, default=None, help="move the seat's HTTP port (dist-init = +5)")
-    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
     ap.add_argument("--existing-cluster", action="store_true",
                     help="the seat's cluster.address is a running multi-host cluster (no one-host Ray mode)")
@@ -91,6 +94,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sgl-seat-bench-") as tmp:
         os.environ["SGL_SEAT_HOME"] = str(Path(tmp) / "home")
         spec = _spec(a.seat, a.port, Path(tmp))
+        backend = backend_for(spec.engine)
+        if a.draft is None:
+            a.draft = "off" if backend.draft_problem(spec) else "on"
         ups: list[StageTimes] = []
         downs: list[StageTimes] = []
         walls: list[tuple[float, float]] = []
@@ -105,7 +111,9 @@ def main() -> int:
             print(f"run {i + 1}: up {t1 - t0:.2f} s, down {t2 - t1:.2f} s", file=sys.stderr)
 
     print(f"sgl-seat up/down overhead: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes, "
-          f"cluster {spec.cluster.address}), draft {a.draft}, {a.runs} runs, seconds (watchdog off)\n")
+          f"cluster {spec.cluster.address}), draft {a.draft}, {a.runs} runs, seconds (watchdog off)")
+    print("engine stages: " + ("the sim's start-up (synthetic engine)\n" if backend.synthetic else
+                               "real SGLang's own start-up (imports, model, KV pool), not sgl-seat's\n"))
     up_rows = _table("up stage", ups)
     down_rows = _table("down stage", downs)
     engine = ("engine-node0", "engines", "ready")

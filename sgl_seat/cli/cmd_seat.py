@@ -260,6 +260,9 @@ def demo(
     """The main job on the local-sim seat: up (draft on), traffic, a row-fetch stall injected on rank 3, the
     watchdog's bundle, its replay verdict and HTML report, and the seat down (also on error or Ctrl-C).
 
+    `--seat local-sglang` runs it on real SGLang (CPU engine): the draft off (that engine cannot run it) and
+    the stall a SIGSTOP of rank 1's scheduler (a real engine takes no injected fault), released before down.
+
     The sim's answers and figures are synthetic. With --json: stages with seconds, the bundle, the verdict and
     the HTML path as one JSON document on stdout (progress on stderr).
     """

@@ -100,6 +100,10 @@ class EngineBackend(ABC):
     kv_actual_source: ClassVar[str] = "measured: the engine's own 'KV Cache is allocated' log line"
     #: True when the engine's answers and figures are synthetic (a stand-in, not a model).
     synthetic: ClassVar[bool] = False
+    #: True when nodes 1.. may start while node 0 is still starting (they wait for its dist-init port on their
+    #: own, as SGLang's nodes do): their start-up (imports, tens of seconds) then overlaps node 0's. False: `up`
+    #: starts them once node 0 listens and they can reach it.
+    start_nodes_together: ClassVar[bool] = False
 
     # -- the plan ----------------------------------------------------------------------------------
 

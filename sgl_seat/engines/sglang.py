@@ -61,6 +61,9 @@ class SGLangBackend(EngineBackend):
     name: ClassVar[str] = "sglang"
     module: ClassVar[str] = "sglang.launch_server"
     checks: ClassVar[frozenset[Check]] = frozenset(Check)
+    #: SGLang's nodes of rank >= 1 wait for node 0's dist-init store themselves (torch's TCPStore client
+    #: retries until --dist-timeout); measured on the CPU engine: a seat whose nodes start at once serves.
+    start_nodes_together: ClassVar[bool] = True
 
     def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
         if faults:

@@ -1,4 +1,6 @@
-"""The README's first command: the toolkit's main job, end to end, on the local-sim seat.
+"""The README's first command: the toolkit's main job, end to end, on the local-sim seat (or, with
+``--seat local-sglang``, on real SGLang: the draft off, since its CPU engine cannot run one, and the stall a
+SIGSTOP of the last rank's scheduler, since a real engine takes no injected fault).
 
 `sgl-seat demo` brings the seat up with the draft on, sends it traffic, injects a host row-fetch stall on
 rank 3 through the sim's own loopback admin route (the fault mechanism the sim offers; nothing here writes

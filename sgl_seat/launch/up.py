@@ -207,9 +207,14 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     rec.set_state(SeatState.STARTING)
     save_record(rec)
 
-    with stages.stage("engine-node0", "node 0 starts and listens on dist-init") as note:
+    others = clients[1:]
+    together = bool(others) and backend.start_nodes_together
+    with stages.stage("engine-node0", "node 0 starts and listens on dist-init"
+                      + (f" (nodes 1..{n - 1} start beside it)" if together else "")) as note:
         started = clients[0].call("start_engine", plan_json, timeout=min(left(), 60.0))
-        refresh_nodes(rec, clients[:1], timeout=CALL_TIMEOUT)
+        if together:  # each node imports its engine meanwhile; they wait for node 0's dist-init themselves
+            call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
+        refresh_nodes(rec, clients[:1] if not together else clients, timeout=CALL_TIMEOUT)
         save_record(rec)
         res = clients[0].call("wait_listening", node0, plan.dist_init_port, left(), timeout=left() + 10.0)
         if res.get("error"):
@@ -219,7 +224,6 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
         note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
 
-    others = clients[1:]
     if others:
         with stages.stage("dist-init", f"{node0}:{plan.dist_init_port} from nodes 1..{n - 1}"):
             found = call_all(others, "check_dist_init", lambda c: (node0, plan.dist_init_port, 5.0),
@@ -227,8 +231,9 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             failures = [Failure.from_dict(f) for fs in found for f in fs]
             if failures:
                 raise preflight_error(failures)
-        with stages.stage("engines", f"nodes 1..{n - 1}"):
-            call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
+        if not together:
+            with stages.stage("engines", f"nodes 1..{n - 1}"):
+                call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
 
     with stages.stage("ready", f"every rank alive and rank 0 {backend.health_path} = 200") as note:
         url = f"{rec.endpoint}{backend.health_path}"
