@@ -27,6 +27,7 @@ simulated nodes with py-spy. Ports 31040-31099 (below Linux's ephemeral range). 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 # The sim seat rig is a test rig (tests/simrig.py, not in the wheel): import it from the checkout (which also
@@ -120,6 +122,28 @@ def added_ns(times: dict[str, list[int]], arm: str, base: str = "bare", blocks: 
             "ci95_high_ns": hi, "base_median_ns": statistics.median(b)}
 
 
+#: The probe package's directory (what watchdog/boot/sitecustomize.py loads by path into an engine).
+PROBE_DIR = Path(probe.__file__).resolve().parent
+
+
+def load_probe_copy(name: str, path: Path = PROBE_DIR) -> ModuleType:
+    """A separate copy of the probe under the module name ``name``: its own globals, ring and reader thread (the
+    C writer's ring is one per process, so arms that each need their own ring take the Python writer). ``path`` is
+    the probe package's directory, loaded by path as the boot loads it (its modules import each other relatively,
+    so the copy's modules are ``name.writer`` etc., apart from every other copy's), or an older single-file
+    ``probe.py``."""
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def probe_cost(calls: int = 6000, sizes: Sequence[int] = GATHER_SIZES) -> dict[str, Any]:
     """The probe's cost per call: around an empty function, and around the sim's real ``fetch_rows`` by gather size."""
     # Shared memory, as on a seat: a ring on a disk file system would add write-back faults.
@@ -134,7 +158,7 @@ def probe_cost(calls: int = 6000, sizes: Sequence[int] = GATHER_SIZES) -> dict[s
             return ids
 
         out["writer"] = probe.native_state()
-        native = probe._native() is not None
+        native = probe.writer._native() is not None
         w_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"))
         p_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"), python=True)
         lists = [list(range(32))]

@@ -170,7 +170,7 @@ def case_probe(torch: Any) -> dict[str, Any]:
     recs = probe.read_ring(probe.ring_file() or "")
     out.update(timer_errors=timer.errors, reader_queries=timer.queries, records=len(recs),
                records_with_gpu=sum(r.gpu for r in recs), records_gpu_done=sum(r.gpu_end is not None for r in recs),
-               capture_count_after=probe._CAPTURES[0])
+               capture_count_after=probe.gpu._CAPTURES[0])
     return out
 
 

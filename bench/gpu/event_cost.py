@@ -66,7 +66,7 @@ def main() -> None:
         paths = _probe.cuda_paths(torch, how)
         item = paths.factory()
         out[f"probe record path {how!r}"] = per_call(lambda paths=paths, item=item: paths.record(item))
-    hooks = _probe._graph_capture_hooks(torch)
+    hooks = _probe.gpu._graph_capture_hooks(torch)
     if hooks is not None:
         out["capture test through the CUDAGraph hooks"] = per_call(hooks)
     # The probe in auto mode, as an engine process uses it.

@@ -26,7 +26,6 @@ host-only probe's cost around an empty function (issue 15.2's host target) for r
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -41,21 +40,17 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns, trimmed_mean  # noqa: E402
+from watchdog_overhead import (  # noqa: E402
+    GATHER_SIZES,
+    added_ns,
+    interleaved_ns,
+    load_probe_copy,
+    trimmed_mean,
+)
 
 from sgl_seat.sim import rowfetch  # noqa: E402
 
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"
-
-
-def load_copy(path: Path, name: str) -> ModuleType:
-    """A separate copy of a probe module: its own globals, ring and reader thread."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main() -> int:
@@ -69,9 +64,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
-    # The Python writer: each arm here is a separate copy of probe.py with its own ring, and the C writer's ring is
-    # one per process (the shared object's state), so its arms would write into one another's rings. What this
-    # script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
+    # The Python writer: each arm here is a separate copy of the probe package with its own ring, and the C
+    # writer's ring is one per process (the shared object's state), so its arms would write into one another's
+    # rings. What this script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
     os.environ["SGL_SEAT_PROBE_NATIVE"] = "0"
     os.environ["SGL_SEAT_PROBE_GPU"] = "0"  # each copy's GPU timing is turned on explicitly below
     torch.set_num_threads(1)
@@ -79,12 +74,11 @@ def main() -> int:
     rowfetch.use_cuda(torch.device("cuda", 0), cycles_per_s=1e9, max_rows=max(GATHER_SIZES))
     table = rowfetch.pin_table(rowfetch.make_table())
     fr = rowfetch.fetch_rows
-    src = REPO / "sgl_seat" / "watchdog" / "probe.py"
 
     def wrapped(mod: ModuleType) -> Any:
         return mod.make_wrapper(fr, mod.parse_target(TARGET))
 
-    host_mod = load_copy(src, "probe_host")
+    host_mod = load_probe_copy("probe_host")
     arms: dict[str, Any] = {"bare": fr, "host": wrapped(host_mod)}
     groups: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
     timers: dict[str, Any] = {}
@@ -94,13 +88,13 @@ def main() -> int:
         variants.append(("base", 1000.0, False))
     for how, w_us, timing in variants:
         name = f"ev_{how}" + (f"_w{w_us:g}" if w_us else "") + ("" if timing else "_plain")
-        mod = load_copy(src, f"probe_{name}")
+        mod = load_probe_copy(f"probe_{name}")
         w = wrapped(mod)
         w(table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
         timers[name] = mod.enable_gpu_cuda(torch, how, coalesce_us=w_us, timing=timing)
         groups["new"][name] = w
     if a.old:
-        old = load_copy(Path(a.old), "probe_old_pair")
+        old = load_probe_copy("probe_old_pair", Path(a.old))
         w = wrapped(old)
         w(table, rowfetch.make_ids(0, 1, table.shape[0]))
         raw = old._raw_recorder(torch)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
 import sys
@@ -30,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from watchdog_overhead import added_ns, interleaved_ns  # noqa: E402
+from watchdog_overhead import added_ns, interleaved_ns, load_probe_copy  # noqa: E402
 
 from sgl_seat.sim import rowfetch  # noqa: E402
 
@@ -43,9 +42,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="rec-after-copy-", dir="/dev/shm")
-    # The Python writer: each arm here is a separate copy of probe.py with its own ring, and the C writer's ring is
-    # one per process (the shared object's state), so its arms would write into one another's rings. What this
-    # script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
+    # The Python writer: each arm here is a separate copy of the probe package with its own ring, and the C
+    # writer's ring is one per process (the shared object's state), so its arms would write into one another's
+    # rings. What this script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
     os.environ["SGL_SEAT_PROBE_NATIVE"] = "0"
     os.environ["SGL_SEAT_PROBE_GPU"] = "0"
     torch.set_num_threads(1)
@@ -63,14 +62,7 @@ def main() -> int:
     rec.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     rec.restype = ctypes.c_int
     handle = plain.cuda_event
-    mods = {}
-    for name in ("probe_host", "probe_event", "probe_event_w0"):
-        spec = importlib.util.spec_from_file_location(name, REPO / "sgl_seat" / "watchdog" / "probe.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        mods[name] = mod
+    mods = {name: load_probe_copy(name) for name in ("probe_host", "probe_event", "probe_event_w0")}
     wh = mods["probe_host"].make_wrapper(fr, mods["probe_host"].parse_target(TARGET))
     we = mods["probe_event"].make_wrapper(fr, mods["probe_event"].parse_target(TARGET))
     we0 = mods["probe_event_w0"].make_wrapper(fr, mods["probe_event_w0"].parse_target(TARGET))

@@ -1,7 +1,7 @@
 """The probe's cost per call on a GPU host, C writer against Python writer, around the sim's real CUDA-mode fetch.
 
 Why: issue 12 asks that the probe with its CUDA events add at most 2 us per call; session 4 measured that with
-the Python writer only (the C writer, ``sgl_seat/watchdog/probe_native.c``, came in session 5 and was measured on
+the Python writer only (the C writer, ``sgl_seat/watchdog/probe/probe_native.c``, came in session 5 and was measured on
 a CPU machine only). Both writers share one ring, one call counter and one GPU timer in a process
 (``make_wrapper(..., python=True)`` is the Python one), so they can be interleaved call by call with a bare call:
 arms ``bare``, ``c`` and ``py`` in rotating order, each call on the next of 1009 id lists. One session per GPU
@@ -113,7 +113,7 @@ def main() -> int:
     out["torch"] = torch.__version__
     out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(json.dumps({"writer": out["writer"], "gpu": out["gpu"]}), flush=True)
-    if probe._native() is None:
+    if probe.writer._native() is None:
         print("the C writer did not load here: only the Python writer is measured", flush=True)
     torch.set_num_threads(1)
     torch.zeros(1, device="cuda")
@@ -122,7 +122,7 @@ def main() -> int:
     fr = rowfetch.fetch_rows
     spec = probe.parse_target(TARGET)
     arms_fn: dict[str, Any] = {"bare": fr, "py": probe.make_wrapper(fr, spec, python=True)}
-    if probe._native() is not None:
+    if probe.writer._native() is not None:
         arms_fn["c"] = probe.make_wrapper(fr, spec)
     arms_fn["py"](table, rowfetch.make_ids(0, 1, table.shape[0]))  # creates the ring
     modes = {"host": None, "events": (probe.DEFAULT_COALESCE_US, True), "plain": (probe.DEFAULT_COALESCE_US, False),

@@ -18,10 +18,10 @@ def probe_writer(writer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     Targets installed by an earlier test are forgotten (install is idempotent per target: a module made anew
     under the same name would not be wrapped)."""
     probe.reset()
-    monkeypatch.setattr(probe, "_INSTALLED", {})
-    monkeypatch.setattr(probe, "_PENDING", {})
+    monkeypatch.setattr(probe.installer, "_INSTALLED", {})
+    monkeypatch.setattr(probe.installer, "_PENDING", {})
     if writer == "python":
-        monkeypatch.setattr(probe, "_NATIVE", None)
-        monkeypatch.setattr(probe, "_NATIVE_DECIDED", True)
-    elif probe._native() is None:
+        monkeypatch.setattr(probe.writer, "_NATIVE", None)
+        monkeypatch.setattr(probe.writer, "_NATIVE_DECIDED", True)
+    elif probe.writer._native() is None:
         pytest.skip(f"no C writer here: {probe.native_state()}")  # test_native_writer_builds_here says why

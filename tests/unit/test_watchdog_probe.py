@@ -42,7 +42,7 @@ def test_native_writer_builds_here() -> None:
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if (shutil.which("cc") is None and shutil.which("gcc") is None) or not headers.exists():
         pytest.skip("no C compiler or no Python.h here: the Python writer is used")
-    assert probe._native() is not None, probe.native_state()
+    assert probe.writer._native() is not None, probe.native_state()
     assert probe.native_state().startswith("native (")
 
 
@@ -323,7 +323,7 @@ def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> No
     sig = inspect.signature(mod.gather)
     probe.install(["probe_t11:gather@ids", "probe_t11:varargs@0:none", "probe_t11:shadow@ids"])
     assert inspect.signature(mod.gather) == sig
-    native = probe._NATIVE is not None
+    native = probe.writer._NATIVE is not None
     if native:  # one C wrapper for every signature
         assert all(type(f).__name__ == "Wrapper" for f in (mod.gather, mod.varargs, mod.shadow))
     else:

@@ -85,10 +85,10 @@ def ring_dir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
     # The ring's target table is process-wide and holds 30 names (later ones share the last): this file's
     # targets must not fill it for the test files that run after it in the same process.
     probe.reset()
-    probe._TARGET_NAMES.clear()
+    probe.writer._TARGET_NAMES.clear()
     yield d
     probe.reset()
-    probe._TARGET_NAMES.clear()
+    probe.writer._TARGET_NAMES.clear()
 
 
 @pytest.fixture
@@ -156,7 +156,8 @@ def test_the_generic_wrapper_records_gpu_work_too(gpu: FakeGpu) -> None:
     exec("def fetch_rows(*args):\n    return list(args[1])\n", mod.__dict__)
     sys.modules["gpu_t1b"] = mod
     probe.install(["gpu_t1b:fetch_rows@1"])
-    assert probe._NATIVE is not None or not mod.fetch_rows.__code__.co_filename.startswith("<sgl-seat probe wrapper")
+    assert probe.writer._NATIVE is not None or \
+        not mod.fetch_rows.__code__.co_filename.startswith("<sgl-seat probe wrapper")
     assert mod.fetch_rows(None, [4, 5]) == [4, 5]
     assert len(gpu.current.recorded) == 1 and gpu.queries == 0
     (rec,) = _read()
@@ -320,9 +321,9 @@ def test_graph_capture_hooks_count_captures_in_progress() -> None:
     cuda = types.SimpleNamespace(graphs=types.SimpleNamespace(CUDAGraph=CUDAGraph),
                                  is_current_stream_capturing=lambda: False)
     fake_torch = types.SimpleNamespace(cuda=cuda)
-    test = probe._graph_capture_hooks(fake_torch)
+    test = probe.gpu._graph_capture_hooks(fake_torch)
     assert test is not None and not test()
-    assert probe._graph_capture_hooks(fake_torch) is test, "idempotent: the methods are wrapped once"
+    assert probe.gpu._graph_capture_hooks(fake_torch) is test, "idempotent: the methods are wrapped once"
     graph = CUDAGraph()
     graph.capture_begin()
     assert test()
@@ -491,7 +492,7 @@ def coalescing(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeGpu
     """A timer that lets calls within 1 ms of its stream's last event ride on the next one; a settable clock."""
     g = FakeGpu()
     clock = [10**9]
-    monkeypatch.setattr(probe, "_perf_ns", lambda: clock[0])
+    monkeypatch.setattr(probe.gpu, "_perf_ns", lambda: clock[0])
     timer = probe.enable_gpu(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False, coalesce_us=1000,
                              stream_key=lambda: g.current, stream_idle=lambda s: s.idle)
     assert timer is not None
@@ -603,10 +604,10 @@ def test_coalesced_calls_skip_the_timers_python_method_under_the_c_writer(
     probe.install(["gpu_fast1:fetch_rows@ids"])
     for _ in range(4):
         mod.fetch_rows([1], [0])
-    native = probe._native() is not None
+    native = probe.writer._native() is not None
     assert ends == ([1] if native else [1, 2, 3, 4]), "only the first call (nothing queued yet) needs end"
     if native:
-        assert probe._NATIVE.gpu_pending() == 3, "calls 2-4 wait in the C writer's own buffer"
+        assert probe.writer._NATIVE.gpu_pending() == 3, "calls 2-4 wait in the C writer's own buffer"
     timer._drain()  # as the timer does before it reads its state (end(), the reader's poll)
     s = timer._streams[g.streams["s0"]]
     assert len(g.streams["s0"].recorded) == 1 and timer.recorded == 1 and timer._queued == 4
@@ -672,7 +673,7 @@ def test_the_c_writer_records_events_through_the_runtime_address(
     for i in range(4):
         fail_next[0] = i == 2
         mod.fetch_rows([1], [0])
-    native = probe._native() is not None
+    native = probe.writer._native() is not None
     assert ends == ([1, 3] if native else [1, 2, 3, 4]), "the first call (a new stream) and the failed record go to end"
     assert len(runtime_calls) == (2 if native else 0)
     s = timer._streams[id(g.streams["s0"])]
@@ -704,7 +705,7 @@ def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stre
     probe.install(["gpu_fast3:fetch_rows@ids"])
     for _ in range(3):
         mod.fetch_rows([1], [0])
-    native = probe._native() is not None
+    native = probe.writer._native() is not None
     assert ends == ([1] if native else [1, 2, 3])
     g.current.complete(1)
     t = _read()[-1].end + 1.0
@@ -716,7 +717,7 @@ def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stre
     mod.fetch_rows([1], [0])  # inside the window, but nothing is unresolved on the stream: an event of its own
     assert ends[-1] == 4 and len(g.current.recorded) == 2 and timer.recorded == 2
     if native:
-        assert probe._NATIVE.gpu_pending() == 0
+        assert probe.writer._NATIVE.gpu_pending() == 0
     timer.stop()  # unregisters it from the C writer; later calls go through end()
     mod.fetch_rows([1], [0])
     assert ends[-1] == 5
@@ -725,7 +726,7 @@ def test_calls_waiting_in_the_c_writers_buffer_are_published_and_a_resolved_stre
 def test_only_the_timer_registered_last_takes_the_c_writers_pending_calls(ring_dir: Path) -> None:
     """Two timers in a process (a test, a bench): the C writer serves the one whose ``_fast`` was set last, and an
     older one's drain takes none of the newer one's calls."""
-    if probe._native() is None:
+    if probe.writer._native() is None:
         pytest.skip("the C writer's own state: nothing to check with the Python writer")
     g = FakeGpu()
     old = probe.enable_gpu(lambda: FakeEvent(g), lambda: False, start_thread=False, coalesce_us=60e6,
@@ -735,14 +736,14 @@ def test_only_the_timer_registered_last_takes_the_c_writers_pending_calls(ring_d
     new = probe.GpuTimer(lambda: FakeEvent(g), lambda: False, gpu_off=old._gpu_word * 8, nslots=old._limit,
                          stream_key=lambda: g.current, coalesce_us=60e6)
     new._fast = ([0], lambda _arg: g.current, None, 0, None)  # the C writer now serves `new`
-    probe._GPU = new
+    probe.writer._GPU = new
     mod = _fetch_module("gpu_fast4")
     probe.install(["gpu_fast4:fetch_rows@ids"])
     for _ in range(3):
         mod.fetch_rows([1], [0])
-    assert probe._NATIVE.gpu_pending() == 2
+    assert probe.writer._NATIVE.gpu_pending() == 2
     old._drain()
-    assert old._queued == 0 and probe._NATIVE.gpu_pending() == 2
+    assert old._queued == 0 and probe.writer._NATIVE.gpu_pending() == 2
     new._drain()
     assert new._queued == 3 and [c for _b, c in new._streams[g.current].open] == [r.seq for r in _read()[1:]]
     new.stop()

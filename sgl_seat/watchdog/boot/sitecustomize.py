@@ -19,11 +19,13 @@ def _load_probe() -> None:
     try:
         from sgl_seat.watchdog import probe
     except Exception:
-        # The engine's interpreter may not have sgl-seat installed: load probe.py (stdlib only) by path.
+        # The engine's interpreter may not have sgl-seat installed: load the probe package (stdlib only, its modules
+        # import each other relatively) by path, as the package "sgl_seat_probe".
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe.py")
-        spec = importlib.util.spec_from_file_location("sgl_seat_probe", path)
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe")
+        spec = importlib.util.spec_from_file_location("sgl_seat_probe", os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {path}") from None
         probe = importlib.util.module_from_spec(spec)

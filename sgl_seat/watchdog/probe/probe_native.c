@@ -1,21 +1,21 @@
-/* The probe's hot path in C: the same ring writes as probe.py's Python wrapper, without the interpreter.
+/* The probe's hot path in C: the same ring writes as writer.py's Python wrapper, without the interpreter.
  *
  * Why: around a real row fetch (a gather of hundreds of KB that evicts the caches) the Python wrapper added
  * 1.3-3.0 us per call, most of it the interpreter's own objects (frames, globals, the struct packer) missed
- * in cache after the gather; the target is 1 us. This file does exactly what probe._exact_wrapper's body does,
- * in the same order and with the same ring layout (probe.py's module doc has the writer protocol); for a GPU
+ * in cache after the gather; the target is 1 us. This file does exactly what writer._exact_wrapper's body does,
+ * in the same order and with the same ring layout (ring.py's module doc has the writer protocol); for a GPU
  * timer registered with gpu_setup it also does GpuTimer.end's common cases (see "The GPU timer's hot path"
- * below). probe.py builds it at first use with the interpreter's own compiler into a private cache directory and
+ * below). native.py builds it at first use with the interpreter's own compiler into a private cache directory and
  * falls back to the Python wrapper wherever that fails; it is never required.
  *
  * Module functions:
  *   set_ring(buffer, mask, shift, header_slots)  the ring to write (a writable buffer, held until cleared);
  *                                                resets the call counter (a new ring starts at call 1)
  *   clear_ring()                                 forget the ring (reset, or a forked child)
- *   next_call()                                  the process-wide call counter (probe._NEXT uses it too)
+ *   next_call()                                  the process-wide call counter (writer._NEXT uses it too)
  *   Wrapper(fn, tidx, pos, kw, mode, probe_globals, ensure_ring)
  *       a callable that times each call of fn: mode 0 none, 1 len, 2 numel, 3 dim0 of argument pos (or keyword
- *       kw); probe_globals is probe.py's module dict (its _GPU, read each call, as the Python wrapper does)
+ *       kw); probe_globals is writer.py's module dict (its _GPU, read each call, as the Python wrapper does)
  *   gpu_setup(timer, captures, key_fn, key_arg, record_addr, exact_arg, window_ns, limit)
  *                                                take that GpuTimer's hot path (GpuTimer._fast's setter)
  *   gpu_clear(timer or None)                     give it back (GpuTimer.stop; None: whichever, a forked child)
@@ -39,7 +39,7 @@
 #define GPU_QUEUED 1
 
 static Py_buffer ring_view;
-static int64_t *ring_words = NULL; /* NULL: no ring (the wrapper asks probe._ensure_ring) */
+static int64_t *ring_words = NULL; /* NULL: no ring (the wrapper asks writer._ensure_ring) */
 static uint64_t ring_mask = 0;
 static int ring_shift = 0;
 static uint64_t ring_header_slots = 0;
@@ -103,8 +103,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fn;
     PyObject *kw;      /* the sized argument's name, or None */
-    PyObject *globals; /* probe.py's module dict */
-    PyObject *ensure;  /* probe._ensure_ring */
+    PyObject *globals; /* writer.py's module dict */
+    PyObject *ensure;  /* writer._ensure_ring */
     PyObject *dict;    /* functools.update_wrapper's attributes */
     Py_ssize_t pos;
     int tidx;
@@ -171,8 +171,8 @@ static int64_t gather_size(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, 
 
 typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signature */
 
-/* The GPU timer's hot path (probe.GpuTimer.end) without entering the interpreter, for the timer registered by
- * gpu_setup (probe.py does it where the capture hooks are in place and the stream key is a builtin).
+/* The GPU timer's hot path (gpu.GpuTimer.end) without entering the interpreter, for the timer registered by
+ * gpu_setup (gpu.py does it where the capture hooks are in place and the stream key is a builtin).
  *
  * Why: on the H200 hosts measured (bench/gpu/writer_cost.py), GpuTimer.end cost about 1 us per call called from
  * here, and the same work done here on the timer's Python objects still 0.4 us warm and more right after a large
@@ -183,11 +183,11 @@ typedef int (*record_fn)(void *event, void *stream); /* cudaEventRecord's signat
  *    Python list (GpuTimer's state) by gpu_drain, which the timer calls before it reads or changes that state
  *    (its end(), its reader's poll); one GIL holder at a time, so the calls keep their order;
  *  - record: otherwise, on a stream the timer knows, a pooled event is recorded on the stream through the CUDA
- *    runtime's cudaEventRecord (its address given by probe.py after a round trip) and the stream's waiting calls
+ *    runtime's cudaEventRecord (its address given by gpu.py after a round trip) and the stream's waiting calls
  *    become its group, on the timer's Python objects (records are a few per cent of the calls).
  * Everything else (a new stream, an empty pool, a failed record, a capture, a full queue) goes to GpuTimer.end,
  * which calls gpu_arm after it records and the reader gpu_disarm once a stream has no unresolved event left.
- * The stream key is key_fn(key_arg) (key_arg called first where callable): probe.py passes the raw-stream builtin
+ * The stream key is key_fn(key_arg) (key_arg called first where callable): gpu.py passes the raw-stream builtin
  * and the device current at setup, which skips the runtime's current-device query (~270 ns right after a 32-row
  * gather); a call that records checks key_fn(exact_arg) (the thread's current device) and leaves a mismatch to
  * GpuTimer.end. Keys are compared by value (raw stream handles, ints; other objects in tests). */
@@ -493,7 +493,7 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
     }
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int64_t gs = gather_size(w, args, nargs, kwnames);
-    /* probe._GPU, read each call like the Python wrapper's LOAD_GLOBAL (the event timer starts and stops). */
+    /* writer._GPU, read each call like the Python wrapper's LOAD_GLOBAL (the event timer starts and stops). */
     PyObject *g = PyDict_GetItemWithError(w->globals, str_gpu);
     if (g == NULL && PyErr_Occurred()) PyErr_Clear();
     if (g == Py_None) g = NULL;
@@ -543,7 +543,7 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
         PyErr_Restore(et, ev, tb);
         Py_DECREF(g);
     }
-    /* blind end store with the call's lap (probe.py's module doc); a ring replaced meanwhile is not written */
+    /* blind end store with the call's lap (ring.py's module doc); a ring replaced meanwhile is not written */
     if (ring_words == words)
         __atomic_store_n(&slot[W_END], (int64_t)(lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
     return res;

@@ -1,0 +1,150 @@
+"""Installing the probe: each target wrapped in its owner now, or the moment its module finishes importing.
+
+``install`` (or ``install_from_env``, which reads ``SGL_SEAT_PROBE``) replaces each target (a function, a method,
+a static or class method) by :func:`.writer.make_wrapper`'s wrapper in the module that holds it. A target whose
+module is not imported yet waits in ``_PENDING``; an import hook (:class:`_ProbeFinder`, first on
+``sys.meta_path``) wraps it when that module has executed, before anyone else can fetch the function from it.
+Installing is idempotent per target, and never raises into the engine (a target that cannot be wrapped is
+warned about once and left as it is).
+
+Why a module of its own: finding and replacing targets (import hooks, owners, descriptors) is the probe's
+start-up, done once per target; the writer's hot path knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from .guard import warn_once
+from .targets import TargetSpec, parse_target
+from .writer import make_wrapper
+
+ENV_TARGETS = "SGL_SEAT_PROBE"
+
+_INSTALLED: dict[str, str] = {}  # target spec -> "installed" | "pending" | "failed: ..."
+_PENDING: dict[str, list[TargetSpec]] = {}
+_FINDER: _ProbeFinder | None = None
+
+
+def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
+    owner: Any = module
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1]
+
+
+def _wrap_in(module: ModuleType, spec: TargetSpec) -> str:
+    """Replace the target attribute in its owner; returns the install state string."""
+    try:
+        owner, attr = _resolve_owner(module, spec.qualname)
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+        if raw is None:
+            raw = getattr(owner, attr)
+        if isinstance(raw, staticmethod):
+            fn = raw.__func__
+            if getattr(fn, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, staticmethod(make_wrapper(fn, spec)))
+        elif isinstance(raw, classmethod):
+            fn = raw.__func__
+            if getattr(fn, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, classmethod(make_wrapper(fn, spec)))
+        else:
+            if not callable(raw):
+                return f"failed: {spec.name} is not callable"
+            if getattr(raw, "__sgl_seat_probe__", None):
+                return "installed"
+            setattr(owner, attr, make_wrapper(raw, spec))
+        return "installed"
+    except Exception as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+
+
+class _ProbeFinder(importlib.abc.MetaPathFinder):
+    """Wraps targets of a module the moment it finishes executing (modules not imported yet)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+
+        def exec_and_wrap(module: ModuleType) -> None:
+            exec_module(module)
+            for t in _PENDING.pop(fullname, []):
+                state = _wrap_in(module, t)
+                _INSTALLED[t.raw] = state
+                if state.startswith("failed"):
+                    warn_once(t.raw, f"cannot wrap {t.raw}: {state}")
+
+        try:
+            loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+        except Exception as exc:
+            warn_once(fullname, f"cannot hook the import of {fullname}: {exc}")
+        return spec
+
+
+def install(targets: Sequence[str | TargetSpec]) -> dict[str, str]:
+    """Wrap each target now (module already imported) or when its module is imported. Idempotent."""
+    global _FINDER
+    for item in targets:
+        try:
+            spec = item if isinstance(item, TargetSpec) else parse_target(item)
+        except ValueError as exc:
+            _INSTALLED[str(item)] = f"failed: {exc}"
+            warn_once(str(item), str(exc))
+            continue
+        if _INSTALLED.get(spec.raw) == "installed":
+            continue
+        module = sys.modules.get(spec.module)
+        if module is not None:
+            state = _wrap_in(module, spec)
+            _INSTALLED[spec.raw] = state
+            if state.startswith("failed"):
+                warn_once(spec.raw, f"cannot wrap {spec.raw}: {state}")
+            continue
+        waiting = _PENDING.setdefault(spec.module, [])
+        if all(w.raw != spec.raw for w in waiting):
+            waiting.append(spec)
+        _INSTALLED[spec.raw] = "pending"
+        if _FINDER is None:
+            _FINDER = _ProbeFinder()
+            sys.meta_path.insert(0, _FINDER)
+    return dict(_INSTALLED)
+
+
+def install_from_env() -> dict[str, str]:
+    """Install the targets named in ``SGL_SEAT_PROBE`` (no-op when unset). Never raises."""
+    value = os.environ.get(ENV_TARGETS, "")
+    if not value.strip():
+        return {}
+    try:
+        return install([p for p in value.split(",") if p.strip()])
+    except Exception as exc:
+        warn_once("install", f"probe not installed: {exc}")
+        return dict(_INSTALLED)
+
+
+def installed() -> dict[str, str]:
+    """Target spec -> install state, for tests and diagnostics."""
+    return dict(_INSTALLED)
+

@@ -1,0 +1,101 @@
+"""Probe targets: what to wrap (a module's function or a class's method) and which argument is the gather.
+
+Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
+
+    module:function[@arg[:mode]]        e.g. sgl_seat.sim.rowfetch:fetch_rows@ids
+    module:Class.method[@arg[:mode]]    e.g. sglang.srt.layers.engram:EngramEmbedding.forward@indices:numel
+    module.function[@arg[:mode]]        (dotted: the module is everything before the last dot)
+
+``arg`` is a parameter name or a 0-based position (``self`` counts); ``mode`` is ``len`` (default),
+``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``. Without ``@``, the first
+parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
+
+Why a module of its own: parsing a target and finding its sized parameter are pure (no ring, no import of the
+target), shared by the writer (which sizes each call) and the installer (which finds the target).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_SIZE_PARAMS = ("ids", "indices", "hash_ids", "input_ids")
+_MODES = ("len", "numel", "dim0", "none")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One parsed target: where it lives and how to size its gather."""
+
+    raw: str
+    module: str
+    qualname: str
+    size_arg: str | int | None
+    mode: str
+
+    @property
+    def name(self) -> str:
+        """What the ring's target table and the records carry: ``module:qualname``."""
+        return f"{self.module}:{self.qualname}"
+
+
+def parse_target(raw: str) -> TargetSpec:
+    """Parse one target; ValueError with the reason when it is malformed."""
+    text = raw.strip()
+    path, at, size = text.partition("@")
+    if ":" in path:
+        module, _, qual = path.partition(":")
+    else:
+        module, _, qual = path.rpartition(".")
+    ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+    if not module or not qual or not ident.match(module) or not ident.match(qual):
+        raise ValueError(f"probe target {raw!r}: expected module:function or module.function")
+    size_arg: str | int | None = None
+    mode = "len"
+    if size:
+        arg, _, m = size.partition(":")
+        if m:
+            if m not in _MODES:
+                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of {_MODES}")
+            mode = m
+        if arg.isdigit():
+            size_arg = int(arg)
+        elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", arg):
+            size_arg = arg
+        elif arg:
+            raise ValueError(f"probe target {raw!r}: {arg!r} is neither a parameter name nor a position")
+    elif at:
+        mode = "none"  # "target@": time it, no gather size
+    return TargetSpec(raw=text, module=module, qualname=qual, size_arg=size_arg, mode=mode)
+
+
+def parse_targets(value: str) -> list[TargetSpec]:
+    return [parse_target(p) for p in value.split(",") if p.strip()]
+
+
+def _size_position(fn: Callable[..., Any], spec: TargetSpec) -> tuple[int, str | None]:
+    """(position, keyword name) of the sized argument; (-1, None) when there is none."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if spec.mode == "none":
+        return -1, None
+    if isinstance(spec.size_arg, int):
+        return spec.size_arg, names[spec.size_arg] if spec.size_arg < len(names) else None
+    if isinstance(spec.size_arg, str):
+        pos = names.index(spec.size_arg) if spec.size_arg in names else 1 << 30
+        return pos, spec.size_arg
+    for cand in _SIZE_PARAMS:
+        if cand in names:
+            return names.index(cand), cand
+    kw_only = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+    for cand in _SIZE_PARAMS:
+        if cand in kw_only:
+            return 1 << 30, cand
+    return -1, None
+

@@ -1,0 +1,79 @@
+"""The probe loads by path into an engine interpreter that has no sgl-seat: the route of watchdog/boot/sitecustomize.py.
+
+A child ``python -S -I`` (no site: neither sgl-seat's install nor torch nor numpy on its path; isolated: no
+PYTHONPATH, no script directory) imports the real ``sitecustomize`` from the boot directory with ``SGL_SEAT_PROBE``
+set. Its ``from sgl_seat.watchdog import probe`` fails there, so it loads the probe package from its directory as
+``sgl_seat_probe`` (its modules import each other relatively); the target, imported after, is wrapped by the import
+hook and its call lands in the ring (read here, by the installed package's reader). The in-engine import stays
+standard-library only: neither torch nor numpy is in the child's ``sys.modules`` afterwards. Once per writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sgl_seat.watchdog import boot_dir, probe
+
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    boot, targets_dir = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, boot)
+    import sitecustomize  # what site would run at start-up in an engine with the boot directory on PYTHONPATH
+    probe = sys.modules.get("sgl_seat_probe")
+    pending = probe.installed() if probe is not None else None
+    sys.path.insert(0, targets_dir)
+    import boot_target
+    boot_target.fetch_rows(None, [1, 2, 3])
+    print(json.dumps({
+        "by_path": probe is not None and probe.__file__.endswith(os.path.join("probe", "__init__.py")),
+        "sgl_seat_imported": sorted(m for m in sys.modules if m == "sgl_seat" or m.startswith("sgl_seat.")),
+        "parts": sorted(m for m in sys.modules if m.startswith("sgl_seat_probe.")),
+        "pending": pending, "installed": probe.installed() if probe is not None else None,
+        "wrapped": getattr(boot_target.fetch_rows, "__sgl_seat_probe__", None),
+        "writer": probe.native_state() if probe is not None else None,
+        "ring": probe.ring_file() if probe is not None else None,
+        "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules,
+    }), flush=True)
+    os._exit(0)  # like a killed engine: no atexit, the ring stays for the reader here
+""")
+
+
+@pytest.mark.parametrize("writer", ["native", "python"])
+def test_sitecustomize_loads_the_probe_package_by_path_without_sgl_seat(writer: str, tmp_path: Path) -> None:
+    if writer == "native" and probe.writer._native() is None:
+        pytest.skip(f"no C writer here: {probe.native_state()}")  # test_native_writer_builds_here says why
+    targets_dir = tmp_path / "targets"
+    targets_dir.mkdir()
+    (targets_dir / "boot_target.py").write_text("def fetch_rows(table, ids):\n    return len(ids)\n")
+    rings = tmp_path / "rings"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+    env.update({probe.ENV_TARGETS: "boot_target:fetch_rows@ids", probe.ENV_DIR: str(rings),
+                probe.ENV_NATIVE: "auto" if writer == "native" else "0"})
+    if os.environ.get(probe.ENV_NATIVE_CACHE):
+        env[probe.ENV_NATIVE_CACHE] = os.environ[probe.ENV_NATIVE_CACHE]
+    proc = subprocess.run([sys.executable, "-S", "-I", "-c", CHILD, boot_dir(), str(targets_dir)], env=env,
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["by_path"], out
+    assert out["sgl_seat_imported"] == [], "the child had no sgl-seat: the probe came by path, not by import"
+    assert out["parts"] == ["sgl_seat_probe.gpu", "sgl_seat_probe.guard", "sgl_seat_probe.installer",
+                            "sgl_seat_probe.native", "sgl_seat_probe.ring", "sgl_seat_probe.targets",
+                            "sgl_seat_probe.writer"], out["parts"]
+    assert out["pending"] == {"boot_target:fetch_rows@ids": "pending"}
+    assert out["installed"] == {"boot_target:fetch_rows@ids": "installed"}
+    assert out["wrapped"] == "boot_target:fetch_rows"
+    assert out["writer"].startswith("native (" if writer == "native" else "python ("), out["writer"]
+    assert out["torch"] is False and out["numpy"] is False, "the in-engine import is standard-library only"
+    assert "sgl-seat probe" not in proc.stderr, proc.stderr  # nothing warned: no failed ring, build or wrap
+    (ring,) = probe.list_rings(str(rings)).values()
+    assert ring == out["ring"]
+    recs = probe.read_ring(ring, node=0)
+    assert [(r.target, r.gather_size, r.end is not None) for r in recs] == [("boot_target:fetch_rows", 3, True)]
