@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import threading
 from collections import deque
@@ -148,14 +149,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 def parse_metrics_text(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over labels}, ``sglang:*`` only, without buckets."""
+    """Prometheus text -> {sample name: value summed over labels}, ``sglang:*`` only, without buckets.
+
+    A sample that is not a finite number (``NaN``, ``+Inf``) carries no value and is left out: real SGLang
+    exports such gauges (seen on its CPU seat), and a bundle's JSON cannot hold them, so one NaN made every
+    capture of that seat fail ("Out of range float values are not JSON compliant").
+    """
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
-            if not name.startswith("sglang:") or name.endswith(("_bucket", "_created")):
+            value = float(s.value)
+            if not name.startswith("sglang:") or name.endswith(("_bucket", "_created")) or not math.isfinite(value):
                 continue
-            out[name] = out.get(name, 0.0) + float(s.value)
+            out[name] = out.get(name, 0.0) + value
     return out
 
 
