@@ -63,16 +63,6 @@ def argv_value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-class PlannedSeat(Protocol):
-    """The seat-wide ports of a plan (:class:`sgl_seat.plan.LaunchPlan`)."""
-
-    @property
-    def http_port(self) -> int: ...
-
-    @property
-    def dist_init_port(self) -> int: ...
-
-
 class PlannedNode(Protocol):
     """One node of a plan (:class:`sgl_seat.plan.NodePlan`): its rank, argv and environment."""
 
@@ -83,6 +73,19 @@ class PlannedNode(Protocol):
     def command(self) -> tuple[str, ...]: ...
 
     def env_dict(self) -> dict[str, str]: ...
+
+
+class PlannedSeat(Protocol):
+    """The seat-wide ports of a plan (:class:`sgl_seat.plan.LaunchPlan`) and its nodes."""
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def dist_init_port(self) -> int: ...
+
+    @property
+    def nodes(self) -> Sequence[PlannedNode]: ...
 
 
 class EngineBackend(ABC):

@@ -123,7 +123,8 @@ class SGLangBackend(EngineBackend):
         return ports
 
     def colocated_argv(self, plan: PlannedSeat, node_rank: int, argv: Sequence[str]) -> tuple[str, ...] | None:
-        """Nodes on one host (a local rehearsal): node ``r`` moves its ``--port`` up by ``r`` steps."""
+        """Nodes on one host (a CPU rehearsal, :meth:`colocated_env`): node ``r`` moves its ``--port`` up by ``r``
+        steps."""
         out = list(argv)
         for i, a in enumerate(out[:-1]):
             if a == "--port":
@@ -131,7 +132,9 @@ class SGLangBackend(EngineBackend):
         return tuple(out)
 
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
-        return {}
+        """A CPU seat's nodes may share a host (a local rehearsal); a GPU seat's may not (their GPUs would)."""
+        node = next((n for n in plan.nodes if n.node_rank == node_rank), None)
+        return {} if node is not None and _is_cpu(node.command) else None
 
     def local_checks(self, plan: PlannedSeat, node: PlannedNode, *, gpus: int, gpu_ids: Sequence[str],
                      env: Mapping[str, str]) -> list[Failure]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sgl_seat.engines import backend_for
+from sgl_seat.engines.base import argv_value
 from sgl_seat.errors import ClusterError, PreflightError
 from sgl_seat.launch import cluster
 from sgl_seat.launch.agentclient import dead_reason
@@ -136,3 +137,12 @@ def test_fault_route_comes_from_the_backend() -> None:
     assert backend_for("sim").fault_url(plan, node) == \
         f"http://127.0.0.1:{ports.admin_port(plan.http_port)}/sim/faults"
     assert backend_for("sglang").fault_url(plan, node) is None
+
+
+def test_cpu_engine_nodes_on_one_host_share_it_with_their_own_port() -> None:
+    """GIVEN the local-sglang seat (SGLang's CPU engine) on one host WHEN the plan is adjusted THEN node 1 moves
+    its --port (its dummy health server binds it) and no preflight failure is raised."""
+    plan = build_plan(load_spec("local-sglang"))
+    out = _colocate(plan, backend_for("sglang"), _nodes("h/1", "h/1"))
+    assert argv_value(out.nodes[0].command, "--port") == str(plan.http_port)
+    assert argv_value(out.nodes[1].command, "--port") == str(plan.http_port + 10)
