@@ -701,7 +701,8 @@ def disable_gpu() -> None:
 
 
 def gpu_timer() -> GpuTimer | None:
-    return writer._GPU
+    t = writer._GPU  # only this module sets it, to a GpuTimer (the writer knows it as a protocol)
+    return t if isinstance(t, GpuTimer) else None
 
 
 def _gpu_poll_s() -> float:
@@ -756,3 +757,7 @@ def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
         writer._GPU = timer
     except Exception as exc:
         warn_once("gpu", f"GPU stream timing not enabled ({type(exc).__name__}: {exc}); calls are timed on the host")
+
+
+# Ring creation (in :mod:`writer`) starts GPU timing through this hook: the writer never imports this module.
+writer._ON_RING = _maybe_enable_gpu

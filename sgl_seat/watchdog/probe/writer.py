@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 # What the wrappers use on every call, or format into a generated wrapper's code, is bound from .ring here; the
 # rest of the layout is read as ``ring.X`` where a ring is created (once per process).
@@ -37,8 +37,14 @@ from .guard import check_private_dir, warn_once
 from .ring import _END_BITS, _END_MASK, _LAP_MASK, _SLOT, _W_END, GPU_NONE, GPU_QUEUED, HEADER_BYTES, SLOT_BYTES
 from .targets import _MODES, TargetSpec, _size_position
 
-if TYPE_CHECKING:
-    from .gpu import GpuTimer
+
+class _GpuTimer(Protocol):
+    """What the writer asks of the GPU timer (:class:`gpu.GpuTimer`): gpu imports this module, never the reverse."""
+
+    def end(self, b: int, c: int) -> None: ...
+
+    def stop(self) -> None: ...
+
 
 ENV_DIR = "SGL_SEAT_PROBE_DIR"
 ENV_SLOTS = "SGL_SEAT_PROBE_SLOTS"
@@ -61,7 +67,10 @@ _PACK = _SLOT.pack_into
 _RING_FAILED = False
 _RING_LOCK = threading.Lock()  # only ring creation takes it (once per process), never the hot path
 _TARGET_NAMES: list[str] = []
-_GPU: GpuTimer | None = None
+_GPU: _GpuTimer | None = None
+#: What starts GPU timing once a ring exists (``gpu._maybe_enable_gpu(gpu_off, nslots)``): set by :mod:`gpu` when
+#: the package imports it, so that this module needs no import of gpu (it would be a circle: gpu reads this state).
+_ON_RING: Callable[[int, int], None] | None = None
 _NATIVE: Any = None  # the C writer (probe_native.c) once loaded
 _NATIVE_DECIDED = False
 _NATIVE_WHY = "not decided yet"
@@ -135,9 +144,8 @@ def _ensure_ring() -> bool:
                 _COUNTER = itertools.count(1)
                 _NEXT = _COUNTER.__next__
             _MM = mm
-            from . import gpu  # here, not at the top: gpu.py reads this module's state
-
-            gpu._maybe_enable_gpu(gpu_off, nslots)
+            if _ON_RING is not None:
+                _ON_RING(gpu_off, nslots)
             return True
         except Exception as exc:
             _RING_FAILED = True
