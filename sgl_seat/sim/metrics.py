@@ -77,9 +77,10 @@ class SimMetrics:
     def set_constants(self, *, max_total_num_tokens: int, context_len: int) -> None:
         self.gauges["sglang:max_total_num_tokens"].labels(**self.sched_labels).set(max_total_num_tokens)
         self.gauges["sglang:context_len"].labels(**self.sched_labels).set(context_len)
-        for name in _STAT_KEYS:  # present from the start (spec gauges only with speculation, as in SGLang)
-            if self.spec_on or not name.startswith("sglang:spec_"):
-                self.gauges[name].labels(**self.sched_labels).set(0.0)
+        # Present from the start, the speculative gauges too: SGLang 0.5.23 exports sglang:spec_accept_length and
+        # sglang:spec_accept_rate at 0.0 with no speculative algorithm (seen on its CPU engine, draft off).
+        for name in _STAT_KEYS:
+            self.gauges[name].labels(**self.sched_labels).set(0.0)
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         for name, key in _STAT_KEYS.items():
