@@ -31,6 +31,7 @@ _STAT_KEYS = {
     "sglang:cache_hit_rate": "cache_hit_rate",
     "sglang:token_usage": "token_usage",
     "sglang:num_used_tokens": "num_used_tokens",
+    "sglang:decode_sum_seq_lens": "decode_sum_seq_lens",
     "sglang:spec_accept_length": "spec_accept_length",
     "sglang:spec_accept_rate": "spec_accept_rate",
 }
@@ -60,6 +61,11 @@ class SimMetrics:
             name: Counter(name, _doc(name), labelnames=[*contract.TOKENIZER_LABELS, *extra], registry=r)
             for name, extra in contract.TOKENIZER_COUNTERS.items()
         }
+        self.sched_counters = {
+            name: Counter(name, _doc(name), labelnames=[*contract.SCHEDULER_LABELS, *extra], registry=r)
+            for name, extra in contract.SCHEDULER_COUNTERS.items()
+        }
+        self._forward_ct = 0
         buckets = {
             "sglang:time_to_first_token_seconds": TTFT_BUCKETS,
             "sglang:inter_token_latency_seconds": ITL_BUCKETS,
@@ -86,6 +92,11 @@ class SimMetrics:
         for name, key in _STAT_KEYS.items():
             if key in stats:
                 self.gauges[name].labels(**self.sched_labels).set(float(stats[key]))
+        ct = int(stats.get("forward_ct", self._forward_ct))
+        if ct > self._forward_ct:  # SGLang counts every forward pass; the sim's rank 0 reports its count
+            self.sched_counters["sglang:cuda_graph_passes_total"].labels(
+                **self.sched_labels, mode=contract.CUDA_GRAPH_MODE_NONE).inc(ct - self._forward_ct)
+            self._forward_ct = ct
 
     def first_token(self, seconds: float, streaming: bool) -> None:
         self.hists["sglang:time_to_first_token_seconds"].labels(
