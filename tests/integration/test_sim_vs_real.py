@@ -463,8 +463,13 @@ def _samples(seats: Seats, engine: str, n: int, gap_s: float) -> list[StackSampl
         if i:
             time.sleep(gap_s)
         for rank, p in sorted(scheds.items()):
-            res = pyspy_dump(p.pid, exe=exe, timeout_s=20.0)
-            assert res.error is None, f"{engine} TP{rank}: py-spy: {res.error}"
+            # A --nonblocking dump reads a running process's stack while it moves: now and then it fails (py-spy
+            # prints its own backtrace); the sampler keeps such a sample as an error, here it is taken again.
+            for _ in range(5):
+                res = pyspy_dump(p.pid, exe=exe, timeout_s=20.0)
+                if res.error is None:
+                    break
+            assert res.error is None, f"{engine} TP{rank}: py-spy failed 5 times: {res.error}"
             out.append(StackSample(t=time.time(), node=rank, pid=p.pid, title=_title(p), rank=rank, native=False,
                                    threads=res.threads))
     return out
