@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,16 @@ from sgl_seat.watchdog.sources import ProbeReader
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def sim_spec(name: str, http_port: int, *, base: str = "local-sim", **watchdog: Any) -> SeatSpec:
-    """The shipped local-sim profile renamed and moved to ``http_port`` (dist-init on ``http_port + 5``)."""
+def sim_spec(name: str, http_port: int, *, base: str = "local-sim",
+             sections: Mapping[str, Mapping[str, Any]] | None = None, **watchdog: Any) -> SeatSpec:
+    """The shipped local-sim profile renamed and moved to ``http_port`` (dist-init on ``http_port + 5``).
+
+    ``sections`` updates whole sections' keys (``{"parallel": {"tp": 2, "ep": 1}}``: another shape).
+    """
     src = load_spec(base)
     doc = yaml.safe_load(Path(src.source or "").read_text(encoding="utf-8"))
+    for section, values in (sections or {}).items():
+        doc.setdefault(section, {}).update(values)
     doc["name"] = name
     doc["network"]["http_port"] = http_port
     doc["network"]["dist_init_port"] = http_port + 5
@@ -50,6 +57,26 @@ def sim_spec(name: str, http_port: int, *, base: str = "local-sim", **watchdog: 
     if watchdog:
         doc.setdefault("watchdog", {}).update(watchdog)
     return parse_spec(yaml.safe_dump(doc), path=src.source)
+
+
+def wait_healthy(url: str, procs: Mapping[int, subprocess.Popen[bytes]], log_path: Callable[[int], Path], *,
+                 timeout: float, what: str, poll_s: float = 0.5) -> None:
+    """Until ``url``'s ``/health_generate`` answers 200. A node that exits first raises RuntimeError with its log's
+    tail, and ``timeout`` passing TimeoutError with node 0's; the caller stops what it started."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=10.0, trust_env=False) as c:
+        while True:
+            for r, p in procs.items():
+                if p.poll() is not None:
+                    tail = log_path(r).read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{what}: node {r} exited ({p.returncode}):\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get(f"{url}/health_generate").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                tail = log_path(0).read_text(errors="replace")[-3000:]
+                raise TimeoutError(f"{what} was not healthy within {timeout:.0f} s; node 0's log ends:\n{tail}")
+            time.sleep(poll_s)
 
 
 @dataclass
@@ -93,21 +120,11 @@ class SimSeat:
                 self.procs[node.node_rank] = subprocess.Popen(
                     list(node.command), env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=5.0, trust_env=False) as c:
-            while True:
-                for r, p in self.procs.items():
-                    if p.poll() is not None:
-                        tail = self.log_path(r).read_text(errors="replace")[-2000:]
-                        self.stop()
-                        raise RuntimeError(f"sim node {r} exited ({p.returncode}):\n{tail}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if c.get(f"{self.url}/health_generate").status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(f"the sim seat was not healthy within {timeout:.0f} s")
-                time.sleep(0.5)
+        try:
+            wait_healthy(self.url, self.procs, self.log_path, timeout=timeout, what="the sim seat")
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
 
     def stop(self) -> None:
         for p in self.procs.values():

@@ -407,7 +407,8 @@ def activity(bundle: Bundle, trig: float) -> dict[str, Any]:
     out["running_reqs_max"] = peak("sglang:num_running_reqs")
     out["queue_reqs_last"] = last("sglang:num_queue_reqs")
     out["token_usage_last"] = last("sglang:token_usage")
-    acc = _series(window, "sglang:spec_accept_length")
+    # SGLang exports the gauge at 0.0 when no draft runs (an accepted length is >= 1 whenever one does): no figure.
+    acc = [(t, v) for t, v in _series(window, "sglang:spec_accept_length") if v > 0]
     out["spec_accept_length_mean"] = _r(sum(v for _, v in acc) / len(acc)) if acc else None
     out["spec_accept_length_last"] = _r(acc[-1][1]) if acc else None
     gen = _series(pts, "sglang:generation_tokens_total")

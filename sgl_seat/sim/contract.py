@@ -208,7 +208,13 @@ SCHEDULER_GAUGES: Final[dict[str, tuple[str, ...]]] = {
     "sglang:spec_accept_rate": (),
     "sglang:max_total_num_tokens": (),
     "sglang:context_len": (),
+    "sglang:decode_sum_seq_lens": (),
 }
+# Scheduler counters: one pass a forward (SGLang labels it by CUDA-graph use: decode_cuda_graph / decode_none).
+SCHEDULER_COUNTERS: Final[dict[str, tuple[str, ...]]] = {
+    "sglang:cuda_graph_passes_total": ("mode",),
+}
+CUDA_GRAPH_MODE_NONE: Final = "decode_none"
 TOKENIZER_COUNTERS: Final[dict[str, tuple[str, ...]]] = {
     "sglang:prompt_tokens_total": ("is_streaming",),
     "sglang:generation_tokens_total": ("is_streaming",),
@@ -221,7 +227,8 @@ TOKENIZER_HISTOGRAMS: Final[dict[str, tuple[str, ...]]] = {
     "sglang:inter_token_latency_seconds": (),
     "sglang:e2e_request_latency_seconds": ("is_streaming",),
 }
-METRIC_NAMES: Final[tuple[str, ...]] = (*SCHEDULER_GAUGES, *TOKENIZER_COUNTERS, *TOKENIZER_HISTOGRAMS)
+METRIC_NAMES: Final[tuple[str, ...]] = (*SCHEDULER_GAUGES, *SCHEDULER_COUNTERS, *TOKENIZER_COUNTERS,
+                                        *TOKENIZER_HISTOGRAMS)
 # The sim's own marker metric (not SGLang's): says every figure on the page is synthetic.
 SIM_ONLY_METRICS: Final[tuple[str, ...]] = ("sgl_seat_sim_synthetic",)
 

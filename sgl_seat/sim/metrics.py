@@ -31,6 +31,7 @@ _STAT_KEYS = {
     "sglang:cache_hit_rate": "cache_hit_rate",
     "sglang:token_usage": "token_usage",
     "sglang:num_used_tokens": "num_used_tokens",
+    "sglang:decode_sum_seq_lens": "decode_sum_seq_lens",
     "sglang:spec_accept_length": "spec_accept_length",
     "sglang:spec_accept_rate": "spec_accept_rate",
 }
@@ -60,6 +61,11 @@ class SimMetrics:
             name: Counter(name, _doc(name), labelnames=[*contract.TOKENIZER_LABELS, *extra], registry=r)
             for name, extra in contract.TOKENIZER_COUNTERS.items()
         }
+        self.sched_counters = {
+            name: Counter(name, _doc(name), labelnames=[*contract.SCHEDULER_LABELS, *extra], registry=r)
+            for name, extra in contract.SCHEDULER_COUNTERS.items()
+        }
+        self._forward_ct = 0
         buckets = {
             "sglang:time_to_first_token_seconds": TTFT_BUCKETS,
             "sglang:inter_token_latency_seconds": ITL_BUCKETS,
@@ -77,14 +83,20 @@ class SimMetrics:
     def set_constants(self, *, max_total_num_tokens: int, context_len: int) -> None:
         self.gauges["sglang:max_total_num_tokens"].labels(**self.sched_labels).set(max_total_num_tokens)
         self.gauges["sglang:context_len"].labels(**self.sched_labels).set(context_len)
-        for name in _STAT_KEYS:  # present from the start (spec gauges only with speculation, as in SGLang)
-            if self.spec_on or not name.startswith("sglang:spec_"):
-                self.gauges[name].labels(**self.sched_labels).set(0.0)
+        # Present from the start, the speculative gauges too: SGLang 0.5.23 exports sglang:spec_accept_length and
+        # sglang:spec_accept_rate at 0.0 with no speculative algorithm (seen on its CPU engine, draft off).
+        for name in _STAT_KEYS:
+            self.gauges[name].labels(**self.sched_labels).set(0.0)
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         for name, key in _STAT_KEYS.items():
             if key in stats:
                 self.gauges[name].labels(**self.sched_labels).set(float(stats[key]))
+        ct = int(stats.get("forward_ct", self._forward_ct))
+        if ct > self._forward_ct:  # SGLang counts every forward pass; the sim's rank 0 reports its count
+            self.sched_counters["sglang:cuda_graph_passes_total"].labels(
+                **self.sched_labels, mode=contract.CUDA_GRAPH_MODE_NONE).inc(ct - self._forward_ct)
+            self._forward_ct = ct
 
     def first_token(self, seconds: float, streaming: bool) -> None:
         self.hists["sglang:time_to_first_token_seconds"].labels(

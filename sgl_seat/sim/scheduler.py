@@ -472,6 +472,7 @@ class Scheduler:
             "cache_hit_rate": b.pool.hit_rate,
             "token_usage": b.pool.token_usage,
             "num_used_tokens": b.pool.used,
+            "decode_sum_seq_lens": sum(len(r.input_ids) + len(r.output_ids) for r in b.running),
             "forward_ct": self.forward_ct,
         }
         if self.spec is not None:

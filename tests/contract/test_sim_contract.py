@@ -261,10 +261,11 @@ def test_metric_names_kinds_and_labels() -> None:
     calls = _metric_calls()
     kinds = {
         **{m: "Gauge" for m in contract.SCHEDULER_GAUGES},
-        **{m: "Counter" for m in contract.TOKENIZER_COUNTERS},
+        **{m: "Counter" for m in (*contract.SCHEDULER_COUNTERS, *contract.TOKENIZER_COUNTERS)},
         **{m: "Histogram" for m in contract.TOKENIZER_HISTOGRAMS},
     }
-    extras = {**contract.SCHEDULER_GAUGES, **contract.TOKENIZER_COUNTERS, **contract.TOKENIZER_HISTOGRAMS}
+    extras = {**contract.SCHEDULER_GAUGES, **contract.SCHEDULER_COUNTERS, **contract.TOKENIZER_COUNTERS,
+              **contract.TOKENIZER_HISTOGRAMS}
     for name in contract.METRIC_NAMES:
         assert name in calls, f"SGLang 0.5.23 has no metric {name}"
         call = calls[name]

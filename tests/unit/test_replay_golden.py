@@ -163,3 +163,20 @@ def test_replay_compares_with_the_triggering_sidecars_live_verdict(tmp_path: Pat
     assert out["live_verdict"]["rank"] == live_rank and out["live_verdict_matches"] is agrees
     want = "agrees with the verdict the triggering sidecar reached live" if agrees else "DIFFERS from the triggering"
     assert out["comparison"].startswith(want), out["comparison"]
+
+
+def test_a_draft_off_seats_zero_accept_length_is_no_figure() -> None:
+    """GIVEN the stall bundle's metrics with sglang:spec_accept_length at 0.0 (SGLang 0.5.23 exports the gauge at 0
+    with no draft; seen on its CPU engine) WHEN its activity is analysed THEN no accept length is reported."""
+    from dataclasses import replace
+
+    from sgl_seat.core.records import MetricsPoint
+    from sgl_seat.forensics.analysis import activity
+
+    b = read_bundle(GOLDEN / "stall")
+    trig = b.manifest.trigger_t
+    off = replace(b, metrics=[MetricsPoint(p.t, p.node, {**p.values, "sglang:spec_accept_length": 0.0})
+                              for p in b.metrics])
+    act = activity(off, trig)
+    assert act["spec_accept_length_mean"] is None and act["spec_accept_length_last"] is None
+    assert activity(b, trig)["spec_accept_length_mean"] > 1.0  # draft on: the figure stays
