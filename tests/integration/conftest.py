@@ -13,7 +13,8 @@ it can be taken at any moment as the local port of another process's outgoing co
 failed on "address already in use" for 36752), and above Ray's worker ports (10002-19999).
 
 ``SGL_SEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order). Stream
-``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199);
+``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199;
+test_sim_vs_real starts real SGLang without Ray and stays in ``other``, ports 24500-24599);
 scripts/test.sh runs it after stream ``ray`` in the same slot, since two local clusters must not run at once.
 """
 
