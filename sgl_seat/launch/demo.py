@@ -338,7 +338,8 @@ def _stop_scheduler(rec: SeatRecord, rank: int, res: DemoResult, stages: Stages,
 
 
 def _wait_bundle(res: DemoResult, stages: Stages, say: Callable[[str], None], bdir: Path, before: set[Path],
-                 t_inj: float, *, how: str, start: str, timeout: float = BUNDLE_TIMEOUT_S) -> None:
+                 t_inj: float, *, how: str, start: str, timeout: float | None = None) -> None:
+    timeout = BUNDLE_TIMEOUT_S if timeout is None else timeout  # read at call time (tests shorten it)
     say(f"\n[4/6] wait for the watchdog's bundle under {bdir} (up to {timeout:g} s)")
     with _stage(stages, "bundle", f"watching {bdir}") as note:
         found = wait_for_bundle(bdir, before, timeout)
