@@ -34,6 +34,9 @@ from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
 from sgl_seat.watchdog import boot_dir
 
 LOG_SCAN_BYTES = 4 << 20
+#: A scheduler found gone this long before its engine's launcher exited went first (SGLang's launcher exits
+#: seconds after a scheduler dies); within it, both went at once (the process group killed together).
+LOST_BEFORE_EXIT_S = 1.0
 
 
 def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
@@ -181,7 +184,6 @@ class NodeAgent:
             if tick % 5 == 0 and proc is self.proc:
                 self._note_lost_ranks()
         if proc is self.proc and self.exited_at is None:
-            self._note_lost_ranks()
             self.exited_at = time.time()
 
     def _note_lost_ranks(self) -> None:
@@ -232,7 +234,8 @@ class NodeAgent:
         if rc is not None:
             exit_text = f"engine (pid {self.proc.pid}) {procs.describe_exit(rc)}"
             first_lost = min(self.rank_lost_at.values(), default=None)
-            if gone and first_lost is not None and (self.exited_at is None or first_lost < self.exited_at):
+            if gone and first_lost is not None and (self.exited_at is None
+                                                    or first_lost < self.exited_at - LOST_BEFORE_EXIT_S):
                 reason = f"node {self.node_rank}: {gone}; then its {exit_text}"
             else:
                 reason = f"node {self.node_rank} {exit_text}"
