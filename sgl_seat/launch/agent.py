@@ -234,15 +234,17 @@ class NodeAgent:
         if rc is not None:
             exit_text = f"engine (pid {self.proc.pid}) {procs.describe_exit(rc)}"
             first_lost = min(self.rank_lost_at.values(), default=None)
-            if gone and first_lost is not None and (self.exited_at is None
-                                                    or first_lost < self.exited_at - LOST_BEFORE_EXIT_S):
+            exit_t = self.exited_at if self.exited_at is not None else time.time()  # see exit_at below
+            if gone and first_lost is not None and first_lost < exit_t - LOST_BEFORE_EXIT_S:
                 reason = f"node {self.node_rank}: {gone}; then its {exit_text}"
             else:
                 reason = f"node {self.node_rank} {exit_text}"
         elif lost:
             reason = f"node {self.node_rank}: {gone}"
         dead = reason is not None
-        went_at = min([*self.rank_lost_at.values(), *([self.exited_at] if self.exited_at else [])], default=None)
+        # This call's poll may reap the exit before the watch thread stamps it: then the exit is now.
+        exit_at = self.exited_at if self.exited_at is not None or rc is None else time.time()
+        went_at = min([*self.rank_lost_at.values(), *([exit_at] if exit_at is not None else [])], default=None)
         return {
             "node_rank": self.node_rank,
             "started": True,
