@@ -160,3 +160,38 @@ def test_read_log_returns_whole_lines_only(tmp_path: Path, monkeypatch: pytest.M
     second = json.loads(agent.read_log(first["offset"]))
     assert second["data"] == "two é done\n"
     assert json.loads(agent.read_log(second["offset"]))["data"] == ""
+
+
+@pytest.mark.parametrize(("lost_before_exit_s", "first"), [(5.0, "scheduler"), (0.1, "engine")])
+def test_a_scheduler_is_named_first_only_when_it_went_well_before_its_engine(
+        plan: LaunchPlan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost_before_exit_s: float,
+        first: str) -> None:
+    """GIVEN node 1's engine killed, its schedulers seen gone ``lost_before_exit_s`` before, and the state read
+    that reaps the exit coming before the watch thread stamps it WHEN the state is read THEN the reason names the
+    scheduler first only when it went more than 1 s before the engine (real SGLang: a killed scheduler takes
+    its launcher seconds later); a process group killed at once is the engine's exit."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    agent = NodeAgent(plan.seat, 1, "sim")
+    agent.node = plan.nodes[1]
+    agent.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        titles = [r.process_title for r in agent.node.ranks]
+        agent.rank_pids = {t: (agent.proc.pid + 10_000_000 + i, 0.0) for i, t in enumerate(titles)}  # gone pids
+        agent.proc.kill()
+        agent.proc.wait(10)
+        agent.rank_lost_at = {t: time.time() - lost_before_exit_s for t in titles}
+        st = agent.state()  # exited_at unset: no watch thread stamped the exit
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    assert not st["alive"]
+    if first == "scheduler":
+        assert st["reason"].startswith(f"node 1: scheduler process gone: {titles[0]}"), st["reason"]
+        assert st["reason"].endswith(f"then its engine (pid {agent.proc.pid}) killed by SIGKILL")
+    else:
+        assert st["reason"] == f"node 1 engine (pid {agent.proc.pid}) killed by SIGKILL", st["reason"]
+    assert st["exited_at"] == pytest.approx(time.time() - lost_before_exit_s, abs=1.0)
