@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -121,11 +122,16 @@ def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: S
         follower = subprocess.Popen([*cli_argv(), "logs", "lt-fail", "--node", "0", "-f", "--lines", "0"],
                                     env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     cwd=tmp_path)
+        # A request every 3 s until the follower has printed something (at most 10), not one after a fixed 4 s:
+        # a loaded box (the real-engine module of stream `other` beside this one) can take longer to start it.
         time.sleep(4.0)
-        r = httpx.post(f"{endpoint}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}},
-                       timeout=60)
-        assert r.status_code == 200
-        time.sleep(3.0)
+        for _ in range(10):
+            r = httpx.post(f"{endpoint}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}},
+                           timeout=60)
+            assert r.status_code == 200
+            time.sleep(3.0)
+            if select.select([follower.stdout], [], [], 0)[0]:
+                break
         follower.send_signal(signal.SIGINT)
         followed, _ = follower.communicate(timeout=30)
         assert follower.returncode == 0 and followed.strip(), followed
