@@ -132,6 +132,8 @@ class LaunchPlan:
     hosts: tuple[HostPlan, ...] = field(default=())
     #: Where capacity comes from when the engine does not size it from GPU memory (SGLang's CPU engine).
     capacity_note: str | None = None
+    #: A rehearsal seat (the spec's ``rehearsal``, or a stand-in engine): `sgl-seat fault` may act on it.
+    rehearsal: bool = False
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -230,6 +232,7 @@ class LaunchPlan:
                           "http_bundle": 0},
             "capacity": self.capacity.to_json() if self.capacity else None,
             **({"capacity_note": self.capacity_note} if self.capacity_note else {}),
+            **({"rehearsal": True} if self.rehearsal else {}),
             "warnings": list(self.warnings),
             **({"hosts": [h.to_json() for h in self.hosts]} if self.hosts else {}),
         }
@@ -267,6 +270,7 @@ class LaunchPlan:
             topology=topo, nodes=nodes, placement=placement, capacity=None, warnings=tuple(doc["warnings"]),
             hosts=tuple(HostPlan.from_json(h) for h in doc.get("hosts", [])),
             capacity_note=doc.get("capacity_note"),
+            rehearsal=bool(doc.get("rehearsal", False)),
         )
 
 
@@ -340,7 +344,7 @@ def probe_dir(seat: str, node_rank: int) -> str:
 def _probe_env(spec: SeatSpec, backend: EngineBackend, cap: CapacityReport | None, node_rank: int,
                env: dict[str, str]) -> None:
     """Add the watchdog probe's environment for one node (nothing when the engine has no targets)."""
-    targets = backend.probe_targets(cap.model if cap is not None else None)
+    targets = backend.probe_targets(spec.model.architecture or (cap.model if cap is not None else None))
     if not spec.watchdog.enabled or not targets:
         return
     env[PROBE_ENV_TARGETS] = ",".join(targets)
@@ -383,7 +387,7 @@ def build_plan(
     if min(slots_off, slots_on) < 1:
         raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
     chosen = slots_on if use_draft else slots_off
-    faults = backend.validate_faults(faults)
+    faults = backend.validate_faults(faults, rehearsal=spec.rehearsal)
     cannot_draft = backend.draft_problem(spec)
     if use_draft and cannot_draft:
         raise PlanError(f"--draft on is refused for seat {spec.name!r}: {cannot_draft}",
@@ -431,6 +435,10 @@ def build_plan(
                 serves_http=r == 0,
             )
         )
+    if faults and backend.faults_need_probe and not any(PROBE_ENV_TARGETS in n.env_dict() for n in nodes):
+        raise PlanError(f"--fault needs the watchdog's probe inside the engine, and seat {spec.name!r} has none",
+                        fix="set watchdog.enabled: true and model.architecture (or model.config) to a family "
+                            "in watchdog/probe-targets.yaml")
     bundle = (("CPU", float(spec.cluster.cpus_per_node)), ("GPU", float(topo.gpus_per_node)))
     hosts = tuple(HostPlan(name=h.name, address=h.address, env=tuple(sorted(h.env.items())),
                            interfaces=tuple(h.interfaces), ray_resource=h.ray_resource, node_rank=h.node_rank)
@@ -453,6 +461,7 @@ def build_plan(
         warnings=tuple(warnings),
         hosts=hosts,
         capacity_note=cap_note,
+        rehearsal=spec.rehearsal or backend.synthetic,
     )
 
 

@@ -40,6 +40,11 @@ class ModelSpec(_Strict):
         default=None,
         description="Directory (or config.json path) used for capacity planning; relative to the spec file.",
     )
+    architecture: str | None = Field(
+        default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]{0,127}$",
+        description="The model's architectures[0] (which functions the watchdog's probe wraps, "
+        "watchdog/probe-targets.yaml); default: model.config's. A seat planned without a config sets it.",
+    )
     kv_cache_dtype_bytes: int | None = Field(
         default=None, ge=1, le=4, description="Bytes per KV element; default from the model family."
     )
@@ -248,6 +253,9 @@ class CpuEngineSpec(_Strict):
         default=None, pattern=r"^[0-9,|-]+$",
         description="SGLANG_CPU_OMP_THREADS_BIND, one entry per rank separated by '|' (default: core i for rank i).",
     )
+    sleep_on_idle: bool = Field(
+        default=True, description="--sleep-on-idle: an idle scheduler sleeps (~1.5 % of a core) instead of spinning "
+        "at ~100 % in its poll loop (off: the spin, which the watchdog must not take for a hang).")
 
 
 class SeatSpec(_Strict):
@@ -270,6 +278,10 @@ class SeatSpec(_Strict):
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
     bundles: BundleSpec = Field(default_factory=BundleSpec)
     sim: SimSpec | None = None
+    rehearsal: bool = Field(
+        default=False, description="A rehearsal seat (tests, benches, drills; never production): faults may be "
+        "injected into its real engine (`up --fault probe-stall:...`, `sgl-seat fault`). A production plan "
+        "refuses them.")
     engram: EngramSpec = Field(default_factory=EngramSpec)
     source: str | None = Field(default=None, exclude=True)
 

@@ -107,12 +107,18 @@ class EngineBackend(ABC):
     #: own, as SGLang's nodes do): their start-up (imports, tens of seconds) then overlaps node 0's. False: `up`
     #: starts them once node 0 listens and they can reach it.
     start_nodes_together: ClassVar[bool] = False
+    #: True when injected faults run inside the watchdog's probe (a plan with faults and no probe targets is
+    #: refused); the sim fires its own.
+    faults_need_probe: ClassVar[bool] = False
 
     # -- the plan ----------------------------------------------------------------------------------
 
     @abstractmethod
-    def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
-        """Check ``--fault`` values; return them normalised or raise a UsageError."""
+    def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
+        """Check ``--fault`` values; return them normalised or raise a UsageError.
+
+        ``rehearsal`` is the spec's ``rehearsal`` mark: a real engine takes faults on a rehearsal seat only.
+        """
 
     @abstractmethod
     def probe_targets(self, model_family: str | None) -> tuple[str, ...]:

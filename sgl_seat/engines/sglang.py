@@ -1,5 +1,11 @@
-"""Real SGLang 0.5.23: every preflight check applies, fault injection is refused, the probe loads through
-``sitecustomize`` and its targets depend on the model's architecture.
+"""Real SGLang 0.5.23: every preflight check applies, the probe loads through ``sitecustomize`` and its targets
+depend on the model's architecture, and faults are injected only into a rehearsal seat, through the probe.
+
+Faults on a real engine: a seat the spec marks ``rehearsal: true`` takes ``probe-stall:...`` faults
+(``up --fault``, and at run time ``sgl-seat fault``): the probe's rehearsal gate
+(``sgl_seat/watchdog/probe/fault.py``) stalls a probed call inside the scheduler, so real SGLang code blocks in
+its forward where the field report's hang did and its peers wait in the real all-reduce. Every other seat
+refuses them before anything starts; production processes carry no gate at all.
 
 The CPU variant (``device: cpu``, SGLang's CPU engine) lives here too, so that neither the plan nor launch
 ever asks which device a seat runs on. Everything it needs was measured on a 2-core CPU machine and is written
@@ -44,6 +50,11 @@ _GPU_CHECKS = frozenset({Check.GPUS, Check.IB_HCA, Check.ENGRAM_HOST})
 #: dummy health server, so two nodes on one host cannot share it).
 COLOCATED_PORT_STEP = 10
 
+#: The probe's rehearsal switches (``sgl_seat/watchdog/probe/fault.py`` ENV_REHEARSAL / ENV_FAULTS; a unit test
+#: holds them equal: the engines layer does not import the watchdog's).
+ENV_PROBE_REHEARSAL = "SGL_SEAT_PROBE_REHEARSAL"
+ENV_PROBE_FAULTS = "SGL_SEAT_PROBE_FAULTS"
+
 CPU_DRAFT_REFUSED = (
     "SGLang's CPU engine cannot run speculative decoding with the registry packages: NGRAM needs"
     " sgl_kernel's copy_all_layer_kv_cache_cpu (a CPU build of the kernel package that no registry has), the"
@@ -65,11 +76,26 @@ class SGLangBackend(EngineBackend):
     #: retries until --dist-timeout); measured on the CPU engine: a seat whose nodes start at once serves.
     start_nodes_together: ClassVar[bool] = True
 
-    def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
-        if faults:
-            raise UsageError("--fault is only for sim seats; a real SGLang seat refuses fault injection",
-                             fix="drop --fault, or use a seat with engine: sim")
-        return ()
+    faults_need_probe: ClassVar[bool] = True
+
+    def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
+        if not faults:
+            return ()
+        if not rehearsal:
+            raise UsageError("this seat is not a rehearsal: a real SGLang seat takes injected faults only when its "
+                             "spec says `rehearsal: true` (never on a production seat)",
+                             fix="drop --fault, or rehearse on a seat marked rehearsal: true (e.g. local-sglang)")
+        # The gate's own parser (standard library only): what the plan accepts is what the engine will run.
+        from sgl_seat.watchdog.probe.fault import parse_probe_fault
+
+        out = []
+        for f in faults:
+            try:
+                out.append(parse_probe_fault(f).spec())
+            except ValueError as exc:
+                raise UsageError(f"--fault {f!r}: {exc}", fix="a real engine takes probe-stall faults only, e.g. "
+                                 "probe-stall:rank=1,after_calls=20,for_s=30") from None
+        return tuple(out)
 
     def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
         return family_targets(model_family) if model_family else ()
@@ -78,7 +104,8 @@ class SGLangBackend(EngineBackend):
         if spec.device != "cpu":
             return []
         return ["--device", "cpu", "--attention-backend", "torch_native", "--load-format", spec.cpu.load_format,
-                "--max-total-tokens", str(spec.cpu.max_total_tokens), "--sleep-on-idle"]
+                "--max-total-tokens", str(spec.cpu.max_total_tokens),
+                *(["--sleep-on-idle"] if spec.cpu.sleep_on_idle else [])]
 
     def draft_problem(self, spec: SeatSpec) -> str | None:
         return CPU_DRAFT_REFUSED if spec.device == "cpu" else None
@@ -90,10 +117,11 @@ class SGLangBackend(EngineBackend):
                 " no GPU memory to size from; the engine's own 'KV Cache is allocated' line is the actual)")
 
     def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+        env = self._rehearsal_env(spec, faults)
         if spec.device != "cpu":
-            return {}
+            return env
         world = spec.parallel.tp * spec.parallel.dp
-        return {
+        return env | {
             "SGLANG_USE_CPU_ENGINE": "1",
             "LD_LIBRARY_PATH": f"{ENGINE_VENV}/{STUB_LIB_DIR}",
             "SGLANG_NCCL_SO_PATH": NO_NCCL,
@@ -102,6 +130,17 @@ class SGLangBackend(EngineBackend):
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
+
+    @staticmethod
+    def _rehearsal_env(spec: SeatSpec, faults: Sequence[str]) -> dict[str, str]:
+        """A rehearsal seat's processes carry the probe's fault gate (armed at start by ``faults``, at run time by
+        ``sgl-seat fault``); any other seat's carry none, so production pays nothing for it."""
+        if not spec.rehearsal:
+            return {}
+        env = {ENV_PROBE_REHEARSAL: "1"}
+        if faults:
+            env[ENV_PROBE_FAULTS] = ";".join(faults)
+        return env
 
     def plan_warnings(self, spec: SeatSpec, topo: Topology) -> list[str]:
         if spec.device == "cpu":

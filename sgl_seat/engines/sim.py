@@ -36,7 +36,8 @@ class SimBackend(EngineBackend):
     kv_actual_source: ClassVar[str] = "synthetic: the sim echoes the plan's prediction, nothing is measured"
     synthetic: ClassVar[bool] = True
 
-    def validate_faults(self, faults: Sequence[str]) -> tuple[str, ...]:
+    def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
+        # The sim is a stand-in engine: every sim seat is a rehearsal, marked or not.
         for f in faults:
             parse_fault(f)  # a UsageError naming what is wrong and how to write it
         return tuple(faults)
