@@ -90,7 +90,9 @@ def up(
     mem_fraction: MemOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds for the whole `up`.")] = 600.0,
     fault: Annotated[list[str] | None, typer.Option(
-        "--fault", help="Sim seats only: inject KIND:key=value,... (repeatable), e.g. crash:rank=2,after_s=30.",
+        "--fault", help="Inject KIND:key=value,... at start (repeatable): a sim seat's kinds, e.g. "
+                  "crash:rank=2,after_s=30; on a real rehearsal seat (rehearsal: true) "
+                  "probe-stall:rank=1,after_calls=200,for_s=30.",
     )] = None,
     no_watchdog: Annotated[bool, typer.Option("--no-watchdog", help="Do not start the watchdog sidecars.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.")] = False,
@@ -285,4 +287,31 @@ def demo(
         print_json(result.to_json())
 
 
-COMMANDS: dict[str, Callable[..., Any]] = {"up": up, "down": down, "status": status, "logs": logs, "demo": demo}
+def fault(
+    action: Annotated[str, typer.Argument(
+        help="What to do: probe-stall:rank=R[,after_calls=N][,gather_ge=K][,for_s=S][,target=T] (the probe stalls "
+             "rank R's next matching probed call inside the engine), clear (ends it), sigstop:rank=R, "
+             "sigcont:rank=R, sigkill:rank=R, sigstop:detokenizer / sigcont:detokenizer; on a sim seat also the "
+             "sim's own kinds (rowfetch-stall:rank=3, crash:rank=2, ...).")],
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Seat name (default: the only recorded seat).")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print what was done as JSON.")] = False,
+) -> None:
+    """Inject a fault into a running REHEARSAL seat (spec `rehearsal: true`, or a sim seat), to see what the
+    watchdog makes of it; any other seat refuses. The watchdog's bundle follows in `sgl-seat watch` and
+    `sgl-seat bundle ls`; a stopped process stays stopped until `sigcont`, a probe stall until its for_s or
+    `clear`."""
+    from sgl_seat.launch.record import resolve_name
+    from sgl_seat.launch.rehearse import inject
+
+    res = inject(resolve_name(name), action)
+    if json_out:
+        print_json(res.to_json())
+        return
+    where = f"{res.title} (pid {res.pid}) on node {res.nodes[0]}" if res.pid else \
+        "node" + ("s " if len(res.nodes) > 1 else " ") + ", ".join(map(str, res.nodes))
+    console.print(f"{res.action}: applied to {where}" + (f" (fault id {res.fault_id})" if res.fault_id else ""))
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {"up": up, "down": down, "status": status, "logs": logs, "demo": demo,
+                                           "fault": fault}

@@ -89,6 +89,7 @@ class NodeAgent:
         self.kv_tokens: int | None = None
         self.started_at: float | None = None
         self.exited_at: float | None = None
+        self.rehearsal = False
 
     # -- facts ------------------------------------------------------------------------------
 
@@ -152,7 +153,8 @@ class NodeAgent:
         """Start this node's engine in its own process group; returns pid, pgid, log path and argv."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"node {self.node_rank}: an engine is already running (pid {self.proc.pid})")
-        _, node = self._node_of(plan_json)
+        plan, node = self._node_of(plan_json)
+        self.rehearsal = plan.rehearsal
         left = [p.value for p in Placeholder if any(p.value in a for a in (*node.command, *dict(node.env).values()))]
         if left:
             raise RuntimeError(f"node {self.node_rank}: plan still has placeholders {left}")
@@ -296,6 +298,49 @@ class NodeAgent:
             return "[]"
         live = procs.members(self.proc.pid, [self.proc.pid], self.known.items())
         return json.dumps([i.to_dict() for i in (procs.info(p) for p in live) if i is not None])
+
+    # -- rehearsal faults (launch/rehearse.py) ------------------------------------------------------
+
+    def rehearse(self, action_json: str) -> str:
+        """One rehearsal fault on this node; refused unless the plan is a rehearsal's. JSON in, JSON out.
+
+        ``{"probe": TEXT | null, "id": ID}`` arms (or, with null, clears) a probe stall through the probe's control
+        file in this node's probe directory (every probed process of the node reads it; the fault's own ``rank``
+        picks which stalls). ``{"signal": "STOP" | "CONT" | "KILL", "title": T}`` sends the signal to this
+        engine's process titled ``T`` (found in its own process group, by pid and create time: never by name
+        across the host).
+        """
+        import signal as _signal
+
+        a = json.loads(action_json)
+        if self.proc is None or self.node is None:
+            return json.dumps({"error": f"node {self.node_rank}: no engine started"})
+        if not self.rehearsal:
+            return json.dumps({"error": f"node {self.node_rank}: the seat is not a rehearsal (rehearsal: true)"})
+        if "probe" in a:
+            from sgl_seat.watchdog.probe.fault import write_control
+
+            directory = self.node.env_dict().get("SGL_SEAT_PROBE_DIR")
+            if not directory:
+                return json.dumps({"error": f"node {self.node_rank}: no probe in this engine (SGL_SEAT_PROBE_DIR)"})
+            try:
+                path = write_control(directory, a["probe"], fault_id=str(a.get("id", "")))
+            except (OSError, ValueError) as exc:
+                return json.dumps({"error": f"node {self.node_rank}: {exc}"})
+            return json.dumps({"error": None, "path": str(path) if path else None, "t": time.time()})
+        sig = {"STOP": _signal.SIGSTOP, "CONT": _signal.SIGCONT, "KILL": _signal.SIGKILL}.get(str(a.get("signal")))
+        if sig is None:
+            return json.dumps({"error": f"unknown action {a!r}"})
+        title = str(a.get("title", ""))
+        found = [p for p in self.state().get("processes", []) if p["title"] == title]
+        if not found:
+            return json.dumps({"error": f"node {self.node_rank}: no live engine process titled {title!r}"})
+        target = procs.find(found[0]["pid"], found[0]["create_time"])
+        if target is None:
+            return json.dumps({"error": f"node {self.node_rank}: {title} (pid {found[0]['pid']}) is gone"})
+        t = time.time()
+        target.send_signal(sig)
+        return json.dumps({"error": None, "pid": target.pid, "title": title, "t": t})
 
     # -- logs ---------------------------------------------------------------------------------
 

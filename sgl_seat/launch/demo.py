@@ -203,7 +203,7 @@ def wait_for_bundle(d: Path, before: set[Path], timeout: float) -> tuple[Path, f
         time.sleep(POLL_S)
 
 
-def _admin(method: str, url: str, body: dict[str, str] | None = None) -> dict[str, Any]:
+def admin(method: str, url: str, body: dict[str, str] | None = None) -> dict[str, Any]:
     try:
         r = httpx.request(method, url, json=body, timeout=10.0, trust_env=False)
     except httpx.HTTPError as exc:
@@ -301,7 +301,7 @@ def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str
     say(f"\n[3/6] inject a host row-fetch stall on rank {STALL_RANK} (node {node}) through the sim's fault route")
     with _stage(stages, "inject", f"{fault} -> {url}") as note:
         before = _complete_bundles(bdir)
-        _admin("POST", url, {"fault": fault})
+        admin("POST", url, {"fault": fault})
         t_inj = time.time()
         note["detail"] = f"{fault} armed on node {node} ({url})"
     res.injection["armed_at"] = t_inj
@@ -408,7 +408,7 @@ def _cleanup(rec: SeatRecord, load: Load, res: DemoResult, reporter: Reporter | 
     load.halt()
     if res.injection.get("admin_url"):  # the fault route was about to be called, or was: disarm (harmless)
         with contextlib.suppress(SeatError):
-            _admin("DELETE", res.injection["admin_url"])
+            admin("DELETE", res.injection["admin_url"])
     if res.injection.get("pid"):  # a stopped scheduler: let it go on, so that `down` drains a live tree
         with contextlib.suppress(OSError):
             os.kill(res.injection["pid"], signal.SIGCONT)
