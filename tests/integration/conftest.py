@@ -13,7 +13,8 @@ it can be taken at any moment as the local port of another process's outgoing co
 failed on "address already in use" for 36752), and above Ray's worker ports (10002-19999).
 
 ``SGL_SEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order). Stream
-``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199;
+``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199 and,
+for the watchdog on real schedulers, 24200-24299;
 test_sim_vs_real starts real SGLang without Ray and stays in ``other``, ports 24500-24599);
 scripts/test.sh runs it after stream ``ray`` in the same slot, since two local clusters must not run at once.
 """
@@ -28,7 +29,7 @@ import pytest
 RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_launch_shared", "test_launch_lifecycle", "test_demo")
 #: Real SGLang seats through a local Ray cluster: stream ``sglang``, run after stream ``ray`` (never beside
 #: another local cluster), while stream ``other`` may still run.
-REAL_ENGINE = ("test_real_sglang_seat",)
+REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog")
 STREAMS = ("ray", "sglang", "other")
 STREAM_ENV = "SGL_SEAT_STREAM"
 

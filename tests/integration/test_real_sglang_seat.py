@@ -25,93 +25,25 @@ import httpx
 import psutil
 import pytest
 import yaml
-from launchutil import REPO, Proc, alive, descendants, engine_pgids, in_groups, run_cli, status_json, wait_until
-
-from sgl_seat.engines.base import engine_venv
+from launchutil import alive, descendants, in_groups, run_cli, wait_until
+from realseat import LOCAL_SGLANG, UP_TIMEOUT_S, RealSeat, engine_processes, require_engine, write_spec
 
 pytestmark = pytest.mark.integration
 
-LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
 #: This module's ports (below Linux's ephemeral range; no other module uses 24100-24199).
 HTTP_PORT, DIST_PORT = 24100, 24105
 NODE1_PORT = HTTP_PORT + 10  # SGLangBackend.colocated_argv: node 1 of a one-host seat moves up one step
-UP_TIMEOUT_S = 600
-
-
-def _engine_ready() -> str | None:
-    venv = Path(engine_venv())
-    if not (venv / "bin" / "python").is_file() or not (venv / ".sgl-seat-stamp").is_file():
-        return f"the engine environment {venv} is not installed (bash scripts/setup.sh --engine sglang)"
-    return None
-
-
-def _require_engine() -> None:
-    why = _engine_ready()
-    if why is None:
-        return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI=true and {why}: the real-engine tests must run in CI")
-    pytest.skip(why)
+IDLE_S = 180.0
 
 
 def _write_spec(directory: Path, name: str, **over: Any) -> Path:
-    doc: dict[str, Any] = yaml.safe_load(LOCAL_SGLANG.read_text())
-    doc["name"] = name
-    doc["network"]["http_port"], doc["network"]["dist_init_port"] = HTTP_PORT, DIST_PORT
-    for key, value in over.items():
-        doc[key] = value
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def _engine_processes(seat: str) -> list[Proc]:
-    """Every process on this host that belongs to ``seat``'s engine: the plan gives each node's engine
-    ``SGL_SEAT_NAME=<seat>`` and every process of SGLang's tree (launcher, schedulers, detokenizer,
-    resource_tracker) inherits it. Found across the whole process table, by that mark alone."""
-    out = []
-    for q in psutil.process_iter():
-        try:
-            if q.environ().get("SGL_SEAT_NAME") != seat or q.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmd = q.cmdline()
-            out.append(Proc(q.pid, q.create_time(), None, (cmd[0] if cmd else q.name())[:160]))
-        except (psutil.Error, OSError):
-            continue
-    return out
-
-
-class RealSeat:
-    """The module's seat: its home, its `up` output, and every process it was seen with."""
-
-    def __init__(self, home: Path, spec: Path, name: str) -> None:
-        self.home, self.spec, self.name = home, spec, name
-        self.up_stdout = ""
-        self.seen: list[Proc] = []
-        self.pgids: list[int] = []
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{HTTP_PORT}"
-
-    def status(self) -> dict[str, Any]:
-        return status_json(self.name, self.home)
-
-    def remember(self) -> dict[str, Any]:
-        st = self.status()
-        self.pgids = sorted(set(self.pgids) | set(engine_pgids(st)))
-        for n in st["nodes"]:
-            if n.get("engine_pid"):
-                self.seen += descendants(n["engine_pid"])
-        self.seen += in_groups(self.pgids)
-        return st
+    return write_spec(directory, name, http_port=HTTP_PORT, dist_port=DIST_PORT, **over)
 
 
 def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing(tmp_path: Path) -> None:
     """GIVEN an engine environment that does not exist WHEN `up` THEN it fails in preflight within seconds,
     naming the interpreter and the install command, and no process of the seat is left."""
-    _require_engine()
+    require_engine()
     home = tmp_path / "home"
     spec = _write_spec(tmp_path, "rs-noenv")
     env_before = os.environ.get("SGL_SEAT_ENGINE_VENV")
@@ -130,14 +62,14 @@ def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing
     assert "engine-python" in out and "no-such-venv/bin/python does not exist" in out, out
     assert "scripts/setup.sh --engine sglang" in out
     print(f"`up` refused in {took:.1f} s")
-    assert not _engine_processes("rs-noenv")
+    assert not engine_processes("rs-noenv")
     assert run_cli(["status", "rs-noenv", "--json"], home, timeout=60).returncode != 0
 
 
 def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path: Path) -> None:
     """GIVEN a seat whose context length the tiny model cannot take WHEN `up` THEN SGLang itself refuses at
     start-up; `up` fails within its timeout quoting SGLang's own error line, and leaves no process behind."""
-    _require_engine()
+    require_engine()
     home = tmp_path / "home"
     doc = yaml.safe_load(LOCAL_SGLANG.read_text())
     model = {**doc["model"], "context_length": 65536}  # the tiny model's max_position_embeddings is 4096
@@ -147,14 +79,14 @@ def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path:
     print(out[-3000:])
     assert up.returncode != 0, out
     assert "context_length" in out and "4096" in out, out  # SGLang's own ValueError, from the node log
-    assert not _engine_processes("rs-badflag")
+    assert not engine_processes("rs-badflag")
 
 
 @pytest.fixture(scope="module")
 def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
-    _require_engine()
+    require_engine()
     base = tmp_path_factory.mktemp("real-sglang")
-    rs = RealSeat(base / "home", _write_spec(base, "rs-real"), "rs-real")
+    rs = RealSeat(base / "home", _write_spec(base, "rs-real"), "rs-real", HTTP_PORT)
     up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
     rs.up_stdout = up.stdout
     print(up.stdout)
@@ -165,7 +97,7 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
     finally:
         down = run_cli(["down", rs.name], rs.home, timeout=240)
         print(down.stdout, down.stderr)
-        left = alive(rs.seen) + in_groups(rs.pgids) + _engine_processes(rs.name)
+        left = alive(rs.seen) + in_groups(rs.pgids) + engine_processes(rs.name)
         assert not left, f"`down` left processes of the real engine behind: {left}"
 
 
@@ -184,6 +116,32 @@ def test_up_reaches_ready_with_real_scheduler_pids(seat: RealSeat) -> None:
         assert proc.cmdline()[0] == rank["title"]  # SGLang's own setproctitle
         assert rank["pid"] in {p.pid for p in descendants(n["engine_pid"])}
         assert n["engine_pid"] == n["pgid"]
+
+
+def test_an_idle_seat_sleeping_on_idle_gives_no_bundle_in_3_minutes(seat: RealSeat) -> None:
+    """GIVEN the READY seat with --sleep-on-idle (the profile's default) and no traffic THEN its schedulers sleep
+    (rank 0 in its idle sleep, rank 1 blocked in the gloo broadcast: a few % of a core each) and in 3 minutes the
+    watchdog writes no bundle and reaches no verdict. The spinning seat (without it) is test_real_sglang_watchdog's.
+    """
+    pids = [n["ranks"][0]["pid"] for n in seat.remember()["nodes"]]
+    procs = [psutil.Process(p) for p in pids]
+    for p in procs:
+        p.cpu_percent(None)
+    bundles = seat.home / "bundles" / seat.name
+    before = sorted(bundles.iterdir()) if bundles.is_dir() else []
+    t_end = time.monotonic() + IDLE_S
+    verdicts = []
+    while time.monotonic() < t_end:
+        time.sleep(min(30.0, max(0.0, t_end - time.monotonic())))
+        res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=60)
+        assert res.returncode == 0, res.stderr
+        verdicts += [n["verdict"] for n in json.loads(res.stdout)["nodes"] if n.get("verdict")]
+    busy = [p.cpu_percent(None) for p in procs]
+    print(f"idle schedulers' mean CPU over {IDLE_S:.0f} s: {busy}")
+    assert max(busy) < 40.0, f"an idle scheduler spun (CPU {busy}): is --sleep-on-idle on?"
+    after = sorted(bundles.iterdir()) if bundles.is_dir() else []
+    assert after == before, f"bundles written on an idle seat: {after}"
+    assert not verdicts, verdicts
 
 
 def test_a_streamed_chat_completion_comes_back_through_the_endpoint(seat: RealSeat) -> None:

@@ -117,7 +117,7 @@ def test_kv_line_is_parsed_as_sglang_prints_it() -> None:
 
 
 def test_sglang_refuses_faults_and_sim_accepts_them() -> None:
-    with pytest.raises(UsageError, match="only for sim seats"):
+    with pytest.raises(UsageError, match="not a rehearsal"):
         backend_for("sglang").validate_faults(["crash:rank=2"])
     assert backend_for("sglang").validate_faults([]) == ()
     with pytest.raises(UsageError):

@@ -1,0 +1,101 @@
+"""Helpers for the modules that bring real SGLang 0.5.23 up through `sgl-seat` (stream ``sglang``).
+
+The engine is SGLang's own server on its CPU engine (the ``local-sglang`` profile: two nodes, one TP rank each,
+gloo, a tiny model with random weights). Under ``CI=true`` a missing engine environment FAILS a module
+(`scripts/setup.sh --engine sglang` makes it); elsewhere it skips with the reason. Processes are found by the pids
+and process groups the seat reported and by the seat's name that every engine process carries in its
+environment (SGL_SEAT_NAME), never by a name pattern.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from launchutil import REPO, Proc, descendants, engine_pgids, in_groups, status_json
+
+from sgl_seat.engines.base import engine_venv
+
+LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
+UP_TIMEOUT_S = 600
+
+
+def engine_ready() -> str | None:
+    """None when the engine's environment is installed, else why not."""
+    venv = Path(engine_venv())
+    if not (venv / "bin" / "python").is_file() or not (venv / ".sgl-seat-stamp").is_file():
+        return f"the engine environment {venv} is not installed (bash scripts/setup.sh --engine sglang)"
+    return None
+
+
+def require_engine() -> None:
+    why = engine_ready()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {why}: the real-engine tests must run in CI")
+    pytest.skip(why)
+
+
+def write_spec(directory: Path, name: str, *, http_port: int, dist_port: int, **over: Any) -> Path:
+    """The local-sglang profile as ``name`` on the given ports; ``over`` replaces top-level keys, and a key
+    ``a.b`` one key of a section."""
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SGLANG.read_text())
+    doc["name"] = name
+    doc["network"]["http_port"], doc["network"]["dist_init_port"] = http_port, dist_port
+    for key, value in over.items():
+        section, _, sub = key.partition(".")
+        if sub:
+            doc.setdefault(section, {})[sub] = value
+        else:
+            doc[key] = value
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def engine_processes(seat: str) -> list[Proc]:
+    """Every process on this host that belongs to ``seat``'s engine: the plan gives each node's engine
+    ``SGL_SEAT_NAME=<seat>`` and every process of SGLang's tree (launcher, schedulers, detokenizer,
+    resource_tracker) inherits it. Found across the whole process table, by that mark alone."""
+    out = []
+    for q in psutil.process_iter():
+        try:
+            if q.environ().get("SGL_SEAT_NAME") != seat or q.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = q.cmdline()
+            out.append(Proc(q.pid, q.create_time(), None, (cmd[0] if cmd else q.name())[:160]))
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+class RealSeat:
+    """A module's seat: its home, its `up` output, and every process it was seen with."""
+
+    def __init__(self, home: Path, spec: Path, name: str, http_port: int) -> None:
+        self.home, self.spec, self.name, self.http_port = home, spec, name, http_port
+        self.up_stdout = ""
+        self.seen: list[Proc] = []
+        self.pgids: list[int] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def status(self) -> dict[str, Any]:
+        return status_json(self.name, self.home)
+
+    def remember(self) -> dict[str, Any]:
+        st = self.status()
+        self.pgids = sorted(set(self.pgids) | set(engine_pgids(st)))
+        for n in st["nodes"]:
+            if n.get("engine_pid"):
+                self.seen += descendants(n["engine_pid"])
+        self.seen += in_groups(self.pgids)
+        return st

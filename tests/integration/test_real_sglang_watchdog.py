@@ -1,0 +1,312 @@
+"""The watchdog on real SGLang 0.5.23 schedulers: real hangs caught, named and replayed (stream ``sglang``).
+
+One rehearsal seat (the ``local-sglang`` profile WITHOUT ``--sleep-on-idle``: an idle scheduler spins at ~100 %
+of a core in its poll loop, the shape a watchdog must not take for a hang) serves the module, in file order:
+
+1. idle for 3 minutes: no bundle (the spin, and rank 1 idle in the gloo broadcast);
+2. the probe inside every real scheduler, its records in the sidecar with the gather size of each forward;
+3. a probe stall on rank 1 (`sgl-seat fault probe-stall:rank=1`): real SGLang code blocked in its embedding
+   lookup, rank 0 waiting in the real all-reduce -> a bundle naming rank 1 at the embedding, within 10 s;
+4. SIGSTOP of rank 1 during a decode -> a bundle naming rank 1 as stopped, within 10 s;
+5. the detokenizer stopped -> a verdict naming the detokenizer;
+6. SIGKILL of rank 1 -> "process exited" naming rank 1 (the seat is gone after it: last).
+
+Each bundle is replayed offline (`sgl-seat replay --json`) and must reproduce its live verdict. Between faults
+the seat recovers (SIGCONT, the stall cleared) and the sidecars unlatch once progress resumes. The seat with
+``--sleep-on-idle`` is idle-checked in test_real_sglang_seat.py. Ports 24200-24299 (no other module uses them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from launchutil import alive, in_groups, run_cli, wait_until
+from realseat import UP_TIMEOUT_S, RealSeat, engine_processes, require_engine, write_spec
+
+from sgl_seat.watchdog.probe import ring as probe_ring
+
+pytestmark = pytest.mark.integration
+
+HTTP_PORT, DIST_PORT = 24200, 24205
+NAME = "rw-watch"
+IDLE_S = 180.0
+#: The acceptance bound from fault to complete bundle on the real engine.
+BUNDLE_WITHIN_S = 10.0
+EMBEDDING = "VocabParallelEmbedding.forward"
+
+
+class Traffic:
+    """Completions in the background (``n`` at a time) until stopped; counts answers and failures."""
+
+    def __init__(self, endpoint: str, *, n: int = 2, max_tokens: int = 48) -> None:
+        self.endpoint, self.max_tokens = endpoint, max_tokens
+        self.stop = threading.Event()
+        self.answers = 0
+        self.failures = 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
+
+    def _run(self, i: int) -> None:
+        k = 0
+        with httpx.Client(timeout=120.0, trust_env=False) as c:
+            while not self.stop.is_set():
+                k += 1
+                body = {"model": "tiny-llama", "prompt": f"client {i} request {k}: tell the seat a story",
+                        "max_tokens": self.max_tokens, "ignore_eos": True}
+                try:
+                    r = c.post(f"{self.endpoint}/v1/completions", json=body)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.answers += 1
+                else:
+                    self.failures += 1
+                    time.sleep(0.5)
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=130)
+
+    def wait_answers(self, n: int, timeout: float) -> bool:
+        start = self.answers
+        return wait_until(lambda: self.answers >= start + n, timeout, interval=0.2)
+
+
+def _bundles(seat: RealSeat) -> set[Path]:
+    d = seat.home / "bundles" / seat.name
+    if not d.is_dir():
+        return set()
+    return {p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "manifest.json").is_file()}
+
+
+def _wait_bundle(seat: RealSeat, before: set[Path], timeout: float) -> tuple[Path, float] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = sorted(_bundles(seat) - before)
+        if new:
+            return new[0], time.time()
+        time.sleep(0.2)
+    return None
+
+
+def _fault(seat: RealSeat, action: str) -> dict[str, Any]:
+    res = run_cli(["fault", action, "--name", seat.name, "--json"], seat.home, timeout=90)
+    assert res.returncode == 0, f"`fault {action}` failed:\n{res.stdout}\n{res.stderr}"
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _manifest(bundle: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((bundle / "manifest.json").read_text())
+    return doc
+
+
+def _replay(seat: RealSeat, bundle: Path) -> dict[str, Any]:
+    res = run_cli(["replay", str(bundle), "--json"], seat.home, timeout=180)
+    assert res.returncode == 0, f"replay failed:\n{res.stdout}\n{res.stderr}"
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _watch(seat: RealSeat) -> dict[str, Any]:
+    res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=60)
+    assert res.returncode == 0, res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _unlatched(seat: RealSeat, timeout: float = 90.0) -> None:
+    """Every sidecar has let go of the last bundle's latch (progress resumed and detectors quiet)."""
+    def free() -> bool:
+        return not any(n.get("latched") for n in _watch(seat)["nodes"])
+
+    assert wait_until(free, timeout, interval=2.0), f"the sidecars stayed latched: {_watch(seat)}"
+
+
+def _same_verdict(replayed: dict[str, Any] | None, live: dict[str, Any]) -> bool:
+    return replayed is not None and all(replayed.get(k) == live.get(k) for k in ("kind", "rank", "node"))
+
+
+@pytest.fixture(scope="module")
+def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
+    require_engine()
+    base = tmp_path_factory.mktemp("real-watch")
+    spec = write_spec(base, NAME, http_port=HTTP_PORT, dist_port=DIST_PORT, **{"cpu.sleep_on_idle": False})
+    rs = RealSeat(base / "home", spec, NAME, HTTP_PORT)
+    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
+    rs.up_stdout = up.stdout
+    print(up.stdout)
+    try:
+        assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
+        rs.remember()
+        yield rs
+    finally:
+        for p in engine_processes(rs.name):  # a process a failed test left stopped must drain on `down`
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(p.pid).resume()
+        down = run_cli(["down", rs.name], rs.home, timeout=240)
+        print(down.stdout, down.stderr)
+        left = alive(rs.seen) + in_groups(rs.pgids) + engine_processes(rs.name)
+        assert not left, f"`down` left processes of the real engine behind: {left}"
+
+
+def _scheduler_pids(seat: RealSeat) -> dict[int, int]:
+    return {n["ranks"][0]["tp_rank"]: n["ranks"][0]["pid"] for n in seat.remember()["nodes"]}
+
+
+def test_an_idle_seat_spinning_without_sleep_on_idle_gives_no_bundle_in_3_minutes(seat: RealSeat) -> None:
+    """GIVEN the READY seat without --sleep-on-idle and no traffic THEN its schedulers spin (each uses most of a
+    core: the poll loop) and in 3 minutes the watchdog writes no bundle and reaches no verdict."""
+    pids = _scheduler_pids(seat)
+    procs = [psutil.Process(p) for p in pids.values()]
+    for p in procs:
+        p.cpu_percent(None)
+    time.sleep(3.0)
+    busy = [p.cpu_percent(None) for p in procs]
+    print(f"idle schedulers' CPU: {busy}")
+    assert max(busy) > 40.0, f"no idle scheduler spins (CPU {busy}): is --sleep-on-idle off?"
+    before = _bundles(seat)
+    t_end = time.monotonic() + IDLE_S
+    verdicts = []
+    while time.monotonic() < t_end:
+        time.sleep(min(30.0, max(0.0, t_end - time.monotonic())))
+        verdicts += [n["verdict"] for n in _watch(seat)["nodes"] if n.get("verdict")]
+    assert _bundles(seat) == before, f"bundles written on an idle seat: {sorted(_bundles(seat) - before)}"
+    assert not verdicts, verdicts
+
+
+def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: RealSeat) -> None:
+    """GIVEN the seat's plan (SGL_SEAT_PROBE through the sitecustomize boot path) WHEN a completion of a known
+    prompt length runs THEN every scheduler process has its ring, whose records of VocabParallelEmbedding.forward
+    carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step; and the
+    sidecars count them."""
+    pids = _scheduler_pids(seat)
+    body = {"model": "tiny-llama", "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 8,
+            "ignore_eos": True}
+    t0 = time.time()
+    r = httpx.post(f"{seat.endpoint}/v1/completions", json=body, timeout=120.0, trust_env=False)
+    assert r.status_code == 200, r.text
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    for rank, pid in pids.items():
+        node = rank  # one rank per node
+        path = Path(probe_ring.ring_path(f"/dev/shm/sgl-seat-{seat.name}/node{node}", pid))
+        assert path.is_file(), f"rank {rank} (pid {pid}) has no probe ring at {path}"
+        recs = [x for x in probe_ring.read_ring(str(path)) if x.start >= t0 - 1.0]
+        assert recs and all(EMBEDDING in x.target for x in recs), recs[:3]
+        sizes = [x.gather_size for x in recs]
+        # The prefill's gather is the prompt, less what the radix cache already held (nothing: a new prompt).
+        assert prompt_tokens in sizes, (prompt_tokens, sizes[:20])
+        assert sizes.count(1) >= 6, sizes[:20]  # the decode steps
+    fetches = {rk["rank"]: rk["fetches"] for n in _watch(seat)["nodes"] for rk in n["ranks"]}
+    assert set(fetches) == set(pids) and all(v > 0 for v in fetches.values()), fetches
+
+
+def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: RealSeat) -> None:
+    """GIVEN traffic WHEN rank 1's embedding lookup stalls (the probe's rehearsal gate, inside real SGLang)
+    THEN a bundle names rank 1 at VocabParallelEmbedding.forward with rank 0 waiting in the all-reduce, complete
+    within 10 s of the stall; replay reproduces it; the seat serves again once the stall is cleared."""
+    before = _bundles(seat)
+    with Traffic(seat.endpoint) as load:
+        assert load.wait_answers(2, 120), "no answers before the fault"
+        res = _fault(seat, "probe-stall:rank=1,for_s=60")
+        got = _wait_bundle(seat, before, 60)
+        cleared = _fault(seat, "clear")
+        assert got is not None, "no bundle within 60 s of the probe stall"
+        bundle, seen = got
+        m = _manifest(bundle)
+        v = m["verdict"]
+        took = m["created"] - res["applied_t"]
+        print(f"probe stall -> bundle {bundle.name} in {took:.2f} s (seen {seen - res['applied_t']:.2f} s): {v}")
+        assert v["kind"] == "row-fetch stall" and v["rank"] == 1 and v["node"] == 1, v
+        assert EMBEDDING in (v["frame"] or "") or any(EMBEDDING in e for e in v["evidence"]), v
+        assert 0 in v["waiting_ranks"], v
+        assert took <= BUNDLE_WITHIN_S, f"bundle {took:.1f} s after the stall (bound {BUNDLE_WITHIN_S} s)"
+        assert cleared["fault_id"]
+        assert load.wait_answers(3, 120), "the seat did not serve again after the stall was cleared"
+    rep = _replay(seat, bundle)
+    assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
+    assert rep["rowfetch"], "replay shows no row-fetch table"
+    _unlatched(seat)
+
+
+def test_sigstop_of_rank_1_during_decode_names_rank_1_stopped_within_10_s(seat: RealSeat) -> None:
+    """GIVEN traffic WHEN rank 1's scheduler is SIGSTOPped mid-decode THEN a bundle names rank 1 as a stopped
+    process (from the process table), complete within 10 s; replay reproduces it; SIGCONT recovers the seat."""
+    before = _bundles(seat)
+    with Traffic(seat.endpoint) as load:
+        assert load.wait_answers(2, 120)
+        res = _fault(seat, "sigstop:rank=1")
+        try:
+            got = _wait_bundle(seat, before, 60)
+        finally:
+            _fault(seat, "sigcont:rank=1")
+        assert got is not None, "no bundle within 60 s of SIGSTOP"
+        bundle, _ = got
+        m = _manifest(bundle)
+        v = m["verdict"]
+        took = m["created"] - res["applied_t"]
+        print(f"SIGSTOP -> bundle {bundle.name} in {took:.2f} s: {v}")
+        assert v["kind"] == "process stopped" and v["rank"] == 1 and v["node"] == 1, v
+        assert took <= BUNDLE_WITHIN_S, f"bundle {took:.1f} s after SIGSTOP (bound {BUNDLE_WITHIN_S} s)"
+        assert load.wait_answers(3, 120), "the seat did not serve again after SIGCONT"
+    rep = _replay(seat, bundle)
+    assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
+    _unlatched(seat)
+
+
+def test_a_stopped_detokenizer_is_its_own_verdict(seat: RealSeat) -> None:
+    """GIVEN traffic WHEN node 0's detokenizer is SIGSTOPped (a hang outside the schedulers) THEN the bundle's
+    verdict names the detokenizer, not a scheduler rank; SIGCONT recovers the seat."""
+    before = _bundles(seat)
+    with Traffic(seat.endpoint) as load:
+        assert load.wait_answers(2, 120)
+        res = _fault(seat, "sigstop:detokenizer")
+        try:
+            got = _wait_bundle(seat, before, 60)
+        finally:
+            _fault(seat, "sigcont:detokenizer")
+        assert got is not None, "no bundle within 60 s of stopping the detokenizer"
+        bundle, _ = got
+        m = _manifest(bundle)
+        v = m["verdict"]
+        print(f"detokenizer stopped -> bundle {bundle.name} in {m['created'] - res['applied_t']:.2f} s: {v}")
+        assert v["kind"] == "process stopped" and v["rank"] is None and v["node"] == 0, v
+        assert any("detokenizer" in e for e in v["evidence"]), v
+        assert load.wait_answers(3, 120), "the seat did not serve again after SIGCONT"
+    rep = _replay(seat, bundle)
+    assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
+    _unlatched(seat)
+
+
+def test_sigkill_of_rank_1_is_process_exited_naming_rank_1(seat: RealSeat) -> None:
+    """GIVEN traffic WHEN rank 1's scheduler is SIGKILLed THEN a bundle says "process exited" naming rank 1
+    (SGLang then takes the rest of the seat down by itself); replay reproduces it."""
+    seat.remember()
+    before = _bundles(seat)
+    with Traffic(seat.endpoint) as load:
+        assert load.wait_answers(2, 120)
+        res = _fault(seat, "sigkill:rank=1")
+        got = _wait_bundle(seat, before, 60)
+    assert got is not None, "no bundle within 60 s of SIGKILL"
+    bundle, _ = got
+    m = _manifest(bundle)
+    v = m["verdict"]
+    print(f"SIGKILL -> bundle {bundle.name} in {m['created'] - res['applied_t']:.2f} s: {v}")
+    assert v["kind"] == "process exited" and v["rank"] == 1 and v["node"] == 1, v
+    rep = _replay(seat, bundle)
+    assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
