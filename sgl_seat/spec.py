@@ -210,6 +210,7 @@ class WatchdogSpec(_Strict):
     no_progress_s: float = Field(default=5.0, gt=0)
     stack_unchanged_samples: int = Field(default=5, ge=2)
     rowfetch_inflight_s: float = Field(default=3.0, gt=0)
+    stopped_s: float = Field(default=3.0, gt=0, description="An engine process stopped (state T) this long.")
 
 
 class BundleSpec(_Strict):

@@ -4,7 +4,7 @@ The live sidecar (``sgl_seat.watchdog``) and offline ``replay`` (``sgl_seat.fore
 :func:`detect` on the same record types, so a replayed bundle reproduces the live verdict. Nothing here
 touches Ray, psutil, files or the clock: ``now`` is an argument, and every record later than ``now`` is
 ignored (a fetch that ended after ``now`` counts as in flight at ``now``), so ``detect(obs, thresholds, now)``
-is a function of its inputs. About 400 lines: every detector and the one ordering that picks among them.
+is a function of its inputs. Every detector and the one ordering that picks among them.
 
 Detectors, in priority order when several fire (the first is the verdict; the others are kept in
 the evidence):
@@ -13,29 +13,43 @@ the evidence):
    other symptom (ranks waiting on a peer that died, no tokens). Which process caused the cascade is read
    from the engine's words and each node's own order of deaths, not from polls compared across nodes
    (:func:`_death_causes`).
-2. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``, on the host or
+2. **process stopped**: an engine process (scheduler, detokenizer or main) in ``/proc`` state ``T``
+   (SIGSTOP) in every sample for ``stopped_s``, at least two samples (the sampler reads the state before each
+   dump, and samples a stopped detokenizer or main process every round). Named from the process table, whether
+   or not its stack could be read; its peers' probed calls and collectives wait for it, so it comes before them.
+   For a detokenizer the evidence says whether the schedulers still progress.
+3. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``, on the host or
    on the GPU (its CUDA events say its work started on the stream and has not finished: a stalled kernel
    whose CPU thread ran on into the collective). It names the culprit rank directly, the moment the fetch
-   is late, while its peers only look stuck, even when every rank's stack is the same device sync.
-3. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
+   is late, while its peers only look stuck, even when every rank's stack is the same device sync. With
+   several late calls, the one whose rank is not waiting in a collective is named: a probed call may hold a
+   collective itself (SGLang's ``VocabParallelEmbedding.forward`` all-reduces inside the call), so a stalled
+   rank's peers have their probed calls in flight too, waiting in it (:func:`collective_wait`); only when
+   every late call waits in a collective does the earliest start decide.
+4. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
    samples while requests run and nothing progresses, and, where the rank is probed, none of its probed
    calls began or ended between those samples (:func:`went_round`). Ranks stuck in a collective are victims, so the
    rank that is *not* in a collective is named; the frame is where it sits. When every unchanged rank
    waits in a collective or device sync and the probe records carry GPU timing, the stacks are
    undecided (on a GPU the culprit's CPU thread waits there too): no verdict from stacks, the GPU record
-   decides (detector 2) or the no-progress detector reports it later.
+   decides (detector 3) or the no-progress detector reports it later.
    Every rank sitting at the same frame of work, outside any collective, is one long forward (a 400k-token
    prefill), not a hang (:func:`one_forward`): this detector and no-progress hold off until it has lasted
    ``engine_timeout_s``, SGLang's own bound on a forward.
-4. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
+5. **engine watchdog**: SGLang's own ``Scheduler watchdog timeout`` log line (late, at
    ``--watchdog-timeout``, but definitive when nothing above fired).
-5. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
+6. **no progress**: no token progress on rank 0's ``/metrics`` for ``no_progress_s`` while requests
    run, and no probed row fetch finished in that time either (:func:`last_fetch_end`). The weakest signal
    (it says *that*, not *where*), so it comes last; its rank is attributed
    from stacks and probe records when they allow.
 
+A probed call is matched to a frame by its qualified name (:func:`~sgl_seat.core.frames.frame_is_target`): a
+real engine's targets are methods, and every layer has a ``forward``.
+
 "Requests run" comes from ``sglang:num_running_reqs``; where no metrics were recorded, the stack
-detector accepts probe activity just before the window instead (the engine was busy when it froze).
+detector accepts probe activity just before the window instead (the engine was busy when it froze). An idle
+engine fires nothing: SGLang's idle spin in ``Scheduler._poll_timeout_aborts``, the TP>1 idle broadcast of
+the request receiver, and ``--sleep-on-idle``'s zmq poll all run no requests (``tests/unit/test_core_detect_real.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from sgl_seat.core.columns import ProbeColumns
-from sgl_seat.core.frames import collective_frame, python_frames, short_name, stuck_frame
+from sgl_seat.core.frames import collective_frame, stuck_frame, target_frame, target_qualname
 from sgl_seat.core.observation import (
     Observation,
     in_flight,
@@ -60,7 +74,7 @@ from sgl_seat.core.observation import (
     probe_targets,
     python_samples,
 )
-from sgl_seat.core.records import EngineProcess, MetricsPoint, StackSample, Verdict, VerdictKind
+from sgl_seat.core.records import EngineProcess, Frame, MetricsPoint, StackSample, ThreadStack, Verdict, VerdictKind
 from sgl_seat.core.stats import percentile
 from sgl_seat.spec import WatchdogSpec
 
@@ -104,17 +118,31 @@ def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None]
     """Scheduler ranks whose latest stack is in a collective or device sync (victims of a lagging peer)."""
     skip = set(exclude)
     targets = probe_targets(obs)
-    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
     out = set()
     for s in latest_by_pid(python_samples(obs, now)).values():
         if s.rank is None or s.rank in skip or not s.title.startswith("sglang::scheduler"):
             continue
-        th = s.main_thread()
-        if any(short_name(f) in names for f in python_frames(th)):
-            continue  # inside a probed row fetch: the fetcher, not a waiter
-        if collective_frame(th) is not None:
+        if collective_wait(s.main_thread(), targets) is not None:
             out.add(s.rank)
     return tuple(sorted(out))
+
+
+def collective_wait(thread: ThreadStack | None, targets: Sequence[str]) -> Frame | None:
+    """The collective (or device sync) ``thread`` waits in, unless it is doing a probed call's own work.
+
+    A thread inside a probed call is the fetcher, not a waiter, when the call's work is what it sits in; but a
+    probed call may itself hold a collective (SGLang's ``VocabParallelEmbedding.forward`` all-reduces its TP
+    shards inside the call): a collective *inside* the probed frame is a wait for the peers like any other.
+    """
+    coll = collective_frame(thread)
+    if coll is None or thread is None:
+        return None
+    probed = target_frame(thread, targets)
+    if probed is None:
+        return coll
+    frames = thread.frames
+    at = next(i for i, f in enumerate(frames) if f is coll)
+    return coll if at < next(i for i, f in enumerate(frames) if f is probed) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +175,7 @@ def _scheduler_stacks(obs: Observation, now: float, since: float) -> dict[int, l
 
 
 def _forward_at(stacks: Mapping[int, list[tuple[float, _Sig, StackSample]]], t: float, fresh_s: float,
-                names: set[str]) -> tuple[StackSample, float] | None:
+                targets: Sequence[str]) -> tuple[StackSample, float] | None:
     """(a sample, since when) if at ``t`` every scheduler rank sits in one forward, else None (see one_forward)."""
     latest: list[tuple[int, list[tuple[float, _Sig, StackSample]]]] = []
     for ts in stacks.values():
@@ -167,13 +195,9 @@ def _forward_at(stacks: Mapping[int, list[tuple[float, _Sig, StackSample]]], t: 
         since = max(since, ts[j][0])
     sample = latest[0][1][latest[0][0] - 1][2]
     thread = sample.main_thread()
-    if collective_frame(thread) is not None or any(short_name(f) in names for f in python_frames(thread)):
+    if collective_frame(thread) is not None or target_frame(thread, targets) is not None:
         return None
     return sample, since
-
-
-def _target_names(obs: Observation) -> set[str]:
-    return {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in probe_targets(obs)}
 
 
 def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | None:
@@ -187,7 +211,7 @@ def one_forward(obs: Observation, th: WatchdogSpec, now: float) -> OneForward | 
     gives no evidence of being in step) whose last two samples are fresh and alike (there for a sample period,
     not passing through). The soak (``bench/watchdog_soak.py``) found this case: a false bundle per long prefill.
     """
-    found = _forward_at(_scheduler_stacks(obs, now, -math.inf), now, max(3.0 / th.sample_hz, 5.0), _target_names(obs))
+    found = _forward_at(_scheduler_stacks(obs, now, -math.inf), now, max(3.0 / th.sample_hz, 5.0), probe_targets(obs))
     if found is None:
         return None
     frame = stuck_frame(found[0].main_thread(), ())
@@ -214,9 +238,9 @@ def forward_span(obs: Observation, th: WatchdogSpec, now: float, since: float) -
     """
     fresh = max(3.0 / th.sample_hz, 5.0)
     stacks = _scheduler_stacks(obs, now, -math.inf)
-    names = _target_names(obs)
+    targets = probe_targets(obs)
     for t in sorted({x[0] for ts in stacks.values() for x in ts if x[0] >= since}, reverse=True):
-        found = _forward_at(stacks, t, fresh, names)
+        found = _forward_at(stacks, t, fresh, targets)
         if found is not None:
             return found[1], t
     return None
@@ -288,6 +312,70 @@ def detect_process_exited(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     if last is not None and frame is not None:
         ev.append(f"last sampled at {frame.label}")
     return Verdict(kind=VerdictKind.PROCESS_EXITED, rank=first.rank, node=first.node,
+                   frame=frame.label if frame else None, t=now, evidence=tuple(ev))
+
+
+def detect_process_stopped(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    """An engine process (scheduler, detokenizer or main) stopped (``/proc`` state ``T``: SIGSTOP) in every one of
+    at least two samples spanning ``stopped_s``, up to its latest one.
+
+    Why: a stopped process is alive and keeps its stack (py-spy may still read it, unchanged, or fail), so no
+    other detector says what happened; its peers' probed calls and collectives wait for it and look like the
+    hang. Named from the process table and the samples' state, whether or not its stack could be read.
+    """
+    period = 1.0 / th.sample_hz
+    by_pid: dict[tuple[int, int], list[StackSample]] = {}
+    for s in python_samples(obs, now):
+        by_pid.setdefault((s.node, s.pid), []).append(s)
+    table = {(p.node, p.pid): p for p in obs.processes}
+    found: list[tuple[float, int, StackSample, list[StackSample]]] = []  # (stopped since, samples, latest, all)
+    for key, ss in by_pid.items():
+        p = table.get(key)
+        if p is not None and not p.alive:
+            continue  # gone: the exited detector's
+        ss.sort(key=lambda x: x.t)
+        run: list[StackSample] = []
+        for x in reversed(ss):
+            if x.state != "T":
+                break
+            run.append(x)
+        run.reverse()
+        if len(run) < 2 or run[-1].t - run[0].t < th.stopped_s or now - run[-1].t > max(3.0 * period, 5.0):
+            continue
+        found.append((run[0].t, len(run), run[-1], ss))
+    if not found:
+        return None
+    # The first to stop; ties: a scheduler (it holds its peers), then the lowest rank.
+    found.sort(key=lambda f: (f[0], f[2].rank is None, f[2].rank if f[2].rank is not None else 0, f[2].pid))
+    since, n, latest, every = found[0]
+    p = table.get((latest.node, latest.pid))
+    title = p.title if p is not None else latest.title
+    rank = p.rank if p is not None else latest.rank
+    readable = [x for x in every if x.error is None and x.threads]  # while stopped or, failing that, before
+    frame = stuck_frame(readable[-1].main_thread(), probe_targets(obs)) if readable else None
+    unread = not any(x.error is None and x.threads for x in every if x.t >= since)
+    ev = [f"pid {latest.pid} ({title}) on node {latest.node} stopped (state T) for {_fmt_s(now - since)} "
+          f"({n} samples; threshold {_fmt_s(th.stopped_s)})"
+          + ("; its stack could not be read while stopped" if unread else "")]
+    if rank is None:
+        # A stopped detokenizer (or main process) holds no collective: say whether the schedulers still step.
+        state = _window_state(_metrics_upto(obs, now), since, now)
+        fetched = last_fetch_end(obs.probes, now)
+        moved = (state is not None and state[1]) or (fetched is not None and fetched > since)
+        if moved:
+            ev.append("the schedulers still progress since it stopped (tokens or probed calls move): "
+                      "outputs are not detokenized, requests do not finish")
+        elif state is not None and not state[0]:
+            ev.append("no requests run (the schedulers are idle)")
+        else:
+            ev.append("the schedulers made no progress since it stopped")
+    elif frame is not None:
+        ev.append(f"last sampled at {frame.label}")
+    for f in found[1:6]:
+        q = table.get((f[2].node, f[2].pid))
+        ev.append(f"also stopped: pid {f[2].pid} ({q.title if q else f[2].title}) on node {f[2].node} "
+                  f"for {_fmt_s(now - f[0])}")
+    return Verdict(kind=VerdictKind.PROCESS_STOPPED, rank=rank, node=latest.node,
                    frame=frame.label if frame else None, t=now, evidence=tuple(ev))
 
 
@@ -386,7 +474,39 @@ def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | No
     return own, real, {k: v for k, v in ports.items() if k in real}
 
 
+def _call_stack(obs: Observation, pid: int, start: float, now: float) -> StackSample | None:
+    """Process ``pid``'s latest readable stack taken in [start, now] (while a call that began at ``start`` ran)."""
+    last = None
+    for s in python_samples(obs, now):
+        if s.pid == pid and s.t >= start and s.error is None and s.threads and (last is None or s.t >= last.t):
+            last = s
+    return last
+
+
+def _native_wait(obs: Observation, st: StackSample, now: float) -> str | None:
+    """The native frame a rank blocks in (``c10d::Work::wait``): its sample's innermost frame where that dump had
+    native frames, else that of its latest native dump (a capture's) where one was taken."""
+    th = st.main_thread()
+    if th is not None and th.frames and th.frames[0].native:
+        return th.frames[0].name
+    nat = [x for x in obs.samples if x.native and x.pid == st.pid and x.node == st.node and x.t <= now and x.threads]
+    if nat:
+        nt = max(nat, key=lambda x: x.t).main_thread()
+        if nt is not None and nt.frames and nt.frames[0].native:
+            return nt.frames[0].name
+    return None
+
+
 def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
+    """A probed call late; among several late ones, the one whose rank is not waiting in a collective.
+
+    Why the stacks: a probed call may hold a collective (SGLang's ``VocabParallelEmbedding.forward`` all-reduces
+    its TP shards inside the call), so when one rank stalls inside its probed call, its peers' probed calls are in
+    flight too, waiting in the all-reduce; the earliest start then names whichever rank entered first, often a
+    victim. A late call whose latest stack (taken while it ran) sits in a collective inside it is a victim; the
+    culprit is a late call whose stack does not (or, on the GPU, whose stack says nothing). Only when every late
+    call waits in a collective does the earliest start decide, as before.
+    """
     # Over the probe columns (a bundle holds a million records): when each call began to be late, NaN if not.
     pc = obs.probes
     late_t = pc.late_since(now, th.rowfetch_inflight_s)
@@ -395,18 +515,38 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         return None
     # Earliest first; ties by rank, pid, seq, then the observation's order (lexsort is stable).
     late = late[np.lexsort((pc.seq[late], pc.pid[late], pc.rank[late], late_t[late]))]
-    since, worst = float(late_t[late[0]]), pc.record(int(late[0]))
+    targets = probe_targets(obs)
+    host = pc.in_flight_at(now)
+    # Per late row: 0 not known to wait (its stack, taken while the call ran, is outside any collective; or no
+    # word: no stack, or the call returned and its GPU work is late), 2 it waits in a collective (a victim).
+    tier: list[int] = []
+    waits: dict[int, tuple[int, Frame, StackSample]] = {}  # row -> (rank, collective frame, its stack)
+    for i in late.tolist():
+        if not host[i]:
+            tier.append(0)
+            continue
+        st = _call_stack(obs, int(pc.pid[i]), float(pc.start[i]), now)
+        coll = collective_wait(st.main_thread(), targets) if st is not None else None
+        if st is None or coll is None:
+            tier.append(0)
+        else:
+            tier.append(2)
+            r = int(pc.rank[i]) if int(pc.rank[i]) >= 0 else _rank_of_pid(obs, int(pc.pid[i]))
+            waits[i] = (r if r is not None else -1, coll, st)
+    order = sorted(range(len(late)), key=lambda k: (tier[k], k))  # stable: the earliest start within a tier
+    pick = int(late[order[0]])
+    since, worst = float(late_t[pick]), pc.record(pick)
     on_gpu = not in_flight(worst, now)
     rank = worst.rank if worst.rank >= 0 else _rank_of_pid(obs, worst.pid)
     node = worst.node if worst.node >= 0 else node_of(obs, rank)
-    func = worst.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    func = target_qualname(worst.target)[1]
     frame_label = f"{func} ({worst.target})"
     last = latest_by_pid([s for s in python_samples(obs, now) if s.pid == worst.pid]).get(worst.pid)
     if last is not None:
-        for f in python_frames(last.main_thread()) + [f for t in last.threads for f in python_frames(t)]:
-            if short_name(f) == func:
-                frame_label = f.label
-                break
+        hit = target_frame(last.main_thread(), [worst.target]) or next(
+            (f for t in last.threads if (f := target_frame(t, [worst.target])) is not None), None)
+        if hit is not None:
+            frame_label = hit.label
     done = pc.durations(now)[(pc.pid == worst.pid) & (now - EVIDENCE_WINDOW_S <= pc.end) & (pc.end <= now)
                              & pc.target_is(worst.target)].tolist()
     where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
@@ -418,7 +558,22 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     if done:
         ev.append(f"its fetches in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
                   f"p50 {percentile(done, 50) * 1e3:.2f} ms, p99 {percentile(done, 99) * 1e3:.2f} ms")
-    others = sorted({int(r) for r in pc.rank[late[1:]]} - {rank})
+    if tier[order[0]] == 0:
+        # Who waits for it: each victim's collective, inside its own probed call or not.
+        for r, coll, st in sorted({w[0]: w for w in waits.values() if w[0] != rank}.values(), key=lambda w: w[0]):
+            nat = _native_wait(obs, st, now)
+            ev.append(f"rank {r} waits in {coll.name.rsplit('.', 1)[-1]}" + (f" ({nat})" if nat else "")
+                      + f" while rank {rank}'s {func} has been in flight for {_fmt_s(now - since)}")
+        for w in waiting_ranks(obs, now, exclude=(rank, *(w[0] for w in waits.values()))):
+            st = next((x for x in latest_by_pid(python_samples(obs, now)).values() if x.rank == w), None)
+            coll = collective_wait(st.main_thread(), targets) if st is not None else None
+            if coll is not None and st is not None:
+                nat = _native_wait(obs, st, now)
+                ev.append(f"rank {w} waits in {coll.name.rsplit('.', 1)[-1]}" + (f" ({nat})" if nat else "")
+                          + f" while rank {rank}'s {func} has been in flight for {_fmt_s(now - since)}")
+    else:
+        ev.append("every late call waits in a collective: the earliest to start is named")
+    others = sorted({int(r) for r in pc.rank[late[late != pick]]} - {rank})
     if others:
         ev.append(f"also late: ranks {others}")
     return Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=rank, node=node, frame=frame_label, t=now,
@@ -536,9 +691,7 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         cands = [c for c in cands if c[0] > span[1]]  # unchanged since within a long forward: count from its end
         if not cands:
             return None
-    waiting = {c[1] for c in cands if collective_frame(c[2].main_thread()) is not None
-               and not any(short_name(f) in {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
-                           for f in python_frames(c[2].main_thread()))}
+    waiting = {c[1] for c in cands if collective_wait(c[2].main_thread(), targets) is not None}
     lagging = [c for c in cands if c[1] not in waiting]
     pick = sorted(lagging or cands, key=lambda c: (c[0], c[1]))[0]
     t0, rank, sample, _pid = pick
@@ -644,6 +797,7 @@ def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, st
 
 DETECTORS = (
     detect_process_exited,
+    detect_process_stopped,
     detect_rowfetch_stall,
     detect_stack_unchanged,
     detect_engine_watchdog,

@@ -26,6 +26,26 @@ _STDLIB_SYNC = re.compile(r"(^|/)(threading|queue|selectors|subprocess|socket|ss
 _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<frozen ")
 
 
+#: An engine's idle wait, by qualified frame name (innermost engine frames): SGLang 0.5.23's scheduler polling
+#: its input while nothing runs (``Scheduler._poll_timeout_aborts``, spinning without ``--sleep-on-idle``), or
+#: asleep in ``IdleSleeper.maybe_sleep``'s zmq poll (``--sleep-on-idle``, rank 0; scheduler.py:5328 ->
+#: idle_sleeper.py:37), and a zmq receive or poll anywhere (a process waiting for its input).
+_IDLE_WAIT = re.compile(r"(^|\.)(_poll_timeout_aborts|maybe_sleep_on_idle|maybe_sleep|on_idle)$")
+_ZMQ_WAIT = re.compile(r"/zmq/sugar/(poll|socket)\.py$")
+
+
+def idle_frame(thread: ThreadStack | None, *, depth: int = 3) -> Frame | None:
+    """The frame of an engine's idle wait the thread sits in (innermost ``depth`` Python frames), if any.
+
+    Why: an idle scheduler is in engine code, not the standard library (a zmq poll in site-packages, or its own
+    polling loop), so "innermost engine frame" read it as running work; it says nothing about a hang.
+    """
+    for f in python_frames(thread)[:depth]:
+        if _ZMQ_WAIT.search(f.filename.replace("\\", "/")) or _IDLE_WAIT.search(f.name):
+            return f
+    return None
+
+
 def python_frames(thread: ThreadStack | None) -> list[Frame]:
     return [f for f in thread.frames if not f.native] if thread is not None else []
 
@@ -53,16 +73,61 @@ def collective_frame(thread: ThreadStack | None, *, depth: int = 8) -> Frame | N
     return None
 
 
+def target_qualname(target: str) -> tuple[str | None, str]:
+    """(module, qualified name) of a probe target: ``pkg.mod:Class.method`` -> (pkg.mod, Class.method);
+    the older dotted form ``pkg.mod.func`` -> (pkg.mod, func); an ``@arg`` suffix is dropped."""
+    target = target.split("@", 1)[0]
+    if ":" in target:
+        mod, qual = target.rsplit(":", 1)
+        return mod or None, qual
+    mod, _, func = target.rpartition(".")
+    return mod or None, func
+
+
+def frame_is_target(frame: Frame, target: str) -> bool:
+    """Whether ``frame`` is a call of probe target ``target``.
+
+    Why not the last dotted name alone: a real engine's targets are methods (``VocabParallelEmbedding.forward``)
+    and every layer of a model has a ``forward``; matched by ``forward`` alone, every rank in any forward looked
+    like it was inside its probed call. py-spy names a frame by its qualified name (``Class.method``), which must
+    equal the target's; a frame named by its bare function name (older py-spy) must also sit in the target's module.
+    """
+    if frame.native:
+        return False
+    mod, qual = target_qualname(target)
+    if frame.name == qual or frame.name.endswith("." + qual):
+        return True
+    last = qual.rsplit(".", 1)[-1]
+    if "." in frame.name or frame.name != last:
+        return False
+    if "." not in qual:
+        return True  # a plain function target: its name is the frame's name
+    if mod is None:
+        return False
+    path = frame.filename.replace("\\", "/")
+    stem = mod.replace(".", "/")
+    return path.endswith(stem + ".py") or path.endswith(stem + "/__init__.py")
+
+
+def target_frame(thread: ThreadStack | None, targets: Sequence[str]) -> Frame | None:
+    """The innermost frame of ``thread`` that is a call of one of ``targets`` (a probed call), if any."""
+    if not targets:
+        return None
+    for f in python_frames(thread):
+        if any(frame_is_target(f, t) for t in targets):
+            return f
+    return None
+
+
 def stuck_frame(thread: ThreadStack | None, targets: Sequence[str] = ()) -> Frame | None:
     """The frame to name: a probe target's frame if the stack holds one, else the innermost frame of
     engine code (not the standard library), else the innermost Python frame."""
     frames = python_frames(thread)
     if not frames:
         return None
-    names = {t.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for t in targets}
-    for f in frames:
-        if short_name(f) in names:
-            return f
+    hit = target_frame(thread, targets)
+    if hit is not None:
+        return hit
     for f in frames:
         if not is_stdlib(f):
             return f

@@ -111,7 +111,13 @@ class ThreadStack:
 
 @dataclass(frozen=True, slots=True)
 class StackSample:
-    """One py-spy dump of one engine process (or the error that prevented it)."""
+    """One py-spy dump of one engine process (or the error that prevented it).
+
+    ``state`` (optional, added compatibly in schema 1; absent in older bundles) is the process's one-letter
+    ``/proc`` state read just before the dump (``R`` running, ``S`` sleeping, ``T`` stopped, ``t`` tracing
+    stop, ...): a SIGSTOP'd process may still be read by py-spy (an unchanged stack) or not at all, and only
+    this says it is stopped.
+    """
 
     t: float
     node: int
@@ -121,6 +127,7 @@ class StackSample:
     native: bool
     threads: tuple[ThreadStack, ...]
     error: str | None = None
+    state: str | None = None
 
     def main_thread(self) -> ThreadStack | None:
         """The scheduler's work happens on the main thread (py-spy lists it first for CPython)."""
@@ -130,8 +137,12 @@ class StackSample:
         return self.threads[0] if self.threads else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"t": self.t, "node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
-                "native": self.native, "threads": [t.to_json() for t in self.threads], "error": self.error}
+        d: dict[str, Any] = {"t": self.t, "node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
+                             "native": self.native, "threads": [t.to_json() for t in self.threads],
+                             "error": self.error}
+        if self.state is not None:
+            d["state"] = self.state
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StackSample:
@@ -144,7 +155,14 @@ class StackSample:
             native=bool(_get(d, "native", bool, optional=True)),
             threads=tuple(ThreadStack.from_json(t) for t in _get(d, "threads", list)),
             error=_get(d, "error", str, optional=True),
+            state=_state(_get(d, "state", str, optional=True)),
         )
+
+
+def _state(v: str | None) -> str | None:
+    if v is not None and not (len(v) == 1 and v.isalpha() and v.isascii()):
+        raise RecordError(f"field 'state': expected one /proc state letter, got {v[:20]!r}")
+    return v
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +347,8 @@ class VerdictKind(str, Enum):
     ROWFETCH_STALL = "row-fetch stall"
     ENGINE_WATCHDOG = "engine watchdog"
     PROCESS_EXITED = "process exited"
+    #: An engine process stopped (SIGSTOP, state ``T``) for ``stopped_s``: alive, but it runs no more.
+    PROCESS_STOPPED = "process stopped"
     #: A whole node did not answer the capture (link down, raylet or host dead): its ranks are unseen.
     NODE_UNREACHABLE = "node-unreachable"
 

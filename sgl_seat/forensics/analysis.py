@@ -27,9 +27,17 @@ from typing import Any
 import numpy as np
 
 from sgl_seat.core.columns import F64, I64, Mask, ProbeColumns
-from sgl_seat.core.frames import collective_frame, is_stdlib, python_frames, short_name, stuck_frame
+from sgl_seat.core.frames import (
+    collective_frame,
+    idle_frame,
+    is_stdlib,
+    python_frames,
+    short_name,
+    stuck_frame,
+    target_qualname,
+)
 from sgl_seat.core.nodeloss import missing_nodes, names
-from sgl_seat.core.records import MetricsPoint, StackSample, ThreadStack
+from sgl_seat.core.records import Frame, MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile, rank_index
 from sgl_seat.forensics.bundle import Bundle
 from sgl_seat.forensics.request_table import RequestTable
@@ -70,10 +78,13 @@ def classify_thread(th: ThreadStack | None, rowfetch_funcs: frozenset[str] = ROW
     if th is None or not th.frames:
         return RankState("error", None)
     py = python_frames(th)
-    for f in py:
-        if short_name(f) in rowfetch_funcs:
-            return RankState("rowfetch", f.label)
     coll = collective_frame(th)
+    for f in py:
+        if _is_rowfetch(f, rowfetch_funcs):
+            pos = {id(x): i for i, x in enumerate(th.frames)}
+            if coll is None or pos[id(coll)] > pos[id(f)]:
+                return RankState("rowfetch", f.label)
+            break  # a collective inside the probed call (its TP all-reduce): waiting for the peers, as live
     if coll is not None:
         # Name the Python call site: the collective itself where it is a Python frame, else its nearest caller.
         py_coll = collective_frame(ThreadStack(th.thread_id, th.name, th.active, th.owns_gil, tuple(py)))
@@ -83,6 +94,9 @@ def classify_thread(th: ThreadStack | None, rowfetch_funcs: frozenset[str] = ROW
     frame = stuck_frame(th)
     if frame is None:
         return RankState("running" if th.active else "idle", th.frames[0].label)
+    idle = idle_frame(th)
+    if idle is not None:
+        return RankState("idle", idle.label)
     if is_stdlib(frame):
         return RankState("idle", frame.label)
     return RankState("running", frame.label)
@@ -210,8 +224,15 @@ def rowfetch_scatter(bundle: Bundle, now: float, *, limit: int = 4000) -> list[t
 
 
 def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
-    """Function names of the probe targets (``pkg.mod:func`` or ``pkg.mod.func``), as the detectors derive them."""
-    return ROWFETCH_FUNCS | {g.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for g in bundle.probes.groups}
+    """Qualified names of the probe targets (``pkg.mod:Class.method`` -> ``Class.method``; ``pkg.mod.func`` ->
+    ``func``), as the detectors derive them (:func:`~sgl_seat.core.frames.target_qualname`)."""
+    return ROWFETCH_FUNCS | {target_qualname(g.target)[1] for g in bundle.probes.groups}
+
+
+def _is_rowfetch(f: Frame, funcs: frozenset[str]) -> bool:
+    """``f`` is a call of one of ``funcs`` (qualified names): a method by its qualified name (every layer has a
+    ``forward``), a plain function by its name."""
+    return any(f.name == q or f.name.endswith("." + q) or ("." not in q and short_name(f) == q) for q in funcs)
 
 
 def _rank_samples(samples: Iterable[StackSample]) -> dict[int, list[StackSample]]:

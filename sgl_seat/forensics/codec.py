@@ -277,12 +277,12 @@ _JSON_NUMBER = re.compile(_JSON_INT + rb"(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 #: How :func:`encode_stack_samples` begins a sample line; ``t`` follows, then the fields from ``,"node":`` on.
 _SAMPLE_PREFIX = b'{"sample":{"t":'
 #: A stack-sample line exactly as :func:`encode_stack_samples` writes it (compact, keys in ``to_json`` order):
-#: t, node, pid, title, rank, native, the threads' JSON text, error.
+#: t, node, pid, title, rank, native, the threads' JSON text, error, and the process state where it is set.
 _SAMPLE_LINE = re.compile(
     rb'\{"sample":\{"t":(' + _JSON_NUMBER.pattern + rb")"
     + rb',"node":(' + _JSON_INT + rb'),"pid":(' + _JSON_INT + rb'),"title":(' + _JSON_STR
     + rb'),"rank":(' + _JSON_INT + rb'|null),"native":(true|false),"threads":(\[.*\]),"error":(null|' + _JSON_STR
-    + rb")\}\}[ \t\r\n]*", re.DOTALL)
+    + rb')(?:,"state":(' + _JSON_STR + rb"))?\}\}[ \t\r\n]*", re.DOTALL)
 
 
 def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -352,14 +352,14 @@ class _StackDecoder:
         t: Any = d.get("t")
         node, pid, rank, native = d.get("node"), d.get("pid"), d.get("rank"), d.get("native")
         key = _hashable((type(node), node, type(pid), pid, type(rank), rank, type(native), native, d.get("title"),
-                         d.get("error")))
+                         d.get("error"), d.get("state")))
         head = self.heads.get(key) if key is not None and type(t) in _NUM_T else None
         if head is None:
             head = StackSample.from_json({**d, "threads": []})  # checks every field, t included
             if key is not None:
                 self.heads[key] = head
         return StackSample(float(t), head.node, head.pid, head.title, head.rank, head.native,
-                           tuple(self.thread(x, lineno) for x in threads), head.error)
+                           tuple(self.thread(x, lineno) for x in threads), head.error, head.state)
 
     def sample_line(self, raw: bytes, lineno: int) -> StackSample | None:
         """A sample line in the writer's own shape, taken apart by :data:`_SAMPLE_LINE` without parsing it
@@ -376,18 +376,18 @@ class _StackDecoder:
             if seen is not None and _JSON_NUMBER.fullmatch(raw, len(_SAMPLE_PREFIX), cut):
                 h, stack = seen
                 return StackSample(float(_loads_fast(raw[len(_SAMPLE_PREFIX):cut], "")), h.node, h.pid, h.title,
-                                   h.rank, h.native, stack, h.error)
+                                   h.rank, h.native, stack, h.error, h.state)
         m = _SAMPLE_LINE.fullmatch(raw)
         if m is None:
             return None
-        t, node, pid, title, rank, native, threads, error = m.groups()
-        hkey = (node, pid, title, rank, native, error)
+        t, node, pid, title, rank, native, threads, error, state = m.groups()
+        hkey = (node, pid, title, rank, native, error, state)
         head = self.raw_heads.get(hkey)
         if head is None:
             try:
                 head = StackSample.from_json(_loads_fast(
-                    b'{"t":0,"node":%s,"pid":%s,"title":%s,"rank":%s,"native":%s,"threads":[],"error":%s}' % hkey,
-                    ""))
+                    b'{"t":0,"node":%s,"pid":%s,"title":%s,"rank":%s,"native":%s,"threads":[],"error":%s,"state":%s}'
+                    % (node, pid, title, rank, native, error, state or b"null"), ""))
             except (BundleError, RecordError):
                 return None
             self.raw_heads[hkey] = head
@@ -402,7 +402,7 @@ class _StackDecoder:
             ts = self.raw_threads[threads] = tuple(self.thread(x, lineno) for x in parsed)
         self.raw_rests[raw[m.end(1):]] = (head, ts)
         return StackSample(float(_loads_fast(t, "")), head.node, head.pid, head.title, head.rank, head.native, ts,
-                           head.error)
+                           head.error, head.state)
 
     def line(self, obj: Any, lineno: int) -> StackSample | None:
         if not isinstance(obj, dict):

@@ -139,7 +139,8 @@ def _exited(doc: dict[str, Any]) -> Iterator[RenderableType]:
         yield Text(f"exited: {title} (rank {_fmt(p['rank'])}, node {p['node']}, pid {p['pid']}) exit code {code}",
                    style="bold red")
     for node, lines in doc["log_tail"].items():
-        if doc["exited"] or (doc["verdict"] and doc["verdict"]["kind"] in ("process exited", "engine watchdog")):
+        if doc["exited"] or (doc["verdict"] and doc["verdict"]["kind"] in ("process exited", "process stopped",
+                                                                         "engine watchdog")):
             body = Text("\n".join(lines[-12:]))
             yield Panel(body, title=f"log tail, node {node}", border_style="dim")
 

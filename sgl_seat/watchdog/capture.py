@@ -40,7 +40,7 @@ from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.procfind import EngineProc
+from sgl_seat.watchdog.procfind import EngineProc, pid_state
 from sgl_seat.watchdog.pyspy import DumpResult, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")
@@ -220,7 +220,7 @@ def node_part(
         p = py[ep.pid]
         n = nat.get(ep.pid)
         py_sample = StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=False,
-                                threads=p.threads, error=p.error)
+                                threads=p.threads, error=p.error, state=pid_state(ep.pid))
         py_now.append(py_sample)
         steps.append(_step(node, f"py-spy {ep.pid}", "ok" if p.error is None else "error",
                            p.error or f"{p.duration_s:.2f}s"))

@@ -2,7 +2,8 @@
 
 It discovers the engine processes (:mod:`sgl_seat.watchdog.procfind`), checks their ``/proc`` entries
 often so a death is timed finely, and samples every scheduler with ``py-spy dump --nonblocking``
-(:mod:`sgl_seat.watchdog.pyspy`) at ``sample_hz`` into a time-pruned ring. py-spy missing or denied yields
+(:mod:`sgl_seat.watchdog.pyspy`) at ``sample_hz`` into a time-pruned ring, each sample with the process's
+``/proc`` state read just before its dump (``T``: stopped). py-spy missing or denied yields
 one warning and an empty sampler; the sidecar keeps running on metrics and probe alone.
 """
 
@@ -183,9 +184,11 @@ class Sampler:
             return []
         out: list[StackSample] = []
         for ep in self.live():
+            state = pid_state(ep.pid)  # just before the dump: a stopped process may still be read, unchanged
             if ep.kind != "scheduler":
-                # Schedulers every round; the main process and the detokenizer (context, not detection) less often.
-                if now - self._last_other.get(ep.pid, float("-inf")) < self.others_every_s:
+                # Schedulers every round; the main process and the detokenizer (context, not detection) less often,
+                # except while stopped (SIGSTOP): then every round, so the stopped-process detector sees it soon.
+                if state != "T" and now - self._last_other.get(ep.pid, float("-inf")) < self.others_every_s:
                     continue
                 self._last_other[ep.pid] = now
             res = pyspy_dump(ep.pid, exe=self.pyspy, native=False, timeout_s=self.timeout_s)
@@ -209,7 +212,7 @@ class Sampler:
                 if res.gone:
                     self.refresh(force=False)
             sample = StackSample(t=self._clock(), node=self.node, pid=ep.pid, title=ep.title, rank=ep.rank,
-                                 native=False, threads=res.threads, error=res.error)
+                                 native=False, threads=res.threads, error=res.error, state=state)
             self.samples_taken += 1
             self._push(sample)
             out.append(sample)
