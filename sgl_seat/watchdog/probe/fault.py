@@ -237,8 +237,9 @@ def _relive() -> None:
                   and (a.fault.node is None or a.fault.node == _NODE))
 
 
-def _arm(fault: ProbeFault, fault_id: str, source: str) -> None:
-    _ARMED.append(_Armed(fault, fault_id, source, _calls()))
+def _arm(fault: ProbeFault, fault_id: str, source: str, call: int | None = None) -> None:
+    """Arm ``fault`` (under _LOCK); armed inside call number ``call``, that call is the first one counted after it."""
+    _ARMED.append(_Armed(fault, fault_id, source, call - 1 if call is not None else _calls()))
     _relive()
 
 
@@ -275,7 +276,7 @@ def _parse_control(path: str) -> tuple[str, ProbeFault]:
     return fault_id, parse_probe_fault(text)
 
 
-def _tick(now: float) -> None:
+def _tick(now: float, call: int | None = None) -> None:
     """At most every CHECK_EVERY_S: this process's rank and node (the title may change after start) and the
     control file, read only when its (mtime_ns, size, inode) changed: a new id is armed, a removed file or another
     id disarms the file's fault (and ends its stall, see :func:`rehearsal_stall`); a malformed one is warned about
@@ -310,7 +311,7 @@ def _tick(now: float) -> None:
             _FILE_ID = fault_id
             _ARMED[:] = [a for a in _ARMED if a.source != "file"]
             if fault_id not in _FIRED:
-                _arm(fault, fault_id, "file")
+                _arm(fault, fault_id, "file", call)
     except Exception as exc:
         warn_once("rehearsal-tick", f"rehearsal control file not read ({type(exc).__name__}: {exc})")
     finally:
@@ -354,7 +355,7 @@ def _consider(n: int, name: str, size: Callable[[tuple[Any, ...], dict[str, Any]
     gather = -2  # not computed yet
     with _LOCK:
         if now >= _NEXT_CHECK:
-            _tick(now)
+            _tick(now, n)
         for a in _LIVE:
             f = a.fault
             if f.target is not None and f.target not in name:
