@@ -74,9 +74,9 @@ def _install(mod: types.ModuleType, *names: str) -> None:
     assert all(state[t] == "installed" for t in targets), state
 
 
-def _timed(fn: Callable[..., Any], *args: Any) -> float:
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
     t0 = time.monotonic()
-    fn(*args)
+    fn(*args, **kwargs)
     return time.monotonic() - t0
 
 
@@ -275,6 +275,40 @@ def test_gather_ge_is_sized_like_the_probe(rehearsal: Path) -> None:
     assert times[2] >= STALL_S - 0.01, times
     assert fault.state()["history"][0]["gather"] == 100
     assert fault.state()["history"][0]["target"] == f"{mod.__name__}:Embedding.forward"
+
+
+def test_both_gates_keep_the_call_and_size_it(rehearsal: Path) -> None:
+    """The generated gate (the target's own parameters: defaults, keyword-only ones) and the generic one (``*ids``)
+    pass every argument through unchanged and size the call as the probe does."""
+    import inspect
+
+    mod = _module("""
+        def gather(weight, ids=(), block=8, *, idx=(), sort=False):
+            return (weight, list(ids), block, list(idx), sort)
+        def varargs(*ids):
+            return len(ids)
+    """)
+    sig = inspect.signature(mod.gather)
+    n = mod.__name__
+    probe.install([f"{n}:gather@idx", f"{n}:varargs@0:none"])
+    assert inspect.signature(mod.gather) == sig
+    exact, generic = mod.gather.__wrapped__, mod.varargs.__wrapped__
+    assert exact.__code__.co_name == generic.__code__.co_name == "rehearsal_gate"
+    assert exact.__code__.co_filename.startswith("<sgl-seat rehearsal gate")
+    assert not generic.__code__.co_filename.startswith("<sgl-seat rehearsal gate")
+    assert mod.gather("w") == ("w", [], 8, [], False)
+    assert mod.gather("w", [1], 4, idx=[2, 3], sort=True) == ("w", [1], 4, [2, 3], True)
+    assert mod.varargs(1, 2, 3) == 3
+    with pytest.raises(TypeError):
+        mod.gather()  # a missing argument fails as the target itself would
+    fault.write_control(rehearsal, f"probe-stall:gather_ge=3,for_s={STALL_S}", fault_id="kw")
+    _after_a_check()
+    assert _timed(mod.gather, "w", range(9)) < FAST_S  # ids is not the sized argument
+    assert _timed(mod.gather, "w", idx=range(3)) >= STALL_S - 0.01
+    fault.write_control(rehearsal, f"probe-stall:target=varargs,for_s={STALL_S}", fault_id="va")
+    _after_a_check()
+    assert _timed(mod.varargs, 1) >= STALL_S - 0.01
+    assert [(h["id"], h["gather"]) for h in fault.state()["history"]] == [("kw", 3), ("va", -1)]
 
 
 def test_rank_and_node_select_the_process(rehearsal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
