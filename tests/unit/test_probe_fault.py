@@ -110,6 +110,10 @@ def test_grammar_round_trip_and_canonical_text() -> None:
     assert fault.KEYS == ("rank", "node", "after_calls", "gather_ge", "for_s", "target")
     with pytest.raises(AttributeError):
         fault.ProbeFault().rank = 1  # type: ignore[misc]  # frozen
+    for bad in ({"rank": -1}, {"after_calls": 1.5}, {"for_s": 0.0}, {"for_s": float("nan")}, {"target": "a,b"},
+                {"target": ""}, {"target": " a"}, {"gather_ge": True}):
+        with pytest.raises(ValueError):
+            fault.ProbeFault(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -540,6 +544,11 @@ def test_write_control_validates_before_writing(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [fault.CONTROL_FILE]  # no temporary file left
     assert fault.write_control(tmp_path, None, fault_id="x") is None and not path.exists()
     assert fault.write_control(tmp_path, None, fault_id="x") is None  # absent already: fine
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(OSError, match="not private"):
+        fault.write_control(shared, "probe-stall", fault_id="x")
 
 
 def test_a_malformed_launch_time_fault_is_warned_and_the_others_armed(rehearsal: Path,
