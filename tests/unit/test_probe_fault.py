@@ -190,6 +190,27 @@ def test_production_adds_no_gate(value: str | None, tmp_path: Path, monkeypatch:
     probe.reset()
 
 
+def test_faults_without_the_rehearsal_switch_are_warned_about_not_armed(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(probe.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(probe.ENV_GPU, "0")
+    monkeypatch.delenv(fault.ENV_REHEARSAL, raising=False)
+    monkeypatch.setenv(fault.ENV_FAULTS, "probe-stall:for_s=5")
+    monkeypatch.setattr(guard, "_WARNED", set())
+    probe_writer("python", monkeypatch)
+    monkeypatch.setattr(probe.writer, "_TARGET_NAMES", [])
+    fault.reset()
+    mod = _module(ROWS)
+    plain = mod.fetch_rows
+    monkeypatch.setenv(probe.ENV_TARGETS, f"{mod.__name__}:fetch_rows@ids")
+    assert set(probe.install_from_env().values()) == {"installed"}
+    assert mod.fetch_rows.__wrapped__ is plain
+    assert _timed(mod.fetch_rows, None, [1]) < FAST_S
+    assert f"{fault.ENV_FAULTS} is set but {fault.ENV_REHEARSAL} is not 1: no fault armed" in capsys.readouterr().err
+    probe.reset()
+
+
 def test_rehearsal_puts_the_gate_inside_the_probe_wrapper_idempotently(rehearsal: Path) -> None:
     mod = _module("""
         def fetch_rows(table, ids):
