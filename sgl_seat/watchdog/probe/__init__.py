@@ -19,7 +19,9 @@ Its parts, one module each:
   when it starts;
 - :mod:`.installer`: wrapping targets now or when their module is imported (:func:`install`,
   :func:`install_from_env`);
-- :mod:`.guard`: warn once instead of raising, private directories only.
+- :mod:`.guard`: warn once instead of raising, private directories only;
+- :mod:`.fault`: rehearsal faults (``probe-stall``: a probed call of a test seat stalls on purpose), only where
+  ``SGL_SEAT_PROBE_REHEARSAL=1`` (:func:`parse_probe_fault`, :func:`write_control`).
 
 This package uses the standard library only (torch is imported lazily, where GPU timing starts) and never
 raises into the engine: a probe that cannot install or write warns once on stderr and gets out of the way. Its
@@ -29,6 +31,8 @@ path as the package ``sgl_seat_probe`` into engine interpreters that may not hav
 
 from __future__ import annotations
 
+from . import fault
+from .fault import CONTROL_FILE, ENV_FAULTS, ENV_REHEARSAL, ProbeFault, parse_probe_fault, write_control
 from .gpu import (
     DEFAULT_COALESCE_US,
     DEFAULT_GPU_PATH,
@@ -77,10 +81,12 @@ from .targets import TargetSpec, parse_target, parse_targets
 from .writer import ENV_DIR, ENV_NODE, ENV_RANK, ENV_SLOTS, make_wrapper, native_state, reset, ring_file
 
 __all__ = [
+    "CONTROL_FILE",
     "DEFAULT_COALESCE_US",
     "DEFAULT_GPU_PATH",
     "DEFAULT_SLOTS",
     "ENV_DIR",
+    "ENV_FAULTS",
     "ENV_GPU",
     "ENV_GPU_COALESCE",
     "ENV_GPU_PATH",
@@ -90,6 +96,7 @@ __all__ = [
     "ENV_NATIVE_CACHE",
     "ENV_NODE",
     "ENV_RANK",
+    "ENV_REHEARSAL",
     "ENV_SLOTS",
     "ENV_TARGETS",
     "GPU_DONE",
@@ -108,6 +115,7 @@ __all__ = [
     "CudaPaths",
     "FastPath",
     "GpuTimer",
+    "ProbeFault",
     "RingError",
     "RingHeader",
     "RingNotReady",
@@ -118,6 +126,7 @@ __all__ = [
     "disable_gpu",
     "enable_gpu",
     "enable_gpu_cuda",
+    "fault",
     "gpu_timer",
     "install",
     "install_from_env",
@@ -125,6 +134,7 @@ __all__ = [
     "list_rings",
     "make_wrapper",
     "native_state",
+    "parse_probe_fault",
     "parse_target",
     "parse_targets",
     "read_header",
@@ -132,4 +142,5 @@ __all__ = [
     "reset",
     "ring_file",
     "ring_path",
+    "write_control",
 ]

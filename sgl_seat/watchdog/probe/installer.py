@@ -7,6 +7,10 @@ module is not imported yet waits in ``_PENDING``; an import hook (:class:`_Probe
 Installing is idempotent per target, and never raises into the engine (a target that cannot be wrapped is
 warned about once and left as it is).
 
+In a rehearsal seat (``SGL_SEAT_PROBE_REHEARSAL=1``, see :mod:`.fault`) each target is first put behind the
+rehearsal gate, inside the probe's wrapper (``probe_wrapper(gate(fn))``), so that a stall the gate makes is a call
+in flight in the ring. Without that variable no gate is added: the production hot path is the probe's alone.
+
 Why a module of its own: finding and replacing targets (import hooks, owners, descriptors) is the probe's
 start-up, done once per target; the writer's hot path knows nothing of it.
 """
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from . import fault
 from .guard import warn_once
 from .targets import TargetSpec, parse_target
 from .writer import make_wrapper
@@ -40,6 +45,11 @@ def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
     return owner, parts[-1]
 
 
+def _probed(fn: Any, spec: TargetSpec) -> Any:
+    """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target)."""
+    return make_wrapper(fault.gate(fn, spec) if fault.enabled() else fn, spec)
+
+
 def _wrap_in(module: ModuleType, spec: TargetSpec) -> str:
     """Replace the target attribute in its owner; returns the install state string."""
     try:
@@ -51,18 +61,18 @@ def _wrap_in(module: ModuleType, spec: TargetSpec) -> str:
             fn = raw.__func__
             if getattr(fn, "__sgl_seat_probe__", None):
                 return "installed"
-            setattr(owner, attr, staticmethod(make_wrapper(fn, spec)))
+            setattr(owner, attr, staticmethod(_probed(fn, spec)))
         elif isinstance(raw, classmethod):
             fn = raw.__func__
             if getattr(fn, "__sgl_seat_probe__", None):
                 return "installed"
-            setattr(owner, attr, classmethod(make_wrapper(fn, spec)))
+            setattr(owner, attr, classmethod(_probed(fn, spec)))
         else:
             if not callable(raw):
                 return f"failed: {spec.name} is not callable"
             if getattr(raw, "__sgl_seat_probe__", None):
                 return "installed"
-            setattr(owner, attr, make_wrapper(raw, spec))
+            setattr(owner, attr, _probed(raw, spec))
         return "installed"
     except Exception as exc:
         return f"failed: {type(exc).__name__}: {exc}"
@@ -137,6 +147,8 @@ def install_from_env() -> dict[str, str]:
     value = os.environ.get(ENV_TARGETS, "")
     if not value.strip():
         return {}
+    if os.environ.get(fault.ENV_FAULTS, "").strip() and not fault.enabled():
+        warn_once("rehearsal-off", f"{fault.ENV_FAULTS} is set but {fault.ENV_REHEARSAL} is not 1: no fault armed")
     try:
         return install([p for p in value.split(",") if p.strip()])
     except Exception as exc:
