@@ -30,9 +30,11 @@ wrong verdicts (a bundle naming another kind or rank), and how many native stack
 capture takes them inside a budget after the Python ones; the rest keep their Python stack). ``--minutes`` is the
 planned length: every fault is injected even if that stretches it (a crash's recovery is a seat restart, tens of
 seconds on a loaded box).
-Every engine figure is SYNTHETIC (the sim). Ports 30800-30899. Usage::
+Every engine figure is SYNTHETIC (the sim). Ports 30800-30899. With ``--seat local-sglang`` the soak runs on real
+SGLang instead (bench/realsoak.py says how). Usage::
 
     python bench/watchdog_soak.py [--minutes 30] [--faults 20] [--seed 1] [--json]
+    python bench/watchdog_soak.py --seat local-sglang [--minutes 30] [--faults 5]
 """
 
 from __future__ import annotations
@@ -641,7 +643,11 @@ def table(r: SoakReport) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="length of the soak (faults may stretch it)")
-    ap.add_argument("--faults", type=int, default=20, help="faults of each kind (split over draft off and on)")
+    ap.add_argument("--faults", type=int, default=None,
+                    help="faults of each kind (split over draft off and on; default 20); with --seat local-sglang, "
+                         "probe stalls per seat (default 5, on each of the two seats)")
+    ap.add_argument("--seat", choices=("local-sglang",), default=None,
+                    help="soak real SGLang through `sgl-seat up` instead of the sim (bench/realsoak.py)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--draft", choices=("both", "on", "off"), default="both")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (bundles, logs)")
@@ -650,6 +656,10 @@ def main() -> int:
     a = ap.parse_args()
     if a.traffic:
         return _traffic_main(a.traffic)
+    if a.seat:
+        return _real_main(a)
+    if a.faults is None:
+        a.faults = 20
     home = Path(os.environ.get("SGL_SEAT_HOME") or tempfile.gettempdir())
     home.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="watchdog-soak-", dir=home))
@@ -671,6 +681,26 @@ def main() -> int:
     print(table(rep))
     if a.json:
         print(json.dumps(rep.to_json(), indent=2, default=str))
+    return 0
+
+
+def _real_main(a: argparse.Namespace) -> int:
+    """The soak on real SGLang (bench/realsoak.py): two rehearsal seats, with and without --sleep-on-idle."""
+    import realsoak
+
+    work = Path(tempfile.mkdtemp(prefix="watchdog-realsoak-"))
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        rep = realsoak.run(a.minutes, 5 if a.faults is None else a.faults, a.seed, work, log)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(realsoak.table(rep, a.minutes))
+    if a.json:
+        print(json.dumps(rep.__dict__, indent=2, default=str))
     return 0
 
 

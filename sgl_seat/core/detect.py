@@ -74,7 +74,16 @@ from sgl_seat.core.observation import (
     probe_targets,
     python_samples,
 )
-from sgl_seat.core.records import EngineProcess, Frame, MetricsPoint, StackSample, ThreadStack, Verdict, VerdictKind
+from sgl_seat.core.records import (
+    EngineProcess,
+    Frame,
+    LogLine,
+    MetricsPoint,
+    StackSample,
+    ThreadStack,
+    Verdict,
+    VerdictKind,
+)
 from sgl_seat.core.stats import percentile
 from sgl_seat.spec import WatchdogSpec
 
@@ -451,27 +460,53 @@ def _rank_errors(obs: Observation, now: float) -> tuple[dict[tuple[int, int | No
                                                           set[tuple[int, int | None]],
                                                           dict[tuple[int, int | None], int]]:
     """Scheduler errors by (node, rank) up to ``now``: (own errors with their first time and text, victims, the
-    port each victim's error names as its dead peer's)."""
+    port each victim's error names as its dead peer's).
+
+    Real SGLang logs ``Scheduler hit an exception: Traceback (most recent call last):`` and the traceback on the
+    lines after it, unprefixed, its last line the error itself (gloo's "Connection reset by peer" among them);
+    the sim logs the error on the one line. Both are read as the prefixed line plus its continuation lines.
+    """
     own: dict[tuple[int, int | None], tuple[float, str]] = {}
     victims: set[tuple[int, int | None]] = set()
     ports: dict[tuple[int, int | None], int] = {}
-    for ln in obs.logs:
-        if ln.t > now:
-            continue
+    logs = [ln for ln in obs.logs if ln.t <= now]
+    for i, ln in enumerate(logs):
         m = _SCHED_EXC.search(ln.text)
         tp = _LINE_TP.match(ln.text)
         if m is None or tp is None:
             continue
         key = (ln.node, int(tp.group(1)))
-        if _PEER_FAILURE.search(m.group(1)):
+        text = _with_continuation(m.group(1), logs, i)
+        if _PEER_FAILURE.search(text):
             victims.add(key)
-            addr = _PEER_ADDR.search(m.group(1))
+            addr = _PEER_ADDR.search(text)
             if addr and key not in ports:
                 ports[key] = int(addr.group(2))
         elif key not in own:
-            own[key] = (ln.t, m.group(1))
+            own[key] = (ln.t, text)
     real = victims - set(own)
     return own, real, {k: v for k, v in ports.items() if k in real}
+
+
+#: How many unprefixed lines after an exception line are its traceback (a long one is cut).
+_TRACEBACK_LINES = 400
+_PREFIXED = re.compile(r"^\[\d{4}-\d\d-\d\d ")
+
+
+def _with_continuation(first: str, logs: Sequence[LogLine], i: int) -> str:
+    """An error line's text and, when it opens a traceback, the error the traceback ends with (same node)."""
+    if "Traceback" not in first:
+        return first
+    node = logs[i].node
+    tail: list[str] = []
+    for ln in logs[i + 1:]:
+        if ln.node != node:
+            continue
+        if _PREFIXED.match(ln.text) or len(tail) >= _TRACEBACK_LINES:
+            break
+        tail.append(ln.text)
+    last = next((t.strip() for t in reversed(tail) if t.strip() and not t.strip().startswith(("^", "~"))), "")
+    return f"{last} ({first.strip()})" if last else first
 
 
 def _call_stack(obs: Observation, pid: int, start: float, now: float) -> StackSample | None:

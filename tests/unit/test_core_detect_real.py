@@ -16,6 +16,7 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import (
     EngineProcess,
     Frame,
+    LogLine,
     MetricsPoint,
     ProbeRecord,
     StackSample,
@@ -393,3 +394,36 @@ def test_a_gone_process_is_exited_not_stopped() -> None:
     o2 = Observation.of(samples=o.samples, probes=o.probes, metrics=o.metrics, processes=gone, rank_nodes=RANK_NODES)
     v = d.detect(o2, TH, T0 + 36)
     assert v is not None and v.kind == VerdictKind.PROCESS_EXITED
+
+
+def _traceback_lines(t: float) -> list[LogLine]:
+    """Real SGLang's log of a rank whose all-reduce lost its peer: the prefixed line opens a traceback and the
+    error itself (gloo's "Connection reset by peer") is its last, unprefixed line (node0.log of a live seat)."""
+    text = [
+        "[2026-12-01 14:20:47 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        f'  File "{SG}/managers/scheduler.py", line 2109, in event_loop_overlap',
+        "    batch_result = self.run_batch(batch)",
+        f'  File "{SITE}/torch/distributed/distributed_c10d.py", line 3913, in all_reduce',
+        "    work.wait()",
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+        "[127.0.0.1]:53480: Connection reset by peer. This is typically caused by a remote worker hanging or bugs "
+        "in the application. Check the logs of the remote worker.",
+        "",
+        "[2026-12-01 14:20:47] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+    ]
+    return [LogLine(t=t, node=0, text=x) for x in text]
+
+
+@pytest.mark.parametrize("rank0_first", [True, False])
+def test_a_peer_error_told_in_a_traceback_names_the_killed_rank_not_the_victim(rank0_first: bool) -> None:
+    """GIVEN rank 1 SIGKILLed and rank 0 exiting after SGLang's multi-line "Scheduler hit an exception" whose last
+    line is gloo's peer error THEN rank 1 is named (rank 0 is the victim), whichever sidecar saw its death first."""
+    s, p, m = busy(T0, T0 + 35)
+    gone_t = {0: T0 + 35.1, 1: T0 + 35.3} if rank0_first else {0: T0 + 35.6, 1: T0 + 35.1}
+    gone = [EngineProcess(node=q.node, pid=q.pid, title=q.title, rank=q.rank, alive=q.rank is None,
+                          gone_t=gone_t[q.rank] if q.rank is not None else None) for q in procs()]
+    o = Observation.of(samples=s, probes=p, metrics=m, processes=gone, logs=_traceback_lines(T0 + 35.2),
+                       rank_nodes=RANK_NODES)
+    v = d.detect(o, TH, T0 + 37)
+    assert v is not None and v.kind == VerdictKind.PROCESS_EXITED
+    assert (v.rank, v.node) == (1, 1), v

@@ -40,7 +40,7 @@ def test_up_dry_run_prints_the_plan_and_starts_nothing(capsys: pytest.CaptureFix
 def test_fault_on_a_real_sglang_seat_is_refused(capsys: pytest.CaptureFixture[str],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_cli(["up", "--seat", "large", "--dry-run", "--fault", "crash:rank=1"], monkeypatch) == 2
-    assert "only for sim seats" in capsys.readouterr().err
+    assert "not a rehearsal" in capsys.readouterr().err
 
 
 def test_second_up_of_a_recorded_seat_is_refused_before_ray(capsys: pytest.CaptureFixture[str],

@@ -1,0 +1,266 @@
+"""`watchdog_soak.py --seat local-sglang`: the soak on real SGLang 0.5.23, through `sgl-seat up` (real sidecars).
+
+Half the time on a seat WITH ``--sleep-on-idle`` and half WITHOUT (an idle scheduler then spins at ~100 % of a
+core in its poll loop), each a fresh ``local-sglang`` rehearsal seat. Healthy episodes at random, each kind once
+per seat first:
+
+- ``traffic``: 2 clients of short completions for 20-40 s;
+- ``idle``: no request for 10-40 s;
+- ``burst``: 16 clients (twice the seat's 8 slots) for 10-20 s, so requests queue;
+- ``long``: one prompt of ~3,000 tokens (the tiny model's context is 4,096) beside the 2 clients.
+
+Faults (``--faults`` per seat, default 5): a probe stall on a random rank at a random call
+(``sgl-seat fault probe-stall:rank=R,after_calls=N,for_s=30``) under traffic; recovery: ``clear``, then the
+sidecars unlatch on their own once progress resumes. Reported: false bundles per hour of healthy time (a bundle
+whose trigger falls outside every fault's window), misses (no bundle within 30 s of the stall's start), wrong
+verdicts (another kind or rank), and "stall -> bundle" (from the stalled call passing the detector's
+``rowfetch_inflight_s``, read from the bundle's own in-flight probe record, to the bundle written; the acceptance
+target is p95 <= 3 s) and fault -> bundle (from the stalled call's start). The engine is real; the model tiny
+with random weights. Ports 24400-24499.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PORTS = {True: (24400, 24405), False: (24440, 24445)}
+HEALTHY = ("traffic", "idle", "burst", "long")
+STALL_THRESHOLD_S = 3.0  # watchdog.rowfetch_inflight_s of the profile (its default)
+MISS_AFTER_S = 30.0
+
+
+@dataclass
+class SoakReport:
+    healthy_s: float = 0.0
+    episodes: dict[str, int] = field(default_factory=dict)
+    false_bundles: list[str] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+class Clients:
+    """``n`` threads sending completions until stopped (answers and failures counted)."""
+
+    def __init__(self, endpoint: str, n: int, *, max_tokens: int = 32, prompt: str = "a short request") -> None:
+        self.endpoint, self.n, self.max_tokens, self.prompt = endpoint, n, max_tokens, prompt
+        self.stop = threading.Event()
+        self.answers = self.failures = 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
+
+    def _run(self, i: int) -> None:
+        k = 0
+        with httpx.Client(timeout=180.0, trust_env=False) as c:
+            while not self.stop.is_set():
+                k += 1
+                body = {"model": "tiny-llama", "prompt": f"{self.prompt} {i}.{k}", "max_tokens": self.max_tokens,
+                        "ignore_eos": True}
+                try:
+                    ok = c.post(f"{self.endpoint}/v1/completions", json=body).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.answers += 1
+                else:
+                    self.failures += 1
+                    time.sleep(0.5)
+
+    def start(self) -> Clients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=200)
+
+
+def _cli(args: list[str], home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    return subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def _bundles(home: Path, name: str) -> dict[Path, dict[str, Any]]:
+    d = home / "bundles" / name
+    out = {}
+    if d.is_dir():
+        for p in d.iterdir():
+            if p.is_dir() and not p.name.startswith(".") and (p / "manifest.json").is_file():
+                out[p] = json.loads((p / "manifest.json").read_text())
+    return out
+
+
+def _latched(home: Path, name: str) -> bool:
+    r = _cli(["watch", name, "--once", "--json"], home, timeout=60)
+    return r.returncode != 0 or any(n.get("latched") for n in json.loads(r.stdout)["nodes"])
+
+
+def _stall_start(bundle: Path, rank: int) -> float | None:
+    """The start of ``rank``'s in-flight probed call in the bundle (the stalled one)."""
+    from sgl_seat.forensics.bundle import read_bundle
+
+    b = read_bundle(bundle)
+    starts = [p.start for p in b.probes if p.rank == rank and p.end is None]
+    return max(starts) if starts else None
+
+
+def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Random, work: Path,
+              rep: SoakReport, log: Callable[[str], None]) -> None:
+    name = f"soak-{'sleep' if sleep_on_idle else 'spin'}"
+    home = work / f"home-{name}"
+    doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / "local-sglang.yaml").read_text())
+    doc["name"] = name
+    doc["network"]["http_port"], doc["network"]["dist_init_port"] = PORTS[sleep_on_idle]
+    doc["cpu"]["sleep_on_idle"] = sleep_on_idle
+    spec = work / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    endpoint = f"http://127.0.0.1:{PORTS[sleep_on_idle][0]}"
+    log(f"{name}: up")
+    up = _cli(["up", "--seat", str(spec), "--timeout", "600"], home, timeout=700)
+    if up.returncode != 0:
+        rep.notes.append(f"{name}: up failed: {(up.stdout + up.stderr)[-400:]}")
+        _cli(["down", name], home, timeout=240)
+        return
+    windows: list[tuple[float, float]] = []  # fault windows: a bundle triggered inside one is the fault's
+    try:
+        plan = list(HEALTHY) + ["fault"] * faults
+        rng.shuffle(plan)
+        plan = [*HEALTHY, *plan[len(HEALTHY):]] if faults else plan  # every healthy kind once first
+        deadline = time.monotonic() + minutes * 60
+        i = 0
+        while i < len(plan) or time.monotonic() < deadline:
+            kind = plan[i] if i < len(plan) else rng.choice(HEALTHY)
+            i += 1
+            t0 = time.time()
+            if kind == "fault":
+                _fault(name, home, endpoint, rng, rep, windows, log)
+                continue
+            if kind == "idle":
+                time.sleep(rng.uniform(10, 40))
+            elif kind == "traffic":
+                c = Clients(endpoint, 2).start()
+                time.sleep(rng.uniform(20, 40))
+                c.close()
+            elif kind == "burst":
+                c = Clients(endpoint, 16).start()
+                time.sleep(rng.uniform(10, 20))
+                c.close()
+            elif kind == "long":
+                c = Clients(endpoint, 2).start()
+                body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(1500)),
+                        "max_tokens": 16}
+                try:
+                    httpx.post(f"{endpoint}/v1/completions", json=body, timeout=300, trust_env=False)
+                except httpx.HTTPError as exc:
+                    rep.notes.append(f"{name}: the long prompt failed: {exc}")
+                c.close()
+            rep.healthy_s += time.time() - t0
+            rep.episodes[kind] = rep.episodes.get(kind, 0) + 1
+            log(f"{name}: {kind} done ({time.time() - t0:.0f} s)")
+    finally:
+        for path, m in sorted(_bundles(home, name).items()):
+            t = float(m["trigger"]["t"])
+            if not any(a <= t <= b for a, b in windows):
+                rep.false_bundles.append(f"{path.name}: {m['verdict']}")
+        _cli(["fault", "clear", "--name", name], home, timeout=90)
+        log(f"{name}: down")
+        _cli(["down", name], home, timeout=240)
+
+
+def _fault(name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakReport,
+           windows: list[tuple[float, float]], log: Callable[[str], None]) -> None:
+    rank = rng.choice((0, 1))
+    after = rng.randint(5, 60)
+    before = _bundles(home, name)
+    c = Clients(endpoint, 2).start()
+    t0 = time.time()
+    rec: dict[str, Any] = {"rank": rank, "after_calls": after}
+    try:
+        r = _cli(["fault", f"probe-stall:rank={rank},after_calls={after},for_s=30", "--name", name, "--json"], home,
+                 timeout=90)
+        if r.returncode != 0:
+            rec["error"] = r.stderr[-300:]
+            return
+        found = None
+        while time.time() - t0 < MISS_AFTER_S + 30:
+            new = {p: m for p, m in _bundles(home, name).items() if p not in before}
+            if new:
+                found = min(new.items(), key=lambda kv: kv[1]["created"])
+                break
+            time.sleep(0.2)
+        _cli(["fault", "clear", "--name", name], home, timeout=90)
+        if found is None:
+            rec["missed"] = True
+            return
+        path, m = found
+        v = m["verdict"]
+        start = _stall_start(path, rank)
+        rec.update(bundle=path.name, verdict=f"{v['kind']} rank {v['rank']}",
+                   wrong=not (v["kind"] == "row-fetch stall" and v["rank"] == rank))
+        if start is not None:
+            rec["fault_to_bundle_s"] = m["created"] - start
+            rec["stall_to_bundle_s"] = m["created"] - (start + STALL_THRESHOLD_S)
+            rec["missed"] = m["created"] - start > MISS_AFTER_S
+        else:
+            rec["wrong"] = True
+            rec["note"] = "no in-flight probe record of the rank in the bundle"
+    finally:
+        # Recovery: traffic until the sidecars unlatch (progress resumed, detectors quiet).
+        deadline = time.time() + 120
+        while time.time() < deadline and _latched(home, name):
+            time.sleep(2)
+        c.close()
+        windows.append((t0, time.time()))
+        rep.faults.append(rec)
+        log(f"{name}: fault {rec}")
+
+
+def table(rep: SoakReport, minutes: float) -> str:
+    hours = rep.healthy_s / 3600
+    lines = [f"watchdog soak on real SGLang 0.5.23 (CPU engine, tiny model, TP2 on two local nodes), planned "
+             f"{minutes:.0f} min",
+             f"healthy time {rep.healthy_s / 60:.1f} min, episodes {rep.episodes}",
+             f"false bundles: {len(rep.false_bundles)} ({len(rep.false_bundles) / hours if hours else 0:.2f} per hour"
+             " of healthy traffic)"]
+    lines += [f"  {b}" for b in rep.false_bundles]
+    f2b = [f["fault_to_bundle_s"] for f in rep.faults if "fault_to_bundle_s" in f]
+    s2b = [f["stall_to_bundle_s"] for f in rep.faults if "stall_to_bundle_s" in f]
+    misses = sum(1 for f in rep.faults if f.get("missed"))
+    wrong = sum(1 for f in rep.faults if f.get("wrong"))
+    lines.append(f"probe stalls: {len(rep.faults)}, misses {misses}, wrong verdicts {wrong}")
+    if s2b:
+        lines.append(f"  stall -> bundle (from the call passing {STALL_THRESHOLD_S:.0f} s): p50 {_pct(s2b, 50):.2f} s, "
+                     f"p95 {_pct(s2b, 95):.2f} s, max {max(s2b):.2f} s (target p95 <= 3 s)")
+        lines.append(f"  fault -> bundle (from the stalled call's start): p50 {_pct(f2b, 50):.2f} s, "
+                     f"p95 {_pct(f2b, 95):.2f} s, max {max(f2b):.2f} s (acceptance: within 10 s)")
+    lines += [f"note: {n}" for n in rep.notes]
+    return "\n".join(lines)
+
+
+def run(minutes: float, faults: int, seed: int, work: Path, log: Callable[[str], None]) -> SoakReport:
+    rng = random.Random(seed)
+    rep = SoakReport()
+    for sleep_on_idle in (True, False):
+        soak_seat(sleep_on_idle, minutes / 2, faults, rng, work, rep, log)
+    return rep
