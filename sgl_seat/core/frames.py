@@ -84,6 +84,11 @@ def target_qualname(target: str) -> tuple[str | None, str]:
     return mod or None, func
 
 
+#: The code file name of the probe's rehearsal gate of a target (``watchdog/probe/fault.py`` compiles it as
+#: ``<sgl-seat rehearsal gate of 'Class.method'>``): its frame is a call of that target, stalled at its entry.
+REHEARSAL_GATE_FILE = "<sgl-seat rehearsal gate of "
+
+
 def frame_is_target(frame: Frame, target: str) -> bool:
     """Whether ``frame`` is a call of probe target ``target``.
 
@@ -97,6 +102,8 @@ def frame_is_target(frame: Frame, target: str) -> bool:
     mod, qual = target_qualname(target)
     if frame.name == qual or frame.name.endswith("." + qual):
         return True
+    if frame.filename == f"{REHEARSAL_GATE_FILE}{qual!r}>":
+        return True  # a rehearsal stall sits in the target's gate, before the target's own frame is entered
     last = qual.rsplit(".", 1)[-1]
     if "." in frame.name or frame.name != last:
         return False
@@ -114,8 +121,10 @@ def target_frame(thread: ThreadStack | None, targets: Sequence[str]) -> Frame | 
     if not targets:
         return None
     for f in python_frames(thread):
-        if any(frame_is_target(f, t) for t in targets):
-            return f
+        for t in targets:
+            if frame_is_target(f, t):
+                # A rehearsal stall's gate frame is named as the target it stands for (the call's entry).
+                return Frame(target_qualname(t)[1], t, 0) if f.filename.startswith(REHEARSAL_GATE_FILE) else f
     return None
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from sgl_seat.core.columns import F64, I64, Mask, ProbeColumns
 from sgl_seat.core.frames import (
+    REHEARSAL_GATE_FILE,
     collective_frame,
     idle_frame,
     is_stdlib,
@@ -232,6 +233,8 @@ def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
 def _is_rowfetch(f: Frame, funcs: frozenset[str]) -> bool:
     """``f`` is a call of one of ``funcs`` (qualified names): a method by its qualified name (every layer has a
     ``forward``), a plain function by its name."""
+    if f.filename.startswith(REHEARSAL_GATE_FILE):  # a rehearsal stall, at the entry of the call it gates
+        return any(f.filename == f"{REHEARSAL_GATE_FILE}{q!r}>" for q in funcs)
     return any(f.name == q or f.name.endswith("." + q) or ("." not in q and short_name(f) == q) for q in funcs)
 
 

@@ -427,3 +427,13 @@ def test_a_peer_error_told_in_a_traceback_names_the_killed_rank_not_the_victim(r
     v = d.detect(o, TH, T0 + 37)
     assert v is not None and v.kind == VerdictKind.PROCESS_EXITED
     assert (v.rank, v.node) == (1, 1), v
+
+
+def test_the_rehearsal_gates_frame_is_a_call_of_its_target() -> None:
+    """A rehearsal stall sits in the probe's gate, compiled as ``<sgl-seat rehearsal gate of 'Class.method'>``,
+    before the target's own frame is entered: that frame is the target's call (the ranks table then says the
+    rank is in its row fetch, not "running")."""
+    gate = F("rehearsal_gate", "<sgl-seat rehearsal gate of 'VocabParallelEmbedding.forward'>", 8)
+    assert frame_is_target(gate, TARGET)
+    other = F("rehearsal_gate", "<sgl-seat rehearsal gate of 'EngramEmbedding.forward'>", 8)
+    assert not frame_is_target(other, TARGET)
