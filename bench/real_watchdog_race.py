@@ -120,7 +120,9 @@ class LogWatch:
                 p = self.logs / f"node{node}.log"
                 if not p.is_file():
                     continue
-                off = self.offsets.get(p, p.stat().st_size if not self.lines and not self.offsets else 0)
+                off = self.offsets.get(p)
+                if off is None:  # first sight: only what comes after the start counts
+                    off = self.offsets[p] = p.stat().st_size
                 with p.open("rb") as fh:
                     fh.seek(off)
                     data = fh.read()

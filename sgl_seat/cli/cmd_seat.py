@@ -263,7 +263,7 @@ def demo(
     watchdog's bundle, its replay verdict and HTML report, and the seat down (also on error or Ctrl-C).
 
     `--seat local-sglang` runs it on real SGLang (CPU engine): the draft off (that engine cannot run it) and
-    the stall a SIGSTOP of rank 1's scheduler (a real engine takes no injected fault), released before down.
+    the stall a SIGSTOP of rank 1's scheduler (the SIGSTOP any real seat can take), released before down.
 
     The sim's answers and figures are synthetic. With --json: stages with seconds, the bundle, the verdict and
     the HTML path as one JSON document on stdout (progress on stderr).

@@ -185,7 +185,7 @@ class EngineBackend(ABC):
 
     def fault_url(self, plan: PlannedSeat, node: PlannedNode) -> str | None:
         """The URL that arms a fault on ``node`` at run time (POST ``{"fault": SPEC}``, DELETE clears), or None
-        when the engine takes no injected faults (real SGLang)."""
+        when the engine has no such route (real SGLang: its faults go through the probe, `sgl-seat fault`)."""
         return None
 
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:

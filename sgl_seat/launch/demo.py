@@ -1,6 +1,7 @@
 """The README's first command: the toolkit's main job, end to end, on the local-sim seat (or, with
 ``--seat local-sglang``, on real SGLang: the draft off, since its CPU engine cannot run one, and the stall a
-SIGSTOP of the last rank's scheduler, since a real engine takes no injected fault).
+SIGSTOP of the last rank's scheduler, a fault any real seat takes; a rehearsal seat also takes probe stalls through
+`sgl-seat fault`).
 
 `sgl-seat demo` brings the seat up with the draft on, sends it traffic, injects a host row-fetch stall on
 rank 3 through the sim's own loopback admin route (the fault mechanism the sim offers; nothing here writes
@@ -325,7 +326,7 @@ def _stop_scheduler(rec: SeatRecord, rank: int, res: DemoResult, stages: Stages,
     res.injection = {"fault": "SIGSTOP", "rank": rank, "node": node.node_rank, "pid": rk.pid, "title": rk.title,
                      "armed_at": None}
     say(f"\n[3/6] stop rank {rank}'s scheduler ({rk.title}, pid {rk.pid}, node {node.node_rank}) with SIGSTOP:"
-        " a real SGLang engine takes no injected fault")
+        " a fault from outside the engine, which any real seat takes")
     with _stage(stages, "inject", f"SIGSTOP -> {rk.title} pid {rk.pid}") as note:
         before = _complete_bundles(bdir)
         os.kill(rk.pid, signal.SIGSTOP)
