@@ -14,21 +14,19 @@ echo "== mypy --strict"; mypy sgl_seat
 if [ $# -gt 0 ]; then
   echo "== pytest $*"; exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-# Unit and contract tests are CPU-bound and share nothing: two pytest-xdist workers (a contract module stays on
-# one worker, tests/contract/conftest.py). Tests marked slow (the watchdog soak's CI size) are left to
-# `bash scripts/test.sh -m slow`.
 rc=0
-echo "== pytest: unit and contract tests (2 workers)"
-python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract || rc=$?
-# Integration tests in two streams at once, each one module at a time (tests/integration/conftest.py says why
-# these two): the modules with a local Ray cluster on 127.0.0.1, and the rest. Each stream's output goes to its
-# own log, printed when both have ended.
-# Stream 'sglang' (real SGLang seats through a local Ray cluster) runs after 'ray' in the same slot: two local
-# Ray clusters must never run at once. Its exit code is kept apart from 'ray''s.
-echo "== pytest: integration tests (streams 'ray' then 'sglang', beside 'other'; printed when all end)"
+# Four parts in two slots at once, each part's output in its own log, printed when all have ended:
+# - slot A: stream 'sglang' (real SGLang seats through a local Ray cluster: mostly waiting on the engine, so it
+#   overlaps the CPU-bound unit tests well), then stream 'ray' (the modules with a local Ray cluster): one after the
+#   other, since two local Ray clusters must never run at once (tests/integration/conftest.py);
+# - slot B: the unit and contract tests (two pytest-xdist workers; a contract module stays on one worker,
+#   tests/contract/conftest.py), then stream 'other' (the integration modules without a local Ray cluster).
+# Each stream runs one module at a time. Tests marked slow (the watchdog soak's CI size) are left to
+# `bash scripts/test.sh -m slow`.
+echo "== pytest: stream 'sglang' then 'ray', beside the unit and contract tests then stream 'other' (printed when all end)"
 logs=$(mktemp -d)
-trap 'kill $pid_ray $pid_other 2>/dev/null || true' INT TERM
-pid_ray="" pid_other=""
+trap 'kill $pid_a $pid_b 2>/dev/null || true' INT TERM
+pid_a="" pid_b=""
 run_stream() {
   local s0; s0=$(date +%s)
   local src=0
@@ -37,17 +35,26 @@ run_stream() {
   echo "(stream $1 took $(( $(date +%s) - s0 )) s)" >> "$logs/$1.log"
   echo "$src" > "$logs/$1.rc"
 }
-( run_stream ray; run_stream sglang ) &
-pid_ray=$!
-run_stream other &
-pid_other=$!
-wait "$pid_ray" || true
-wait "$pid_other" || true
-for stream in ray sglang other; do
+run_units() {
+  local s0; s0=$(date +%s)
+  local src=0
+  python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract > "$logs/units.log" 2>&1 \
+    || src=$?
+  echo "(unit and contract tests took $(( $(date +%s) - s0 )) s)" >> "$logs/units.log"
+  echo "$src" > "$logs/units.rc"
+}
+( run_stream sglang; run_stream ray ) &
+pid_a=$!
+( run_units; run_stream other ) &
+pid_b=$!
+wait "$pid_a" || true
+wait "$pid_b" || true
+for stream in units sglang ray other; do
   src=$(cat "$logs/$stream.rc" 2>/dev/null || echo 1)
   # pytest's 5 is "no tests collected": a stream with no module selected is not a failure.
   [ "$src" = 5 ] && src=0
-  echo "== integration stream '$stream' (exit $src)"; cat "$logs/$stream.log"
+  echo "== $([ "$stream" = units ] && echo "unit and contract tests" || echo "integration stream '$stream'") (exit $src)"
+  cat "$logs/$stream.log"
   [ "$src" -gt "$rc" ] && rc=$src
 done
 rm -rf "$logs"

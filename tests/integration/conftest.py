@@ -16,7 +16,8 @@ failed on "address already in use" for 36752), and above Ray's worker ports (100
 ``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199 and,
 for the watchdog on real schedulers, 24200-24299;
 test_sim_vs_real starts real SGLang without Ray and stays in ``other``, ports 24500-24599);
-scripts/test.sh runs it after stream ``ray`` in the same slot, since two local clusters must not run at once.
+scripts/test.sh runs it before stream ``ray`` in the same slot (beside the unit tests, which it overlaps well: it
+mostly waits on the engine), since two local clusters must not run at once.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import pytest
 
 #: The modules that start a local Ray cluster on 127.0.0.1 (one at a time, in this order: the longest first).
 RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_launch_shared", "test_launch_lifecycle", "test_demo")
-#: Real SGLang seats through a local Ray cluster: stream ``sglang``, run after stream ``ray`` (never beside
-#: another local cluster), while stream ``other`` may still run.
+#: Real SGLang seats through a local Ray cluster: stream ``sglang``, run before stream ``ray`` (never beside
+#: another local cluster), beside the unit tests.
 REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog")
 STREAMS = ("ray", "sglang", "other")
 STREAM_ENV = "SGL_SEAT_STREAM"
