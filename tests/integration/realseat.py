@@ -9,14 +9,16 @@ environment (SGL_SEAT_NAME), never by a name pattern.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import yaml
-from launchutil import REPO, Proc, descendants, engine_pgids, in_groups, status_json
+from launchutil import REPO, Proc, alive, descendants, engine_pgids, in_groups, run_cli, status_json
 
 from sgl_seat.engines.base import engine_venv
 
@@ -99,3 +101,24 @@ class RealSeat:
                 self.seen += descendants(n["engine_pid"])
         self.seen += in_groups(self.pgids)
         return st
+
+
+@contextlib.contextmanager
+def brought_up(rs: RealSeat) -> Iterator[RealSeat]:
+    """`up` the seat (failing the module if it does not reach READY), yield it, and always `down` it: a process
+    left stopped is resumed first (it must drain), and every process it was seen with must be gone after."""
+    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
+    rs.up_stdout = up.stdout
+    print(up.stdout)
+    try:
+        assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
+        rs.remember()
+        yield rs
+    finally:
+        for p in engine_processes(rs.name):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(p.pid).resume()
+        down = run_cli(["down", rs.name], rs.home, timeout=240)
+        print(down.stdout, down.stderr)
+        left = alive(rs.seen) + in_groups(rs.pgids) + engine_processes(rs.name)
+        assert not left, f"`down` left processes of the real engine behind: {left}"

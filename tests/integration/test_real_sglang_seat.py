@@ -25,8 +25,8 @@ import httpx
 import psutil
 import pytest
 import yaml
-from launchutil import alive, descendants, in_groups, run_cli, wait_until
-from realseat import LOCAL_SGLANG, UP_TIMEOUT_S, RealSeat, engine_processes, require_engine, write_spec
+from launchutil import descendants, run_cli, wait_until
+from realseat import LOCAL_SGLANG, RealSeat, brought_up, engine_processes, require_engine, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -87,18 +87,8 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
     require_engine()
     base = tmp_path_factory.mktemp("real-sglang")
     rs = RealSeat(base / "home", _write_spec(base, "rs-real"), "rs-real", HTTP_PORT)
-    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
-    rs.up_stdout = up.stdout
-    print(up.stdout)
-    try:
-        assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
-        rs.remember()
+    with brought_up(rs):
         yield rs
-    finally:
-        down = run_cli(["down", rs.name], rs.home, timeout=240)
-        print(down.stdout, down.stderr)
-        left = alive(rs.seen) + in_groups(rs.pgids) + engine_processes(rs.name)
-        assert not left, f"`down` left processes of the real engine behind: {left}"
 
 
 def test_up_reaches_ready_with_real_scheduler_pids(seat: RealSeat) -> None:

@@ -18,7 +18,6 @@ the seat recovers (SIGCONT, the stall cleared) and the sidecars unlatch once pro
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -29,8 +28,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from launchutil import alive, in_groups, run_cli, wait_until
-from realseat import UP_TIMEOUT_S, RealSeat, engine_processes, require_engine, write_spec
+from launchutil import run_cli, wait_until
+from realseat import RealSeat, brought_up, require_engine, write_spec
 
 from sgl_seat.watchdog.probe import ring as probe_ring
 
@@ -148,21 +147,8 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
     base = tmp_path_factory.mktemp("real-watch")
     spec = write_spec(base, NAME, http_port=HTTP_PORT, dist_port=DIST_PORT, **{"cpu.sleep_on_idle": False})
     rs = RealSeat(base / "home", spec, NAME, HTTP_PORT)
-    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
-    rs.up_stdout = up.stdout
-    print(up.stdout)
-    try:
-        assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
-        rs.remember()
+    with brought_up(rs):
         yield rs
-    finally:
-        for p in engine_processes(rs.name):  # a process a failed test left stopped must drain on `down`
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(p.pid).resume()
-        down = run_cli(["down", rs.name], rs.home, timeout=240)
-        print(down.stdout, down.stderr)
-        left = alive(rs.seen) + in_groups(rs.pgids) + engine_processes(rs.name)
-        assert not left, f"`down` left processes of the real engine behind: {left}"
 
 
 def _scheduler_pids(seat: RealSeat) -> dict[int, int]:
@@ -244,26 +230,32 @@ def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: Rea
     _unlatched(seat)
 
 
-def test_sigstop_of_rank_1_during_decode_names_rank_1_stopped_within_10_s(seat: RealSeat) -> None:
-    """GIVEN traffic WHEN rank 1's scheduler is SIGSTOPped mid-decode THEN a bundle names rank 1 as a stopped
-    process (from the process table), complete within 10 s; replay reproduces it; SIGCONT recovers the seat."""
+def _stopped(seat: RealSeat, what: str) -> tuple[Path, dict[str, Any], float]:
+    """Under traffic, SIGSTOP ``what`` (``rank=1``, ``detokenizer``) until a bundle comes (at most 60 s), then
+    SIGCONT; the seat must serve again. The bundle, its verdict, and seconds from the SIGSTOP to it."""
     before = _bundles(seat)
     with Traffic(seat.endpoint) as load:
         assert load.wait_answers(2, 120)
-        res = _fault(seat, "sigstop:rank=1")
+        res = _fault(seat, f"sigstop:{what}")
         try:
             got = _wait_bundle(seat, before, 60)
         finally:
-            _fault(seat, "sigcont:rank=1")
-        assert got is not None, "no bundle within 60 s of SIGSTOP"
+            _fault(seat, f"sigcont:{what}")
+        assert got is not None, f"no bundle within 60 s of SIGSTOP of {what}"
         bundle, _ = got
         m = _manifest(bundle)
-        v = m["verdict"]
         took = m["created"] - res["applied_t"]
-        print(f"SIGSTOP -> bundle {bundle.name} in {took:.2f} s: {v}")
-        assert v["kind"] == "process stopped" and v["rank"] == 1 and v["node"] == 1, v
-        assert took <= BUNDLE_WITHIN_S, f"bundle {took:.1f} s after SIGSTOP (bound {BUNDLE_WITHIN_S} s)"
+        print(f"SIGSTOP {what} -> bundle {bundle.name} in {took:.2f} s: {m['verdict']}")
         assert load.wait_answers(3, 120), "the seat did not serve again after SIGCONT"
+    return bundle, m["verdict"], took
+
+
+def test_sigstop_of_rank_1_during_decode_names_rank_1_stopped_within_10_s(seat: RealSeat) -> None:
+    """GIVEN traffic WHEN rank 1's scheduler is SIGSTOPped mid-decode THEN a bundle names rank 1 as a stopped
+    process (from the process table), complete within 10 s; replay reproduces it; SIGCONT recovers the seat."""
+    bundle, v, took = _stopped(seat, "rank=1")
+    assert v["kind"] == "process stopped" and v["rank"] == 1 and v["node"] == 1, v
+    assert took <= BUNDLE_WITHIN_S, f"bundle {took:.1f} s after SIGSTOP (bound {BUNDLE_WITHIN_S} s)"
     rep = _replay(seat, bundle)
     assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
     _unlatched(seat)
@@ -272,22 +264,9 @@ def test_sigstop_of_rank_1_during_decode_names_rank_1_stopped_within_10_s(seat: 
 def test_a_stopped_detokenizer_is_its_own_verdict(seat: RealSeat) -> None:
     """GIVEN traffic WHEN node 0's detokenizer is SIGSTOPped (a hang outside the schedulers) THEN the bundle's
     verdict names the detokenizer, not a scheduler rank; SIGCONT recovers the seat."""
-    before = _bundles(seat)
-    with Traffic(seat.endpoint) as load:
-        assert load.wait_answers(2, 120)
-        res = _fault(seat, "sigstop:detokenizer")
-        try:
-            got = _wait_bundle(seat, before, 60)
-        finally:
-            _fault(seat, "sigcont:detokenizer")
-        assert got is not None, "no bundle within 60 s of stopping the detokenizer"
-        bundle, _ = got
-        m = _manifest(bundle)
-        v = m["verdict"]
-        print(f"detokenizer stopped -> bundle {bundle.name} in {m['created'] - res['applied_t']:.2f} s: {v}")
-        assert v["kind"] == "process stopped" and v["rank"] is None and v["node"] == 0, v
-        assert any("detokenizer" in e for e in v["evidence"]), v
-        assert load.wait_answers(3, 120), "the seat did not serve again after SIGCONT"
+    bundle, v, _ = _stopped(seat, "detokenizer")
+    assert v["kind"] == "process stopped" and v["rank"] is None and v["node"] == 0, v
+    assert any("detokenizer" in e for e in v["evidence"]), v
     rep = _replay(seat, bundle)
     assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
     _unlatched(seat)
