@@ -65,6 +65,8 @@ RELEASE = {"probe-stall": "clear", "sigstop-decode": "sigcont:rank=1", "sigstop-
 #: SGLang's own watchdog, as it logs (utils/watchdog.py, scheduler debug dump; sglang-cpu.md's timeline).
 SGLANG_FIRST = ("Scheduler watchdog timeout", "Scheduler debug info", "py-spy dump")
 SGLANG_TIMEOUT_LINE = "Scheduler watchdog timeout"
+#: `up` tries per case (a failed start-up is reported in the case's notes).
+UP_ATTEMPTS = 3
 
 
 @dataclass
@@ -92,6 +94,10 @@ def cli(args: list[str], home: Path, timeout: float = 300) -> subprocess.Complet
            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     return subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+def _logs_text(home: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in (home / "logs" / NAME).glob("node*.log"))
 
 
 def write_spec(directory: Path, timeout_s: int) -> Path:
@@ -179,12 +185,19 @@ def run_case(fault: str, timeout_s: int, work: Path, observe_s: float) -> Case:
     case = Case(fault=fault, timeout_s=timeout_s)
     home = work / f"home-{fault}-{timeout_s}"
     spec = write_spec(work, timeout_s)
-    t0 = time.monotonic()
-    up = cli(["up", "--seat", str(spec), "--timeout", "600"], home, timeout=700)
-    case.seat_up_s = time.monotonic() - t0
-    if up.returncode != 0:
-        case.notes.append(f"up failed: {(up.stdout + up.stderr)[-400:]}")
+    for attempt in range(1, UP_ATTEMPTS + 1):
+        t0 = time.monotonic()
+        up = cli(["up", "--seat", str(spec), "--timeout", "600"], home, timeout=700)
+        case.seat_up_s = time.monotonic() - t0
+        if up.returncode == 0:
+            break
+        # SGLang's own watchdog can fire on the start-up warm-up forward (a short timeout on a loaded CPU).
+        out = up.stdout + up.stderr
+        why = "SGLang's watchdog fired during start-up" if "Scheduler watchdog timeout" in _logs_text(home) \
+            else out[-300:]
+        case.notes.append(f"up attempt {attempt} failed ({case.seat_up_s:.0f} s): {why}")
         cli(["down", NAME], home, timeout=240)
+    else:
         return case
     endpoint = f"http://127.0.0.1:{HTTP_PORT}"
     watch = LogWatch(home / "logs" / NAME)

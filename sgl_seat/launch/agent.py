@@ -58,9 +58,18 @@ def engine_env(node: NodePlan, base: dict[str, str], gpu_ids: list[str]) -> dict
     Ray sets ``CUDA_VISIBLE_DEVICES`` in the actor's own environment, but whether it does depends
     on flags that changed across Ray versions (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``,
     ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``), so the mapping is written out here.
+
+    An engine whose interpreter is a path gets that interpreter's directory first on ``PATH``, as an activated
+    environment has it: SGLang runs tools of its environment by name (its own watchdog's crash diagnostics run
+    ``py-spy dump``; without this it found none in the engine's own ``.venv-sglang/bin``).
     """
     env = dict(base)
     env.update(node.env_dict())
+    python = node.command[0] if node.command else ""
+    if os.sep in python and "PATH" not in node.env_dict():
+        bindir = os.path.dirname(python)
+        parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]
+        env["PATH"] = os.pathsep.join([bindir, *parts])
     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

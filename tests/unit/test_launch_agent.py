@@ -195,3 +195,12 @@ def test_a_scheduler_is_named_first_only_when_it_went_well_before_its_engine(
     else:
         assert st["reason"] == f"node 1 engine (pid {agent.proc.pid}) killed by SIGKILL", st["reason"]
     assert st["exited_at"] == pytest.approx(time.time() - lost_before_exit_s, abs=1.0)
+
+
+def test_an_engine_interpreter_by_path_puts_its_directory_first_on_path(plan: LaunchPlan) -> None:
+    """SGLang's own watchdog runs `py-spy` by name: the engine's environment must find its own tools first."""
+    node = dataclasses.replace(plan.nodes[0], command=("/opt/engine/bin/python", "-m", "sglang.launch_server"))
+    env = engine_env(node, {"PATH": "/usr/bin:/opt/engine/bin:/bin"}, [])
+    assert env["PATH"] == "/opt/engine/bin:/usr/bin:/bin"
+    bare = dataclasses.replace(plan.nodes[0], command=("python3", "-m", "sglang.launch_server"))
+    assert engine_env(bare, {"PATH": "/usr/bin"}, [])["PATH"] == "/usr/bin"
