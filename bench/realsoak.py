@@ -7,7 +7,8 @@ per seat first:
 - ``traffic``: 2 clients of short completions for 20-40 s;
 - ``idle``: no request for 10-40 s;
 - ``burst``: 16 clients (twice the seat's 8 slots) for 10-20 s, so requests queue;
-- ``long``: one prompt of ~3,000 tokens (the tiny model's context is 4,096) beside the 2 clients.
+- ``long``: one prompt of a few thousand tokens (the tiny model's context is 4,096; the report prints how many)
+  beside the 2 clients.
 
 Faults (``--faults`` per seat, default 5): a probe stall on a random rank at a random call
 (``sgl-seat fault probe-stall:rank=R,after_calls=N,for_s=30``) under traffic; recovery: ``clear``, then the
@@ -49,6 +50,7 @@ class SoakReport:
     episodes: dict[str, int] = field(default_factory=dict)
     false_bundles: list[str] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    long_prompt_tokens: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -144,9 +146,9 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
         return
     windows: list[tuple[float, float]] = []  # fault windows: a bundle triggered inside one is the fault's
     try:
-        plan = list(HEALTHY) + ["fault"] * faults
-        rng.shuffle(plan)
-        plan = [*HEALTHY, *plan[len(HEALTHY):]] if faults else plan  # every healthy kind once first
+        rest = ["fault"] * faults + [rng.choice(HEALTHY) for _ in range(faults)]
+        rng.shuffle(rest)
+        plan = [*HEALTHY, *rest]  # every healthy kind once first, then faults among healthy episodes
         deadline = time.monotonic() + minutes * 60
         i = 0
         while i < len(plan) or time.monotonic() < deadline:
@@ -168,10 +170,14 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
                 c.close()
             elif kind == "long":
                 c = Clients(endpoint, 2).start()
-                body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(1500)),
+                body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(700)),
                         "max_tokens": 16}
                 try:
-                    httpx.post(f"{endpoint}/v1/completions", json=body, timeout=300, trust_env=False)
+                    r = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=300, trust_env=False)
+                    if r.status_code == 200:
+                        rep.long_prompt_tokens.append(int(r.json()["usage"]["prompt_tokens"]))
+                    else:
+                        rep.notes.append(f"{name}: the long prompt got HTTP {r.status_code}: {r.text[:200]}")
                 except httpx.HTTPError as exc:
                     rep.notes.append(f"{name}: the long prompt failed: {exc}")
                 c.close()
@@ -240,7 +246,8 @@ def table(rep: SoakReport, minutes: float) -> str:
     hours = rep.healthy_s / 3600
     lines = [f"watchdog soak on real SGLang 0.5.23 (CPU engine, tiny model, TP2 on two local nodes), planned "
              f"{minutes:.0f} min",
-             f"healthy time {rep.healthy_s / 60:.1f} min, episodes {rep.episodes}",
+             f"healthy time {rep.healthy_s / 60:.1f} min, episodes {rep.episodes}, long prompts of "
+             f"{sorted(set(rep.long_prompt_tokens))} tokens",
              f"false bundles: {len(rep.false_bundles)} ({len(rep.false_bundles) / hours if hours else 0:.2f} per hour"
              " of healthy traffic)"]
     lines += [f"  {b}" for b in rep.false_bundles]
