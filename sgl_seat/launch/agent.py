@@ -14,6 +14,7 @@ tails and new log bytes, and kills the process group on request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -176,6 +177,7 @@ class NodeAgent:
         self.known.clear()
         self.rank_pids.clear()
         self.rank_lost_at.clear()
+        self._forget_rehearsal_faults(node)
         self.proc = procs.spawn(node.command, env, self.log_path)
         self.started_at = time.time()
         self.exited_at = None
@@ -309,6 +311,18 @@ class NodeAgent:
         return json.dumps([i.to_dict() for i in (procs.info(p) for p in live) if i is not None])
 
     # -- rehearsal faults (launch/rehearse.py) ------------------------------------------------------
+
+    @staticmethod
+    def _forget_rehearsal_faults(node: NodePlan) -> None:
+        """A new engine starts with no run-time fault armed: the probe's control file lives in the node's probe
+        directory, which outlives a seat (a stall armed on the last one, never cleared because its engine died
+        first, stalled this one's first forward: its start-up hung). Faults given at start come from the plan."""
+        directory = node.env_dict().get("SGL_SEAT_PROBE_DIR")
+        if directory:
+            from sgl_seat.watchdog.probe.fault import CONTROL_FILE
+
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, CONTROL_FILE))
 
     def rehearse(self, action_json: str) -> str:
         """One rehearsal fault on this node; refused unless the plan is a rehearsal's. JSON in, JSON out.

@@ -180,3 +180,25 @@ def test_sigkill_is_a_real_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         json.loads(agent.kill_engine(5.0))
     assert json.loads(agent.survivors()) == []
+
+
+def test_a_new_engine_starts_with_no_stale_run_time_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a control file left in the node's probe directory by an earlier seat (its stall never cleared: its
+    engine died first) WHEN the agent starts an engine THEN the file is gone before the engine starts, so the new
+    engine's first forward does not stall (it did: `up` then hung and SGLang's own watchdog killed it)."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir(mode=0o700)
+    assert probe_fault.write_control(str(probe_dir), FAULT, fault_id="old") is not None
+    plan = build_plan(load_spec("local-sglang"))
+    node = NodePlan(node_rank=1, ranks=plan.nodes[1].ranks,
+                    command=(sys.executable, "-c", "import time; time.sleep(30)"), env=(("SGL_SEAT_PROBE_DIR", str(probe_dir)),), serves_http=False)
+    plan = dataclasses.replace(plan, nodes=(plan.nodes[0], node), rehearsal=True)
+    agent = NodeAgent("local-sglang", 1, "sglang")
+    monkeypatch.setattr(NodeAgent, "_gpu_ids", staticmethod(lambda: []))
+    agent.start_engine(json.dumps(plan.to_json()))
+    try:
+        assert not (probe_dir / probe_fault.CONTROL_FILE).exists()
+    finally:
+        json.loads(agent.kill_engine(5.0))
+    assert json.loads(agent.survivors()) == []
