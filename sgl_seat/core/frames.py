@@ -29,19 +29,22 @@ _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<fro
 #: An engine's idle wait, by qualified frame name (innermost engine frames): SGLang 0.5.23's scheduler polling
 #: its input while nothing runs (``Scheduler._poll_timeout_aborts``, spinning without ``--sleep-on-idle``), or
 #: asleep in ``IdleSleeper.maybe_sleep``'s zmq poll (``--sleep-on-idle``, rank 0; scheduler.py:5328 ->
-#: idle_sleeper.py:37), and a zmq receive or poll anywhere (a process waiting for its input).
+#: idle_sleeper.py:37), and a zmq receive or poll anywhere (a process waiting for its input; a zmq *send* is
+#: work: a busy rank 0 is seen in ``Socket.send`` handing its outputs to the detokenizer).
 _IDLE_WAIT = re.compile(r"(^|\.)(_poll_timeout_aborts|maybe_sleep_on_idle|maybe_sleep|on_idle)$")
 _ZMQ_WAIT = re.compile(r"/zmq/sugar/(poll|socket)\.py$")
+_ZMQ_WAIT_NAME = re.compile(r"(^|\.)(poll|recv\w*)$")
 
 
-def idle_frame(thread: ThreadStack | None, *, depth: int = 3) -> Frame | None:
+def idle_frame(thread: ThreadStack | None, *, depth: int = 4) -> Frame | None:
     """The frame of an engine's idle wait the thread sits in (innermost ``depth`` Python frames), if any.
 
     Why: an idle scheduler is in engine code, not the standard library (a zmq poll in site-packages, or its own
     polling loop), so "innermost engine frame" read it as running work; it says nothing about a hang.
     """
     for f in python_frames(thread)[:depth]:
-        if _ZMQ_WAIT.search(f.filename.replace("\\", "/")) or _IDLE_WAIT.search(f.name):
+        if (_ZMQ_WAIT.search(f.filename.replace("\\", "/")) and _ZMQ_WAIT_NAME.search(f.name)) \
+                or _IDLE_WAIT.search(f.name):
             return f
     return None
 

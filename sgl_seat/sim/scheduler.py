@@ -383,13 +383,19 @@ class Scheduler:
         plan = self.batcher.plan()
         self._send_rejected()
         if plan is None:
-            if self._drain(block_s=tick):
+            if self.on_idle(tick):
                 return SHUTDOWN, None
             plan = self.batcher.plan()
             self._send_rejected()
         if plan is None:
             return IDLE, None
         return plan.kind, plan
+
+    def on_idle(self, tick: float) -> bool:
+        """Nothing to run: wait up to ``tick`` for input. Named as SGLang's own idle hook (``Scheduler.on_idle``,
+        where its rank 0 sleeps under --sleep-on-idle), so an idle sim rank 0 reads as idle to the watchdog's
+        classifier, as a real one does; True if a shutdown was asked for."""
+        return self._drain(block_s=tick)
 
     def _drain(self, block_s: float) -> bool:
         """Handle queued control messages; True if a shutdown was asked for."""

@@ -437,3 +437,20 @@ def test_the_rehearsal_gates_frame_is_a_call_of_its_target() -> None:
     assert frame_is_target(gate, TARGET)
     other = F("rehearsal_gate", "<sgl-seat rehearsal gate of 'EngramEmbedding.forward'>", 8)
     assert not frame_is_target(other, TARGET)
+
+
+def test_a_zmq_send_is_work_and_the_sims_on_idle_is_idle() -> None:
+    """A busy real rank 0 is seen in zmq's ``Socket.send`` handing outputs to the detokenizer: not idle (a live
+    sim-vs-real run classified it idle). The sim's idle rank 0 waits in its ``on_idle`` (named as SGLang's idle
+    hook) under a queue wait: idle, as a real idle rank 0 is."""
+    send = ThreadStack(1, "MainThread", True, True, (
+        F("Socket.send", f"{SITE}/zmq/sugar/socket.py", 713),
+        F("Scheduler.send_to_detokenizer", f"{SG}/managers/scheduler_output_processor_mixin.py", 900),
+        *MODEL))
+    assert classify_thread(send).state != "idle"
+    sim_idle = ThreadStack(1, "MainThread", False, False, (
+        F("Condition.wait", f"{STD}/threading.py", 331), F("Queue.get", f"{STD}/queue.py", 180),
+        F("SimScheduler._drain", "/opt/sgl-seat/sgl_seat/sim/scheduler.py", 405),
+        F("SimScheduler.on_idle", "/opt/sgl-seat/sgl_seat/sim/scheduler.py", 398),
+        F("SimScheduler._next_plan", "/opt/sgl-seat/sgl_seat/sim/scheduler.py", 386)))
+    assert classify_thread(sim_idle).state == "idle"
