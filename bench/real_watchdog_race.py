@@ -177,8 +177,9 @@ def engine_alive(home: Path) -> bool:
 
 
 def bundles(home: Path) -> set[Path]:
-    d = home / "bundles" / NAME
-    return {p for p in d.iterdir() if p.is_dir() and (p / "manifest.json").is_file()} if d.is_dir() else set()
+    from sgl_seat.launch.demo import complete_bundles
+
+    return complete_bundles(home / "bundles" / NAME)
 
 
 def run_case(fault: str, timeout_s: int, work: Path, observe_s: float) -> Case:

@@ -185,7 +185,7 @@ def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
     return url, node.node_rank
 
 
-def _complete_bundles(d: Path) -> set[Path]:
+def complete_bundles(d: Path) -> set[Path]:
     """Bundle directories with their manifest (written last; in-progress writes are dot-named temp dirs)."""
     if not d.is_dir():
         return set()
@@ -196,7 +196,7 @@ def wait_for_bundle(d: Path, before: set[Path], timeout: float) -> tuple[Path, f
     """The first new complete bundle under ``d`` and when it was seen (``time.time()``), or None."""
     deadline = time.monotonic() + timeout
     while True:
-        new = sorted(_complete_bundles(d) - before)
+        new = sorted(complete_bundles(d) - before)
         if new:
             return new[0], time.time()
         if time.monotonic() >= deadline:
@@ -301,7 +301,7 @@ def _inject(rec: SeatRecord, res: DemoResult, stages: Stages, say: Callable[[str
     res.injection = {"fault": fault, "rank": STALL_RANK, "node": node, "admin_url": url, "armed_at": None}
     say(f"\n[3/6] inject a host row-fetch stall on rank {STALL_RANK} (node {node}) through the sim's fault route")
     with _stage(stages, "inject", f"{fault} -> {url}") as note:
-        before = _complete_bundles(bdir)
+        before = complete_bundles(bdir)
         admin("POST", url, {"fault": fault})
         t_inj = time.time()
         note["detail"] = f"{fault} armed on node {node} ({url})"
@@ -328,7 +328,7 @@ def _stop_scheduler(rec: SeatRecord, rank: int, res: DemoResult, stages: Stages,
     say(f"\n[3/6] stop rank {rank}'s scheduler ({rk.title}, pid {rk.pid}, node {node.node_rank}) with SIGSTOP:"
         " a fault from outside the engine, which any real seat takes")
     with _stage(stages, "inject", f"SIGSTOP -> {rk.title} pid {rk.pid}") as note:
-        before = _complete_bundles(bdir)
+        before = complete_bundles(bdir)
         os.kill(rk.pid, signal.SIGSTOP)
         t_inj = time.time()
         note["detail"] = f"{rk.title} (pid {rk.pid}) stopped"

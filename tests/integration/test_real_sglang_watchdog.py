@@ -31,6 +31,7 @@ import pytest
 from launchutil import run_cli, wait_until
 from realseat import RealSeat, brought_up, require_engine, write_spec
 
+from sgl_seat.launch.demo import complete_bundles, wait_for_bundle
 from sgl_seat.watchdog.probe import ring as probe_ring
 
 pytestmark = pytest.mark.integration
@@ -87,20 +88,11 @@ class Traffic:
 
 
 def _bundles(seat: RealSeat) -> set[Path]:
-    d = seat.home / "bundles" / seat.name
-    if not d.is_dir():
-        return set()
-    return {p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "manifest.json").is_file()}
+    return complete_bundles(seat.home / "bundles" / seat.name)
 
 
 def _wait_bundle(seat: RealSeat, before: set[Path], timeout: float) -> tuple[Path, float] | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        new = sorted(_bundles(seat) - before)
-        if new:
-            return new[0], time.time()
-        time.sleep(0.2)
-    return None
+    return wait_for_bundle(seat.home / "bundles" / seat.name, before, timeout)
 
 
 def _fault(seat: RealSeat, action: str) -> dict[str, Any]:
