@@ -306,4 +306,6 @@ def log_node_sigterm(node_rank: int) -> str:
 
 
 def log_scheduler_exception(message: str) -> str:
+    """scheduler.py run_scheduler_process: ``message`` is the whole traceback (``get_exception_traceback()``),
+    so the line opens with "Traceback (most recent call last):" and the error is the last of its lines."""
     return f"Scheduler hit an exception: {message}"

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -183,8 +184,10 @@ class Scheduler:
         self._send_ctl({"t": "ready", "rank": self.tp_rank, "pid": os.getpid(), **self.init_info()})
         try:
             self._loop()
-        except Exception as e:
-            self.log.error(contract.log_scheduler_exception(f"{type(e).__name__}: {e}"))
+        except Exception:
+            # As SGLang's run_scheduler_process: the whole traceback, on the prefixed line and the lines after it
+            # (the real engine's error, e.g. gloo's peer error, is its last line: detect.py reads it from there).
+            self.log.error(contract.log_scheduler_exception(traceback.format_exc().rstrip("\n")))
             self._sigquit_parent()
             return 1
         with contextlib.suppress(Exception):  # best effort at shutdown

@@ -306,6 +306,8 @@ def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat
     (r2,) = [p for p in b.processes if p.rank == 2]
     assert not r2.alive or "is exiting after its own error" in v.evidence[0], (r2, v.evidence)
     tail = b.log_text[1]
-    assert "Scheduler hit an exception: RuntimeError: sim fault: rank 2 failed in its forward" in tail, tail[-2000:]
+    # as real SGLang: the prefixed line opens the traceback, whose last line is the error
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in tail, tail[-2000:]
+    assert "RuntimeError: sim fault: rank 2 failed in its forward" in tail, tail[-2000:]
     assert any("rank 2's own error" in e for e in v.evidence), v.evidence
     assert b.logs or tail
