@@ -84,3 +84,11 @@ class BundleError(SeatError):
     """A forensic bundle that is missing, damaged, hostile or of an unknown schema."""
 
     exit_code = 2
+
+
+class ArchiveLimitError(BundleError):
+    """A bundle archive that would unpack to more than the caller's cap (``--max-unpacked-bytes``).
+
+    Apart from BundleError because it is the one refusal an operator may overrule: the archive may be honest and
+    large, and raising the cap is the fix; every other archive refusal means a damaged or hostile archive.
+    """

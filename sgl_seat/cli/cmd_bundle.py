@@ -21,6 +21,11 @@ app = typer.Typer(help="List, show, verify, pack, unpack and merge forensic bund
 
 BundleArg = Annotated[str, typer.Argument(help="A bundle directory, a .tar.zst, or a bundle id under $SGL_SEAT_HOME.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+# None: the library's default (sgl_seat.forensics.archive.DEFAULT_MAX_UNPACKED_BYTES), not imported here for speed.
+MaxUnpackedOpt = Annotated[int | None, typer.Option(
+    "--max-unpacked-bytes", min=1, metavar="BYTES",
+    help="Refuse a .tar.zst that would unpack to more than this, whatever its manifest claims, before writing "
+         "anything (default 2 GiB: 2147483648).")]
 
 
 def _when(t: float | None) -> str:
@@ -66,13 +71,13 @@ def ls(
 
 
 @app.command("show")
-def show(bundle: BundleArg, json_out: JsonOpt = False) -> None:
+def show(bundle: BundleArg, json_out: JsonOpt = False, max_unpacked_bytes: MaxUnpackedOpt = None) -> None:
     """Show a bundle's manifest: seat, trigger, verdict, versions and files (verifies it first)."""
     from sgl_seat.forensics.replay import load_any
     from sgl_seat.forensics.store import resolve_bundle
     from sgl_seat.launch.record import recorded_bundle_dirs
 
-    b = load_any(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()))
+    b = load_any(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()), max_unpacked_bytes=max_unpacked_bytes)
     m = b.manifest
     if json_out:
         print_json(m.to_json())
@@ -112,7 +117,7 @@ def _dir_sizes(root: Path) -> dict[str, int]:
 
 
 @app.command("verify")
-def verify(bundle: BundleArg, json_out: JsonOpt = False) -> None:
+def verify(bundle: BundleArg, json_out: JsonOpt = False, max_unpacked_bytes: MaxUnpackedOpt = None) -> None:
     """Verify a bundle's manifest, file list, sizes and sha256 digests (exit 2 if anything is off)."""
     from sgl_seat.forensics.archive import is_archive
     from sgl_seat.forensics.bundle import verify_bundle
@@ -122,7 +127,8 @@ def verify(bundle: BundleArg, json_out: JsonOpt = False) -> None:
 
     with _json_refusal(json_out, bundle):
         path = resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs())
-        m = load_any(path).manifest if is_archive(path) else verify_bundle(path)
+        m = (load_any(path, max_unpacked_bytes=max_unpacked_bytes).manifest if is_archive(path)
+             else verify_bundle(path))
     if json_out:
         print_json({"path": str(path), "ok": True, "bundle_id": m.bundle_id, "schema_version": m.schema_version,
                     "files": len(m.files) + 1, "bytes": m.total_size})
@@ -158,12 +164,14 @@ def unpack(
     into: Annotated[Path, typer.Option("--into", help="Directory to unpack into (default: the current one).")]
     = Path(),
     json_out: JsonOpt = False,
+    max_unpacked_bytes: MaxUnpackedOpt = None,
 ) -> None:
-    """Unpack a bundle archive safely (no links, devices, absolute paths or `..`) and verify it."""
+    """Unpack a bundle archive safely (no links, devices, absolute paths or `..`, at most --max-unpacked-bytes)
+    and verify it."""
     from sgl_seat.forensics.archive import unpack_bundle
 
     with _json_refusal(json_out, archive):
-        out = unpack_bundle(archive, into)
+        out = unpack_bundle(archive, into, max_unpacked_bytes=max_unpacked_bytes)
     if json_out:
         print_json({"path": str(out), "ok": True, "archive": str(archive), "archive_bytes": archive.stat().st_size,
                     **_dir_sizes(out)})

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from sgl_seat.cli.cmd_bundle import MaxUnpackedOpt
 from sgl_seat.cli.common import console, print_json
 from sgl_seat.errors import BundleError, UsageError
 
@@ -43,6 +44,7 @@ def replay(
                                                     "(default: the bundle's seat).")] = None,
     watch_grace: Annotated[float, typer.Option("--watch-grace", min=0, help="Seconds to keep looking for a new "
                                                "bundle after the traffic ends.")] = 10.0,
+    max_unpacked_bytes: MaxUnpackedOpt = None,
 ) -> None:
     """Verify a bundle, re-run the watchdog's detectors and report the hang: which rank lags and where,
     row-fetch latency by gather size, and what the seat was doing. With --traffic, re-send its requests."""
@@ -57,7 +59,8 @@ def replay(
 
     if traffic and not target:
         raise UsageError("--traffic needs --target", fix="e.g. --target http://127.0.0.1:30000")
-    result = replay_bundle(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()))
+    result = replay_bundle(resolve_bundle(bundle, seat_dirs=recorded_bundle_dirs()),
+                           max_unpacked_bytes=max_unpacked_bytes)
     if html is not None:
         _write(html, render_html(result))
     if speedscope_out is not None:

@@ -7,6 +7,13 @@ by this module into a fresh temporary directory inside the target, which is veri
 then renamed into place. Links, devices, absolute paths and ``..`` are refused; the decompressed stream is
 capped so neither a zstd bomb nor an oversized tar header can exhaust memory or disk. Any problem is one
 BundleError and leaves nothing behind.
+
+Why an absolute cap on top of the manifest's sizes: the manifest is the stranger's own claim. An archive of
+130 KB whose manifest lists 3 GB of zeros is consistent with itself and used to unpack all of it. So the claim
+(the manifest's bytes plus every listed file's size) is checked against ``max_unpacked_bytes`` (2 GiB unless the
+caller raises it) right after the manifest is parsed, before a byte is written; only then does the decompressed
+stream's own cap grow by the claim. A stream that runs past its claim stops there, and what was written of it is
+removed with the rest (:class:`ArchiveLimitError` for the first case, :class:`BundleError` for the second).
 """
 
 from __future__ import annotations
@@ -22,13 +29,13 @@ from typing import IO, Any
 
 import zstandard
 
-from sgl_seat.errors import BundleError
+from sgl_seat.errors import ArchiveLimitError, BundleError
 from sgl_seat.forensics import layout
 from sgl_seat.forensics.bundle import verify_bundle
 from sgl_seat.forensics.codec import loads_document
 from sgl_seat.forensics.manifest import Manifest
 
-__all__ = ["ARCHIVE_SUFFIX", "is_archive", "pack_bundle", "unpack_bundle"]
+__all__ = ["ARCHIVE_SUFFIX", "DEFAULT_MAX_UNPACKED_BYTES", "is_archive", "pack_bundle", "unpack_bundle"]
 
 ARCHIVE_SUFFIX = ".tar.zst"
 _CHUNK = 1 << 20
@@ -36,6 +43,9 @@ _CHUNK = 1 << 20
 _HEADER_ALLOWANCE = 64 * 1024
 #: zstd window limit: bounds the decompressor's memory whatever the frame header claims.
 _MAX_WINDOW = 1 << 27
+#: What an archive may unpack to unless the caller raises it: a bundle holds minutes of history (tens of MB);
+#: 2 GiB leaves room for a long one and stops an archive from filling the disk of whoever opens it.
+DEFAULT_MAX_UNPACKED_BYTES = 2 << 30
 
 
 def is_archive(path: Path) -> bool:
@@ -45,6 +55,17 @@ def is_archive(path: Path) -> bool:
 def _hostile(archive: Path, msg: str) -> BundleError:
     return BundleError(f"archive {archive}: {msg}",
                        fix="the archive is damaged or was not made by `sgl-seat bundle pack`; refusing to unpack it")
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes ({n / (1 << 30):.2f} GiB)"
+
+
+def _too_large(archive: Path, claimed: int, cap: int) -> ArchiveLimitError:
+    return ArchiveLimitError(
+        f"archive {archive}: its manifest claims it unpacks to {_size(claimed)}, over the cap of {_size(cap)}; "
+        "nothing was written",
+        fix=f"if you trust where it came from, allow it with --max-unpacked-bytes {claimed} (or more)")
 
 
 def pack_bundle(src: Path, dest: Path | None = None, *, level: int = 10) -> Path:
@@ -143,8 +164,15 @@ def _copy_member(archive: Path, src: IO[bytes], dest: Path, size: int, sha: str)
         raise _hostile(archive, f"{dest.name}: does not match its manifest entry")
 
 
-def unpack_bundle(archive: Path, into: Path) -> Path:
-    """Unpack a bundle archive into ``into/<bundle_id>/`` safely; return that directory (verified)."""
+def unpack_bundle(archive: Path, into: Path, *, max_unpacked_bytes: int | None = None) -> Path:
+    """Unpack a bundle archive into ``into/<bundle_id>/`` safely; return that directory (verified).
+
+    ``max_unpacked_bytes`` (default :data:`DEFAULT_MAX_UNPACKED_BYTES`) caps what is written, whatever the
+    manifest claims: an archive claiming more is refused with :class:`ArchiveLimitError` before a byte is written.
+    """
+    cap = DEFAULT_MAX_UNPACKED_BYTES if max_unpacked_bytes is None else max_unpacked_bytes
+    if cap < 1:
+        raise BundleError(f"max_unpacked_bytes must be positive, got {cap}", fix="pass a byte count of 1 or more")
     archive = Path(archive)
     into = Path(into)
     if not archive.is_file():
@@ -152,7 +180,7 @@ def unpack_bundle(archive: Path, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".unpack-", dir=into))
     try:
-        top = _unpack_into(archive, work)
+        top = _unpack_into(archive, work, cap)
         final = into / top
         if final.exists() or final.is_symlink():
             raise BundleError(f"{final} already exists", fix="remove it or unpack into another directory")
@@ -167,7 +195,7 @@ def unpack_bundle(archive: Path, into: Path) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _unpack_into(archive: Path, work: Path) -> str:
+def _unpack_into(archive: Path, work: Path, cap: int) -> str:
     dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
     with open(archive, "rb") as raw, dctx.stream_reader(raw, read_across_frames=True) as zr:
         capped = _CappedReader(zr, layout.MAX_MANIFEST_BYTES + _HEADER_ALLOWANCE * 4, archive)
@@ -203,6 +231,9 @@ def _unpack_into(archive: Path, work: Path) -> str:
                     manifest = Manifest.from_json(loads_document(data, f"{archive}:manifest.json"))
                     if manifest.bundle_id != head:
                         raise _hostile(archive, f"directory {head!r} does not match bundle_id {manifest.bundle_id!r}")
+                    claimed = len(data) + manifest.total_size
+                    if claimed > cap:  # before the first byte is written (the manifest's own included)
+                        raise _too_large(archive, claimed, cap)
                     dest = work / head / layout.MANIFEST
                     dest.parent.mkdir(parents=True)
                     with open(dest, "xb") as out:

@@ -150,20 +150,21 @@ class ReplayResult:
                 "slow": w.slow, "summary": w.summary(), "evidence": list(w.evidence)}
 
 
-def load_any(path: Path) -> Bundle:
-    """Read a bundle directory, or a ``.tar.zst`` (unpacked safely into a temporary directory first)."""
+def load_any(path: Path, *, max_unpacked_bytes: int | None = None) -> Bundle:
+    """Read a bundle directory, or a ``.tar.zst`` (unpacked safely into a temporary directory first, refused
+    before a byte is written if it claims more than ``max_unpacked_bytes``: see ``archive.unpack_bundle``)."""
     path = Path(path)
     if is_archive(path):
         with tempfile.TemporaryDirectory(prefix="sgl-seat-replay-") as tmp:
-            inner = unpack_bundle(path, Path(tmp))
+            inner = unpack_bundle(path, Path(tmp), max_unpacked_bytes=max_unpacked_bytes)
             b = read_bundle(inner)
         return Bundle(**{**{f: getattr(b, f) for f in b.__dataclass_fields__}, "path": path})
     return read_bundle(path)
 
 
-def replay_bundle(path: Path) -> ReplayResult:
-    """Verify, load, re-detect and analyse one bundle (directory or .tar.zst)."""
-    bundle = load_any(Path(path))
+def replay_bundle(path: Path, *, max_unpacked_bytes: int | None = None) -> ReplayResult:
+    """Verify, load, re-detect and analyse one bundle (directory or .tar.zst, capped as in :func:`load_any`)."""
+    bundle = load_any(Path(path), max_unpacked_bytes=max_unpacked_bytes)
     replayed, note = rerun_detectors(bundle)
     return ReplayResult(source=Path(path), bundle=bundle, analysis=analyse(bundle),
                         recorded=bundle.manifest.verdict, replayed=replayed, detector_note=note,
