@@ -10,8 +10,13 @@ INCONCLUSIVE otherwise (Pinpoint's three-way answer); more repetitions narrow th
 concurrency, where the draft stops paying, is where the ratio curve crosses 1 (interpolated in log concurrency),
 bracketed by where the interval's two edges cross 1.
 
+Hangs are counts, not paired measurements: :func:`rate_ratio` gives the candidate's hang rate (per hour of serving
+time) over the baseline's with an exact conditional interval, and :func:`judge_rate` turns it into the same three
+answers (its docstring says why its PASS differs from :func:`judge`'s).
+
 No scipy: the t quantile is the inverse of the t CDF through the regularized incomplete beta function, checked
-against tabulated values in the unit tests.
+against tabulated values in the unit tests; the beta quantile behind the rate-ratio interval inverts the same
+function, checked against binomial tails summed term by term.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
-    "Crossover", "Interval", "Outcome", "band_of", "crossover", "judge", "paired_log_ratio", "t_quantile",
+    "Crossover", "Interval", "Outcome", "RateRatio", "band_of", "beta_quantile", "crossover", "judge", "judge_rate",
+    "paired_log_ratio", "rate_ratio", "t_quantile",
 ]
 
 LEVEL = 0.95
@@ -158,6 +164,91 @@ def judge(iv: Interval, threshold: float, *, higher_is_better: bool) -> Outcome:
         return Outcome.PASS
     if iv.low > threshold:
         return Outcome.FAIL
+    return Outcome.INCONCLUSIVE
+
+
+def beta_quantile(q: float, a: float, b: float) -> float:
+    """The ``q`` quantile of the Beta(``a``, ``b``) distribution (bisection on the regularized incomplete beta)."""
+    if not (0.0 < q < 1.0 and a > 0 and b > 0):
+        raise ValueError(f"beta_quantile needs 0 < q < 1 and a, b > 0, got q={q}, a={a}, b={b}")
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if _betai(a, b, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-15:
+            break
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RateRatio:
+    """Events per unit of exposure, candidate over baseline, with an exact two-sided interval.
+
+    ``ratio`` is ``None`` when neither arm had an event (0/0 says nothing) and ``inf`` when only the candidate had
+    one; ``low`` is 0 when the candidate had none and ``high`` is ``inf`` when the baseline had none.
+    """
+
+    ratio: float | None
+    low: float
+    high: float
+    events: int
+    base_events: int
+    exposure: float
+    base_exposure: float
+
+    def to_json(self) -> dict[str, float | int | None]:
+        def f(x: float | None) -> float | None:
+            return round(x, 6) if x is not None and math.isfinite(x) else None
+
+        return {"ratio": f(self.ratio), "ci_low": f(self.low), "ci_high": f(self.high),
+                "ratio_infinite": self.ratio is not None and math.isinf(self.ratio)}
+
+
+def rate_ratio(events: int, exposure: float, base_events: int, base_exposure: float,
+               level: float = LEVEL) -> RateRatio:
+    """The rate ratio ``(events / exposure) / (base_events / base_exposure)`` with its exact ``level`` interval.
+
+    Why this interval: given ``n = events + base_events``, the candidate's count is binomial with ``p = te * r /
+    (te * r + tb)`` (``te``, ``tb`` the exposures, ``r`` the true ratio), whatever the baseline's own rate is. A
+    Clopper-Pearson interval on ``p`` (never below its level, however few the events) maps one to one onto ``r =
+    p / (1 - p) * tb / te``. Few hangs give a wide interval, and a long baseline exposure without a hang narrows it:
+    both arms' serving time counts, not only the counts.
+    """
+    if events < 0 or base_events < 0 or not (exposure > 0 and base_exposure > 0):
+        raise ValueError(f"rate_ratio needs counts >= 0 and positive exposures, got {events}/{exposure}, "
+                         f"{base_events}/{base_exposure}")
+    n = events + base_events
+    if n == 0:
+        return RateRatio(None, 0.0, math.inf, 0, 0, exposure, base_exposure)
+    alpha = 1.0 - level
+    scale = base_exposure / exposure
+
+    def to_r(p: float) -> float:
+        return math.inf if p >= 1.0 else p / (1.0 - p) * scale
+
+    p_low = 0.0 if events == 0 else beta_quantile(alpha / 2.0, events, n - events + 1)
+    p_high = 1.0 if events == n else beta_quantile(1.0 - alpha / 2.0, events + 1, n - events)
+    ratio = math.inf if base_events == 0 else (events / exposure) / (base_events / base_exposure)
+    return RateRatio(ratio, to_r(p_low), to_r(p_high), events, base_events, exposure, base_exposure)
+
+
+def judge_rate(rr: RateRatio, bound: float) -> Outcome:
+    """FAIL when the whole interval is above ``bound``; PASS when the estimate is at or below it; else INCONCLUSIVE.
+
+    Why PASS is not :func:`judge`'s (the whole interval below the bound): hangs are rare, and a battery where
+    neither arm hangs has the interval (0, inf), so a battery could never SHIP. Here PASS means the candidate hung
+    no more often per hour than the bound allows; a candidate that hung more often, but not so much more that the
+    interval clears the bound, is INCONCLUSIVE (which still stops SHIP: more runs decide). FAIL needs the interval
+    above the bound, so on identical arms (ratio 1, bound >= 1) it comes out FAIL with probability at most
+    ``(1 - LEVEL) / 2``, whatever the hang rate, instead of whenever one arm happened to hang once more.
+    """
+    if rr.low > bound:
+        return Outcome.FAIL
+    if rr.ratio is None or rr.ratio <= bound:
+        return Outcome.PASS
     return Outcome.INCONCLUSIVE
 
 

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
-from sgl_seat.gate.stats import Interval, Outcome, band_of, crossover, judge, paired_log_ratio, t_quantile
+from sgl_seat.gate.stats import (
+    Interval,
+    Outcome,
+    band_of,
+    crossover,
+    judge,
+    judge_rate,
+    paired_log_ratio,
+    rate_ratio,
+    t_quantile,
+)
 
 
 @pytest.mark.parametrize(("p", "df", "want"), [
@@ -112,3 +123,89 @@ def test_crossover_outside_the_sweep() -> None:
     assert crossover(levels, win).beyond_sweep and crossover(levels, win).estimate is None
     with pytest.raises(ValueError, match="ascending"):
         crossover([8, 1, 64], lose)
+
+
+# -- the hangs gate's rate ratio ----------------------------------------------------------------------------------
+
+
+def _binom_tail_ge(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def _solve(f: Callable[[float], float], target: float, increasing: bool) -> float:
+    """Bisection on [0, 1] for f(p) = target, f monotone: independent of the code under test."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if (f(mid) < target) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _brute_force_interval(a: int, ta: float, b: int, tb: float) -> tuple[float, float]:
+    """The exact conditional interval from its definition: Clopper-Pearson bounds found by summing binomial terms
+    (P(X >= a | pL) = 2.5 %, P(X <= a | pU) = 2.5 %), then r = p / (1 - p) * tb / ta."""
+    n = a + b
+    p_lo = 0.0 if a == 0 else _solve(lambda p: _binom_tail_ge(a, n, p), 0.025, increasing=True)
+    p_hi = 1.0 if a == n else _solve(lambda p: 1 - _binom_tail_ge(a + 1, n, p), 0.025, increasing=False)
+
+    def to_r(p: float) -> float:
+        return math.inf if p >= 1 else p / (1 - p) * tb / ta
+
+    return to_r(p_lo), to_r(p_hi)
+
+
+@pytest.mark.parametrize(("a", "ta", "b", "tb"), [
+    (1, 1.0, 0, 1.0), (3, 1.0, 0, 1.0), (0, 2.0, 4, 1.5), (5, 1.0, 5, 1.0), (2, 0.5, 7, 3.0), (12, 4.0, 30, 5.0),
+    (1, 1.0, 1, 10.0),
+])
+def test_rate_ratio_interval_matches_brute_force_summation(a: int, ta: float, b: int, tb: float) -> None:
+    """GIVEN hang counts over serving hours WHEN the rate-ratio interval is computed (beta quantiles) THEN it equals
+    the one found by summing binomial tails term by term and mapping p onto the ratio."""
+    rr = rate_ratio(a, ta, b, tb)
+    lo, hi = _brute_force_interval(a, ta, b, tb)
+    assert rr.low == pytest.approx(lo, rel=1e-7, abs=1e-12)
+    assert rr.high == pytest.approx(hi, rel=1e-7) if math.isfinite(hi) else math.isinf(rr.high)
+    if b:
+        assert rr.ratio == pytest.approx((a / ta) / (b / tb))
+
+
+def test_rate_ratio_known_values() -> None:
+    """GIVEN counts with closed forms WHEN computed THEN Clopper-Pearson's textbook values come back: x = 5 of 10 gives
+    p in [0.18709, 0.81291] (ratio [0.23010, 4.34583] at equal exposure); only the candidate hanging (a of a) gives
+    pL = 0.025 ** (1 / a); nothing at all gives no estimate and the interval (0, inf)."""
+    rr = rate_ratio(5, 1.0, 5, 1.0)
+    assert (rr.ratio, rr.low, rr.high) == pytest.approx((1.0, 0.18709 / 0.81291, 0.81291 / 0.18709), rel=1e-4)
+    for a in (1, 3, 6):
+        pl = 0.025 ** (1 / a)
+        one = rate_ratio(a, 2.0, 0, 1.0)
+        assert one.low == pytest.approx(pl / (1 - pl) / 2.0) and math.isinf(one.high) and math.isinf(one.ratio or 0)
+    none = rate_ratio(0, 1.0, 0, 1.0)
+    assert none.ratio is None and none.low == 0 and math.isinf(none.high)
+    assert none.to_json() == {"ratio": None, "ci_low": 0.0, "ci_high": None, "ratio_infinite": False}
+    with pytest.raises(ValueError):
+        rate_ratio(1, 0.0, 0, 1.0)
+
+
+def test_rate_rule_fails_identical_arms_at_most_2_5_percent() -> None:
+    """GIVEN identical arms (equal exposure, the same true hang rate) WHEN every outcome (a, b) of two Poisson counts is
+    weighed by its probability THEN the gate FAILs with probability at most 2.5 % at any rate (the old rule, FAIL when
+    the candidate hung once more, failed them up to about half the time); and 6 hangs against none FAIL."""
+    for lam in (0.1, 0.5, 1.0, 3.0, 8.0):
+        pois = [math.exp(-lam) * lam**k / math.factorial(k) for k in range(40)]
+        fail = old = 0.0
+        for a, pa in enumerate(pois):
+            for b, pb in enumerate(pois):
+                if judge_rate(rate_ratio(a, 1.0, b, 1.0), 1.0) is Outcome.FAIL:
+                    fail += pa * pb
+                if a > b:
+                    old += pa * pb
+        assert fail <= 0.025, (lam, fail)
+        assert old > 0.08
+    assert judge_rate(rate_ratio(0, 1.0, 0, 1.0), 1.0) is Outcome.PASS  # no hang anywhere: SHIP stays reachable
+    assert judge_rate(rate_ratio(1, 1.0, 0, 1.0), 1.0) is Outcome.INCONCLUSIVE  # hung more, not significantly
+    assert judge_rate(rate_ratio(6, 1.0, 0, 1.0), 1.0) is Outcome.FAIL
+    assert judge_rate(rate_ratio(2, 1.0, 0, 100.0), 1.0) is Outcome.FAIL  # a long clean baseline counts
+    assert judge_rate(rate_ratio(1, 1.0, 2, 1.0), 1.0) is Outcome.PASS
