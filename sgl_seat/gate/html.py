@@ -183,15 +183,18 @@ def render_html(rep: dict[str, Any]) -> str:
         f'<h1>Draft gate: <span class="big {_e(rep["verdict"])}">{_e(rep["verdict"])}</span></h1>',
         f'<p class="dim">arms {_e(", ".join(d["arms"]))}; {d["runs"]} run(s) per arm in ABBA order; sweep '
         f'{_e(d["levels"])}; sgl-seat {_e(__version__)}; <span id="render-status">static</span></p>',
-        "<h2>Gates (candidate / baseline, 95 % interval; A/A noise floor beside)</h2>",
+        f"<h2>Gates ({_e(rep.get('verdict_of', 'candidate'))} / baseline, 95 % interval; A/A noise floor beside;"
+        " hangs: per serving hour)</h2>",
     ]
     rows = []
     for g in rep["gates"]:
         nf = g.get("noise_floor") or {}
-        thr = ("&ge; " if g["higher_is_better"] else "&le; ") + _e(f"{g['threshold']:g}")
+        limit = g["bound"] if g.get("bound") is not None else g["threshold"]  # hangs: 1 + threshold since 1.1
+        thr = ("&ge; " if g["higher_is_better"] else "&le; ") + _e(f"{limit:g}")
         ci = "-" if g.get("ci_low") is None and g.get("ci_high") is None else (
             f"[{_e(g.get('ci_low'))}, {_e(g.get('ci_high') if g.get('ci_high') is not None else 'inf')}]")
-        rows.append([_td(g["name"]), _td(g.get("ratio"), True), f"<td>{ci}</td>", f"<td>{thr}</td>",
+        ratio = _td("inf") if g.get("ratio_infinite") else _td(g.get("ratio"), True)
+        rows.append([_td(g["name"]), ratio, f"<td>{ci}</td>", f"<td>{thr}</td>",
                      _td(None if nf.get("half_width") is None else f"+/-{nf['half_width'] * 100:.1f}%"),
                      f'<td class="{_e(g["outcome"])}">{_e(g["outcome"])}</td>', _td(g.get("note", ""))])
     out.append(_table(["gate", "ratio", "95 % interval", "threshold", "A/A floor", "outcome", "note"], rows,
@@ -201,7 +204,7 @@ def render_html(rep: dict[str, Any]) -> str:
         f"{_e(a)}/baseline {_e(v.get('ratio'))} [{_e(v.get('ci_low'))}, {_e(v.get('ci_high'))}]"
         for a, v in ss.items()) + "</p>")
     for arm, comp in rep["comparisons"].items():
-        if arm != "candidate":
+        if arm != rep.get("verdict_of", "candidate"):
             out.append(f"<p>{_e(arm)} arm: verdict <b class=\"{_e(comp['verdict'])}\">{_e(comp['verdict'])}</b> ("
                        + ", ".join(f"{_e(g['name'])} {_e(g['outcome'])}" for g in comp["gates"]) + ")</p>")
     out.append("<h2>Throughput against concurrency</h2>")

@@ -2,7 +2,9 @@
 single-stream (reported, never gated), the sweep, the crossover and the recommendation.
 
 Why a fixed-width table of ratios: the decision is read off the intervals, so every ratio is printed with its
-interval and the noise floor beside it, never a bare point estimate. A report of sim figures says so first.
+interval and the noise floor beside it, never a bare point estimate (the hangs gate's is a rate ratio: hangs per
+serving hour). A report of sim figures says so first. Reports of schema 1.0 (no ``verdict_of``, a hangs gate of
+counts) render as they did.
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ def render_text(rep: dict[str, Any]) -> str:
         out.append(f"*** {rep['synthetic_note']} ***")
     d = rep["design"]
     out.append(f"gate: arms {', '.join(d['arms'])}; {d['runs']} run(s) per arm, ABBA order; sweep {d['levels']}")
-    out.append(f"VERDICT (candidate vs baseline): {rep['verdict']}")
+    subject = rep.get("verdict_of", "candidate")  # a 1.0 report has no verdict_of: it was the candidate's
+    rehearsal = ", A/A rehearsal: identical arms" if subject == "control" else ""
+    out.append(f"VERDICT ({subject} vs baseline{rehearsal}): {rep['verdict']}")
     out.append("")
     out.append(f"{'gate':<18} {'ratio':>7}  {'95% interval':<20} {'threshold':>10}  {'A/A floor':>10}  outcome")
     for g in rep["gates"]:
         if g["metric"] == "hangs":
-            out.append(f"{g['name']:<18} {'-':>7}  {'-':<20} {'<= base':>10}  {'-':>10}  {g['outcome']}  "
+            thr = "<= base" if g.get("bound") is None else f"<= {g['bound']:g}"  # a 1.0 report compared counts
+            ratio = "inf" if g.get("ratio_infinite") else _r(g.get("ratio"))
+            out.append(f"{g['name']:<18} {ratio:>7}  {_ci(g):<20} {thr:>10}  {'-':>10}  {g['outcome']}  "
                        f"({g.get('note', '')})")
             continue
         thr = (">= " if g["higher_is_better"] else "<= ") + f"{g['threshold']:g}"
@@ -52,7 +58,7 @@ def render_text(rep: dict[str, Any]) -> str:
     for arm, ss in rep["single_stream"].items():
         out.append(f"single-stream {arm}/baseline: {_r(ss.get('ratio'))} {_ci(ss)} (reported, not gated)")
     for arm, comp in rep["comparisons"].items():
-        if arm == "candidate":
+        if arm == subject:
             continue
         fails = [g["name"] for g in comp["gates"] if g["outcome"] == "FAIL"]
         out.append(f"{arm}: verdict {comp['verdict']}" + (f" (FAIL: {', '.join(fails)})" if fails else ""))

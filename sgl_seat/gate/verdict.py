@@ -9,7 +9,24 @@ from the same files, and nothing measured is ever held only in memory.
   should never FAIL; if it does, the machine is too noisy for the battery's n.
 - Single-stream is reported with its interval and never gated. Greedy identity is judged against the A/A
   identity rate (the engine's own non-determinism), not against 100 %.
-- The verdict is the candidate's: DO_NOT_SHIP if any gate FAILs, SHIP if all PASS, else INCONCLUSIVE.
+- The verdict is the candidate's: DO_NOT_SHIP if any gate FAILs, SHIP if all PASS, else INCONCLUSIVE. Without a
+  candidate (``--arms baseline,control``, an A/A rehearsal before a real battery) it is the control's, by the same
+  gates: SHIP then says identical arms resolve every gate on this machine at this n, DO_NOT_SHIP that a gate FAILed
+  on identical arms (the machine or the battery is not fit to decide), INCONCLUSIVE that more runs are needed.
+  ``verdict_of`` names the arm.
+- The hangs gate is a rate ratio, not a paired one: hang bundles per hour of serving time (the seconds of the
+  traffic cells inside the window the bundles were counted in), candidate over baseline, with the exact interval
+  of :func:`sgl_seat.gate.stats.rate_ratio`, judged by :func:`sgl_seat.gate.stats.judge_rate` against ``1 +
+  threshold`` (the rule's threshold is the tolerated excess: 0, the shipped value, is "no higher than the
+  baseline's", which is what it meant when the gate compared counts).
+- A pipeline acts on the verdict through :data:`EXIT_CODES` (the CLI's exit status).
+
+Report versions (``schema_version``; readers take any 1.x):
+
+- 1.0: the first report.
+- 1.1: the hangs gate carries its rate ratio and interval (``ratio``, ``ci_low``, ``ci_high``,
+  ``ratio_infinite``), ``bound``, ``candidate_hours`` and ``baseline_hours``; each arm's figures carry
+  ``serving_s``; the report carries ``verdict_of`` (``candidate``, or ``control`` for an A/A battery).
 """
 
 from __future__ import annotations
@@ -22,15 +39,35 @@ from typing import Any
 from sgl_seat import __version__
 from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID, cell_names, schedule
 from sgl_seat.gate.runner import BatteryDir
-from sgl_seat.gate.stats import Interval, Outcome, band_of, crossover, judge, paired_log_ratio
+from sgl_seat.gate.stats import (
+    Interval,
+    Outcome,
+    band_of,
+    crossover,
+    judge,
+    judge_rate,
+    paired_log_ratio,
+    rate_ratio,
+)
 from sgl_seat.gate.workloads import Battery, GateRule
 
-__all__ = ["REPORT_SCHEMA_VERSION", "SYNTHETIC_NOTE", "build_report"]
+__all__ = ["DO_NOT_SHIP", "EXIT_CODES", "INCONCLUSIVE", "REPORT_SCHEMA_VERSION", "SHIP", "SYNTHETIC_NOTE",
+           "build_report", "exit_code"]
 
-REPORT_SCHEMA_VERSION = "1.0"
+REPORT_SCHEMA_VERSION = "1.1"
 SYNTHETIC_NOTE = ("SYNTHETIC: every figure in this report comes from sgl-seat's sim engine (a cost model, not a "
                   "GPU); it checks the battery and the seat plumbing, not SGLang's performance")
 SHIP, DO_NOT_SHIP, INCONCLUSIVE = "SHIP", "DO_NOT_SHIP", "INCONCLUSIVE"
+#: The exit status of ``sgl-seat gate`` for each verdict, so that a deployment pipeline can act on it. 2 stays the
+#: usage error's (click's and :class:`sgl_seat.errors.UsageError`'s); any other SeatError exits with its own code.
+EXIT_CODES = {SHIP: 0, DO_NOT_SHIP: 1, INCONCLUSIVE: 3}
+#: The cells that are not traffic: what the engine reports, and the bundles listed at the slot's end.
+_NOT_SERVING = ("engine", "hangs")
+
+
+def exit_code(verdict: str) -> int:
+    """The exit status for ``verdict``; an unknown one is INCONCLUSIVE's (never 0: a pipeline must not ship on it)."""
+    return EXIT_CODES.get(verdict, EXIT_CODES[INCONCLUSIVE])
 
 
 def _num(x: Any) -> float | None:
@@ -45,6 +82,18 @@ def _arm_figures(battery: Battery, cells: dict[tuple[str, str], dict[str, Any]],
         return None if doc is None else doc["data"]
 
     eng, cold, greedy, prefix, hangs = (data(c) for c in ("engine", "cold_ttft", "greedy", "prefix", "hangs"))
+    # The hangs window opens when the engine cell lists the bundles already there (a resumed slot writes it again),
+    # so the serving time that exposes the arm to a hang is that of the traffic cells finished after it.
+    eng_doc = cells.get((slot_key, "engine"))
+    since = _num(eng_doc.get("finished")) if eng_doc else None
+    serving = 0.0
+    for name in cell_names(battery.levels()):
+        doc = cells.get((slot_key, name))
+        if name in _NOT_SERVING or doc is None or since is None:
+            continue
+        fin, secs = _num(doc.get("finished")), _num(doc.get("seconds"))
+        if fin is not None and secs is not None and fin >= since:
+            serving += secs
     sweep: dict[int, dict[str, Any]] = {}
     gen = verify = 0.0
     for c in battery.levels():
@@ -74,6 +123,7 @@ def _arm_figures(battery: Battery, cells: dict[tuple[str, str], dict[str, Any]],
         "prefix_hit_rate_cold": _num(prefix.get("hit_rate_cold")) if prefix else None,
         "prefix_hit_rate_all": _num(prefix.get("hit_rate_all")) if prefix else None,
         "hangs": hangs.get("count") if hangs and hangs.get("measured") else None,
+        "serving_s": round(serving, 3) if since is not None else None,
         "hang_bundles": hangs.get("bundles", []) if hangs else [],
         "accept_length": gen / verify if verify else None,
     }
@@ -111,23 +161,48 @@ def _interval(base: list[float], cand: list[float]) -> Interval | None:
     return paired_log_ratio(base, cand)
 
 
+def _hangs_gate(rule: GateRule, figs: dict[str, dict[int, dict[str, Any]]], arm: str,
+                out: dict[str, Any]) -> dict[str, Any]:
+    """Hang bundles per serving hour, ``arm`` over the baseline, over the repetitions both measured."""
+    reps = []
+    for rep, fb in sorted(figs.get(BASELINE, {}).items()):
+        fc = figs.get(arm, {}).get(rep)
+        if fc is not None and fb["hangs"] is not None and fc["hangs"] is not None:
+            reps.append((int(fc["hangs"]), fc.get("serving_s") or 0.0, int(fb["hangs"]), fb.get("serving_s") or 0.0))
+    a, b = sum(r[0] for r in reps), sum(r[2] for r in reps)
+    ta, tb = sum(r[1] for r in reps), sum(r[3] for r in reps)
+    bound = 1.0 + rule.threshold
+    out.update(ratio=None, ci_low=None, ci_high=None, ratio_infinite=False, n=len(reps),
+               baseline=b if reps else None, candidate=a if reps else None, bound=bound,
+               candidate_hours=round(ta / 3600, 4) if reps else None,
+               baseline_hours=round(tb / 3600, 4) if reps else None, noise_floor=None)
+    if not reps:
+        out.update(outcome=Outcome.INCONCLUSIVE.value, measured=False,
+                   note="no watchdog bundles were read for these arms (watchdog off, or running seats)")
+        return out
+    counts = f"{a} hang bundle(s) in {ta / 3600:.2f} h of serving with this arm, {b} in {tb / 3600:.2f} h with " \
+             f"the baseline, over {len(reps)} repetition(s)"
+    if ta <= 0 or tb <= 0:  # no rate without serving time; without a hang there is nothing to weigh either
+        out.update(outcome=(Outcome.PASS if a + b == 0 else Outcome.INCONCLUSIVE).value, measured=True,
+                   note=f"{counts}; " + ("no hang on either arm" if a + b == 0 else "no serving time recorded, so "
+                                         "no rate"))
+        return out
+    rr = rate_ratio(a, ta / 3600, b, tb / 3600)
+    outcome = judge_rate(rr, bound)
+    why = {Outcome.FAIL: f"the whole interval is above {bound:g}",
+           Outcome.PASS: f"the rate ratio is at most {bound:g}" if rr.ratio is not None else "no hang on either arm",
+           Outcome.INCONCLUSIVE: f"the rate ratio is above {bound:g}, but its interval reaches down to {bound:g} "
+                                 "(more runs decide)"}[outcome]
+    out.update(rr.to_json(), outcome=outcome.value, measured=True, note=f"{counts}; {why}")
+    return out
+
+
 def _gate(rule: GateRule, figs: dict[str, dict[int, dict[str, Any]]], arm: str,
           floor: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {"name": rule.name, "metric": rule.metric, "at": rule.at, "threshold": rule.threshold,
                            "higher_is_better": rule.higher_is_better}
     if rule.metric == "hangs":
-        base, cand = _pairs(figs, arm, "hangs")
-        out.update(ratio=None, ci_low=None, ci_high=None, n=len(base), baseline=sum(base) if base else None,
-                   candidate=sum(cand) if cand else None, noise_floor=None)
-        if not base:
-            out.update(outcome=Outcome.INCONCLUSIVE.value, measured=False,
-                       note="no watchdog bundles were read for these arms (watchdog off, or running seats)")
-        else:
-            worse = sum(cand) > sum(base) + rule.threshold
-            out.update(outcome=(Outcome.FAIL if worse else Outcome.PASS).value, measured=True,
-                       note=f"{int(sum(cand))} hang bundle(s) with this arm, {int(sum(base))} with the baseline, over "
-                            f"{len(base)} repetition(s)")
-        return out
+        return _hangs_gate(rule, figs, arm, out)
     base, cand = _pairs(figs, arm, rule.metric, rule.at)
     iv = _interval(base, cand)
     key = rule.metric if rule.at is None else f"{rule.metric}@{rule.at}"
@@ -260,6 +335,9 @@ def build_report(bd: BatteryDir) -> dict[str, Any]:
         comparisons[arm] = {"verdict": _verdict(gates), "gates": gates, "sweep": sweep,
                             "single_stream": {**(ss.to_json() if ss else {"ratio": None}), "gated": False}}
 
+    # The verdict is the candidate's; without one (an A/A rehearsal), the control's: see the module docstring.
+    subject = CANDIDATE if CANDIDATE in comparisons else CONTROL if CONTROL in comparisons else CANDIDATE
+    judged = comparisons.get(subject, {})
     cand = comparisons.get(CANDIDATE, {})
     ivs = [_interval(*_pairs(figs, CANDIDATE, "sweep_output_tok_s", c)) for c in levels]
     cross = rec = None
@@ -283,8 +361,9 @@ def build_report(bd: BatteryDir) -> dict[str, Any]:
         "sgl_seat_version": __version__,
         "synthetic": synthetic,
         "synthetic_note": SYNTHETIC_NOTE if synthetic else None,
-        "verdict": cand.get("verdict", INCONCLUSIVE),
-        "gates": cand.get("gates", []),
+        "verdict": judged.get("verdict", INCONCLUSIVE),
+        "verdict_of": subject,
+        "gates": judged.get("gates", []),
         "noise_floor": floor or None,
         "noise_floor_note": None if floor else "no control arm: no A/A noise floor (add control to --arms)",
         "crossover_concurrency": None if cross is None else cross["estimate"],
