@@ -40,7 +40,8 @@ def _urls(items: list[str]) -> dict[str, str]:
 def gate(
     seat: SeatOrDefault = None,
     arms: Annotated[str, typer.Option("--arms", help="baseline,candidate[,hybrid][,control] (control: baseline "
-                                                     "again, the A/A noise floor).")] = "baseline,candidate",
+                                                     "again, the A/A noise floor); baseline,control alone is an A/A "
+                                                     "rehearsal.")] = "baseline,candidate",
     runs: Annotated[int | None, typer.Option("--runs", min=1, help="Repetitions per arm (default 3; --quick 2).")]
     = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer runs, a shorter sweep and smaller workloads.")]
@@ -66,8 +67,18 @@ def gate(
     Prints the verdict (SHIP / DO_NOT_SHIP / INCONCLUSIVE), each gate's ratio, interval and outcome, the
     crossover concurrency and a recommendation per concurrency band. Each arm is brought up and down by the
     gate (a fresh engine per slot), or taken from --url. Results are written per cell; --resume DIR continues.
+    The hangs gate is a rate ratio (hang bundles per serving hour, with its exact 95 % interval).
+
+    --arms baseline,control (an A/A rehearsal, to learn the noise floor before a real battery): every gate
+    compares the control against the baseline and the verdict is the control's. SHIP: identical arms
+    resolve every gate here; DO_NOT_SHIP: a gate FAILed on identical arms, so this machine or this number
+    of runs cannot decide; INCONCLUSIVE: more runs are needed.
+
+    Exit status (for pipelines): 0 SHIP, 1 DO_NOT_SHIP, 3 INCONCLUSIVE, 2 a usage error (a bad option, spec
+    or workloads file). A battery that cannot run (the cluster or an engine failed) exits with its error's
+    code, 1, with the message on stderr and no report on stdout; Ctrl-C exits 130.
     """
-    from sgl_seat.gate import GateOptions, parse_arms, run_gate
+    from sgl_seat.gate import GateOptions, exit_code, parse_arms, run_gate
     from sgl_seat.gate.html import render_html
     from sgl_seat.gate.report import render_text
     from sgl_seat.spec import load_spec
@@ -93,6 +104,7 @@ def gate(
         err_console.print(f"HTML report: {html}")
     if json_out:
         print_json(result.report)
-        return
-    sys.stdout.write(render_text(result.report))
-    console.print(f"battery directory: {result.directory} (report.json)")
+    else:
+        sys.stdout.write(render_text(result.report))
+        console.print(f"battery directory: {result.directory} (report.json)")
+    raise typer.Exit(exit_code(result.report["verdict"]))  # the verdict is the exit status: pipelines act on it

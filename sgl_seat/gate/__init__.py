@@ -27,23 +27,27 @@ from typing import Any
 
 from sgl_seat.errors import UsageError
 from sgl_seat.gate.arms import Arms, SeatArms, UrlArms
-from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE
+from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL
 from sgl_seat.gate.runner import BatteryDir, Progress, run_battery, start_battery
-from sgl_seat.gate.verdict import build_report
+from sgl_seat.gate.verdict import EXIT_CODES, build_report, exit_code
 from sgl_seat.gate.workloads import load_battery
 from sgl_seat.launch.home import seat_home
 from sgl_seat.spec import SeatSpec
 
-__all__ = ["GateOptions", "GateResult", "Progress", "parse_arms", "run_gate"]
+__all__ = ["EXIT_CODES", "GateOptions", "GateResult", "Progress", "exit_code", "parse_arms", "run_gate"]
 
 
 def parse_arms(text: str) -> list[str]:
+    """The arms of ``--arms``: the baseline and a candidate or a control (``baseline,control`` alone is the A/A
+    rehearsal that learns the noise floor before a real battery), hybrid optional, each once."""
     arms = [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARM_NAMES]
-    if bad or BASELINE not in arms or CANDIDATE not in arms or len(set(arms)) != len(arms):
-        raise UsageError(f"--arms {text!r}: give baseline,candidate and optionally hybrid and control, each once"
-                         + (f" ({', '.join(bad)} unknown)" if bad else ""),
-                         fix="e.g. --arms baseline,candidate,hybrid,control")
+    if (bad or BASELINE not in arms or not ({CANDIDATE, CONTROL} & set(arms))
+            or len(set(arms)) != len(arms)):
+        raise UsageError(f"--arms {text!r}: give baseline with candidate or control (or both), optionally hybrid, "
+                         "each once" + (f" ({', '.join(bad)} unknown)" if bad else ""),
+                         fix="e.g. --arms baseline,candidate,hybrid,control, or --arms baseline,control for an A/A "
+                             "rehearsal")
     return arms
 
 
