@@ -30,6 +30,7 @@ from simutil import HOST, SimNode, sim_env, wait_http
 from typer.testing import CliRunner
 
 from sgl_seat.cli.main import app
+from sgl_seat.gate import EXIT_CODES
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +115,9 @@ def battery(engines: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
                                   f"candidate={engines['candidate']}", "--arms", "baseline,candidate,control",
                                   "--workloads", str(wl), "--out", str(out), "--json", "--html", str(tmp / "g.html")],
                                  env)
-    assert code == 0, stdout + stderr
-    return out, json.loads(stdout), stderr
+    rep = json.loads(stdout)
+    assert code == EXIT_CODES[rep["verdict"]], stdout + stderr  # the exit status is the verdict's (DO_NOT_SHIP: 1)
+    return out, rep, stderr
 
 
 def test_battery_reproduces_the_report_shape(battery: tuple[Path, dict, str]) -> None:
@@ -159,10 +161,27 @@ def test_resume_runs_only_what_is_missing(battery: tuple[Path, dict, str], engin
     env = {"SGL_SEAT_HOME": str(out.parent / "home"), "NO_COLOR": "1"}
     code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url",
                                   f"candidate={engines['candidate']}", "--resume", str(out), "--json"], env)
-    assert code == 0, stdout + stderr
+    assert code == EXIT_CODES[json.loads(stdout)["verdict"]], stdout + stderr
     assert victim.is_file() and json.loads(stdout)["complete"]
     changed = {p for p, t in before.items() if p.stat().st_mtime_ns != t}
     assert changed <= {out / "cells" / "r01-candidate" / "engine.json"}, changed
+
+
+def test_aa_rehearsal_baseline_control_fails_no_gate(engines: dict[str, str], tmp_path: Path) -> None:
+    """GIVEN the draft-off engine alone WHEN `gate --arms baseline,control --json` runs (the A/A rehearsal of issue
+    24: the control is the baseline's URL again) THEN the CLI accepts it, the verdict is the control's, no gate FAILs
+    on identical arms, and the exit status is the verdict's: INCONCLUSIVE (3), since cold_ttft is not measured on a
+    running seat."""
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(WORKLOADS)
+    env = {"SGL_SEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--arms", "baseline,control",
+                                  "--workloads", str(wl), "--out", str(tmp_path / "aa"), "--json"], env)
+    rep = json.loads(stdout)
+    assert rep["verdict_of"] == "control" and rep["design"]["arms"] == ["baseline", "control"], stderr[-2000:]
+    assert all(g["outcome"] != "FAIL" for g in rep["gates"]), rep["gates"]
+    assert rep["verdict"] == "INCONCLUSIVE" and code == EXIT_CODES["INCONCLUSIVE"] == 3
+    assert rep["noise_floor"] is not None and rep["complete"]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI: apt-get install -y chromium)")
