@@ -39,7 +39,8 @@ def test_abba_gives_every_arm_the_same_mean_position() -> None:
 
 def test_workloads_file_and_quick() -> None:
     """GIVEN the shipped workloads WHEN loaded THEN full has 3 runs, sweep 1..96 with 64, the five named gates; quick
-    overrides runs and the sweep but keeps the gates; --arms must hold baseline and candidate."""
+    overrides runs and the sweep but keeps the gates; --arms must hold the baseline (test_gate_cli: and a candidate
+    or a control)."""
     full, quick = load_battery(), load_battery(quick=True)
     assert full.runs == 3 and 64 in full.levels() and max(full.levels()) > 64
     assert {g.name for g in full.gates} >= {"aggregate_at_64", "cold_ttft", "prefix_hit_rate", "kv_pool", "hangs"}
