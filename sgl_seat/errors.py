@@ -84,3 +84,7 @@ class BundleError(SeatError):
     """A forensic bundle that is missing, damaged, hostile or of an unknown schema."""
 
     exit_code = 2
+
+
+class HomeError(SeatError):
+    """``$SGL_SEAT_HOME`` (seat records, logs, bundles) cannot be written: read-only, full, or not permitted."""
