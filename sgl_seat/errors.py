@@ -92,3 +92,7 @@ class ArchiveLimitError(BundleError):
     Apart from BundleError because it is the one refusal an operator may overrule: the archive may be honest and
     large, and raising the cap is the fix; every other archive refusal means a damaged or hostile archive.
     """
+
+
+class HomeError(SeatError):
+    """``$SGL_SEAT_HOME`` (seat records, logs, bundles) cannot be written: read-only, full, or not permitted."""

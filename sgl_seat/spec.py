@@ -7,6 +7,7 @@ and what to change, so :func:`load_spec` turns pydantic's errors into one :class
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -211,6 +212,25 @@ class WatchdogSpec(_Strict):
     stack_unchanged_samples: int = Field(default=5, ge=2)
     rowfetch_inflight_s: float = Field(default=3.0, gt=0)
     stopped_s: float = Field(default=3.0, gt=0, description="An engine process stopped (state T) this long.")
+    exporter_bind: str = Field(
+        default="loopback",
+        description="Where each node's sidecar serves its Prometheus metrics (port http_port + 15 + node rank): "
+        "'loopback' (127.0.0.1, the default: only a Prometheus or agent on that node can scrape it), 'cluster' "
+        "(the node's address as Ray reports it, so a Prometheus on a monitoring host can scrape every node; "
+        "`sgl-seat prometheus-config` writes its scrape config), or an IP address every node has, such as "
+        "0.0.0.0. The metrics carry no prompts, but anyone who can reach the port can read them.",
+    )
+
+    @field_validator("exporter_bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        if value in ("loopback", "cluster"):
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not 'loopback', 'cluster' or an IP address") from None
+        return value
 
 
 class BundleSpec(_Strict):

@@ -172,6 +172,7 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 def _print_status(rec: SeatRecord) -> None:
     from sgl_seat.engines import backend_for
     from sgl_seat.launch.state import SeatState
+    from sgl_seat.launch.status import capture_failure_line
 
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
              SeatState.NODE_LOST: "red", SeatState.FAILED: "red"}.get(rec.state, "cyan")
@@ -187,6 +188,8 @@ def _print_status(rec: SeatRecord) -> None:
 
     if rec.state is SeatState.HUNG and rec.hang_bundle:
         console.print(f"bundle: {rec.hang_bundle}  (`sgl-seat replay {rec.hang_bundle}` explains it)")
+    for f in rec.capture_failures:
+        console.print(styled("bold red", "watchdog:", f" {capture_failure_line(f)}"), markup=False)
     source = backend_for(rec.engine).kv_actual_source
     console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens ({source})")
     for n in rec.nodes:

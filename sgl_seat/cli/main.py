@@ -7,7 +7,7 @@ import sys
 import typer
 
 from sgl_seat import __version__
-from sgl_seat.cli import cmd_bundle, cmd_gate, cmd_model, cmd_plan, cmd_replay, cmd_seat, cmd_watch
+from sgl_seat.cli import cmd_bundle, cmd_gate, cmd_model, cmd_plan, cmd_prometheus, cmd_replay, cmd_seat, cmd_watch
 from sgl_seat.cli.common import err_console, styled
 from sgl_seat.errors import SeatError
 
@@ -28,6 +28,8 @@ app.command("schema")(cmd_plan.schema)
 for _name, _fn in cmd_seat.COMMANDS.items():
     app.command(_name)(_fn)
 for _name, _fn in cmd_watch.COMMANDS.items():
+    app.command(_name)(_fn)
+for _name, _fn in cmd_prometheus.COMMANDS.items():
     app.command(_name)(_fn)
 app.command("replay")(cmd_replay.replay)
 app.command("gate")(cmd_gate.gate)

@@ -1,9 +1,12 @@
 """Writing, verifying and reading forensic bundles (directories; ``archive.py`` packs them).
 
 Writing is atomic: every file and then ``manifest.json`` go into a temporary directory beside the
-destination, which is renamed into place, so a bundle is either complete or absent (a crash or a full
-disk mid-capture leaves only a ``.tmp-*`` directory, cleaned up by the next write). A disk quota then
-removes the oldest bundles of that directory.
+destination, which is renamed into place, so a bundle under its own name is always complete. A disk that
+fails mid-write (ENOSPC above all: ``$SGL_SEAT_HOME`` full during a capture) leaves the partial directory as
+``.incomplete-<id>`` with a marker (``INCOMPLETE.json``) saying which files were written and which are missing,
+and the writer raises :class:`BundleWriteError` with the same facts, so the watchdog can report them; a crash
+leaves a ``.tmp-*`` directory, cleaned up by a later write. A disk quota then removes the oldest bundles of that
+directory (incomplete ones first).
 
 Reading treats the bundle as hostile: the manifest is parsed strictly, every file must be a regular file
 listed in the manifest with the listed size and sha256 (no links, no extra files), and each record file
@@ -14,9 +17,11 @@ problem is one :class:`BundleError` that names the file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import hashlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -45,7 +50,8 @@ from sgl_seat.forensics.manifest import FileEntry, Manifest
 from sgl_seat.forensics.request_table import RequestTable, decode_request_table
 from sgl_seat.forensics.scrub import scrub_json
 
-__all__ = ["Bundle", "read_bundle", "rotate_bundles", "verify_bundle", "write_bundle"]
+__all__ = ["Bundle", "BundleWriteError", "failure_reason", "read_bundle", "rotate_bundles", "verify_bundle",
+           "write_bundle"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,89 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+class BundleWriteError(BundleError):
+    """A capture the disk would not take whole: what was written, what is missing, where the rest was left.
+
+    ``path`` is the ``.incomplete-<id>`` directory (or the ``.tmp-*`` one, where even the rename failed; None when
+    nothing could be created); ``marker`` says whether ``INCOMPLETE.json`` there lists the missing files (on a
+    disk that is full it may not fit); ``reason`` is :func:`failure_reason` of the OS error.
+    """
+
+    def __init__(self, message: str, *, fix: str | None, path: Path | None, written: list[str],
+                 missing: list[str], reason: str, marker: bool) -> None:
+        super().__init__(message, fix=fix)
+        self.path = path
+        self.written = written
+        self.missing = missing
+        self.reason = reason
+        self.marker = marker
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": None if self.path is None else str(self.path), "written": list(self.written),
+                "missing": list(self.missing), "reason": self.reason, "marker": self.marker}
+
+
+#: OS errors by what an operator does about them (the exporter's ``reason`` label, the snapshot's field).
+_REASONS = {errno.ENOSPC: "disk-full", errno.EDQUOT: "disk-full", errno.EFBIG: "disk-full",
+            errno.EROFS: "read-only", errno.EACCES: "permission", errno.EPERM: "permission"}
+#: Every value :func:`failure_reason` returns (so a counter can start each at 0).
+FAILURE_REASONS = ("disk-full", "read-only", "permission", "io", "other")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short word for why a write failed: disk-full, read-only, permission, io (another OS error) or other."""
+    if isinstance(exc, BundleWriteError):
+        return exc.reason
+    if isinstance(exc, OSError):
+        return _REASONS.get(exc.errno or 0, "io")
+    return "other"
+
+
+def _marker(bundle_id: str, state: str, expected: list[str], written: list[str], exc: OSError | None) -> bytes:
+    doc: dict[str, Any] = {
+        "schema_version": layout.INCOMPLETE_SCHEMA_VERSION, "bundle_id": bundle_id, "state": state,
+        "t": time.time(), "pid": os.getpid(), "written": written,
+        "missing": [n for n in expected if n not in written],
+    }
+    if exc is not None:
+        doc["error"] = exc.strerror or str(exc)
+        doc["errno"] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        doc["reason"] = failure_reason(exc)
+    return (json.dumps(doc, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _leave_incomplete(tmp: Path, dest_root: Path, bundle_id: str, expected: list[str], written: list[str],
+                      failed: str | None, exc: OSError) -> tuple[Path, bool]:
+    """Keep what was written of a failed capture, renamed to ``.incomplete-<id>`` and marked; never raises.
+
+    The file being written when the disk failed is removed (it is cut short, and its blocks are what the marker
+    needs); the marker then replaces the one written before the first file, through a new file renamed over it,
+    so a disk too full for the new one still leaves the old one, which lists every file as missing.
+    """
+    if failed is not None:
+        with contextlib.suppress(OSError):
+            (tmp / failed).unlink()
+    where = tmp
+    dest = dest_root / f"{layout.INCOMPLETE_PREFIX}{bundle_id}"
+    with contextlib.suppress(OSError):
+        if not dest.exists():
+            os.rename(tmp, dest)
+            where = dest
+    marked = False
+    try:
+        new = where / f".{layout.INCOMPLETE}.new"
+        with contextlib.suppress(FileNotFoundError):
+            new.unlink()
+        _write_file(new, _marker(bundle_id, "failed", expected, written, exc))
+        os.replace(new, where / layout.INCOMPLETE)
+        marked = True
+    except OSError:
+        with contextlib.suppress(OSError):
+            (where / f".{layout.INCOMPLETE}.new").unlink()
+        marked = (where / layout.INCOMPLETE).is_file()  # the first marker: every file listed as missing
+    return where, marked
+
+
 def write_bundle(dest_root: Path, bundle_id: str, manifest_fields: Mapping[str, Any], files: Mapping[str, bytes],
                  quota_mb: int) -> Path:
     """Write ``files`` and their manifest atomically as ``dest_root/<bundle_id>/``; then apply the quota.
@@ -94,6 +183,9 @@ def write_bundle(dest_root: Path, bundle_id: str, manifest_fields: Mapping[str, 
     (sgl_seat's filled in) and ``record_schema_version`` default here. ``plan`` is scrubbed of secrets.
     The manifest is checked with the reader's own strict parser before anything is written, so a bundle
     that the writer produces is always one that ``replay`` accepts.
+
+    An OS error while writing (a full disk) raises :class:`BundleWriteError` and leaves no ``<bundle_id>``: the
+    part written stays as ``.incomplete-<bundle_id>`` with ``INCOMPLETE.json`` listing what is missing.
     """
     if not layout.BUNDLE_ID_RE.match(bundle_id):
         raise BundleError(f"bundle id {bundle_id!r} is not a plain name", fix="use letters, digits, '.', '_', '-'")
@@ -116,15 +208,27 @@ def write_bundle(dest_root: Path, bundle_id: str, manifest_fields: Mapping[str, 
         raise BundleError(f"the manifest cannot be written as JSON: {exc}") from None
 
     final = dest_root / bundle_id
+    expected = [*files, layout.MANIFEST]
+    written: list[str] = []
+    current: str | None = None
     tmp: Path | None = None
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
         if final.exists() or final.is_symlink():
             raise BundleError(f"bundle {final} already exists", fix="use a new bundle id")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{bundle_id}-", dir=dest_root))
+        # The marker first (a few hundred bytes): a disk that fills up on the first file still says what is missing.
+        current = layout.INCOMPLETE
+        _write_file(tmp / layout.INCOMPLETE, _marker(bundle_id, "writing", expected, [], None))
         for name, data in files.items():
+            current = name
             _write_file(tmp / name, data)
+            written.append(name)
+        current = layout.MANIFEST
         _write_file(tmp / layout.MANIFEST, manifest_bytes)
+        written.append(layout.MANIFEST)
+        current = None
+        (tmp / layout.INCOMPLETE).unlink()
         for sub in {tmp / n for n in files if "/" in n}:
             _fsync_dir(sub.parent)
         _fsync_dir(tmp)
@@ -132,8 +236,17 @@ def write_bundle(dest_root: Path, bundle_id: str, manifest_fields: Mapping[str, 
         tmp = None
         _fsync_dir(dest_root)
     except OSError as exc:
-        raise BundleError(f"could not write bundle {final}: {exc.strerror or exc}",
-                          fix="free disk space, or lower bundles.quota_mb / watchdog.history_s") from None
+        missing = [n for n in expected if n not in written]
+        where, marked = (None, False) if tmp is None else _leave_incomplete(
+            tmp, dest_root, bundle_id, expected, written, current, exc)
+        tmp = None
+        left = (f"; what was written is in {where}" + ("" if marked else " (no room for its INCOMPLETE.json)")
+                if where is not None else "")
+        raise BundleWriteError(
+            f"could not write bundle {final}: {exc.strerror or exc}; {len(missing)} of {len(expected)} files "
+            f"missing ({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}){left}",
+            fix="free disk space, or lower bundles.quota_mb / watchdog.history_s, or point bundles.dir elsewhere",
+            path=where, written=written, missing=missing, reason=failure_reason(exc), marker=marked) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -146,6 +259,7 @@ class _OnDisk:
     path: Path
     created: float
     size: int
+    complete: bool = True
 
 
 def _dir_size(path: Path) -> int:
@@ -174,7 +288,8 @@ def _created(path: Path) -> float:
 def rotate_bundles(dest_root: Path, quota_mb: int, *, keep: Path | None = None) -> list[Path]:
     """Delete the oldest bundles in ``dest_root`` until they fit in ``quota_mb``; never ``keep``.
 
-    Also removes temporary directories that a dead writer left behind. Returns what was deleted.
+    Also removes temporary directories that a dead writer left behind; ``.incomplete-*`` directories (captures a
+    full disk cut short) count against the quota and go before any complete bundle. Returns what was deleted.
     A single bundle larger than the quota is kept (with a warning): losing the newest capture to
     make room for nothing would defeat the watchdog.
     """
@@ -195,12 +310,16 @@ def rotate_bundles(dest_root: Path, quota_mb: int, *, keep: Path | None = None) 
                     shutil.rmtree(p, ignore_errors=True)
                     removed.append(p)
             continue
+        if e.name.startswith(layout.INCOMPLETE_PREFIX):  # a capture the disk did not take whole: first to go
+            with contextlib.suppress(OSError):
+                bundles.append(_OnDisk(p, e.stat(follow_symlinks=False).st_mtime, _dir_size(p), complete=False))
+            continue
         if e.name.startswith(".") or not (p / layout.MANIFEST).is_file():
             continue
         bundles.append(_OnDisk(p, _created(p), _dir_size(p)))
     quota = quota_mb * 1024 * 1024
     total = sum(b.size for b in bundles)
-    for b in sorted(bundles, key=lambda b: (b.created, b.path.name)):
+    for b in sorted(bundles, key=lambda b: (b.complete, b.created, b.path.name)):
         if total <= quota:
             break
         if keep is not None and b.path == keep:

@@ -16,6 +16,9 @@ __all__ = [
     "BUNDLE_ID_RE",
     "ENV",
     "FILE_NAME_RE",
+    "INCOMPLETE",
+    "INCOMPLETE_PREFIX",
+    "INCOMPLETE_SCHEMA_VERSION",
     "LOGS",
     "MANIFEST",
     "MAX_FILES",
@@ -56,6 +59,15 @@ LOGS = "logs.jsonl"
 ENV = "env.json"
 #: Request shapes recorded before the trigger (redacted by default), one per line.
 REQUESTS = "requests.jsonl"
+
+#: A capture that could not be written whole (a full or failing disk) stays as ``<dest>/.incomplete-<id>/``: a
+#: dot name, so nothing that lists or resolves bundles takes it for one, and never renamed to ``<id>``.
+INCOMPLETE_PREFIX = ".incomplete-"
+#: Its marker: which files were written and which are missing, and why (see forensics/README.md, "Writing"). The
+#: writer puts it there first, so even a disk that fills up at once leaves the list of what was to be written.
+INCOMPLETE = "INCOMPLETE.json"
+#: Version of the marker's own format (a small JSON object; readers refuse another major).
+INCOMPLETE_SCHEMA_VERSION = 1
 
 
 def log_file(node: int) -> str:

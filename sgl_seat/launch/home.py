@@ -7,11 +7,14 @@ a reader never sees half a record, even when ``up`` is interrupted mid-write.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from sgl_seat.errors import HomeError
 
 HOME_ENV = "SGL_SEAT_HOME"
 
@@ -20,6 +23,36 @@ def seat_home() -> Path:
     """``$SGL_SEAT_HOME`` or ``~/.sgl-seat``; read on every call so tests can point it elsewhere."""
     raw = os.environ.get(HOME_ENV)
     return Path(raw).expanduser() if raw else Path.home() / ".sgl-seat"
+
+
+def ensure_writable(home: Path | None = None) -> Path:
+    """Create ``$SGL_SEAT_HOME`` if it is missing and prove it takes a write (a small temp file, fsynced and
+    removed); raise :class:`HomeError` naming the path and what to do when it does not.
+
+    An actual write, not a look at mode bits: root ignores them, and neither a read-only mount nor a full disk
+    shows in them. `up` calls this before anything starts, so a seat is never brought up with nowhere to put its
+    record (which `down` needs), its logs or its bundles.
+    """
+    path = home or seat_home()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        try:
+            os.write(fd, b"sgl-seat write check\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        why = {errno.EROFS: "is on a read-only file system", errno.ENOSPC: "is full",
+               errno.EDQUOT: "is over its disk quota", errno.EACCES: "is not writable by this user",
+               errno.EPERM: "is not writable by this user"}.get(exc.errno or 0, f"cannot be written ({exc.strerror})")
+        raise HomeError(
+            f"sgl-seat's home {path} {why}: seat records, node logs and bundles go there",
+            fix=f"set {HOME_ENV} to a writable directory (e.g. export {HOME_ENV}=/var/tmp/sgl-seat), or make "
+                f"{path} writable",
+        ) from None
+    return path
 
 
 def seats_dir(home: Path | None = None) -> Path:

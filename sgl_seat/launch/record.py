@@ -7,7 +7,7 @@ from reality (a node can die while nobody looks); it is never the authority, onl
 book and the last thing seen.
 
 Versions: schema 1 (first version; ``bundles_dir`` added later, optional: records without it read the
-seat's spec for it).
+seat's spec for it; ``capture_failures`` added later, optional: empty in records without it).
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ class SeatRecord:
     #: While HUNG: the bundle the watchdog captured for the hang it has latched on (id, verdict line).
     hang_bundle: str | None = None
     hang_verdict: str | None = None
+    #: The watchdog's captures that left no complete bundle (a full or read-only disk), as `status` last read
+    #: them from the sidecars: {node, bundle_id, reason, error, path, missing, t}, newest last.
+    capture_failures: list[dict[str, Any]] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     schema_version: int = RECORD_SCHEMA_VERSION

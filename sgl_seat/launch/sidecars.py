@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import SeatError
@@ -23,6 +24,10 @@ from sgl_seat.launch.cluster import get
 from sgl_seat.launch.record import SeatRecord, bundles_dir_of
 from sgl_seat.watchdog import actors
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode, sidecar_name
+from sgl_seat.watchdog.scrape import ScrapeConfig, scrape_config
+
+#: The alert rules shipped with sgl-seat, which the generated scrape config loads.
+ALERT_RULES = Path(actors.__file__).resolve().parent / "prometheus" / "alerts.yml"
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +91,16 @@ def _text(exc: BaseException) -> str:
 def stop_sidecars(ctx: SidecarContext) -> None:
     """Stop every sidecar (under a deadline)."""
     bounded(f"{actors.__name__}.stop_sidecars", actors.stop_sidecars, ctx, timeout=ctx.timeout)
+
+
+def prometheus_config_of(rec: SeatRecord) -> ScrapeConfig:
+    """`prometheus-config`: the scrape config of a recorded seat, every node's sidecar at the address and port `up`
+    gave it (the spec's ``watchdog.exporter_bind``, read as the sidecars read it: from the spec's source)."""
+    from sgl_seat.spec import WatchdogSpec, load_spec
+
+    if rec.plan is None:
+        raise SeatError(f"seat {rec.name!r} has no filled plan recorded (its `up` did not get that far)",
+                        fix=f"run `sgl-seat status {rec.name}`, or bring the seat up again")
+    bind = (load_spec(rec.spec_source).watchdog if rec.spec_source else WatchdogSpec()).exporter_bind
+    return scrape_config(rec.name, int(rec.plan["http_port"]), [(n.node_rank, n.ip) for n in rec.nodes], bind,
+                         endpoint=rec.endpoint, rule_files=[str(ALERT_RULES)])

@@ -101,12 +101,17 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         return
     backend = backend_for(rec.engine)
     code, err = health.probe(f"{rec.endpoint}{backend.health_path}", timeout=5.0)
-    hang = None if rec.no_watchdog else hang_of(snapshots(rec.name, rec.namespace, len(rec.nodes),
-                                                          timeout=min(timeout, SIDECAR_TIMEOUT_S)))
+    snaps = [] if rec.no_watchdog else snapshots(rec.name, rec.namespace, len(rec.nodes),
+                                                 timeout=min(timeout, SIDECAR_TIMEOUT_S))
+    hang = None if rec.no_watchdog else hang_of(snaps)
+    rec.capture_failures = capture_failures_of(snaps)
     if hang is not None:
         rec.hang_bundle, rec.hang_verdict = hang
+        failed = latched_failure(snaps)
         rec.set_state(SeatState.HUNG, "the watchdog latched a hang: "
-                      + (f"bundle {rec.hang_bundle}" if rec.hang_bundle else "capture in progress")
+                      + (f"bundle {rec.hang_bundle}" if rec.hang_bundle else
+                         f"its capture left no complete bundle ({failed.get('reason')})" if failed else
+                         "capture in progress")
                       + (f" ({rec.hang_verdict})" if rec.hang_verdict else "")
                       + ("" if code == 200 else f"; rank 0 {backend.health_path}: {err}"))
         return
@@ -145,6 +150,37 @@ def hang_of(snaps: Sequence[dict[str, Any]]) -> tuple[str | None, str | None] | 
                         if v else None)
                 return b.get("bundle_id"), line
     return None, None
+
+
+#: Failed captures `status` keeps (newest; each sidecar keeps its own last 20).
+MAX_CAPTURE_FAILURES = 5
+
+
+def capture_failures_of(snaps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The watchdog's captures that the disk did not take whole, from every sidecar's snapshot, newest last:
+    each with its node, the bundle id it would have had, the reason (disk-full, read-only, ...), where the part
+    written was left (``.incomplete-<id>``, or None) and which files are missing."""
+    keys = ("t", "capture_id", "bundle_id", "reason", "error", "path", "missing")
+    out = [{"node": s.get("node"), **{k: f.get(k) for k in keys}}
+           for s in snaps for f in (s.get("capture_failures") or []) if isinstance(f, dict)]
+    out.sort(key=lambda f: float(f.get("t") or 0.0))
+    return out[-MAX_CAPTURE_FAILURES:]
+
+
+def latched_failure(snaps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The failed capture that holds the watchdog's latch (a hang whose bundle the disk did not take), or None."""
+    latched = {s.get("latched_by") for s in snaps if s.get("latched")}
+    return next((f for s in snaps for f in reversed(s.get("capture_failures") or [])
+                 if isinstance(f, dict) and f.get("capture_id") in latched), None)
+
+
+def capture_failure_line(f: dict[str, Any]) -> str:
+    """One failed capture as `status` prints it."""
+    missing = list(f.get("missing") or [])
+    shown = ", ".join(missing[:4]) + (f", ... ({len(missing)} files)" if len(missing) > 4 else "")
+    where = f"; the part written is in {f['path']}" if f.get("path") else "; nothing of it was written"
+    return (f"capture {f.get('bundle_id')} (node {f.get('node')}) left no complete bundle: {f.get('reason')}"
+            + (f", missing {shown}" if missing else "") + where)
 
 
 def status_json(rec: SeatRecord) -> dict[str, Any]:
@@ -187,5 +223,7 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
             for n in rec.nodes
         ],
         "log_tail": rec.log_tail,
+        # The watchdog's captures that a full or read-only disk cut short (none: []).
+        "capture_failures": [dict(f) for f in rec.capture_failures],
         "updated_at": rec.updated_at,
     }

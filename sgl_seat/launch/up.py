@@ -35,7 +35,7 @@ from sgl_seat.launch.agentclient import (
     get_agent,
     refresh_nodes,
 )
-from sgl_seat.launch.home import host_id, seat_home
+from sgl_seat.launch.home import ensure_writable, host_id, seat_home
 from sgl_seat.launch.names import agent_name, namespace_of, pg_name
 from sgl_seat.launch.record import NodeRecord, SeatRecord, claim_record, remove_record, save_record
 from sgl_seat.launch.sidecars import context_of, start_sidecars
@@ -80,6 +80,9 @@ def _predicted_kv(plan: LaunchPlan) -> int | None:
 
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
     """Bring the seat up and return its READY record and stage times; on any failure leave nothing behind."""
+    # First, before a plan is sized, a cluster started or contacted: a home that takes no write would fail `up`
+    # half-way (no seat record for `down`, no logs, no bundles) with an OS error instead of what to do.
+    ensure_writable()
     backend = backend_for(spec.engine)
     plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
     stages = Stages(reporter or NullReporter())

@@ -22,7 +22,14 @@ from typing import Any
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
 from sgl_seat.spec import WatchdogSpec, load_spec
-from sgl_seat.watchdog.config import SidecarConfig, SidecarContext, metrics_port_for, rank0_metrics_url, sidecar_name
+from sgl_seat.watchdog.config import (
+    SidecarConfig,
+    SidecarContext,
+    exporter_address,
+    metrics_port_for,
+    rank0_metrics_url,
+    sidecar_name,
+)
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
 from sgl_seat.watchdog.sidecar import Sidecar
 
@@ -313,7 +320,8 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
             quota_mb=quota, probe_dir=node_env.get("SGL_SEAT_PROBE_DIR"), log_path=log_path, metrics_url=metrics_url,
             metrics_port=metrics_port_for(http_port, r), rank_nodes=rank_nodes, root_pid=root_pid,
             engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,
-            raw_prompts=bool(spec is not None and spec.bundles.raw_prompts)))
+            raw_prompts=bool(spec is not None and spec.bundles.raw_prompts),
+            exporter_addr=exporter_address(wd.exporter_bind, nd.ip)))
     return out
 
 

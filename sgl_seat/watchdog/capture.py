@@ -38,6 +38,7 @@ from sgl_seat.core.records import (
 )
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
+from sgl_seat.forensics.bundle import BundleWriteError, failure_reason
 from sgl_seat.forensics.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc, pid_state
@@ -318,15 +319,24 @@ def bundle_id_for(verdict: Verdict | None, t: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CaptureResult:
+    """One capture's outcome. On failure ``error`` says why, ``reason`` is its short word
+    (:func:`sgl_seat.forensics.bundle.failure_reason`: disk-full, read-only, ...) and ``incomplete`` what the disk
+    kept ({path, written, missing, reason, marker}; None when the bundle failed before a byte was written)."""
+
     path: str | None
     bundle_id: str
     verdict: Verdict | None
     error: str | None
     seconds: float
+    reason: str | None = None
+    incomplete: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "bundle_id": self.bundle_id, "error": self.error, "seconds": self.seconds,
-                "verdict": self.verdict.to_json() if self.verdict else None}
+        doc = {"path": self.path, "bundle_id": self.bundle_id, "error": self.error, "seconds": self.seconds,
+               "verdict": self.verdict.to_json() if self.verdict else None}
+        if self.error is not None:
+            doc |= {"reason": self.reason, "incomplete": self.incomplete}
+        return doc
 
 
 def assemble(
@@ -411,7 +421,8 @@ def assemble(
     except (BundleError, OSError) as exc:
         msg = str(exc).splitlines()[0]
         log.error("capture of seat %s failed, the seat keeps serving: %s", seat, msg)
-        return CaptureResult(None, bid, verdict, msg, time.time() - t_start)
+        return CaptureResult(None, bid, verdict, msg, time.time() - t_start, reason=failure_reason(exc),
+                             incomplete=exc.to_json() if isinstance(exc, BundleWriteError) else None)
     log.warning("seat %s: hang bundle %s (%s)", seat, path,
                 f"{verdict.kind.value}, rank {verdict.rank}, node {verdict.node}, {verdict.frame}" if verdict else "")
     return CaptureResult(str(path), bid, verdict, None, time.time() - t_start)

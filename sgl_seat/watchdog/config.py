@@ -8,13 +8,17 @@ the sidecars' own exporters and the actor names live here, so `watch` and the te
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sgl_seat.engines.base import argv_value
 from sgl_seat.spec import WatchdogSpec
+
+log = logging.getLogger(__name__)
 
 #: Seconds of quiet detectors (and progress) before a latched sidecar re-arms.
 RECOVER_S = 10.0
@@ -81,6 +85,8 @@ class SidecarConfig:
     request_log_dir: str | None = None
     #: ``bundles.raw_prompts``: keep prompt text in request shapes (off: lengths, counts, hashes only).
     raw_prompts: bool = False
+    #: Where the exporter listens: :func:`exporter_address` of ``watchdog.exporter_bind`` and this node's address.
+    exporter_addr: str = "127.0.0.1"
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -98,9 +104,10 @@ class SidecarConfig:
         return WatchdogSpec.model_validate(self.thresholds)
 
 
-#: The exporter of node r listens on 127.0.0.1 at the seat's HTTP port + 15 + r (r < 5; beyond, a free port),
-#: clear of the seat's other ports: dist-init (+5 in the shipped profiles) and the co-located sim nodes' listen
-#: and admin ports (``sgl_seat.sim.ports``); tests/unit/test_watchdog_config.py checks that they never meet.
+#: The exporter of node r listens (on 127.0.0.1 unless exporter_address says otherwise) at the seat's HTTP port
+#: + 15 + r (r < 5; beyond, a free port), clear of the seat's other ports: dist-init (+5 in the shipped profiles)
+#: and the co-located sim nodes' listen and admin ports (``sgl_seat.sim.ports``); tests/unit/test_watchdog_config.py
+#: checks that they never meet.
 EXPORTER_PORT_OFFSET = 15
 
 
@@ -116,5 +123,35 @@ def rank0_metrics_url(plan: Mapping[str, Any], node0_ip: str | None) -> str | No
 
 
 def metrics_port_for(http_port: int, node_rank: int) -> int:
-    """The sidecar exporter's port (loopback only); 0 asks the OS for a free one."""
+    """The sidecar exporter's port; 0 asks the OS for a free one (so a scrape config cannot name it)."""
     return http_port + EXPORTER_PORT_OFFSET + node_rank if node_rank < 5 else 0
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def exporter_address(bind: str, node_ip: str | None) -> str:
+    """The address a node's exporter binds, from the spec's ``watchdog.exporter_bind``: ``loopback`` is 127.0.0.1,
+    ``cluster`` the node's own address (what its agent reported from Ray, ``node_ip``), anything else the address
+    given. ``cluster`` without a known node address falls back to loopback, logged: a sidecar that serves only
+    locally is better than none."""
+    if bind == "loopback":
+        return LOOPBACK
+    if bind == "cluster":
+        if not node_ip:
+            log.warning("watchdog.exporter_bind is 'cluster' but the node's address is unknown; the exporter "
+                        "binds %s", LOOPBACK)
+            return LOOPBACK
+        return node_ip
+    return bind
+
+
+def scrape_host(bind: str, node_ip: str | None) -> str:
+    """The host a Prometheus scrapes a node's exporter at: where it binds, except that a wildcard bind (0.0.0.0,
+    ::) is reached at the node's own address."""
+    addr = exporter_address(bind, node_ip)
+    try:
+        wildcard = ipaddress.ip_address(addr).is_unspecified
+    except ValueError:  # a host name, not an address: scraped as it is
+        return addr
+    return node_ip if wildcard and node_ip else addr

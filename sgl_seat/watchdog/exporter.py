@@ -1,4 +1,5 @@
-"""A sidecar's own Prometheus metrics (samples, errors, captures, detections, row-fetch latency), on 127.0.0.1.
+"""A sidecar's own Prometheus metrics (samples, errors, captures, detections, row-fetch latency), on 127.0.0.1 unless
+the spec's ``watchdog.exporter_bind`` says otherwise (the node's cluster address, for a Prometheus on another host).
 
 The row-fetch histogram is labelled by gather-size bucket (:func:`sgl_seat.core.stats.gather_bucket_label`, the
 report's buckets too), so a latency that grows with the gather size shows as one exploding bucket. The latch, the
@@ -17,6 +18,7 @@ from typing import Any
 from sgl_seat.core.records import ProbeRecord, VerdictKind
 from sgl_seat.core.stats import gather_bucket_label
 from sgl_seat.core.warning import PreHangWarning, TailReading
+from sgl_seat.forensics.bundle import FAILURE_REASONS
 from sgl_seat.watchdog.rankview import RankView
 
 log = logging.getLogger("sgl_seat.watchdog")
@@ -59,10 +61,15 @@ class RankStates:
         yield fam
 
 
-class Exporter:
-    """The sidecar's own Prometheus metrics, on 127.0.0.1 only."""
+#: Where the exporter listens unless the spec says otherwise.
+LOOPBACK = "127.0.0.1"
 
-    def __init__(self, node: int, port: int | None) -> None:
+
+class Exporter:
+    """The sidecar's own Prometheus metrics, served on ``addr`` (loopback unless the spec binds the node's cluster
+    address: :func:`sgl_seat.watchdog.config.exporter_address`)."""
+
+    def __init__(self, node: int, port: int | None, addr: str = LOOPBACK) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -77,8 +84,19 @@ class Exporter:
                              ["node", "kind"], registry=self.registry)
         # Every label value known in advance starts at 0: a series that first appears at 1 reads as no increase
         # to Prometheus (rate/increase need a sample before the first capture), and an alert on it would never fire.
+        # A capture that the disk did not take (full, read-only, failing): the bundle was left incomplete or not
+        # written at all. The gauge says whether the last capture failed, so an alert clears once one succeeds.
+        self.capture_failures = Counter("sgl_seat_watchdog_capture_failures",
+                                        "Captures whose bundle could not be written whole, by reason "
+                                        "(disk-full, read-only, permission, io, other)", ["node", "reason"],
+                                        registry=self.registry)
+        self.last_capture_failed = Gauge("sgl_seat_watchdog_last_capture_failed",
+                                         "1 if this sidecar's last capture left no complete bundle", ["node"],
+                                         registry=self.registry).labels(**lab)
         for result in ("ok", "error"):
             self.captures.labels(node=str(node), result=result)
+        for reason in FAILURE_REASONS:
+            self.capture_failures.labels(node=str(node), reason=reason)
         for kind in VerdictKind:
             self.fired.labels(node=str(node), kind=kind.value)
         self.rowfetch = Histogram(
@@ -102,16 +120,27 @@ class Exporter:
                                 ["node"], registry=self.registry).labels(**lab)
         self.node = str(node)
         self.port: int | None = None
+        #: The address it listens on (None while not serving).
+        self.addr: str | None = None
         self._server: Any = None
         if port is not None:
             try:
                 from prometheus_client import start_http_server
 
-                res = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+                res = start_http_server(port, addr=addr, registry=self.registry)
                 self._server = res[0] if isinstance(res, tuple) else None
                 self.port = self._server.server_port if self._server is not None else port
+                self.addr = addr
             except OSError as exc:
-                log.warning("node %d sidecar: metrics exporter not started on 127.0.0.1:%s (%s)", node, port, exc)
+                log.warning("node %d sidecar: metrics exporter not started on %s:%s (%s)", node, addr, port, exc)
+
+    def capture_done(self, reason: str | None) -> None:
+        """One capture's outcome: None when its bundle was written, else why not (a FAILURE_REASONS word)."""
+        ok = reason is None
+        self.captures.labels(node=self.node, result="ok" if ok else "error").inc()
+        if reason is not None:
+            self.capture_failures.labels(node=self.node, reason=reason).inc()
+        self.last_capture_failed.set(0 if ok else 1)
 
     def observe_fetch(self, rec: ProbeRecord) -> None:
         if rec.end is not None:

@@ -3,7 +3,8 @@
 :class:`Sidecar` is plain Python (testable without Ray): it owns the node's :class:`Sampler`, reads the
 probe rings, scrapes rank 0's ``/metrics``, tails the engine log, runs :func:`detect` every tick and, when
 it fires, asks the seat's capture coordinator (node 0's sidecar, else itself) for one coordinated capture.
-It exports its own Prometheus metrics on 127.0.0.1 (:mod:`sgl_seat.watchdog.exporter`). Node 0's sidecar
+It exports its own Prometheus metrics on 127.0.0.1, or on the node's cluster address where the spec says
+``watchdog.exporter_bind: cluster`` (:mod:`sgl_seat.watchdog.exporter`). Node 0's sidecar
 also follows SGLang's request log (``--log-requests``, which the plan turns on) into a redacting recorder, so
 a bundle carries the request shapes of the last ``history_s`` seconds (``requests.jsonl``) that
 ``replay --traffic`` re-drives.
@@ -58,6 +59,8 @@ DETECT_EVERY_S = 1.0
 NODE_LOSS_NATIVE_S = 1.5
 #: Completed row fetches the live detectors look at (the detectors' own windows are shorter).
 LIVE_PROBE_WINDOW_S = 65.0
+#: Failed captures a sidecar keeps for `status` and `watch` (the exporter's counter counts all of them).
+MAX_FAILURES = 20
 
 
 class Sidecar:
@@ -83,7 +86,7 @@ class Sidecar:
             discover = lambda: find_engine_processes(node_rank=node, port=port)  # noqa: E731
         self.sampler = sampler or Sampler(node=cfg.node, sample_hz=self.th.sample_hz, history_s=self.th.history_s,
                                           discover=discover, pyspy=cfg.pyspy if cfg.pyspy else True)
-        self.exporter = Exporter(cfg.node, cfg.metrics_port)
+        self.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr)
         self.exporter.rank_states.source = self._rank_views
         self.sampler.on_sample = self._on_sample
         self.probes = ProbeReader(cfg.probe_dir, node=cfg.node, history_s=self.th.history_s) if cfg.probe_dir else None
@@ -116,6 +119,9 @@ class Sidecar:
         self._generation: frozenset[int] = frozenset()
         self.bundles: list[dict[str, Any]] = []
         self.capture_errors: list[str] = []
+        #: The captures whose bundle the disk did not take whole (newest last, at most MAX_FAILURES): what `status`
+        #: and `watch` show, with where the part that was written lies and what is missing.
+        self.capture_failures: list[dict[str, Any]] = []
         self.ticks = 0
 
     # ---- life cycle
@@ -374,12 +380,19 @@ class Sidecar:
             dest_root=Path(self.cfg.bundle_dir), quota_mb=self.cfg.quota_mb, missing=missing)
         doc = res.to_json() | {"status": "ok" if res.error is None else "error", "capture_id": capture_id,
                                "detected_at": t, "written_at": time.time(), "collect_s": time.time() - t0}
-        self.exporter.captures.labels(node=str(self.cfg.node), result="ok" if res.error is None else "error").inc()
+        self.exporter.capture_done(None if res.error is None else res.reason or "other")
         with self._lock:
             if res.error is None:
                 self.bundles.append(doc)
             else:
                 self.capture_errors.append(res.error)
+                inc = res.incomplete or {}
+                self.capture_failures.append({
+                    "t": doc["written_at"], "capture_id": capture_id, "bundle_id": res.bundle_id,
+                    "reason": res.reason or "other", "error": res.error, "path": inc.get("path"),
+                    "missing": list(inc.get("missing") or []), "written": list(inc.get("written") or []),
+                    "marker": bool(inc.get("marker"))})
+                del self.capture_failures[:-MAX_FAILURES]
         return doc
 
     def part(self, capture_id: str, t: float, *, dump_timeout_s: float | None = None) -> dict[str, Any]:
@@ -438,6 +451,9 @@ class Sidecar:
                 "latched_by": self.latched_by,
                 "bundles": list(self.bundles),
                 "capture_errors": list(self.capture_errors),
+                # Structured: reason (disk-full, read-only, ...), the .incomplete-<id> directory, missing files.
+                "capture_failures": [dict(f) for f in self.capture_failures],
+                "exporter": {"addr": self.exporter.addr, "port": self.exporter.port},
                 "processes": [p.to_json() for p in obs.processes],
                 "request_log": dict(self.request_log.stats()) if self.request_log is not None else None,
             }

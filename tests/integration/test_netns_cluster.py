@@ -1,9 +1,10 @@
 """A seat on two real hosts (issue 11): two network namespaces, each with its own address, its own interface
 name and its own raylet (token auth on), the driver on host a like an operator's login on the head.
 
-One cluster serves the whole module, and five `up`s run on it in a row, each with the two hosts' different
+One cluster serves the whole module, and six `up`s run on it in a row, each with the two hosts' different
 interface names, each checking that every node got its own host's env whichever host Ray picked for node rank 0:
 three plain ones (Ray picks), one with node 0 pinned to host b that then loses node 1's link under traffic, one
+with the exporters bound on the cluster addresses that a Prometheus on host a scrapes (issue 24), one
 with node 0 pinned to host a that then loses host b's raylet (killed by pid; the last test, since host b stays
 without a raylet). Node loss: a node-unreachable bundle naming node 1 and ranks 2-3 within 10 s, with what was
 last seen from node 1; ``status`` says NODE-LOST while the link is down; the cut-off host's own partial bundle
@@ -19,11 +20,13 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,7 +43,7 @@ pytestmark = pytest.mark.integration
 _WHY = cannot_run()
 #: Acceptance (issue 11): the node-unreachable bundle within this many seconds of the node's loss (target 5 s).
 BUNDLE_WITHIN_S = 10.0
-#: Ups where Ray picks node 0's host; with the two pinned ones below, five ups in a row on one cluster (issue 11).
+#: Ups where Ray picks node 0's host; with the three pinned ones below, six ups in a row on one cluster (issue 11).
 #: Each costs an `up` and a `down` of CI time (the sim engines' start is most of it).
 FREE_UPS = 3
 
@@ -277,8 +280,93 @@ def test_a_client_without_the_token_is_refused(netns_cluster: NetnsCluster) -> N
     assert "InvalidAuthToken" in res.stderr, res.stderr[-2000:]  # refused for the token, not for anything else
 
 
+#: A Prometheus on host a's loopback (issue 24, item 7); Debian's package, as tests/integration/test_prometheus.py.
+PROM_PORT = 31290
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
+    """GET ``url`` from inside namespace ``ns`` (a process on that host), the body as text."""
+    code = ("import sys, urllib.request\n"
+            "print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode(), end='')")
+    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, url, str(timeout)],
+                         capture_output=True, text=True, timeout=timeout + 20, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"GET {url} from {ns}: {res.stderr[-1000:]}")
+    return res.stdout
+
+
+def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    """Up 5 (issue 24, item 7): `watchdog.exporter_bind: cluster`, node 0 pinned to host a, so node 1's sidecar
+    is on host b, bound on host b's cluster address. `sgl-seat prometheus-config` (run on host a) lists both
+    nodes' sidecars; host a reaches node 1's exporter through the namespace network, and a real Prometheus
+    started on host a from that file scrapes it (`up` 1 for node 1's target, node 1's own samples counter)."""
+    cl = netns_cluster
+    home = tmp_path / "home"
+    spec = _spec(cl, tmp_path / "remote-prom.yaml", pin_node0="a")
+    doc = yaml.safe_load(spec.read_text())
+    doc.setdefault("watchdog", {})["exporter_bind"] = "cluster"
+    spec.write_text(yaml.safe_dump(doc))
+    http_port = int(doc["network"]["http_port"])
+    node1 = f"{cl.addr_b}:{http_port + 16}"  # metrics_port_for(http_port, 1)
+
+    def during(hosts: dict[int, str], bundles: Path) -> None:
+        assert hosts == {0: "a", 1: "b"}
+        cfg = tmp_path / "prometheus.yml"
+        res = cl.run_cli(["prometheus-config", "netns-sim", "--out", str(cfg)], home, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        prom_doc = yaml.safe_load(cfg.read_text())
+        jobs = {j["job_name"]: j for j in prom_doc["scrape_configs"]}
+        targets = jobs["sgl-seat-watchdog"]["static_configs"][0]["targets"]
+        assert targets == [f"{cl.addr_a}:{http_port + 15}", node1], targets
+        # Host a reaches node 1's sidecar exporter on host b's address (not on host b's loopback).
+        text = _fetch_in(cl.ns_a, f"http://{node1}/metrics")
+        assert 'sgl_seat_watchdog_samples_total{node="1"}' in text, text[:2000]
+        if PROMETHEUS is None:
+            pytest.skip("host a reached node 1's exporter; the real-Prometheus half needs Debian's prometheus "
+                        "package (apt-get install -y prometheus)")
+        prom_doc["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        cfg.write_text(yaml.safe_dump(prom_doc))
+        log = tmp_path / "prometheus.log"
+        with log.open("wb") as logf:
+            prom = subprocess.Popen(
+                ["ip", "netns", "exec", cl.ns_a, PROMETHEUS, f"--config.file={cfg}",
+                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+                 "--storage.tsdb.retention.time=1h"],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        api = f"http://127.0.0.1:{PROM_PORT}/api/v1/query?query="
+        try:
+            deadline = time.monotonic() + 60
+            up_node1: list[Any] = []
+            samples: list[Any] = []
+            while time.monotonic() < deadline:
+                with contextlib.suppress(AssertionError, ValueError, KeyError):
+                    up_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                        f'up{{job="sgl-seat-watchdog",instance="{node1}"}}')))
+                    up_node1 = [r for r in up_doc["data"]["result"] if r["value"][1] == "1"]
+                    s_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                        'sgl_seat_watchdog_samples_total{node="1"}')))
+                    samples = s_doc["data"]["result"]
+                    if up_node1 and samples:
+                        break
+                time.sleep(1.0)
+            assert up_node1, f"Prometheus on host a did not scrape {node1}: " + log.read_text()[-3000:]
+            assert samples and samples[0]["metric"]["instance"] == node1, samples
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(prom.pid, signal.SIGTERM)
+            try:
+                prom.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(prom.pid, signal.SIGKILL)
+                prom.wait(5)
+
+    _up_check_down(cl, spec, home, during)
+
+
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
-    """Up 5: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
+    """Up 6: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
     started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s. Last
     in the module: host b has no raylet afterwards."""
     cl = netns_cluster

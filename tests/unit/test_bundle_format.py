@@ -46,6 +46,7 @@ from sgl_seat.forensics import bundle as bundle_mod
 from sgl_seat.forensics.codec import ProbeTable, decode_probe_records, decode_stack_samples
 from sgl_seat.forensics.manifest import BundleVersionError
 from sgl_seat.forensics.redact import RequestShape
+from sgl_seat.forensics.store import list_bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "bundles"
@@ -118,20 +119,36 @@ def test_written_manifest_matches_the_json_schema(tmp_path: Path) -> None:
 
 
 def test_write_is_atomic_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GIVEN a disk that fails mid-write WHEN writing THEN BundleError, no bundle and no temp dir remain."""
+    """GIVEN a disk that fails mid-write WHEN writing THEN BundleWriteError, no bundle under its own name, and
+    the part written kept as `.incomplete-b1` with INCOMPLETE.json listing what is missing (issue 24); `bundle ls`
+    does not take it for a bundle, and the quota removes it before any complete one."""
     calls = {"n": 0}
     real = bundle_mod._write_file
 
     def flaky(path: Path, data: bytes) -> None:
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 4:  # the marker, two files, then the third fails
             raise OSError(28, "No space left on device")
         real(path, data)
 
     monkeypatch.setattr(bundle_mod, "_write_file", flaky)
-    with pytest.raises(BundleError, match="No space left"):
+    with pytest.raises(bundle_mod.BundleWriteError, match="No space left") as err:
         write_bundle(tmp_path, "b1", _fields(), _files(), quota_mb=100)
-    assert list(tmp_path.iterdir()) == []
+    names = list(_files())
+    assert err.value.reason == "disk-full" and err.value.written == names[:2]
+    assert err.value.missing == [*names[2:], layout.MANIFEST] and err.value.marker
+    assert [p.name for p in tmp_path.iterdir()] == [".incomplete-b1"]
+    left = tmp_path / ".incomplete-b1"
+    assert err.value.path == left and not (left / layout.MANIFEST).exists() and not (left / names[2]).exists()
+    marker = json.loads((left / layout.INCOMPLETE).read_text())
+    assert marker["missing"] == err.value.missing and marker["errno"] == "ENOSPC" and marker["state"] == "failed"
+    with pytest.raises(BundleError):
+        verify_bundle(left)
+    assert list_bundles(tmp_path) == []
+    monkeypatch.setattr(bundle_mod, "_write_file", real)
+    write_bundle(tmp_path, "b2", _fields(created=2000.0), _files(), quota_mb=100)
+    assert rotate_bundles(tmp_path, 0, keep=tmp_path / "b2") == [left]  # counted against the quota, removed
+    assert [p.name for p in tmp_path.iterdir()] == ["b2"]
 
 
 def test_write_refuses_bad_ids_names_and_existing(tmp_path: Path) -> None:
