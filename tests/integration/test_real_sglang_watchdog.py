@@ -3,7 +3,8 @@
 One rehearsal seat (the ``local-sglang`` profile WITHOUT ``--sleep-on-idle``: an idle scheduler spins at ~100 %
 of a core in its poll loop, the shape a watchdog must not take for a hang) serves the module, in file order:
 
-1. idle for 3 minutes: no bundle (the spin, and rank 1 idle in the gloo broadcast);
+1. idle for 3 minutes: no bundle (the spin, and rank 1 idle in the gloo broadcast); then a burst past the slot
+   cap beside a long prompt: no bundle either;
 2. the probe inside every real scheduler, its records in the sidecar with the gather size of each forward;
 3. a probe stall on rank 1 (`sgl-seat fault probe-stall:rank=1`): real SGLang code blocked in its embedding
    lookup, rank 0 waiting in the real all-reduce -> a bundle naming rank 1 at the embedding, within 10 s;
@@ -165,6 +166,43 @@ def test_an_idle_seat_spinning_without_sleep_on_idle_gives_no_bundle_in_3_minute
         time.sleep(min(30.0, max(0.0, t_end - time.monotonic())))
         verdicts += [n["verdict"] for n in _watch(seat)["nodes"] if n.get("verdict")]
     assert _bundles(seat) == before, f"bundles written on an idle seat: {sorted(_bundles(seat) - before)}"
+    assert not verdicts, verdicts
+
+
+def _queued(seat: RealSeat) -> float:
+    """SGLang's own ``sglang:num_queue_reqs`` gauge on node 0 (requests waiting for a slot)."""
+    text = httpx.get(f"{seat.endpoint}/metrics", timeout=10.0, trust_env=False).text
+    vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:num_queue_reqs")]
+    return max(vals, default=0.0)
+
+
+def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: RealSeat) -> None:
+    """GIVEN 16 clients (twice the seat's 8 slots, so requests queue: SGLang's own num_queue_reqs says so) and,
+    beside them, a prompt of over a thousand tokens (a long prefill) for 30 s THEN every request is answered and
+    the watchdog writes no bundle and reaches no verdict: the CI sample of the real soak (bench/watchdog_soak.py
+    --seat local-sglang, which adds idle gaps and both --sleep-on-idle settings over 30 minutes)."""
+    before = _bundles(seat)
+    verdicts: list[Any] = []
+    queued = 0.0
+    # ~1,500 tokens ("wordN" is ~6 of the tiny model's tokens): long for a 4,096-token context, and it fits
+    long_body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(250)), "max_tokens": 16}
+    with Traffic(seat.endpoint, n=16, max_tokens=32) as tr:
+        assert tr.wait_answers(1, 120.0), "the burst got no answer"
+        r = httpx.post(f"{seat.endpoint}/v1/completions", json=long_body, timeout=180.0, trust_env=False)
+        assert r.status_code == 200, r.text
+        long_tokens = r.json()["usage"]["prompt_tokens"]
+        t_end = time.monotonic() + 30.0
+        while time.monotonic() < t_end:
+            queued = max(queued, _queued(seat))
+            verdicts += [n["verdict"] for n in _watch(seat)["nodes"] if n.get("verdict")]
+            time.sleep(2.0)
+    print(f"burst: {tr.answers} answers, {tr.failures} failures; long prompt {long_tokens} tokens; "
+          f"most queued {queued:.0f}")
+    assert tr.failures == 0 and tr.answers >= 16, (tr.answers, tr.failures)
+    assert long_tokens > 1000, long_tokens
+    assert queued > 0, "no request ever queued: the burst did not pass the slot cap"
+    time.sleep(5.0)  # a bundle the last samples triggered would be complete by now
+    assert _bundles(seat) == before, f"bundles written under healthy load: {sorted(_bundles(seat) - before)}"
     assert not verdicts, verdicts
 
 
