@@ -67,7 +67,8 @@ _STALE_TMP_S = 3600.0
 
 
 def _check_name(name: str) -> None:
-    if not layout.FILE_NAME_RE.match(name) or name == layout.MANIFEST or ".." in name.split("/"):
+    if (not layout.FILE_NAME_RE.match(name) or name in (layout.MANIFEST, layout.INCOMPLETE)
+            or ".." in name.split("/")):
         raise BundleError(f"bundle file name {name!r} is not a plain relative path",
                           fix="use names like 'stacks.jsonl' or 'logs/node0.log' (see forensics/README.md)")
 
@@ -240,6 +241,10 @@ def write_bundle(dest_root: Path, bundle_id: str, manifest_fields: Mapping[str, 
         where, marked = (None, False) if tmp is None else _leave_incomplete(
             tmp, dest_root, bundle_id, expected, written, current, exc)
         tmp = None
+        # What a failed capture keeps counts against the quota too: on a disk that stays full, every latched hang
+        # would otherwise add another partial directory and take the space from the engine's logs and records.
+        with contextlib.suppress(Exception):
+            rotate_bundles(dest_root, quota_mb, keep=where)
         left = (f"; what was written is in {where}" + ("" if marked else " (no room for its INCOMPLETE.json)")
                 if where is not None else "")
         raise BundleWriteError(

@@ -27,7 +27,7 @@ from typing import Any
 
 from sgl_seat.errors import UsageError
 from sgl_seat.gate.arms import Arms, SeatArms, UrlArms
-from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL
+from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.gate.runner import BatteryDir, Progress, run_battery, start_battery
 from sgl_seat.gate.verdict import EXIT_CODES, build_report, exit_code
 from sgl_seat.gate.workloads import load_battery
@@ -42,10 +42,12 @@ def parse_arms(text: str) -> list[str]:
     rehearsal that learns the noise floor before a real battery), hybrid optional, each once."""
     arms = [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARM_NAMES]
+    # A hybrid arm is judged against the baseline beside a candidate; with a control alone the verdict would be
+    # the A/A control's, so a pipeline could ship on it while the hybrid draft failed.
     if (bad or BASELINE not in arms or not ({CANDIDATE, CONTROL} & set(arms))
-            or len(set(arms)) != len(arms)):
+            or (HYBRID in arms and CANDIDATE not in arms) or len(set(arms)) != len(arms)):
         raise UsageError(f"--arms {text!r}: give baseline with candidate or control (or both), optionally hybrid, "
-                         "each once" + (f" ({', '.join(bad)} unknown)" if bad else ""),
+                         "each once; hybrid only beside a candidate" + (f" ({', '.join(bad)} unknown)" if bad else ""),
                          fix="e.g. --arms baseline,candidate,hybrid,control, or --arms baseline,control for an A/A "
                              "rehearsal")
     return arms

@@ -151,11 +151,29 @@ def test_write_is_atomic_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert [p.name for p in tmp_path.iterdir()] == ["b2"]
 
 
+def test_failed_writes_on_a_disk_that_stays_full_do_not_pile_up(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a disk that fails every capture at its manifest WHEN three captures fail in a row under a quota they
+    exceed THEN only the newest partial directory is kept: what a failed capture keeps counts against the quota."""
+    real = bundle_mod._write_file
+
+    def no_manifest(path: Path, data: bytes) -> None:
+        if path.name == layout.MANIFEST:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(bundle_mod, "_write_file", no_manifest)
+    for i in range(3):
+        with pytest.raises(bundle_mod.BundleWriteError):
+            write_bundle(tmp_path, f"b{i}", _fields(created=1000.0 + i), _files(), quota_mb=0)
+    assert [p.name for p in tmp_path.iterdir()] == [".incomplete-b2"]
+
+
 def test_write_refuses_bad_ids_names_and_existing(tmp_path: Path) -> None:
     for bad in ("../x", "a/b", ".hidden", ""):
         with pytest.raises(BundleError):
             write_bundle(tmp_path, bad, _fields(), {}, quota_mb=1)
-    for bad_name in ("../x", "/abs", "manifest.json", "a/../../b", ".dot"):
+    for bad_name in ("../x", "/abs", "manifest.json", "INCOMPLETE.json", "a/../../b", ".dot"):
         with pytest.raises(BundleError):
             write_bundle(tmp_path, "ok", _fields(), {bad_name: b""}, quota_mb=1)
     write_bundle(tmp_path, "ok", _fields(), {}, quota_mb=1)

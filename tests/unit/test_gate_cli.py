@@ -133,3 +133,14 @@ def test_help_documents_the_exit_codes_and_the_aa_rehearsal() -> None:
     text = " ".join(res.stdout.split())
     assert res.exit_code == 0
     assert "0 SHIP, 1 DO_NOT_SHIP, 3 INCONCLUSIVE, 2 a usage error" in text and "baseline,control" in text
+
+
+def test_a_hybrid_arm_without_a_candidate_is_refused() -> None:
+    """GIVEN --arms baseline,hybrid,control THEN a usage error: the verdict would be the A/A control's, so a
+    pipeline could ship on it while the hybrid draft arm failed."""
+    from sgl_seat.errors import UsageError
+    from sgl_seat.gate import parse_arms
+
+    with pytest.raises(UsageError, match="hybrid only beside a candidate"):
+        parse_arms("baseline,hybrid,control")
+    assert parse_arms("baseline,candidate,hybrid,control") == ["baseline", "candidate", "hybrid", "control"]
