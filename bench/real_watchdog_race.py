@@ -11,7 +11,8 @@ lands (except ``sigstop-idle``, where nothing runs and one request is sent after
 - ``sigkill``: rank 1's scheduler SIGKILLed mid-decode;
 - ``detok-stop``: node 0's detokenizer SIGSTOPped mid-decode.
 
-Observed for ``--observe-s`` past the timeout (SGLang's watchdog: timeout, then SIGQUIT and its crash
+Observed for ``--observe-s`` past 1.5 timeouts (SGLang's watchdog checks its forward counter every half timeout,
+so it fires 1 to 1.5 timeouts after the last progress it saw; then SIGQUIT and its crash
 diagnostics, a 60 s wait "for CUDA coredumps", then the kill: ``sglang-cpu.md``), or until both sides are done.
 Printed per case: seconds from the fault to sgl-seat's first diagnosis (its detector's trigger) and to a complete
 bundle, and to SGLang's first watchdog line (its own debug dump or "Scheduler watchdog timeout") and to its
@@ -204,7 +205,9 @@ def run_case(fault: str, timeout_s: int, work: Path, observe_s: float) -> Case:
     watch = LogWatch(home / "logs" / NAME)
     watch.thread.start()
     req: dict[str, Any] = {}
-    window = timeout_s + observe_s
+    # SGLang's watchdog (utils/watchdog.py) checks its forward counter every timeout/2, so it fires between 1 and
+    # 1.5 timeouts after the last progress it saw: the window covers the latest, then --observe-s of its aftermath.
+    window = 1.5 * timeout_s + observe_s
     try:
         started = threading.Event()
         if fault != "sigstop-idle":
@@ -292,7 +295,8 @@ def main() -> int:
     ap.add_argument("--timeouts", default="300,20", help="SGLang --watchdog-timeout values, comma-separated")
     ap.add_argument("--faults", default=",".join(FAULTS), help="faults, comma-separated: " + ", ".join(FAULTS))
     ap.add_argument("--observe-s", type=float, default=100.0,
-                    help="seconds past the timeout to watch (SGLang kills its tree ~70 s after its timeout)")
+                    help="seconds to watch past 1.5 timeouts (SGLang fires 1-1.5 timeouts after the last "
+                         "progress it saw; at 20 s it had killed its tree 11 s after its first line)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (homes, bundles, logs)")
     args = ap.parse_args()
