@@ -10,9 +10,11 @@ never by name across the host: other engineers' sim engines carry the same ``sgl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -215,3 +217,15 @@ def ray_inspect(address: str, namespace: str) -> dict[str, Any]:
 
 def live_groups(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [g for g in doc["pgs"] if g["name"] == name and g["state"] != "REMOVED"]
+
+
+def stop_pid(p: subprocess.Popen[bytes]) -> None:
+    """End a process this test started in its own session (its group), SIGTERM then SIGKILL, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(5)

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG
+from launchutil import LOCAL_SIM, MODEL_CONFIG, stop_pid
 from netnsutil import TOKEN_ENV, NetnsCluster, cannot_run, engine_pids, raylet_pid, start, stop
 
 pytestmark = pytest.mark.integration
@@ -353,14 +353,7 @@ def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsClust
             assert up_node1, f"Prometheus on host a did not scrape {node1}: " + log.read_text()[-3000:]
             assert samples and samples[0]["metric"]["instance"] == node1, samples
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(prom.pid, signal.SIGTERM)
-            try:
-                prom.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(prom.pid, signal.SIGKILL)
-                prom.wait(5)
+            stop_pid(prom)
 
     _up_check_down(cl, spec, home, during)
 

@@ -14,9 +14,7 @@ where the ``prometheus`` package is not installed (``apt-get install -y promethe
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +26,7 @@ import httpx
 import psutil
 import pytest
 import yaml
+from launchutil import stop_pid
 
 from sgl_seat.core.warning import WarningRule
 from sgl_seat.forensics import read_bundle
@@ -97,17 +96,6 @@ def prometheus_config(tmp: Path) -> Path:
     path = tmp / "prometheus.yml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def stop_pid(p: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(5)
 
 
 @pytest.fixture(scope="module")
