@@ -34,6 +34,7 @@ from realseat import RealSeat, brought_up, require_engine, write_spec
 
 from sgl_seat.launch.demo import complete_bundles, wait_for_bundle
 from sgl_seat.watchdog.probe import ring as probe_ring
+from sgl_seat.watchdog.sources import parse_metrics_text
 
 pytestmark = pytest.mark.integration
 
@@ -170,10 +171,9 @@ def test_an_idle_seat_spinning_without_sleep_on_idle_gives_no_bundle_in_3_minute
 
 
 def _queued(seat: RealSeat) -> float:
-    """SGLang's own ``sglang:num_queue_reqs`` gauge on node 0 (requests waiting for a slot)."""
+    """SGLang's own ``sglang:num_queue_reqs`` on node 0 (requests waiting for a slot), parsed as the sidecar does."""
     text = httpx.get(f"{seat.endpoint}/metrics", timeout=10.0, trust_env=False).text
-    vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:num_queue_reqs")]
-    return max(vals, default=0.0)
+    return parse_metrics_text(text).get("sglang:num_queue_reqs", 0.0)
 
 
 def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: RealSeat) -> None:
