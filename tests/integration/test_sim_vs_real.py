@@ -658,8 +658,12 @@ def test_busy_ranks_are_running_and_not_hung_to_the_detectors(seats: Seats) -> N
     """GIVEN one long streamed generation running on each seat, each scheduler dumped by py-spy while it runs, and
     node 0's /metrics beside each round
     WHEN the project's classifier and detectors read them
-    THEN no busy rank is classified idle, TP0 is seen at work (in its forward or step) at least once, and detect()
-    gives no verdict while tokens progress."""
+    THEN every busy rank's sample is at work (in its forward or step) or in a collective, never idle; some rank is
+    seen in its forward at least once; and detect() gives no verdict while tokens progress.
+
+    Which rank is caught in its forward is the scheduler's choice: with two ranks on two shared cores the faster one
+    waits in all_reduce for the other, and the landing CI of 78ea7e0 saw TP0 there in five samples of five while TP1
+    was in UnquantizedLinearMethod.apply. So the forward is asked of the seat, not of TP0."""
     th = WatchdogSpec()
     for engine in ("real", "sim"):
         url = seats.url(engine)
@@ -672,8 +676,9 @@ def test_busy_ranks_are_running_and_not_hung_to_the_detectors(seats: Seats) -> N
         states = {r: [_state(s) for s in samples if s.rank == r] for r in (0, 1)}
         print(f"{engine} busy: {states}")
         assert all(p.values.get(RUNNING, 0.0) >= 1 for p in pts), f"{engine}: the long request was not running"
-        assert not [s for s in samples if classify_thread(s.main_thread()).state == "idle"], states
-        assert any(classify_thread(s.main_thread()).state == "running" for s in samples if s.rank == 0), states
+        kinds = [classify_thread(s.main_thread()).state for s in samples]
+        assert set(kinds) <= {"running", "collective"}, states
+        assert "running" in kinds, states
         assert detect(obs, th, now) is None, f"{engine}: a verdict on a busy seat: {detect(obs, th, now)}"
         _wait_idle(url)
 
