@@ -31,6 +31,7 @@ from sgl_seat.engines.base import engine_venv
 from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.launch import procs
 from sgl_seat.launch.home import host_id, logs_dir, seat_home
+from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
 from sgl_seat.watchdog import boot_dir
 
@@ -179,11 +180,14 @@ class NodeAgent:
         self.rank_lost_at.clear()
         self._forget_rehearsal_faults(node)
         self.proc = procs.spawn(node.command, env, self.log_path)
+        # The engine inherits this Ray worker's niceness (Ray adds 15): give it the raylet's (sgl_seat.niceness).
+        nice, nice_note = restore_raylet_niceness(self.proc.pid)
         self.started_at = time.time()
         self.exited_at = None
         threading.Thread(target=self._watch, args=(self.proc,), name="engine-watch", daemon=True).start()
         return json.dumps({"pid": self.proc.pid, "pgid": self.proc.pid, "log_path": str(self.log_path),
-                           "argv": list(node.command), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"]})
+                           "argv": list(node.command), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"],
+                           "niceness": nice, "niceness_note": nice_note})
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         """Note when the engine exits, so the first node to die can be told from those that followed.

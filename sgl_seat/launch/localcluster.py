@@ -34,6 +34,7 @@ import psutil
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import procs
 from sgl_seat.launch.home import clusters_dir, read_json, write_json_atomic
+from sgl_seat.niceness import RAY_WORKER_NICENESS_ENV
 
 CLUSTER_SCHEMA_VERSION = 1
 ONE_HOST_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -128,6 +129,10 @@ def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record:
           timeout: float) -> int:
     """Hold a ``Cluster`` until SIGTERM/SIGINT; returns the exit code."""
     os.environ[ONE_HOST_ENV] = "0"
+    # The raylets read it at start: this cluster's workers (node agents, sidecars) and so the engines they spawn run
+    # at the niceness of the `up` that started it, not 15 above it (sgl_seat.niceness); an operator's own setting
+    # stands.
+    os.environ.setdefault(RAY_WORKER_NICENESS_ENV, "0")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

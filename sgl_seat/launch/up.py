@@ -215,8 +215,9 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     with stages.stage("engine-node0", "node 0 starts and listens on dist-init"
                       + (f" (nodes 1..{n - 1} start beside it)" if together else "")) as note:
         started = clients[0].call("start_engine", plan_json, timeout=min(left(), 60.0))
+        starts = [started]
         if together:  # each node imports its engine meanwhile; they wait for node 0's dist-init themselves
-            call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
+            starts += call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
         refresh_nodes(rec, clients[:1] if not together else clients, timeout=CALL_TIMEOUT)
         save_record(rec)
         res = clients[0].call("wait_listening", node0, plan.dist_init_port, left(), timeout=left() + 10.0)
@@ -226,6 +227,7 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
                 raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
             raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
         note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
+        _niceness_warning(note, starts)
 
     if others:
         with stages.stage("dist-init", f"{node0}:{plan.dist_init_port} from nodes 1..{n - 1}"):
@@ -235,8 +237,9 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             if failures:
                 raise preflight_error(failures)
         if not together:
-            with stages.stage("engines", f"nodes 1..{n - 1}"):
-                call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
+            with stages.stage("engines", f"nodes 1..{n - 1}") as note:
+                _niceness_warning(note, call_all(others, "start_engine", lambda c: (plan_json,),
+                                                 timeout=min(left(), 60.0)))
 
     with stages.stage("ready", f"every rank alive and rank 0 {backend.health_path} = 200") as note:
         url = f"{rec.endpoint}{backend.health_path}"
@@ -249,6 +252,14 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     rec.reason = None
     rec.busy_pid = None
     save_record(rec)
+
+
+def _niceness_warning(note: dict[str, str], starts: list[dict[str, Any]]) -> None:
+    """An engine left at Ray's worker niceness serves, but loses the CPU to the rest of its host: say so."""
+    notes = sorted({s["niceness_note"] for s in starts if s.get("niceness_note")})
+    if notes:
+        note["status"] = WARN
+        note["detail"] = "; ".join([note.get("detail", ""), *notes]).lstrip("; ")
 
 
 def _sidecars_stage(rec: SeatRecord, stages: Stages) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
+from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.config import (
     SidecarConfig,
@@ -56,6 +57,10 @@ class SidecarActor:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics poll otherwise
         self.cfg = SidecarConfig.from_json(config_json)
+        # A sidecar that must notice a hang is the last process to starve: not at Ray's worker niceness.
+        self.niceness, self.niceness_note = restore_raylet_niceness(0)
+        if self.niceness_note:
+            logging.getLogger(__name__).warning("%s", self.niceness_note)
         peers = RayPeers(self.cfg) if self.cfg.nnodes > 1 and self.cfg.namespace else None
         raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
         self._host_gone: Callable[[], bool] = lambda: os.getppid() != raylet
