@@ -71,7 +71,7 @@ class _Session:
     cluster_ctime: float | None = None
 
 
-def _predicted_kv(plan: LaunchPlan) -> int | None:
+def predicted_kv(plan: LaunchPlan) -> int | None:
     cap = plan.capacity
     if cap is None:
         return None
@@ -104,7 +104,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         spec_source=spec.source, bundles_dir=str(seat_bundles_dir(spec.name, spec.bundles.dir)),
         token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
         no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
-        kv_predicted=_predicted_kv(plan), plan=plan.to_json(),
+        kv_predicted=predicted_kv(plan), plan=plan.to_json(),
         nodes=[NodeRecord(node_rank=n.node_rank, agent=agent_name(plan.seat, n.node_rank)) for n in plan.nodes],
     )
     claim_record(rec)
@@ -187,12 +187,7 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             node.agent_pid, node.python, node.gpu_ids = inf["pid"], inf["python"], inf["gpu_ids"]
             node.log_path = inf["log_path"]
         node0 = infos[0]["ip"]
-        # Per-host settings follow the host Ray actually chose for each bundle (cluster.hosts).
-        plan = plan.bind_hosts({i["node_rank"]: (i["ip"], i.get("hostname")) for i in infos})
-        for node, planned in zip(rec.nodes, plan.nodes, strict=True):
-            node.host = planned.host
-        plan = _colocate(plan, backend, rec.nodes)
-        plan = plan.fill({Placeholder.NODE0_ADDR: node0})
+        plan = bind_plan(plan, backend, rec, infos)
         rec.plan = plan.to_json()
         rec.endpoint = endpoint_of(plan, node0, spec.network.host)
         save_record(rec)
@@ -210,7 +205,38 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     rec.set_state(SeatState.STARTING)
     save_record(rec)
 
-    others = clients[1:]
+    start_engines(rec, clients, plan, backend, stages, left)
+
+    if not rec.no_watchdog:
+        _sidecars_stage(rec, stages)
+    rec.set_state(SeatState.READY)
+    rec.reason = None
+    rec.busy_pid = None
+    save_record(rec)
+
+
+def bind_plan(plan: LaunchPlan, backend: EngineBackend, rec: SeatRecord, infos: Sequence[dict[str, Any]]
+              ) -> LaunchPlan:
+    """The plan bound to where Ray put each node (``infos``: the agents' ``node_info``): per-host settings follow
+    the host Ray actually chose for each bundle (cluster.hosts), simulated nodes sharing a host get the engine's
+    own-host environment, and node 0's address is filled in. `up` binds its plan so, and the supervisor a plan
+    rebuilt with the draft off."""
+    plan = plan.bind_hosts({i["node_rank"]: (i["ip"], i.get("hostname")) for i in infos})
+    for node, planned in zip(rec.nodes, plan.nodes, strict=True):
+        node.host = planned.host
+    plan = _colocate(plan, backend, rec.nodes)
+    return plan.fill({Placeholder.NODE0_ADDR: infos[0]["ip"]})
+
+
+def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchPlan, backend: EngineBackend,
+                  stages: Stages, left: Callable[[], float]) -> None:
+    """Start every node's engine from the filled ``plan`` and wait until the seat is ready (every rank alive and
+    rank 0's health 200). `up` calls it once its agents have passed preflight, and the seat's supervisor again
+    to restart the engines after a hang (:mod:`sgl_seat.launch.supervisor`), under the agents `up` started."""
+    n = len(plan.nodes)
+    node0 = rec.nodes[0].ip or ""
+    plan_json = json.dumps(plan.to_json())
+    others = list(clients[1:])
     together = bool(others) and backend.start_nodes_together
     with stages.stage("engine-node0", "node 0 starts and listens on dist-init"
                       + (f" (nodes 1..{n - 1} start beside it)" if together else "")) as note:
@@ -245,13 +271,6 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
         url = f"{rec.endpoint}{backend.health_path}"
         _wait_ready(rec, clients, url, left)
         note["detail"] = f"{sum(len(nd.ranks) for nd in rec.nodes)} ranks alive; {rec.endpoint}"
-
-    if not rec.no_watchdog:
-        _sidecars_stage(rec, stages)
-    rec.set_state(SeatState.READY)
-    rec.reason = None
-    rec.busy_pid = None
-    save_record(rec)
 
 
 def _niceness_warning(note: dict[str, str], starts: list[dict[str, Any]]) -> None:
