@@ -10,8 +10,9 @@ The decision, in order (the first that applies):
 1. ``on_hang: capture``: :attr:`Action.NONE`, the bundle only (today's behaviour, the default).
 2. A whole node unreachable (``node-unreachable``): :attr:`Action.NONE`. A restart drives the node agents, and
    that node's agent does not answer; bringing a node back is an operator's work (``runbooks/node-unreachable.md``).
-3. A remediation still in progress (its outcome ``pending``): :attr:`Action.NONE`; the verdict is the
-   remediation's own business (stopping engines makes verdicts).
+3. A remediation still in progress (its outcome ``pending``, begun less than :data:`PENDING_STALE_S` ago):
+   :attr:`Action.NONE`; the verdict is the remediation's own business (stopping engines makes verdicts). One
+   pending for longer was left so by a supervisor that died: it counts as begun and never served.
 4. Refused before (any earlier refusal in the history): refused again. "Not again without an operator" holds
    until an operator acts, and the history is the seat record's: ``down`` then ``up`` starts a new one.
 5. The budget: ``remediation.max`` remediations (restart or rollback-draft, begun) in the sliding window of
@@ -39,6 +40,7 @@ from sgl_seat.errors import UsageError
 from sgl_seat.spec import ON_HANG_POLICIES, SeatSpec, WatchdogSpec
 
 __all__ = [
+    "PENDING_STALE_S",
     "REMEDIATION_SCHEMA_VERSION",
     "Action",
     "Decision",
@@ -58,6 +60,9 @@ __all__ = [
 #: Version of :class:`RemediationRecord`'s JSON (seat records and ``status --json`` carry it). Readers refuse
 #: another one. 1: first version.
 REMEDIATION_SCHEMA_VERSION = 1
+#: Seconds a remediation may stay pending before it is taken for abandoned (its supervisor died): twice `up`'s
+#: default timeout, since a remediation stops the engines and brings them up again. ``status`` uses it too.
+PENDING_STALE_S = 1200.0
 
 
 class Action(str, Enum):
@@ -389,7 +394,7 @@ def decide(verdict: Verdict, policy: Policy, history: Sequence[RemediationRecord
                         "its agent; bring the node back first (runbooks/node-unreachable.md)")
     acted = sorted((r for r in history if r.action.remediates()), key=lambda r: r.started)
     last = acted[-1] if acted else None
-    if last is not None and last.outcome is Outcome.PENDING:
+    if last is not None and last.outcome is Outcome.PENDING and now - last.started < PENDING_STALE_S:
         return Decision(action=Action.NONE, reason=f"a {last.action.value} begun {_fmt_s(now - last.started)} ago "
                         "is still in progress; this verdict is left to it")
     refusals = [r for r in history if r.action.refused()]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sgl_seat.core.remediation import Outcome, RemediationRecord, budget_used
+from sgl_seat.core.remediation import PENDING_STALE_S, Outcome, RemediationRecord, budget_used
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import cluster, health
@@ -29,9 +29,9 @@ from sgl_seat.watchdog.actors import snapshots
 
 #: Seconds to wait for the sidecars' snapshots (a wedged sidecar must not hold `status` up).
 SIDECAR_TIMEOUT_S = 5.0
-#: Seconds a remediation may stay pending before `status` stops leaving the seat to its supervisor: twice `up`'s
-#: default timeout (a remediation stops the engines and brings them up again).
-REMEDIATION_STALE_S = 1200.0
+#: Seconds a remediation may stay pending before `status` stops leaving the seat to its supervisor (the decision
+#: takes it for abandoned after as long).
+REMEDIATION_STALE_S = PENDING_STALE_S
 
 
 def status(name: str, *, timeout: float = 20.0) -> SeatRecord:

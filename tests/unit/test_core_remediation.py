@@ -14,6 +14,7 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import ProbeRecord, RecordError, Verdict, VerdictKind
 from sgl_seat.core.remediation import (
+    PENDING_STALE_S,
     REMEDIATION_SCHEMA_VERSION,
     Action,
     Decision,
@@ -308,6 +309,16 @@ def test_a_verdict_during_a_remediation_is_left_to_it() -> None:
                                 outcome=Outcome.PENDING)
     dec = decide(verdict(VerdictKind.PROCESS_EXITED, t=T0 + 3), RESTART, [pending], T0 + 4, draft=DRAFT_ON)
     assert dec.action is Action.NONE and "still in progress" in dec.reason
+
+
+def test_a_remediation_pending_for_too_long_is_taken_for_abandoned() -> None:
+    """GIVEN a restart still pending PENDING_STALE_S after it began (its supervisor died) WHEN the seat hangs
+    THEN it is no longer left to it: it counts as begun and never served (here: past the cooldown, restart)."""
+    pending = RemediationRecord(action=Action.RESTART, reason="r", verdict="v", bundle_id="b", started=T0,
+                                outcome=Outcome.PENDING)
+    now = T0 + PENDING_STALE_S
+    dec = decide(verdict(VerdictKind.STACK_UNCHANGED, t=now - 1), RESTART, [pending], now, draft=DRAFT_ON)
+    assert dec.action is Action.RESTART and "remediation 2 of 3" in dec.reason
 
 
 def test_a_verdict_older_than_the_last_remediation_is_not_acted_on() -> None:
