@@ -201,8 +201,45 @@ class NetworkSpec(_Strict):
         return self
 
 
+#: What the seat does after the watchdog's bundle of a hang (``watchdog.on_hang``; ``sgl-seat up --on-hang``).
+ON_HANG_POLICIES: tuple[str, ...] = ("capture", "restart", "rollback-draft")
+OnHang = Literal["capture", "restart", "rollback-draft"]
+
+
+class RemediationSpec(_Strict):
+    """The budget of ``watchdog.on_hang``'s remediations, and the guard that stops a restart loop.
+
+    Why a budget and a cooldown both: a restart brings back a seat whose cause is still there (the draft, a bad
+    host), so it can hang again at once and be restarted again, for ever, hiding the incident behind serving
+    gaps. The budget bounds how often a seat is healed without a person in a sliding window; the cooldown says
+    that a seat hung again soon after a remediation was not healed by it, and hands it to an operator at once.
+    """
+
+    max: int = Field(default=3, ge=1, le=100, description="Remediations allowed within window_s; past it the "
+                     "seat stays down as REMEDIATION-EXHAUSTED until an operator brings it back.")
+    window_s: float = Field(default=3600, gt=0, le=7 * 86_400,
+                            description="The sliding window (seconds) that `max` counts remediations in.")
+    cooldown_s: float = Field(default=300, ge=0, le=86_400,
+                              description="A seat that hangs again within this many seconds of a remediation "
+                              "(from when it served again, else from when the remediation began) is not "
+                              "remediated again without an operator (0: no such guard).")
+    draft_gather_max: int | None = Field(
+        default=None, ge=1, le=1 << 40,
+        description="rollback-draft: the largest gather a draft-on decode/verify step makes (default: "
+        "draft.slots x draft.draft_tokens, one id per token position: the sim, and the embedding lookup the "
+        "tiny models' probe times). A stalled gather larger than this is a prefill, which the draft does not "
+        "change. A model whose probed gather counts several ids per position (DeepSeek-V4.1 Engram: "
+        "n_hash_cols) sets it.",
+    )
+
+
 class WatchdogSpec(_Strict):
-    """Thresholds of the sidecar watchdog; SGLang's own watchdog timeout is passed through."""
+    """Thresholds of the sidecar watchdog; SGLang's own watchdog timeout is passed through.
+
+    ``on_hang`` and ``remediation`` say what happens after a hang's bundle, not how a hang is detected: they are
+    left out of :meth:`model_dump` (``exclude``), so the ``thresholds`` a bundle records (scalars, read back by
+    replay's :func:`~sgl_seat.core.detect.thresholds_from`) stay the detector thresholds they always were.
+    """
 
     engine_timeout_s: float = Field(default=300, gt=0, description="SGLang --watchdog-timeout.")
     enabled: bool = True
@@ -220,6 +257,15 @@ class WatchdogSpec(_Strict):
         "`sgl-seat prometheus-config` writes its scrape config), or an IP address every node has, such as "
         "0.0.0.0. The metrics carry no prompts, but anyone who can reach the port can read them.",
     )
+
+    on_hang: OnHang = Field(
+        default="capture", exclude=True,
+        description="After a hang's bundle is complete: 'capture' (only the bundle; the seat stays as it is), "
+        "'restart' (the seat's engines restarted with the same plan), 'rollback-draft' (re-planned with the draft "
+        "off when the verdict is one the draft makes likely, else restart). Within watchdog.remediation's budget. "
+        "`sgl-seat up --on-hang` overrides it for one seat.",
+    )
+    remediation: RemediationSpec = Field(default_factory=RemediationSpec, exclude=True)
 
     @field_validator("exporter_bind")
     @classmethod
@@ -320,6 +366,9 @@ class SeatSpec(_Strict):
             raise ValueError("a 'sim' block is only valid with engine: sim")
         if self.device == "cpu" and self.engine != "sglang":
             raise ValueError("device: cpu is SGLang's CPU engine: only valid with engine: sglang")
+        if self.watchdog.on_hang != "capture" and not self.watchdog.enabled:
+            raise ValueError(f"watchdog.on_hang: {self.watchdog.on_hang} acts on the watchdog's verdicts, but "
+                             "watchdog.enabled is false; enable the watchdog or set on_hang: capture")
         return self
 
     def model_config_path(self) -> Path | None:

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -95,6 +96,12 @@ def up(
                   "probe-stall:rank=1,after_calls=200,for_s=30.",
     )] = None,
     no_watchdog: Annotated[bool, typer.Option("--no-watchdog", help="Do not start the watchdog sidecars.")] = False,
+    on_hang: Annotated[str | None, typer.Option(
+        "--on-hang", metavar="POLICY",
+        help="After a hang's bundle: capture (the bundle only), restart (the same plan) or rollback-draft (the "
+             "draft off when the verdict is one the draft makes likely, else restart), within the spec's "
+             "watchdog.remediation budget (default: the spec's watchdog.on_hang).",
+    )] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -113,6 +120,9 @@ def up(
         err_console.print(note)
     spec = load_spec(path)
     faults = tuple(fault or ())
+    opts = seat_up.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction, timeout=timeout,
+                             faults=faults, no_watchdog=no_watchdog, on_hang=on_hang)
+    policy = seat_up.effective_policy(spec, opts)  # a bad --on-hang fails here, before anything starts
     if dry_run:
         p = build_plan(spec, draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction, faults=faults)
         if json_out:
@@ -121,12 +131,11 @@ def up(
             sys.stdout.write(render_text(p))
         return
     out = err_console if json_out else console
-    out.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}")
+    out.print(f"up: seat {spec.name} ({spec.engine}, {spec.cluster.nodes} nodes) from {spec.source}"
+              + (f"; on hang: {policy.on_hang}" if policy.on_hang != "capture" else ""))
     rep = ConsoleReporter(out)
     try:
-        rec, times = seat_up.up(spec, seat_up.UpOptions(draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction,
-                                                        timeout=timeout, faults=faults, no_watchdog=no_watchdog),
-                                rep)
+        rec, times = seat_up.up(spec, opts, rep)
     except KeyboardInterrupt:
         rep.close()
         err_console.print("interrupted: everything `up` started was taken down")
@@ -135,7 +144,7 @@ def up(
         rep.close()
     if json_out:
         print_json({"seat": rec.name, "state": rec.state.value, "endpoint": rec.endpoint, "engine": rec.engine,
-                    "draft": rec.draft, **_stages_json(times),
+                    "draft": rec.draft, "on_hang": rec.on_hang, **_stages_json(times),
                     "warnings": [f"{w.name}: {w.detail}" for w in times.warnings()]})
         return
     console.print(styled("bold green", "READY", f" seat {rec.name} in {times.total():.1f} s  endpoint: {rec.endpoint}"))
@@ -172,10 +181,11 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 def _print_status(rec: SeatRecord) -> None:
     from sgl_seat.engines import backend_for
     from sgl_seat.launch.state import SeatState
-    from sgl_seat.launch.status import capture_failure_line
+    from sgl_seat.launch.status import capture_failure_line, remediation_lines
 
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
-             SeatState.NODE_LOST: "red", SeatState.FAILED: "red"}.get(rec.state, "cyan")
+             SeatState.NODE_LOST: "red", SeatState.FAILED: "red", SeatState.REMEDIATING: "yellow",
+             SeatState.REMEDIATION_EXHAUSTED: "red"}.get(rec.state, "cyan")
     console.print(Text.assemble(
         f"seat {rec.name}  ", (rec.state.value, f"bold {color}"),
         f"  endpoint {rec.endpoint or '-'}  ({rec.engine}, draft {'on' if rec.draft else 'off'})",
@@ -190,6 +200,8 @@ def _print_status(rec: SeatRecord) -> None:
         console.print(f"bundle: {rec.hang_bundle}  (`sgl-seat replay {rec.hang_bundle}` explains it)")
     for f in rec.capture_failures:
         console.print(styled("bold red", "watchdog:", f" {capture_failure_line(f)}"), markup=False)
+    for ln in remediation_lines(rec, time.time()):
+        console.print(ln, markup=False)
     source = backend_for(rec.engine).kv_actual_source
     console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens ({source})")
     for n in rec.nodes:

@@ -7,7 +7,10 @@ from reality (a node can die while nobody looks); it is never the authority, onl
 book and the last thing seen.
 
 Versions: schema 1 (first version; ``bundles_dir`` added later, optional: records without it read the
-seat's spec for it; ``capture_failures`` added later, optional: empty in records without it).
+seat's spec for it; ``capture_failures`` added later, optional: empty in records without it). Schema 2 (issue
+26): ``on_hang``, ``remediation_policy`` and ``remediations`` (the seat's healing by policy), and the states
+REMEDIATING and REMEDIATION-EXHAUSTED, which a schema-1 reader would take for a damaged record. A schema-1 record
+still loads (``on_hang: capture``, the spec's budget or the defaults, no history) and is written back as schema 2.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sgl_seat.core.records import RecordError
+from sgl_seat.core.remediation import Policy, RemediationRecord
 from sgl_seat.errors import SeatError, SeatStateError, UsageError
 from sgl_seat.forensics.layout import seat_bundles_dir
 from sgl_seat.launch.home import read_json, seats_dir, write_json_atomic
 from sgl_seat.launch.state import SeatState, parse_state, transition
 from sgl_seat.spec import load_spec
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
+#: The versions this code reads (an older one is upgraded in memory: its new fields take their defaults).
+READABLE_RECORD_VERSIONS = (1, 2)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,6 +111,12 @@ class SeatRecord:
     #: The watchdog's captures that left no complete bundle (a full or read-only disk), as `status` last read
     #: them from the sidecars: {node, bundle_id, reason, error, path, missing, t}, newest last.
     capture_failures: list[dict[str, Any]] = field(default_factory=list)
+    #: What the supervisor does after a hang's bundle (``watchdog.on_hang``, or ``up --on-hang``).
+    on_hang: str = "capture"
+    #: The effective policy `up` brought the seat up with (:meth:`Policy.to_json`); None in schema-1 records.
+    remediation_policy: dict[str, Any] | None = None
+    #: Every decision the supervisor acted on or refused, oldest first (:meth:`RemediationRecord.to_json`).
+    remediations: list[dict[str, Any]] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     schema_version: int = RECORD_SCHEMA_VERSION
@@ -116,17 +129,53 @@ class SeatRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, path: str = "<record>") -> SeatRecord:
         version = d.get("schema_version")
-        if version != RECORD_SCHEMA_VERSION:
+        if version not in READABLE_RECORD_VERSIONS or isinstance(version, bool):
             raise SeatStateError(
-                f"{path}: seat record schema_version {version!r} is not {RECORD_SCHEMA_VERSION}",
+                f"{path}: seat record schema_version {version!r} is not one of "
+                f"{', '.join(map(str, READABLE_RECORD_VERSIONS))}",
                 fix="use the sgl-seat version that wrote it, or remove the file once the seat is down",
             )
         try:
             nodes = [NodeRecord.from_dict(n) for n in d.get("nodes", [])]
-            return cls(**{**d, "state": parse_state(d["state"]), "nodes": nodes})
+            rec = cls(**{**d, "state": parse_state(d["state"]), "nodes": nodes,
+                         "schema_version": RECORD_SCHEMA_VERSION})
+            rec.policy()  # a damaged policy or history is found on load, not when the supervisor needs it
+            rec.remediation_history()
+            return rec
         except (TypeError, KeyError) as exc:
             raise SeatStateError(f"{path}: damaged seat record ({exc})",
                                  fix="take the seat down by hand and remove the file") from None
+        except RecordError as exc:
+            raise SeatStateError(f"{path}: damaged seat record ({exc})",
+                                 fix="fix or remove the `remediation_policy` / `remediations` entry") from None
+
+    def policy(self) -> Policy:
+        """The seat's effective on_hang policy: as `up` recorded it; for a schema-1 record, ``on_hang`` with the
+        spec's budget if the spec still loads, else the defaults."""
+        if self.remediation_policy is not None:
+            return Policy.from_json({**self.remediation_policy, "on_hang": self.on_hang})
+        wd = None
+        if self.spec_source:
+            with contextlib.suppress(SeatError, OSError):  # the spec moved or no longer parses
+                wd = load_spec(self.spec_source).watchdog
+        return Policy.of(wd, self.on_hang) if wd is not None else Policy(on_hang=self.on_hang)
+
+    def remediation_history(self) -> list[RemediationRecord]:
+        """The remediations, oldest first, as typed records (what :func:`sgl_seat.core.remediation.decide` takes)."""
+        return [RemediationRecord.from_json(r) for r in self.remediations]
+
+    def add_remediation(self, r: RemediationRecord) -> None:
+        """Append a new remediation (the supervisor: when it decides)."""
+        self.remediations.append(r.to_json())
+        self.updated_at = time.time()
+
+    def update_remediation(self, r: RemediationRecord) -> None:
+        """Replace the latest remediation with ``r`` (the supervisor: engines stopped, serving again, failed)."""
+        if not self.remediations:
+            raise SeatStateError(f"seat {self.name!r} has no remediation to update",
+                                 fix="record it first with add_remediation")
+        self.remediations[-1] = r.to_json()
+        self.updated_at = time.time()
 
     def set_state(self, state: SeatState, reason: str | None = None) -> None:
         """Change state along a documented transition (:data:`sgl_seat.launch.state.TRANSITIONS`)."""

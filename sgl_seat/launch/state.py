@@ -10,6 +10,8 @@
                  +----------+----------+---------+--> STOPPING -> STOPPED
                                                FAILED --> STOPPING
                                              STOPPING --> FAILED (a process survived `down`)
+       HUNG / FAILED --> REMEDIATING --> READY / DEGRADED / HUNG / NODE-LOST / FAILED / STOPPING  (watchdog.on_hang)
+       HUNG / FAILED --> REMEDIATION-EXHAUSTED --> STOPPING  (the policy refused: budget spent, or hung again soon)
 
 - PLACING: the placement group is requested and node agents are being created.
 - STARTING: preflight passed on every node and engines are starting.
@@ -26,7 +28,16 @@
   crash. The reason names the node, its address and host, and its ranks. It goes back to READY when the
   node answers again; an engine found dead makes it FAILED.
 - FAILED: an engine process or node agent is gone, or the cluster cannot be reached; sticky until
-  ``down``. The record keeps the reason and the log tail.
+  ``down`` (or until the supervisor remediates it under ``watchdog.on_hang``). The record keeps the reason and
+  the log tail.
+- REMEDIATING: the seat's supervisor acts on a hang under ``watchdog.on_hang`` (restart, or rollback-draft),
+  after the hang's bundle is complete; the latest entry of the record's ``remediations`` says what and since
+  when. From HUNG, or from FAILED (an engine that exited is restarted too). It ends READY when the seat serves
+  again, FAILED when it cannot be brought back, or in any state the next reconcile finds. ``status`` leaves a
+  remediation in progress to the supervisor, which writes the record itself.
+- REMEDIATION-EXHAUSTED: a hang the policy would have acted on was refused: the budget
+  (``watchdog.remediation.max`` in ``window_s``) is spent, or the seat hung again within ``cooldown_s`` of a
+  remediation. The seat is left as the hang left it, for an operator; like FAILED it is sticky until ``down``.
 - STOPPING / STOPPED: ``down`` is tearing down / has verified nothing remains (terminal).
 
 The local record of a seat is a cache of this state; ``status`` reconciles it with Ray.
@@ -49,6 +60,8 @@ class SeatState(str, Enum):
     HUNG = "HUNG"
     NODE_LOST = "NODE-LOST"
     FAILED = "FAILED"
+    REMEDIATING = "REMEDIATING"
+    REMEDIATION_EXHAUSTED = "REMEDIATION-EXHAUSTED"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
 
@@ -56,8 +69,13 @@ class SeatState(str, Enum):
         return self is SeatState.STOPPED
 
     def is_up(self) -> bool:
-        """Serving or able to serve: what `up` refuses to start over."""
-        return self in (SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.NODE_LOST)
+        """Serving or able to serve (a remediation brings it back by itself): what `up` refuses to start over."""
+        return self in (SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.NODE_LOST,
+                        SeatState.REMEDIATING)
+
+    def needs_operator(self) -> bool:
+        """Sticky until `down`: nothing the tool does by itself changes it (``status`` keeps the first reason)."""
+        return self in (SeatState.FAILED, SeatState.REMEDIATION_EXHAUSTED)
 
     def can_become(self, new: SeatState) -> bool:
         return new is self or new in TRANSITIONS[self]
@@ -71,10 +89,13 @@ TRANSITIONS: dict[SeatState, frozenset[SeatState]] = {
     SeatState.DEGRADED: frozenset({SeatState.READY, SeatState.HUNG, SeatState.NODE_LOST, SeatState.FAILED,
                                    SeatState.STOPPING}),
     SeatState.HUNG: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.NODE_LOST, SeatState.FAILED,
-                               SeatState.STOPPING}),
+                               SeatState.STOPPING, SeatState.REMEDIATING, SeatState.REMEDIATION_EXHAUSTED}),
     SeatState.NODE_LOST: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.FAILED,
                                     SeatState.STOPPING}),
-    SeatState.FAILED: frozenset({SeatState.STOPPING}),
+    SeatState.FAILED: frozenset({SeatState.STOPPING, SeatState.REMEDIATING, SeatState.REMEDIATION_EXHAUSTED}),
+    SeatState.REMEDIATING: frozenset({SeatState.READY, SeatState.DEGRADED, SeatState.HUNG, SeatState.NODE_LOST,
+                                      SeatState.FAILED, SeatState.STOPPING}),
+    SeatState.REMEDIATION_EXHAUSTED: frozenset({SeatState.STOPPING}),
     SeatState.STOPPING: frozenset({SeatState.STOPPED, SeatState.FAILED}),
     SeatState.STOPPED: frozenset(),
 }

@@ -4,14 +4,19 @@ The local record is a cache that can drift from Ray (DESIGN: ``status`` reconcil
 or `down` died half-way, whose local cluster is gone, whose agents or engines died, or whose rank 0 does not
 answer its health route is marked FAILED or DEGRADED here, with the reason; a seat whose watchdog has latched
 a hang is HUNG, naming the bundle (health alone cannot see a stalled rank: rank 0 may still answer).
-``status_json`` is what ``status --json`` prints.
+A seat that needs an operator (FAILED, REMEDIATION-EXHAUSTED) keeps its state and first reason; a remediation in
+progress (REMEDIATING) is left to the supervisor that writes the record, unless it has been pending longer than
+:data:`REMEDIATION_STALE_S` (a supervisor that died), when the seat is reconciled as any other.
+``status_json`` is what ``status --json`` prints (its fields: ``docs/status-json.md``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from sgl_seat.core.remediation import PENDING_STALE_S, Outcome, RemediationRecord, budget_used
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import cluster, health
@@ -24,11 +29,16 @@ from sgl_seat.watchdog.actors import snapshots
 
 #: Seconds to wait for the sidecars' snapshots (a wedged sidecar must not hold `status` up).
 SIDECAR_TIMEOUT_S = 5.0
+#: Seconds a remediation may stay pending before `status` stops leaving the seat to its supervisor (the decision
+#: takes it for abandoned after as long).
+REMEDIATION_STALE_S = PENDING_STALE_S
 
 
 def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
     """Reconcile the local record with Ray, the agents and rank 0's health; save and return it."""
     rec = load_record(name)
+    if rec.state is SeatState.REMEDIATING and remediation_in_progress(rec, time.time()):
+        return rec  # the supervisor is bringing the seat back and writes the record itself
     if rec.state in (SeatState.PLACING, SeatState.STARTING, SeatState.STOPPING):
         if busy(rec):
             return rec  # `up` or `down` is still working on it and writes the record itself
@@ -55,8 +65,15 @@ def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
     return rec
 
 
+def remediation_in_progress(rec: SeatRecord, now: float) -> bool:
+    """Whether the seat's latest remediation is pending and younger than :data:`REMEDIATION_STALE_S`."""
+    hist = rec.remediation_history()
+    last = hist[-1] if hist else None
+    return last is not None and last.outcome is Outcome.PENDING and now - last.started < REMEDIATION_STALE_S
+
+
 def _fail(rec: SeatRecord, reason: str, tail: Sequence[str] = ()) -> None:
-    if rec.state is SeatState.FAILED:
+    if rec.state.needs_operator():
         return  # sticky: keep the first reason
     rec.set_state(SeatState.FAILED, reason)
     rec.log_tail = list(tail)
@@ -94,7 +111,7 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
     dead = dead_reason(states)
     if dead:
         _fail(rec, dead[0], dead[1])
-    if rec.state is SeatState.FAILED:
+    if rec.state.needs_operator():
         return
     if lost:
         rec.set_state(SeatState.NODE_LOST, "; ".join(lost))
@@ -183,8 +200,54 @@ def capture_failure_line(f: dict[str, Any]) -> str:
             + (f", missing {shown}" if missing else "") + where)
 
 
-def status_json(rec: SeatRecord) -> dict[str, Any]:
-    """What `status --json` prints: the record's view of the seat (stable keys)."""
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def remediation_json(r: RemediationRecord) -> dict[str, Any]:
+    """One remediation as `status --json` shows it: the record, and its stages in seconds from its start."""
+    return {**r.to_json(),
+            "engines_stopped_s": _rounded(None if r.engines_stopped is None else r.engines_stopped - r.started),
+            "serving_again_s": _rounded(r.hang_to_serving_s())}
+
+
+def remediation_status(rec: SeatRecord, now: float) -> dict[str, Any]:
+    """The seat's on_hang policy, how much of its budget is used at ``now``, and its history (`status --json`)."""
+    policy = rec.policy()
+    hist = rec.remediation_history()
+    used = budget_used(policy, hist, now)
+    return {"policy": policy.to_json(), "used": used, "left": max(policy.max - used, 0),
+            "exhausted": rec.state is SeatState.REMEDIATION_EXHAUSTED,
+            "history": [remediation_json(r) for r in hist]}
+
+
+def remediation_lines(rec: SeatRecord, now: float) -> list[str]:
+    """`status`'s lines about healing by policy: the policy and budget, then each remediation with its timings.
+    None for a seat on ``on_hang: capture`` that never had one."""
+    hist = rec.remediation_history()
+    if rec.on_hang == "capture" and not hist:
+        return []
+    policy = rec.policy()
+    used = budget_used(policy, hist, now)
+    out = [f"on hang: {policy.on_hang} ({used} of {policy.max} remediations used in the last {policy.window_s:.0f} s;"
+           f" cooldown {policy.cooldown_s:.0f} s)"]
+    for i, r in enumerate(hist, 1):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started))
+        line = f"  {i}. {when}  {r.action.value}  {r.outcome.value}"
+        if r.engines_stopped is not None:
+            line += f"; engines stopped +{r.engines_stopped - r.started:.1f} s"
+        if r.serving_again is not None:
+            line += f"; serving again +{r.serving_again - r.started:.1f} s"
+        if r.draft_before is not None and r.draft_after is not None and r.draft_before != r.draft_after:
+            line += f"; draft {'on' if r.draft_before else 'off'} -> {'on' if r.draft_after else 'off'}"
+        line += f"  bundle {r.bundle_id or '-'}"
+        out.append(line)
+        out.append(f"     {r.verdict}: {r.reason}" + (f"; error: {r.error}" if r.error else ""))
+    return out
+
+
+def status_json(rec: SeatRecord, *, now: float | None = None) -> dict[str, Any]:
+    """What `status --json` prints: the record's view of the seat (stable keys; ``docs/status-json.md``)."""
     return {
         "name": rec.name,
         "state": rec.state.value,
@@ -225,5 +288,8 @@ def status_json(rec: SeatRecord) -> dict[str, Any]:
         "log_tail": rec.log_tail,
         # The watchdog's captures that a full or read-only disk cut short (none: []).
         "capture_failures": [dict(f) for f in rec.capture_failures],
+        # Healing by policy (watchdog.on_hang): the policy, the budget used now, every remediation with timings.
+        "on_hang": rec.on_hang,
+        "remediation": remediation_status(rec, time.time() if now is None else now),
         "updated_at": rec.updated_at,
     }

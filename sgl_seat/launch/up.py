@@ -19,10 +19,11 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
+from sgl_seat.core.remediation import Policy
 from sgl_seat.deadline import bounded
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
-from sgl_seat.errors import EngineError, SeatError, SeatStateError
+from sgl_seat.errors import EngineError, SeatError, SeatStateError, UsageError
 from sgl_seat.forensics.layout import seat_bundles_dir
 from sgl_seat.launch import cluster, health, localcluster, placement
 from sgl_seat.launch.agent import NodeAgent
@@ -58,6 +59,8 @@ class UpOptions:
     timeout: float = 600.0
     faults: tuple[str, ...] = ()
     no_watchdog: bool = False
+    #: ``--on-hang``: capture | restart | rollback-draft in place of the spec's ``watchdog.on_hang`` (None: the spec's).
+    on_hang: str | None = None
 
 
 @dataclass(slots=True)
@@ -78,12 +81,25 @@ def predicted_kv(plan: LaunchPlan) -> int | None:
     return (cap.draft_on if plan.draft else cap.draft_off).kv_pool_tokens
 
 
+def effective_policy(spec: SeatSpec, opts: UpOptions) -> Policy:
+    """The on_hang policy the seat is brought up with: the spec's, ``opts.on_hang`` in place of its ``on_hang``.
+
+    ``--on-hang restart`` (or rollback-draft) with ``--no-watchdog`` is refused: nothing would see the hang.
+    """
+    policy = Policy.of(spec.watchdog, opts.on_hang)
+    if opts.on_hang is not None and policy.on_hang != "capture" and (opts.no_watchdog or not spec.watchdog.enabled):
+        raise UsageError(f"--on-hang {policy.on_hang} acts on the watchdog's verdicts, and this `up` starts no "
+                         "watchdog", fix="drop --no-watchdog (or set watchdog.enabled: true), or drop --on-hang")
+    return policy
+
+
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
     """Bring the seat up and return its READY record and stage times; on any failure leave nothing behind."""
     # First, before a plan is sized, a cluster started or contacted: a home that takes no write would fail `up`
     # half-way (no seat record for `down`, no logs, no bundles) with an OS error instead of what to do.
     ensure_writable()
     backend = backend_for(spec.engine)
+    policy = effective_policy(spec, opts)
     plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
     stages = Stages(reporter or NullReporter())
     deadline = time.monotonic() + opts.timeout
@@ -105,6 +121,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
         no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
         kv_predicted=predicted_kv(plan), plan=plan.to_json(),
+        on_hang=policy.on_hang, remediation_policy=policy.to_json(),
         nodes=[NodeRecord(node_rank=n.node_rank, agent=agent_name(plan.seat, n.node_rank)) for n in plan.nodes],
     )
     claim_record(rec)

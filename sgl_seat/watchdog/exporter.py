@@ -5,7 +5,9 @@ The row-fetch histogram is labelled by gather-size bucket (:func:`sgl_seat.core.
 report's buckets too), so a latency that grows with the gather size shows as one exploding bucket. The latch, the
 pre-hang warning (:mod:`sgl_seat.core.warning`) and each rank's state are gauges, so that the alert rules and the
 dashboard shipped in ``watchdog/prometheus/`` and ``watchdog/grafana/`` read what the sidecar concluded instead of
-re-deriving it in PromQL. The tests hold those assets to the names this registry exports.
+re-deriving it in PromQL. What the seat's ``watchdog.on_hang`` policy did is counted here too
+(:class:`RemediationMetrics`: the supervisor calls :meth:`Exporter.remediation_done`). The tests hold those assets to
+the names this registry exports.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sgl_seat.core.records import ProbeRecord, VerdictKind
+from sgl_seat.core.remediation import Action, Outcome
 from sgl_seat.core.stats import gather_bucket_label
 from sgl_seat.core.warning import PreHangWarning, TailReading
 from sgl_seat.forensics.bundle import FAILURE_REASONS
@@ -59,6 +62,49 @@ class RankStates:
             except Exception as exc:  # a scrape must not fail on one family
                 log.exception("node %s: rank states for the exporter failed: %s", self.node, exc)
         yield fam
+
+
+class RemediationMetrics:
+    """``sgl_seat_remediations_total{node, action, outcome}`` and ``sgl_seat_remediation_exhausted{node}``: what the
+    seat's ``watchdog.on_hang`` policy did (:mod:`sgl_seat.core.remediation`), for the alert and the dashboard.
+
+    Registered in a sidecar's registry (:class:`Exporter`, node 0's is where the supervisor counts) or in a
+    registry of the supervisor's own. Every (action, outcome) pair a decision can end in starts at 0, so that the
+    first remediation is an increase to Prometheus and not a new series.
+    """
+
+    #: The (action, outcome) pairs counted: a remediation once it served again or failed (not while pending, so
+    #: that each is counted once); a decision of none or a refusal as not acted on.
+    PAIRS: tuple[tuple[str, str], ...] = tuple(
+        (a.value, o.value) for a in Action
+        for o in ((Outcome.SERVING, Outcome.FAILED) if a.remediates() else (Outcome.NOT_ACTED,)))
+
+    def __init__(self, registry: Any, node: int | str) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.node = str(node)
+        self.counted = Counter("sgl_seat_remediations", "Remediations under watchdog.on_hang (and refusals), by "
+                               "action and outcome", ["node", "action", "outcome"], registry=registry)
+        self.exhausted = Gauge("sgl_seat_remediation_exhausted", "1 while the seat is REMEDIATION-EXHAUSTED (its "
+                               "on_hang budget or cooldown refused a remediation: an operator's turn)", ["node"],
+                               registry=registry).labels(node=self.node)
+        for action, outcome in self.PAIRS:
+            self.counted.labels(node=self.node, action=action, outcome=outcome)
+
+    def count(self, action: Action | str, outcome: Outcome | str) -> None:
+        """One remediation (or refusal) with its outcome. Count a remediation once, when its outcome is known
+        (serving or failed); a refusal when it is decided. A refusal also sets the exhausted gauge."""
+        a = Action(action)
+        o = Outcome(outcome)
+        if (a.value, o.value) not in self.PAIRS:
+            raise ValueError(f"a {a.value} does not end {o.value}")
+        self.counted.labels(node=self.node, action=a.value, outcome=o.value).inc()
+        if a.refused():
+            self.exhausted.set(1)
+
+    def set_exhausted(self, exhausted: bool) -> None:
+        """The seat is (1) or is no longer (0) REMEDIATION-EXHAUSTED."""
+        self.exhausted.set(1 if exhausted else 0)
 
 
 #: Where the exporter listens unless the spec says otherwise.
@@ -116,6 +162,7 @@ class Exporter:
                                 ["node"], registry=self.registry).labels(**lab)
         self.rank_states = RankStates(node)
         self.registry.register(self.rank_states)
+        self.remediation = RemediationMetrics(self.registry, node)
         self.sampler_up = Gauge("sgl_seat_watchdog_sampler_up", "1 if py-spy sampling works, 0 if missing or denied",
                                 ["node"], registry=self.registry).labels(**lab)
         self.node = str(node)
@@ -141,6 +188,10 @@ class Exporter:
         if reason is not None:
             self.capture_failures.labels(node=self.node, reason=reason).inc()
         self.last_capture_failed.set(0 if ok else 1)
+
+    def remediation_done(self, action: Action | str, outcome: Outcome | str) -> None:
+        """Count one remediation under ``watchdog.on_hang`` (:meth:`RemediationMetrics.count`)."""
+        self.remediation.count(action, outcome)
 
     def observe_fetch(self, rec: ProbeRecord) -> None:
         if rec.end is not None:

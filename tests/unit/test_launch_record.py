@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sgl_seat.core.records import Verdict, VerdictKind
+from sgl_seat.core.remediation import Action, Decision, Outcome, Policy, RemediationRecord
 from sgl_seat.errors import SeatStateError, UsageError
 from sgl_seat.launch.home import HOME_ENV, seat_home
 from sgl_seat.launch.record import (
@@ -48,7 +50,7 @@ def test_record_round_trips_through_json(home: Path) -> None:
     rec = _rec()
     save_record(rec)
     doc = json.loads(record_path("s1").read_text())
-    assert doc["state"] == "PLACING" and doc["schema_version"] == 1
+    assert doc["state"] == "PLACING" and doc["schema_version"] == 2
     back = load_record("s1")
     assert back.to_dict() == rec.to_dict()
     assert back.nodes[0].ranks[0].pid == 12
@@ -96,3 +98,61 @@ def test_missing_record_names_what_is_recorded() -> None:
     save_record(_rec("a"))
     with pytest.raises(SeatStateError, match=r"recorded seats: \['a'\]"):
         load_record("zzz")
+
+
+def test_a_schema_1_record_still_loads_with_no_policy_and_no_history(home: Path) -> None:
+    """GIVEN a record as schema 1 wrote it (no on_hang, no remediations) WHEN loaded THEN on_hang capture, the
+    default budget, an empty history; saved back it is schema 2."""
+    save_record(_rec())
+    path = record_path("s1")
+    doc = json.loads(path.read_text())
+    for key in ("on_hang", "remediation_policy", "remediations"):
+        del doc[key]
+    doc["schema_version"] = 1
+    path.write_text(json.dumps(doc))
+    rec = load_record("s1")
+    assert (rec.on_hang, rec.remediations, rec.policy()) == ("capture", [], Policy())
+    save_record(rec)
+    assert json.loads(path.read_text())["schema_version"] == 2
+
+
+def test_policy_and_history_round_trip(home: Path) -> None:
+    """GIVEN a seat brought up with on_hang rollback-draft WHEN the supervisor adds and updates a remediation THEN
+    both survive a save and load, typed."""
+    rec = _rec()
+    rec.on_hang = "rollback-draft"
+    rec.remediation_policy = Policy(on_hang="rollback-draft", max=2, window_s=600, cooldown_s=60).to_json()
+    v = Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=3, node=1, frame="fetch_rows (rowfetch.py:88)", t=100.0)
+    r = RemediationRecord.begin(Decision(action=Action.ROLLBACK_DRAFT, reason="why"), v, "b-1", 101.0,
+                                draft_before=True)
+    rec.add_remediation(r)
+    rec.update_remediation(r.stopped(103.0).served(120.0))
+    save_record(rec)
+    back = load_record("s1")
+    assert back.policy() == Policy(on_hang="rollback-draft", max=2, window_s=600, cooldown_s=60)
+    (h,) = back.remediation_history()
+    assert (h.action, h.outcome, h.serving_again, h.draft_after) == (Action.ROLLBACK_DRAFT, Outcome.SERVING, 120.0,
+                                                                     False)
+
+
+def test_updating_a_remediation_that_was_never_added_is_an_error() -> None:
+    with pytest.raises(SeatStateError, match="no remediation to update"):
+        _rec().update_remediation(RemediationRecord(action=Action.RESTART, reason="r", verdict="v", bundle_id=None,
+                                                    started=1.0, outcome=Outcome.PENDING))
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("remediations", [{"schema_version": 1, "action": "reboot"}]),
+    ("remediation_policy", {"max": 0}),
+    ("on_hang", "reboot"),
+])
+def test_a_damaged_policy_or_history_is_found_on_load(home: Path, key: str, value: object) -> None:
+    save_record(_rec())
+    path = record_path("s1")
+    doc = json.loads(path.read_text())
+    doc[key] = value
+    if key == "on_hang":
+        doc["remediation_policy"] = Policy().to_json()
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SeatStateError, match="damaged seat record"):
+        load_record("s1")

@@ -52,6 +52,7 @@ def exported_names() -> set[str]:
     ex.observe_fetch(ProbeRecord(node=0, rank=0, pid=1, thread=1, seq=1, target="m:f", start=0.0, end=0.01,
                                  gather_size=600))
     ex.observe_state(latched=False, warning=None, readings=[])
+    ex.remediation_done("restart", "serving")
     ex.rank_states.source = lambda: [RankView(rank=0, node=0, pid=1, state="running", frame=None, fetch_p50_ms=None,
                                               fetch_p99_ms=None, inflight_age_s=None, fetches=0)]
     return {s.name for m in ex.registry.collect() for s in m.samples}
@@ -111,6 +112,8 @@ def test_every_alert_reads_exported_metrics_and_names_the_runbook() -> None:
     assert {"sgl_seat_watchdog_latched", "sgl_seat_watchdog_rowfetch_inflight_age_seconds",
             "sgl_seat_watchdog_prehang_warning", "sgl_seat_watchdog_rowfetch_seconds_bucket",
             "sgl_seat_watchdog_sampler_errors_total", "up"} <= seen
+    # issue 26: the seat that healing by policy has given up on pages
+    assert "sgl_seat_remediation_exhausted" in seen
     text = RUNBOOK.read_text()
     for r in rules():  # the runbook's Alerts section says what to do on each
         assert r["alert"] in text, f"runbooks/watchdog-fired.md does not mention {r['alert']}"
@@ -149,7 +152,8 @@ def test_the_dashboard_has_the_panels_the_seat_needs() -> None:
     exprs = " ".join(e for _, e in panel_exprs())
     for needed in ("sgl_seat_watchdog_rank_state", "sgl_seat_watchdog_rowfetch_seconds_bucket",
                    "sgl_seat_watchdog_rowfetch_inflight_age_seconds", "sglang:generation_tokens_total",
-                   "sgl_seat_watchdog_captures_total", "sgl_seat_watchdog_prehang_warning"):
+                   "sgl_seat_watchdog_captures_total", "sgl_seat_watchdog_prehang_warning",
+                   "sgl_seat_remediations_total", "sgl_seat_remediation_exhausted"):
         assert needed in exprs, needed
     names = {v["name"] for v in d["templating"]["list"]}
     assert {"datasource", "job", "gather"} <= names
@@ -170,7 +174,7 @@ def test_the_state_panel_maps_the_exporters_codes() -> None:
 def test_promtool_checks_the_rules_and_their_cases() -> None:
     assert PROMTOOL is not None
     res = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "SUCCESS: 7 rules found" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "SUCCESS: 8 rules found" in res.stdout, res.stdout + res.stderr
     res = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=PROM, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr

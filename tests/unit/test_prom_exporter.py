@@ -117,3 +117,34 @@ def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) ->
         assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 0.0
     finally:
         sc.exporter.close()
+
+
+def test_remediations_are_counted_by_action_and_outcome_from_zero() -> None:
+    """GIVEN a fresh exporter THEN every (action, outcome) series exists at 0 (an alert on increase() needs the 0);
+    WHEN the supervisor counts a rollback that served and a refusal THEN those series are 1 and the exhausted gauge
+    is 1 until it is cleared; a pending remediation or a refusal that 'served' is refused as a miscount."""
+    import pytest
+
+    from sgl_seat.core.remediation import Action, Outcome
+
+    ex = Exporter(node=1, port=None)
+    total = "sgl_seat_remediations_total"
+    for action, outcome in ex.remediation.PAIRS:
+        assert _value(ex, total, action=action, outcome=outcome) == 0.0
+    assert ("restart", "serving") in ex.remediation.PAIRS and ("refused-budget", "not-acted") in ex.remediation.PAIRS
+    assert _value(ex, "sgl_seat_remediation_exhausted") == 0.0
+    ex.remediation_done(Action.ROLLBACK_DRAFT, Outcome.SERVING)
+    ex.remediation_done("restart", "failed")
+    assert _value(ex, total, action="rollback-draft", outcome="serving") == 1.0
+    assert _value(ex, total, action="restart", outcome="failed") == 1.0
+    assert _value(ex, "sgl_seat_remediation_exhausted") == 0.0
+    ex.remediation_done(Action.REFUSED_BUDGET, Outcome.NOT_ACTED)
+    assert _value(ex, total, action="refused-budget", outcome="not-acted") == 1.0
+    assert _value(ex, "sgl_seat_remediation_exhausted") == 1.0
+    ex.remediation.set_exhausted(False)
+    assert _value(ex, "sgl_seat_remediation_exhausted") == 0.0
+    for action, outcome in (("restart", "pending"), ("refused-budget", "serving"), ("reboot", "serving")):
+        with pytest.raises(ValueError):
+            ex.remediation_done(action, outcome)
+    text = generate_latest(ex.registry).decode()
+    assert 'sgl_seat_remediations_total{action="rollback-draft",node="1",outcome="serving"} 1.0' in text

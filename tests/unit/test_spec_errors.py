@@ -48,6 +48,27 @@ CASES: list[tuple[str, str, str, int | None]] = [
     ("nextn-on-v4", _edit("algorithm: EAGLE ", "algorithm: NEXTN ").replace("enabled: false", "enabled: true"),
      "NEXTN", None),
     ("empty-file", "", "must be a YAML mapping", 1),
+    # watchdog.on_hang and its budget (issue 26)
+    ("on-hang-unknown", _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  on_hang: reboot"),
+     "watchdog.on_hang", None),
+    ("on-hang-without-watchdog",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  enabled: false\n  on_hang: restart"),
+     "on_hang: restart acts on the watchdog's verdicts", None),
+    ("remediation-max-zero",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  remediation:\n    max: 0"),
+     "watchdog.remediation.max", None),
+    ("remediation-window-negative",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  remediation:\n    window_s: -5"),
+     "watchdog.remediation.window_s", None),
+    ("remediation-cooldown-text",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  remediation:\n    cooldown_s: soon"),
+     "watchdog.remediation.cooldown_s", None),
+    ("remediation-unknown-key",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  remediation:\n    budget: 3"),
+     "watchdog.remediation.budget: unknown key", None),
+    ("remediation-gather-zero",
+     _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  remediation:\n    draft_gather_max: 0"),
+     "watchdog.remediation.draft_gather_max", None),
 ]
 
 
@@ -96,3 +117,21 @@ def test_schema_command_prints_json_schema(capsys: pytest.CaptureFixture[str], m
     schema = json.loads(capsys.readouterr().out)
     assert schema["additionalProperties"] is False
     assert {"schema_version", "name", "engine", "model", "cluster", "parallel"} <= set(schema["required"])
+
+
+def test_a_good_policy_loads_and_stays_out_of_the_bundle_thresholds(tmp_path: Path) -> None:
+    """GIVEN on_hang: rollback-draft with a budget WHEN loaded THEN every value is read; the detector thresholds a
+    bundle records (``model_dump``) leave the policy out, so bundles keep scalar thresholds only."""
+    from sgl_seat.spec import parse_spec
+
+    text = _edit("  engine_timeout_s: 300", "  engine_timeout_s: 300\n  on_hang: rollback-draft\n  remediation:\n"
+                 "    max: 2\n    window_s: 600\n    cooldown_s: 60\n    draft_gather_max: 96")
+    (tmp_path / "models").symlink_to(builtin_seats_dir().parent / "models")
+    (tmp_path / "seats").mkdir()
+    wd = parse_spec(text, path=str(tmp_path / "seats" / "x.yaml")).watchdog
+    assert wd.on_hang == "rollback-draft"
+    assert (wd.remediation.max, wd.remediation.window_s, wd.remediation.cooldown_s,
+            wd.remediation.draft_gather_max) == (2, 600, 60, 96)
+    dumped = wd.model_dump()
+    assert "on_hang" not in dumped and "remediation" not in dumped
+    assert all(isinstance(v, (int, float, str, bool)) for v in dumped.values())
