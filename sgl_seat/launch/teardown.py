@@ -26,6 +26,7 @@ from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, remove_r
 from sgl_seat.launch.sidecars import context_of, stop_sidecars
 from sgl_seat.launch.stages import NullReporter, Reporter, Stages, StageTimes
 from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.supervisor import stop_supervisor
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,12 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
 
 
 def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: set[int]) -> None:
-    """Through Ray: sidecars, each node's engine group (``reached``: the nodes that answered), agents, group."""
+    """Through Ray: the supervisor, sidecars, each node's engine group (``reached``: the nodes that answered),
+    agents, group. The supervisor goes first: it must not take the engines going down for a hang to heal."""
+    try:
+        stop_supervisor(rec.name, rec.namespace)
+    except Exception as exc:  # it acts only on new bundles, and the sidecars go next: go on
+        log.warning("stopping the supervisor failed: %s", exc)
     with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
         if not rec.no_watchdog:
             try:

@@ -42,6 +42,7 @@ from sgl_seat.launch.record import NodeRecord, SeatRecord, claim_record, remove_
 from sgl_seat.launch.sidecars import context_of, start_sidecars
 from sgl_seat.launch.stages import WARN, NullReporter, Reporter, Stages, StageTimes
 from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.supervisor import SupervisorConfig, start_supervisor, supervisor_name
 from sgl_seat.launch.teardown import sigint_ignored, teardown
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.spec import SeatSpec
@@ -226,6 +227,12 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
 
     if not rec.no_watchdog:
         _sidecars_stage(rec, stages)
+        if rec.on_hang != "capture":
+            with stages.stage("supervisor", f"on a hang: {rec.on_hang}, once its bundle is on disk") as note:
+                start_supervisor(SupervisorConfig(seat=seat, home=str(seat_home()), slots=opts.slots,
+                                                  mem_fraction=opts.mem_fraction, faults=tuple(opts.faults)),
+                                 rec.namespace, timeout=min(left(), 60.0))
+                note["detail"] = f"{supervisor_name(seat)} on this node"
     rec.set_state(SeatState.READY)
     rec.reason = None
     rec.busy_pid = None

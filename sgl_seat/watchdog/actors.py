@@ -65,6 +65,7 @@ class SidecarActor:
         raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
         self._host_gone: Callable[[], bool] = lambda: os.getppid() != raylet
         self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone)
+        self._remediations_counted = 0
         self.core.start()
 
     def _alive_host(self) -> None:
@@ -99,6 +100,15 @@ class SidecarActor:
     def capture_part(self, capture_id: str, t: float) -> str:
         self._alive_host()
         return json.dumps(self.core.part(capture_id, t))
+
+    def remediations(self, history_json: str) -> str:
+        """Count the seat's remediations this sidecar has not counted yet (the supervisor hands it the whole
+        history after each one: a sidecar started since the last one counts them all, from 0)."""
+        done = [r for r in json.loads(history_json) if r.get("outcome") != "pending"]
+        for r in done[self._remediations_counted:]:
+            self.core.exporter.remediation_done(r["action"], r["outcome"])
+        self._remediations_counted = max(self._remediations_counted, len(done))
+        return json.dumps({"counted": self._remediations_counted})
 
     def snapshot(self) -> str:
         return json.dumps(self.core.snapshot())
@@ -384,6 +394,22 @@ def stop_sidecars(ctx: SidecarContext) -> None:
     for h in handles:
         with contextlib.suppress(Exception):
             ray.kill(h)
+
+
+def count_remediations(seat: str, namespace: str, nnodes: int, history: list[dict[str, Any]],
+                       timeout: float = 10.0) -> None:
+    """Hand every node's sidecar the seat's remediation history to count (:meth:`SidecarActor.remediations`)."""
+    import ray
+
+    text = json.dumps(history)
+    futs: list[Any] = []
+    for n in range(nnodes):
+        with contextlib.suppress(ValueError):  # no sidecar on that node: nothing to count there
+            actor = bounded("ray.get_actor (watchdog sidecar)", ray.get_actor, sidecar_name(seat, n),
+                            namespace=namespace, timeout=timeout)
+            futs.append(actor.remediations.remote(text))
+    for f in futs:
+        _rget(f, timeout)
 
 
 def snapshots(seat: str, namespace: str, nnodes: int, timeout: float = 5.0) -> list[dict[str, Any]]:
