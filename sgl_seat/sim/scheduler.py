@@ -50,8 +50,8 @@ from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
 from sgl_seat.sim.device import CUDA, CudaRank
-from sgl_seat.sim.graphs import SimGraphRunner
 from sgl_seat.sim.faults import GPU_STALL, FaultState, parse_fault
+from sgl_seat.sim.graphs import SimGraphRunner
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
 HEADER_LEN = 8  # kind, step_no, n_running, gather, seed, step_us, n_queue, reserved
