@@ -26,6 +26,7 @@ drives already live in their own modules.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import os
@@ -50,7 +51,7 @@ from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
 from sgl_seat.sim.device import CUDA, CudaRank
-from sgl_seat.sim.faults import GPU_STALL, FaultState, parse_fault
+from sgl_seat.sim.faults import GPU_STALL, Fault, FaultState, parse_fault
 from sgl_seat.sim.graphs import SimGraphRunner
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
@@ -128,6 +129,8 @@ class Scheduler:
         self.red = torch.zeros(8, dtype=torch.float32)
         self.gpu: CudaRank | None = None  # --device cuda: this rank's GPU (sgl_seat.sim.device)
         self.graphs: SimGraphRunner | None = None  # --sim-cuda-graphs: decode replays CUDA graphs (sim.graphs)
+        # A gpu-stall that fell on an eager step (a prefill) in graph mode: it waits for the next replayed graph.
+        self._graph_stall: tuple[Fault, float | None] | None = None
         self._hdr_dev = self.header
         # Rank 0's log and gauge bookkeeping.
         self._decode_ct = 0
@@ -373,6 +376,13 @@ class Scheduler:
             rowfetch.arm_stall(fx.stall_s)
         elif fx.fetch_delay_ms > 0:  # slow-stall's slow phase: this fetch takes that much longer
             rowfetch.arm_stall(fx.fetch_delay_ms / 1000.0)
+        if self.graphs is not None:
+            if fx.gpu_stall is not None and key is None:
+                self._graph_stall = (fx.gpu_stall, fx.gpu_stall_s)  # for the next replay
+                fx = dataclasses.replace(fx, gpu_stall=None, gpu_stall_s=None)
+            elif fx.gpu_stall is None and key is not None and self._graph_stall is not None:
+                fx = dataclasses.replace(fx, gpu_stall=self._graph_stall[0], gpu_stall_s=self._graph_stall[1])
+                self._graph_stall = None
         if fx.gpu_stall is not None:
             until = "for about an hour" if fx.gpu_stall_s is None else f"for {fx.gpu_stall_s:g} s"
             inside = f"inside a replayed CUDA graph (shape key {key.size})" if key is not None else "in its row fetch"
