@@ -64,6 +64,8 @@ from sgl_seat.watchdog.sidecar import Sidecar  # noqa: E402
 
 HOST = "127.0.0.1"
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"
+#: --graphs: the sim's decode replays CUDA graphs (sgl_seat/sim/graphs.py); the probe wraps its replay entry too.
+GRAPH_TARGET = "sgl_seat.sim.graphs:SimGraphBackend.replay@shape_key:graph"
 
 
 def _run(cmd: list[str]) -> str:
@@ -224,8 +226,10 @@ DRAFT_ARGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"
 class Seat:
     """``nodes`` sim nodes of ``gpn`` GPUs each and their sidecars, on this host."""
 
-    def __init__(self, tmp: Path, device: str = "cuda", *, nodes: int = 2, gpn: int = 1, draft: bool = False) -> None:
+    def __init__(self, tmp: Path, device: str = "cuda", *, nodes: int = 2, gpn: int = 1, draft: bool = False,
+                 graphs: bool = False) -> None:
         self.tmp = tmp
+        self.graphs = graphs
         self.device = device
         self.nodes = nodes
         self.gpn = gpn
@@ -250,10 +254,12 @@ class Seat:
                   "--nnodes", str(self.nodes), "--dist-init-addr", f"{HOST}:{self.dist}", "--dist-timeout", "600",
                   "--watchdog-timeout", "300", "--enable-metrics", "--host", HOST, "--port", str(self.p0),
                   "--max-running-requests", "8" if self.draft else "16", "--device", self.device,
-                  "--decode-log-interval", "20", *(DRAFT_ARGS if self.draft else [])]
+                  "--decode-log-interval", "20", *(DRAFT_ARGS if self.draft else []),
+                  *(["--sim-cuda-graphs"] if self.graphs else [])]
         for node in range(self.nodes):
             gpus = ",".join(str(node * self.gpn + i) for i in range(self.gpn))
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "SGL_SEAT_PROBE": TARGET,
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus,
+                   "SGL_SEAT_PROBE": f"{TARGET},{GRAPH_TARGET}" if self.graphs else TARGET,
                    "SGL_SEAT_PROBE_DIR": str(self.tmp / "rings" / f"node{node}"), "GLOO_SOCKET_IFNAME": "lo",
                    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -350,13 +356,35 @@ def _same_stacks(b: Any, rank: int) -> bool | None:
     return sig[0] == sig[1]
 
 
+def _graph_view(b: Any, v: Any, rank: int) -> dict[str, Any]:
+    """What the bundle says of graph replays: how many, by shape key, the one in flight on ``rank`` at the verdict
+    (rank, token count, shape key: what the verdict must come from), and ``rank``'s last Python stack's top frames
+    (on one GPU the stalled rank's own stack shows only the device sync)."""
+    reps = [p for p in b.probes if p.graph_key is not None]
+    keys: dict[int, int] = {}
+    for p in reps:
+        keys[p.graph_key] = keys.get(p.graph_key, 0) + 1
+    infl = [p for p in reps if v is not None and p.gpu_in_flight(v.t)]
+    last = [s for s in b.stacks if s.rank == rank and s.title.startswith("sglang::scheduler") and s.threads]
+    top = []
+    if last:
+        th = last[-1].main_thread()
+        top = [f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.line})" for f in (th.frames[:4] if th else ())]
+    return {"graph_replays": len(reps), "by_shape_key": dict(sorted(keys.items())),
+            "in_flight_on_gpu_at_verdict": [{"rank": p.rank, "tokens": p.gather_size, "shape_key": p.graph_key,
+                                             "gpu_age_s": round(p.gpu_age(v.t), 2)} for p in infl],
+            "verdict_from_graph_record": bool(v is not None and "graph replay" in (v.evidence[0] if v.evidence
+                                                                                     else "")),
+            f"last_python_stack_rank{rank}_top": top}
+
+
 def scenario(kind: str, rank: int, warm_s: float, wait_s: float, device: str = "cuda", *, nodes: int = 2,
-             gpn: int = 1, draft: bool = False) -> dict[str, Any]:
+             gpn: int = 1, draft: bool = False, graphs: bool = False) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"gpu-{kind}-"))
-    seat = Seat(tmp, device, nodes=nodes, gpn=gpn, draft=draft)
+    seat = Seat(tmp, device, nodes=nodes, gpn=gpn, draft=draft, graphs=graphs)
     out: dict[str, Any] = {"fault": f"{kind}:rank={rank}", "node": seat.rank_node(rank),
                            "shape": f"{nodes} nodes x {gpn} GPUs, TP{nodes * gpn}/EP{nodes * gpn}",
-                           "draft": draft}
+                           "draft": draft, "cuda_graphs": graphs}
     try:
         t0 = time.monotonic()
         seat.start()
@@ -380,6 +408,8 @@ def scenario(kind: str, rank: int, warm_s: float, wait_s: float, device: str = "
             "evidence0": v.evidence[0] if v.evidence else None, "waiting_ranks": list(v.waiting_ranks),
             "verdict_t_minus_fault_s": round(v.t - t_fault, 2)}
         out[f"last_python_stacks_identical_rank0_rank{rank}"] = _same_stacks(b, rank)
+        if graphs:
+            out["graphs"] = _graph_view(b, v, rank)
         rank_of = {s.pid: s.rank for s in (*b.native_stacks, *b.stacks)}
         out["native_dumps"] = [f"node {c.get('node')} rank {rank_of.get(int(str(c.get('step')).split()[-1]))}: "
                                f"{c.get('step')} {c.get('status')} {c.get('detail')}"
@@ -402,6 +432,8 @@ def scenario(kind: str, rank: int, warm_s: float, wait_s: float, device: str = "
                 text = log.read_text(errors="replace")
                 out.setdefault("log_tail", {})[n] = text[-1500:]
                 out.setdefault("probe_lines", {})[n] = [ln for ln in text.splitlines() if "sgl-seat probe" in ln][:5]
+                out.setdefault("sim_lines", {})[n] = [ln for ln in text.splitlines()
+                                                      if "sim CUDA graphs" in ln or "sim fault" in ln][:8]
 
 
 def main() -> int:
@@ -416,9 +448,14 @@ def main() -> int:
     ap.add_argument("--wait-s", type=float, default=30.0)
     ap.add_argument("--skip-probe-cost", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: check the harness on a machine without GPUs")
+    ap.add_argument("--graphs", action="store_true",
+                    help="the sim's decode replays CUDA graphs (--sim-cuda-graphs) and the probe wraps the replay; "
+                         "default scenarios then gpu-stall (inside a replayed graph) and crash")
     a = ap.parse_args()
+    if a.graphs and a.scenarios == ap.get_default("scenarios"):
+        a.scenarios = "gpu-stall,crash"
     res: dict[str, Any] = {"versions": versions(), "device": a.device, "nodes": a.nodes,
-                           "gpus_per_node": a.gpus_per_node, "draft": a.draft}
+                           "gpus_per_node": a.gpus_per_node, "draft": a.draft, "cuda_graphs": a.graphs}
     world = a.nodes * a.gpus_per_node
     if a.device == "cuda":
         import torch
@@ -438,7 +475,8 @@ def main() -> int:
         kind, _, r_txt = item.partition(":")
         rank = int(r_txt) if r_txt else world - 1
         r = scenario(kind, rank, a.warm_s, a.wait_s, a.device, nodes=a.nodes, gpn=a.gpus_per_node,
-                     draft=a.draft == "on")
+                     draft=a.draft == "on", graphs=a.graphs)
+        item = item if item not in res else f"{item}#{sum(k.split('#')[0] == item for k in res) + 1}"  # a repeat
         res[item] = r
         print(json.dumps({item: {k: v for k, v in r.items() if k != "log_tail"}}, indent=1), flush=True)
         if "error" in r:

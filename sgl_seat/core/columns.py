@@ -36,17 +36,20 @@ Mask = npt.NDArray[np.bool_]
 
 @dataclass(frozen=True, slots=True)
 class ProbeGroup:
-    """What a run of probe records shares: the wrapped call's node, rank, process, thread and target."""
+    """What a run of probe records shares: the wrapped call's node, rank, process, thread and target, and for a
+    CUDA graph replay the replayed graph's shape key (None: eager calls). Why the key is a group field, not a
+    column: a seat captures tens of shapes, and a bundle of a million eager fetches then carries no column for it."""
 
     node: int
     rank: int
     pid: int
     thread: int
     target: str
+    graph_key: int | None = None
 
 
 #: The fields of a record that go to its group, and to its row (attrgetter builds the tuples in C).
-_GROUP_FIELDS = attrgetter("node", "rank", "pid", "thread", "target")
+_GROUP_FIELDS = attrgetter("node", "rank", "pid", "thread", "target", "graph_key")
 _ROW_FIELDS = attrgetter("seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end")
 
 
@@ -155,7 +158,7 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
         """Columns of ``records`` in their order; the records themselves are kept (a copy of the list) for
         iteration."""
         recs = list(records)
-        index: dict[tuple[int, int, int, int, str], int] = {}
+        index: dict[tuple[int, int, int, int, str, int | None], int] = {}
         gi = [index.setdefault(k, len(index)) for k in map(_GROUP_FIELDS, recs)]
         groups = [ProbeGroup(*k) for k in index]  # insertion order is index order
         cols = list(zip(*map(_ROW_FIELDS, recs), strict=True)) or [()] * 7
@@ -263,6 +266,15 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
         hit = np.array([g.target == target for g in self.groups] or [False], dtype=np.bool_)
         return hit[self.group]
 
+    def graph_rows(self) -> Mask:
+        """Rows that are CUDA graph replays (their group has a shape key)."""
+        hit = np.array([g.graph_key is not None for g in self.groups] or [False], dtype=np.bool_)
+        return hit[self.group]
+
+    def graph_key_of(self, i: int) -> int | None:
+        """Row ``i``'s replayed shape key (None: an eager call)."""
+        return self.groups[int(self.group[i])].graph_key
+
     def targets(self) -> list[str]:
         """The distinct probe targets that rows name, sorted."""
         hit = self._cache.get("targets")
@@ -306,7 +318,8 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
         return ProbeRecord(node=g.node, rank=g.rank, pid=g.pid, thread=g.thread, seq=int(self.seq[i]),
                            target=g.target, start=float(self.start[i]), end=None if math.isnan(end) else end,
                            gather_size=int(self.gather_size[i]), gpu=bool(self.gpu[i]),
-                           gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge)
+                           gpu_start=None if math.isnan(gs) else gs, gpu_end=None if math.isnan(ge) else ge,
+                           graph_key=g.graph_key)
 
     def __iter__(self) -> Iterator[ProbeRecord]:
         if self._records is not None:

@@ -25,7 +25,10 @@ the evidence):
    several late calls, the one whose rank is not waiting in a collective is named: a probed call may hold a
    collective itself (SGLang's ``VocabParallelEmbedding.forward`` all-reduces inside the call), so a stalled
    rank's peers have their probed calls in flight too, waiting in it (:func:`collective_wait`); only when
-   every late call waits in a collective does the earliest start decide.
+   every late call waits in a collective does the earliest start decide. A CUDA graph replay's record
+   (``ProbeRecord.graph_key`` set: SGLang's decode and verify, where the host-table read is a kernel inside
+   the graph) is read the same way: its CUDA events before and after the replay say it started and has not
+   finished, and the verdict says "in flight on the GPU: graph replay, N tokens" with its shape key.
 4. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
    samples while requests run and nothing progresses, and, where the rank is probed, none of its probed
    calls began or ended between those samples (:func:`went_round`). Ranks stuck in a collective are victims, so the
@@ -584,14 +587,25 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
             frame_label = hit.label
     done = pc.durations(now)[(pc.pid == worst.pid) & (now - EVIDENCE_WINDOW_S <= pc.end) & (pc.end <= now)
                              & pc.target_is(worst.target)].tolist()
-    where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
-        if on_gpu else "in flight"
+    if worst.graph_replay:
+        # A CUDA graph replay: the row fetch is a kernel inside the graph; the record is the replay's (its gather
+        # size the replayed graph's token count, its key the captured shape), timed by events before and after it.
+        what = f"graph replay, {worst.gather_size} tokens, shape key {worst.graph_key}"
+        where = (f"in flight on the GPU: {what} (CUDA events before and after the replay: started on the stream, "
+                 "not finished; the replay call itself returned)") if on_gpu else f"in flight ({what})"
+        sized = f"graph replay of {worst.gather_size} tokens, shape key {worst.graph_key}"
+    else:
+        what = ""
+        where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
+            if on_gpu else "in flight"
+        sized = f"gather size {worst.gather_size}"
     ev = [f"{worst.target} {where} for {_fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
-          f"thread {worst.thread}, gather size {worst.gather_size}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
+          f"thread {worst.thread}, {sized}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
     if on_gpu:
-        frame_label = f"{func} ({worst.target}) [GPU record]"
+        frame_label = f"{func} ({worst.target}) [GPU record{': ' + what if what else ''}]"
     if done:
-        ev.append(f"its fetches in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
+        calls = "replays" if worst.graph_replay else "fetches"
+        ev.append(f"its {calls} in the last {EVIDENCE_WINDOW_S:.0f}s: {len(done)}, "
                   f"p50 {percentile(done, 50) * 1e3:.2f} ms, p99 {percentile(done, 99) * 1e3:.2f} ms")
     if tier[order[0]] == 0:
         # Who waits for it: each victim's collective, inside its own probed call or not.
@@ -816,6 +830,8 @@ def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, st
         since, p = float(t[k]), pc.record(int(rows[k]))
         rank = p.rank if p.rank >= 0 else _rank_of_pid(obs, p.pid)
         where = "in flight" if in_flight(p, now) else "in flight on the GPU"
+        if p.graph_replay:
+            where += f": graph replay, {p.gather_size} tokens, shape key {p.graph_key}"
         return (rank, node_of(obs, rank, p.node if p.node >= 0 else None),
                 f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
                 f"rank {rank} has a row fetch {where} for {_fmt_s(now - since)}")

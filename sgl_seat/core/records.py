@@ -190,6 +190,12 @@ class ProbeRecord:
     gpu: bool = False
     gpu_start: float | None = None
     gpu_end: float | None = None
+    graph_key: int | None = None
+
+    @property
+    def graph_replay(self) -> bool:
+        """The call replayed a captured CUDA graph (its ``graph_key`` names which)."""
+        return self.graph_key is not None
 
     def duration(self, now: float) -> float:
         """Seconds taken, or the age so far for a fetch still in flight."""
@@ -226,6 +232,8 @@ class ProbeRecord:
                              "gather_size": self.gather_size}
         if self.gpu:
             d.update(gpu=True, gpu_start=self.gpu_start, gpu_end=self.gpu_end)
+        if self.graph_key is not None:
+            d["graph_key"] = self.graph_key
         return d
 
     @classmethod
@@ -244,6 +252,7 @@ class ProbeRecord:
             gpu=bool(_get(d, "gpu", bool, optional=True) or False),
             gpu_start=_opt_float(_get(d, "gpu_start", _NUM, optional=True)),
             gpu_end=_opt_float(_get(d, "gpu_end", _NUM, optional=True)),
+            graph_key=_get(d, "graph_key", int, optional=True),
         )
 
 

@@ -163,22 +163,28 @@ def _by_rank(pt: ProbeColumns, d: F64) -> list[dict[str, Any]]:
     return [{"rank": r, **_latency_stats(parts[i])} for i, r in enumerate(ranks)]
 
 
-def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
-    """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
+def _graph_latencies_ms(pt: ProbeColumns, now: float) -> tuple[F64, Mask]:
+    """Per graph-replay record, its latency in ms and whether it is in flight at ``now``.
 
-    In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
-    latency "explodes", and leaving it out would hide the hang behind healthy percentiles. Computed over
-    the probe columns (a one-hour bundle holds a million records).
-    """
-    pt = bundle.probes
-    d, fl = _latencies_ms(pt, now)
+    A replay's host call only launches the graph (microseconds): what took long is its work on the stream,
+    timed by the CUDA events before and after it. So where the record has GPU times the latency is the GPU
+    work's (its age so far while in flight on the GPU), else the host call's; in flight is either."""
+    host_fl = np.isnan(pt.end)
+    gpu_fl = pt.gpu_in_flight_at(now)
+    has_gpu = pt.gpu & ~np.isnan(pt.gpu_start)
+    gpu_d = np.where(np.isnan(pt.gpu_end) | (pt.gpu_end > now), now, pt.gpu_end) - pt.gpu_start
+    host_d = np.where(host_fl, now, pt.end) - pt.start
+    d = np.where(has_gpu, gpu_d, host_d) * 1000.0
+    return np.where(d < 0.0, 0.0, d), host_fl | gpu_fl
+
+
+def _bucket_rows(pt: ProbeColumns, d: F64, fl: Mask, stall_ms: float) -> list[dict[str, Any]]:
+    """Latency stats by power-of-two gather-size bucket over these rows (with their latencies and in-flight mask)."""
     keys = _bucket_keys(pt.gather_size) + 1  # 0: unknown size, else the size's bit length + 1
-    inflight = np.flatnonzero(fl)
-    stall_ms = stall_s * 1000.0
     buckets = []
     n_keys = int(keys.max()) + 1 if len(keys) else 0
     parts = _split_by(d, keys, n_keys)
-    infl_by_key = np.bincount(keys[inflight], minlength=n_keys)
+    infl_by_key = np.bincount(keys[np.flatnonzero(fl)], minlength=n_keys)
     for k in np.flatnonzero(np.bincount(keys, minlength=n_keys)).tolist():  # the keys present, ascending
         b = k - 1
         lo, hi = gather_bucket(-1 if b < 0 else 0 if b == 0 else 1 << (b - 1))
@@ -186,27 +192,80 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
         n_infl = int(infl_by_key[k])
         buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": n_infl,
                         "stalled": st["max_ms"] >= stall_ms and n_infl > 0})
+    return buckets
+
+
+def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
+    """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
+
+    In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
+    latency "explodes", and leaving it out would hide the hang behind healthy percentiles. Computed over
+    the probe columns (a one-hour bundle holds a million records).
+
+    CUDA graph replays (records with a shape key: SGLang's decode and verify, where the host-table read is a
+    kernel inside the graph) are tabled apart, in ``graph_buckets`` by the replayed graph's token count, beside the
+    eager fetches' ``buckets``: a replay times a whole step's GPU work, not one gather, so mixing the two would
+    blur both. A replay in flight on the GPU (its end event not completed) is listed with the in-flight fetches.
+    The keys ``graph_*`` are there only when the bundle has graph replays.
+    """
+    pt = bundle.probes
+    stall_ms = stall_s * 1000.0
+    graph = pt.graph_rows() if len(pt) else np.zeros(0, np.bool_)
+    has_graph = bool(graph.any())
+    eager = pt.take(~graph) if has_graph else pt
+    d, fl = _latencies_ms(eager, now)
+    inflight = np.flatnonzero(fl)
+    buckets = _bucket_rows(eager, d, fl, stall_ms)
     keyed: list[tuple[tuple[float, int], dict[str, Any]]] = []
     for i in inflight.tolist():
-        r = pt.record(i)
+        r = eager.record(i)
         age = max(0.0, now - r.start)
         keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread, "seq": r.seq,
                          "target": r.target, "gather_size": r.gather_size, "start_s": _r(r.start - now),
                          "age_ms": _r(age * 1000.0), "stalled": age >= stall_s}))
+    out_graph: dict[str, Any] = {}
+    by_rank_pt, by_rank_d = eager, d
+    if has_graph:
+        gp = pt.take(graph)
+        gd, gfl = _graph_latencies_ms(gp, now)
+        gbuckets = _bucket_rows(gp, gd, gfl, stall_ms)
+        for b in gbuckets:  # which captured shapes replayed in each token bucket
+            rows = (gp.gather_size >= b["gather_size_min"]) & (gp.gather_size <= b["gather_size_max"]) \
+                if b["gather_size_min"] >= 0 else gp.gather_size < 0
+            b["shape_keys"] = sorted({k for g in np.unique(gp.group[rows]).tolist()
+                                      if (k := gp.groups[g].graph_key) is not None})
+        for i in np.flatnonzero(gfl).tolist():
+            r = gp.record(i)
+            on_gpu = r.end is not None
+            t0 = r.gpu_start if on_gpu and r.gpu_start is not None else r.start
+            age = max(0.0, now - t0)
+            keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread,
+                                           "seq": r.seq, "target": r.target, "gather_size": r.gather_size,
+                                           "start_s": _r(t0 - now), "age_ms": _r(age * 1000.0),
+                                           "stalled": age >= stall_s, "graph_key": r.graph_key,
+                                           "on_gpu": on_gpu}))
+        out_graph = {"graph_replays": len(gp), "graph_in_flight": int(gfl.sum()), "graph_buckets": gbuckets}
+        by_rank_pt = pt
+        by_rank_d = np.empty(len(pt))
+        by_rank_d[np.flatnonzero(~graph)] = d
+        by_rank_d[np.flatnonzero(graph)] = gd
     keyed.sort(key=lambda kv: kv[0])
     stalled = [doc for _, doc in keyed]
-    worst = max(buckets, key=lambda b: (b["max_ms"], -b["gather_size_min"]), default=None)
+    worst = max(buckets + out_graph.get("graph_buckets", []), key=lambda b: (b["max_ms"], -b["gather_size_min"]),
+                default=None)
     return {
         "records": len(pt),
-        "completed": len(pt) - len(inflight),
-        "in_flight": len(inflight),
+        "completed": len(pt) - int(np.isnan(pt.end).sum()) if has_graph else len(pt) - len(inflight),
+        "in_flight": int(np.isnan(pt.end).sum()) if has_graph else len(inflight),
         "stall_threshold_ms": _r(stall_ms),
         "buckets": buckets,
         "worst_bucket": None if worst is None else {"gather_size_min": worst["gather_size_min"],
                                                     "gather_size_max": worst["gather_size_max"],
-                                                    "max_ms": worst["max_ms"], "p99_ms": worst["p99_ms"]},
-        "by_rank": _by_rank(pt, d),
+                                                    "max_ms": worst["max_ms"], "p99_ms": worst["p99_ms"],
+                                                    **({"graph": True} if "shape_keys" in worst else {})},
+        "by_rank": _by_rank(by_rank_pt, by_rank_d),
         "in_flight_fetches": stalled[:50],
+        **out_graph,
     }
 
 

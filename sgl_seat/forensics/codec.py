@@ -444,14 +444,14 @@ ProbeTable = ProbeColumns
 
 
 def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
-    """Column blocks: records grouped by (node, rank, pid, thread, target), up to 65,536 rows a line.
+    """Column blocks: records grouped by (node, rank, pid, thread, target, graph key), up to 65,536 rows a line.
 
     Groups keep the order in which they first appear and rows keep their order within a group; the
     interleaving across groups is not kept (a reader sorts by ``start`` where order matters).
     """
     groups: dict[ProbeGroup, dict[str, list[Any]]] = {}
     for r in records:
-        g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target)
+        g = ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target, r.graph_key)
         cols = groups.get(g)
         if cols is None:
             cols = groups[g] = {"seq": [], "start": [], "end": [], "gather_size": []}
@@ -470,6 +470,7 @@ def encode_probe_records(records: Iterable[ProbeRecord]) -> bytes:
     for g, cols in groups.items():
         for i in range(0, len(cols["seq"]), PROBE_BLOCK_ROWS):
             blk = {"node": g.node, "rank": g.rank, "pid": g.pid, "thread": g.thread, "target": g.target,
+                   **({} if g.graph_key is None else {"graph_key": g.graph_key}),  # format 1.3: graph replays
                    **{k: v[i:i + PROBE_BLOCK_ROWS] for k, v in cols.items()}}
             try:
                 out.append(dumps_line({"probe_block": blk}))
@@ -526,7 +527,8 @@ def _block(d: Any) -> _Block:
                _float_col(d.get("gpu_end"), "gpu_end", nullable=True))
         if not len(gpu[0]) == len(gpu[1]) == len(gpu[2]) == len(seq):
             raise RecordError("probe_block columns differ in length")
-    return _Block(ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target), seq, start, end, gather, gpu)
+    return _Block(ProbeGroup(head.node, head.rank, head.pid, head.thread, head.target, head.graph_key), seq, start,
+                  end, gather, gpu)
 
 
 def _record_block(r: ProbeRecord) -> _Block:
@@ -534,7 +536,8 @@ def _record_block(r: ProbeRecord) -> _Block:
     def f(v: float | None) -> F64:
         return np.array([math.nan if v is None else v])
 
-    return _Block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target), np.array([r.seq], np.int64), f(r.start),
+    return _Block(ProbeGroup(r.node, r.rank, r.pid, r.thread, r.target, r.graph_key), np.array([r.seq], np.int64),
+                  f(r.start),
                   f(r.end), np.array([r.gather_size], np.int64),
                   (np.array([int(r.gpu)], np.int64), f(r.gpu_start), f(r.gpu_end)))
 

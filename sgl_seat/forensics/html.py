@@ -335,9 +335,21 @@ def render_html(result: ReplayResult) -> str:
                       [[_td(gather_bucket_label(x["gather_size_min"])), _td(x["count"], True),
                         _td(x["p50_ms"], True), _td(x["p99_ms"], True), _td(x["max_ms"], True),
                         _td(x["in_flight"], True)] for x in rf["buckets"]], [x["stalled"] for x in rf["buckets"]]))
+    if rf.get("graph_buckets"):
+        out.append(f"<h3>CUDA graph replays by token count</h3><p>{rf['graph_replays']:,} replays, "
+                   f"{rf['graph_in_flight']} in flight at the trigger (GPU time between the events before and after "
+                   "each replay)</p>")
+        out.append(_table(["tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
+                          [[_td(gather_bucket_label(x["gather_size_min"])), _td(", ".join(map(str, x["shape_keys"]))),
+                            _td(x["count"], True), _td(x["p50_ms"], True), _td(x["p99_ms"], True),
+                            _td(x["max_ms"], True), _td(x["in_flight"], True)] for x in rf["graph_buckets"]],
+                          [x["stalled"] for x in rf["graph_buckets"]]))
     for f in rf["in_flight_fetches"][:10]:
-        out.append(f"<p><b>in flight</b>: rank {_e(f['rank'])} (node {_e(f['node'])}), seq {_e(f['seq'])}, gather "
-                   f"{_e(f['gather_size'])}, {f['age_ms'] / 1000:.2f} s at the trigger, {_e(f['target'])}</p>")
+        what = (f"graph replay of {_e(f['gather_size'])} tokens, shape key {_e(f['graph_key'])}"
+                + (" (on the GPU)" if f.get("on_gpu") else "")) if "graph_key" in f \
+            else f"gather {_e(f['gather_size'])}"
+        out.append(f"<p><b>in flight</b>: rank {_e(f['rank'])} (node {_e(f['node'])}), seq {_e(f['seq'])}, {what}, "
+                   f"{f['age_ms'] / 1000:.2f} s at the trigger, {_e(f['target'])}</p>")
     out.append("<h2>Before the trigger</h2>" + _throughput_plot(result))
     rq = a["requests"]
     out.append(_table(["what", "value"], [[_td(k), _td(x, True)] for k, x in (

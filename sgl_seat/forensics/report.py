@@ -101,11 +101,30 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
                   _fmt(b["p99_ms"]), _fmt(b["max_ms"]), str(b["in_flight"]) + (" STALLED" if b["stalled"] else ""),
                   style=style)
     parts: list[RenderableType] = [t]
+    if rf.get("graph_buckets"):
+        g = Table(title=f"CUDA graph replays by token count ({rf['graph_replays']:,} replays, "
+                        f"{rf['graph_in_flight']} in flight; GPU time between the events before and after each)",
+                  title_justify="left", show_edge=False)
+        for c in ("tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"):
+            g.add_column(c, justify="right")
+        for b in rf["graph_buckets"]:
+            g.add_row(gather_bucket_label(b["gather_size_min"]), _keys(b["shape_keys"]), f"{b['count']:,}",
+                      _fmt(b["p50_ms"]), _fmt(b["p99_ms"]), _fmt(b["max_ms"]),
+                      str(b["in_flight"]) + (" STALLED" if b["stalled"] else ""),
+                      style="bold red" if b["stalled"] else "")
+        parts.append(g)
     for f in rf["in_flight_fetches"][:5]:
-        parts.append(Text(f"in flight: rank {f['rank']} (node {f['node']}) seq {f['seq']} gather {f['gather_size']} "
+        what = f"graph replay of {f['gather_size']} tokens, shape key {f['graph_key']}" \
+            + (" (on the GPU)" if f.get("on_gpu") else "") if "graph_key" in f else f"gather {f['gather_size']}"
+        parts.append(Text(f"in flight: rank {f['rank']} (node {f['node']}) seq {f['seq']} {what} "
                           f"for {f['age_ms'] / 1000:.1f} s at the trigger ({f['target']})",
                           style="bold red" if f["stalled"] else ""))
     return Group(*parts)
+
+
+def _keys(keys: list[int]) -> str:
+    """Shape keys of a bucket, shortened past four."""
+    return ", ".join(map(str, keys[:4])) + (f" (+{len(keys) - 4})" if len(keys) > 4 else "")
 
 
 def _activity(doc: dict[str, Any]) -> RenderableType:

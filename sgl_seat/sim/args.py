@@ -66,6 +66,7 @@ ENV_PROBE = "SGL_SEAT_PROBE"
 ENV_DEVICE = "SGL_SEAT_SIM_DEVICE"  # cpu | cuda | auto, when --device is not given
 ENV_DRAFT_COST = "SGL_SEAT_SIM_DRAFT_COST"  # sim-only: 0 makes the draft free (no SGLang equivalent)
 ENV_PREFILL_MS = "SGL_SEAT_SIM_PREFILL_TOKEN_MS"
+ENV_CUDA_GRAPHS = "SGL_SEAT_SIM_CUDA_GRAPHS"  # 1: decode steps replay CUDA graphs (--device cuda only; default 0)
 
 DEFAULT_KV_TOKENS_OFF = 890_368  # the paper's large seat, draft off
 DEFAULT_KV_TOKENS_ON = 260_352  # ... draft on
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="cpu: gloo and host work; cuda: NCCL, one GPU per rank, pinned-table copies and a matmul per step "
            f"(see sgl_seat.sim.device). Unset: ${ENV_DEVICE} (cpu, cuda or auto: cuda where torch sees a GPU), "
            "else cpu.")
+    a("--sim-cuda-graphs", action="store_true", default=None,
+      help="--device cuda only: decode steps are captured per batch-size bucket as CUDA graphs and replayed, the "
+           "host-table read a kernel inside the graph, as SGLang decodes (see sgl_seat.sim.graphs). Unset: "
+           f"${ENV_CUDA_GRAPHS} (default 0: every step eager).")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--speculative-algorithm", default=None)
@@ -172,6 +177,7 @@ class SimConfig:
     speculative_adaptive: bool = False
     speculative_adaptive_config: str | None = None
     draft_cost: float = 1.0
+    cuda_graphs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -325,6 +331,9 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
     _check(node_port <= 65535, f"{ENV_NODE_PORT}={node_port} is not a TCP port")
     device = _device(ns.device, env)
     draft_cost = _env_float(env, ENV_DRAFT_COST, 1.0, lo=0.0, hi=1.0)
+    graphs = bool(ns.sim_cuda_graphs) or env.get(ENV_CUDA_GRAPHS, "").strip().lower() in ("1", "true", "yes", "on")
+    _check(not graphs or device == "cuda",
+           f"--sim-cuda-graphs / {ENV_CUDA_GRAPHS}=1 replays CUDA graphs, but the sim runs with --device {device}")
     faults = parse_faults(env.get(ENV_FAULTS, ""))
     for f in faults:
         _check(f.rank < ns.tp_size,
@@ -380,6 +389,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], argv: Sequence[str])
         speculative_adaptive=adaptive,
         speculative_adaptive_config=ns.speculative_adaptive_config,
         draft_cost=draft_cost,
+        cuda_graphs=graphs,
         extra={} if adaptive_off is None else {"adaptive_disabled": adaptive_off},
         prefill_token_ms=prefill_ms,
     )

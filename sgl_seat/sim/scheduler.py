@@ -26,6 +26,7 @@ drives already live in their own modules.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import os
@@ -50,7 +51,8 @@ from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
 from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
 from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
 from sgl_seat.sim.device import CUDA, CudaRank
-from sgl_seat.sim.faults import GPU_STALL, FaultState, parse_fault
+from sgl_seat.sim.faults import GPU_STALL, Fault, FaultState, parse_fault
+from sgl_seat.sim.graphs import SimGraphRunner
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
 HEADER_LEN = 8  # kind, step_no, n_running, gather, seed, step_us, n_queue, reserved
@@ -126,6 +128,9 @@ class Scheduler:
         self.header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self.red = torch.zeros(8, dtype=torch.float32)
         self.gpu: CudaRank | None = None  # --device cuda: this rank's GPU (sgl_seat.sim.device)
+        self.graphs: SimGraphRunner | None = None  # --sim-cuda-graphs: decode replays CUDA graphs (sim.graphs)
+        # A gpu-stall that fell on an eager step (a prefill) in graph mode: it waits for the next replayed graph.
+        self._graph_stall: tuple[Fault, float | None] | None = None
         self._hdr_dev = self.header
         # Rank 0's log and gauge bookkeeping.
         self._decode_ct = 0
@@ -161,6 +166,13 @@ class Scheduler:
         if self.gpu is not None:
             self.table = rowfetch.pin_table(self.table)
             rowfetch.use_cuda(self.gpu.device, self.gpu.cycles_per_s, min(MAX_GATHER, self.cfg.table_rows))
+            if self.cfg.cuda_graphs:
+                draft = self.cfg.speculative_num_draft_tokens if self.cfg.spec_on else None
+                self.graphs = SimGraphRunner(self.gpu, self.table, max_bs=self.cfg.max_running_requests,
+                                             draft_tokens=draft)
+                self.log.info(f"sim CUDA graphs on rank {self.tp_rank}: captured bs {self.graphs.capture_bs} x "
+                              f"{self.graphs.captured_req_width} tokens per request; host-table read: "
+                              f"{self.graphs.host_read}")
         cfg = self.cfg
         kv_gb = cfg.kv_tokens * KV_BYTES_PER_TOKEN / 1e9
         self.log.info(contract.log_kv_allocated(cfg.kv_tokens, kv_gb))
@@ -287,7 +299,8 @@ class Scheduler:
             self.active = True
             self.n_running = int(self.header[2])
             hashing = self._hash_prompts(plan) if plan is not None else None
-            self._step(gather=int(self.header[3]), seed=int(self.header[4]), step_s=int(self.header[5]) / 1e6)
+            self._step(gather=int(self.header[3]), seed=int(self.header[4]), step_s=int(self.header[5]) / 1e6,
+                       decode_bs=self.n_running if kind == DECODE else 0)
             if hashing is not None:
                 hashing.join()
             self.forward_ct += 1
@@ -341,8 +354,14 @@ class Scheduler:
         self._timeline = max(self._timeline, now - step_s) + step_s
         return max(0.0, self._timeline - now)
 
-    def _step(self, *, gather: int, seed: int, step_s: float) -> None:
+    def _step(self, *, gather: int, seed: int, step_s: float, decode_bs: int = 0) -> None:
+        """One forward: the row fetch, the GPU work, the modelled rest of the step, the all-reduce, the sync.
+
+        With ``--sim-cuda-graphs`` a decode step of ``decode_bs`` requests that a captured bucket holds replays that
+        bucket's graph instead (:mod:`sgl_seat.sim.graphs`): the table read is a kernel inside it, not a
+        ``fetch_rows`` call, and an armed GPU stall stalls inside the replayed graph."""
         t0 = time.monotonic()
+        key = self.graphs.key_for(decode_bs) if self.graphs is not None and decode_bs > 0 else None
         with self._fault_lock:
             fx = self.faults.on_step(step=self.forward_ct, gather=gather, now=t0)
         if fx.crash is not None:
@@ -357,15 +376,30 @@ class Scheduler:
             rowfetch.arm_stall(fx.stall_s)
         elif fx.fetch_delay_ms > 0:  # slow-stall's slow phase: this fetch takes that much longer
             rowfetch.arm_stall(fx.fetch_delay_ms / 1000.0)
+        if self.graphs is not None:
+            if fx.gpu_stall is not None and key is None:
+                self._graph_stall = (fx.gpu_stall, fx.gpu_stall_s)  # for the next replay
+                fx = dataclasses.replace(fx, gpu_stall=None, gpu_stall_s=None)
+            elif fx.gpu_stall is None and key is not None and self._graph_stall is not None:
+                fx = dataclasses.replace(fx, gpu_stall=self._graph_stall[0], gpu_stall_s=self._graph_stall[1])
+                self._graph_stall = None
         if fx.gpu_stall is not None:
             until = "for about an hour" if fx.gpu_stall_s is None else f"for {fx.gpu_stall_s:g} s"
-            self.log.warning(f"sim fault: the GPU stream of rank {self.tp_rank}'s row fetch stalls {until} "
+            inside = f"inside a replayed CUDA graph (shape key {key.size})" if key is not None else "in its row fetch"
+            self.log.warning(f"sim fault: the GPU stream of rank {self.tp_rank} stalls {inside} {until} "
                              f"({fx.gpu_stall.spec()})")
-            rowfetch.arm_gpu_stall(fx.gpu_stall_s)
-        ids = rowfetch.make_ids(seed, gather, self.table.shape[0])
-        rows = rowfetch.fetch_rows(self.table, ids)
-        if self.gpu is not None:
-            rows = self.gpu.compute(rows)  # enqueued behind the copy: no host sync until the step's end
+            if key is not None and self.graphs is not None:
+                self.graphs.arm_stall(key, fx.gpu_stall_s)
+            else:
+                rowfetch.arm_gpu_stall(fx.gpu_stall_s)
+        if key is not None and self.graphs is not None:
+            ids = rowfetch.make_ids(seed, key.size * self.graphs.captured_req_width, self.table.shape[0])
+            rows = self.graphs.execute(key, ids).view(1, 1)  # the replay returns at once; the GPU runs on
+        else:
+            ids = rowfetch.make_ids(seed, gather, self.table.shape[0])
+            rows = rowfetch.fetch_rows(self.table, ids)
+            if self.gpu is not None:
+                rows = self.gpu.compute(rows)  # enqueued behind the copy: no host sync until the step's end
         remaining = step_s * fx.slow_factor + fx.extra_ms / 1000.0 - (time.monotonic() - t0)
         if remaining > 0:
             time.sleep(remaining)

@@ -80,11 +80,14 @@ def test_engram_targets_are_wrapped_when_sglang_imports_them(tmp_path: Path, mon
                           timeout=240, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    names = {t.split("@")[0] for t in targets}
+    # The Engram targets (the family's graph-replay targets wait for modules this child does not import: see
+    # test_probe_graph_wrap.py).
+    engram = [t for t in targets if t.startswith("sglang.srt.layers.")]
+    names = {t.split("@")[0] for t in engram}
     # The targets were waiting for SGLang's modules (installed by sitecustomize at start-up, before any import) ...
     assert out["pending_before_import"] and set(out["pending_before_import"].values()) == {"pending"}
     # ... and SGLang's own import of them replaced each one by the probe's wrapper.
-    assert set(out["installed"].values()) == {"installed"}, out["installed"]
+    assert {out["installed"][t] for t in engram} == {"installed"}, out["installed"]
     assert {k for k, v in out["wrapped"].items() if v == k} == names, out["wrapped"]
     gathers = [r for r in out["records"] if r[0] == "sglang.srt.layers.engram:engram_gather"]
     assert gathers == [["sglang.srt.layers.engram:engram_gather", 5, True]], (out["call"], out["records"])

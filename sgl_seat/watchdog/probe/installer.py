@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from . import fault
+from .graph import make_graph_wrapper
 from .guard import warn_once
 from .targets import TargetSpec, parse_target
 from .writer import make_wrapper
@@ -46,8 +47,10 @@ def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
 
 
 def _probed(fn: Any, spec: TargetSpec) -> Any:
-    """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target)."""
-    return make_wrapper(fault.gate(fn, spec) if fault.enabled() else fn, spec)
+    """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target); a
+    graph-replay target (mode ``graph``) gets the replay wrapper, CUDA events before and after (:mod:`.graph`)."""
+    inner = fault.gate(fn, spec) if fault.enabled() else fn
+    return make_graph_wrapper(inner, spec) if spec.graph_replay else make_wrapper(inner, spec)
 
 
 def _wrap_in(module: ModuleType, spec: TargetSpec) -> str:

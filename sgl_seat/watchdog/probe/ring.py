@@ -22,6 +22,10 @@ reports that call in flight (its true end was overwritten), it skips the slot un
 The end time is recovered from the start (full precision) and the 48 low bits, exact for calls shorter
 than 78 hours.
 
+The target word (the slot's seventh) holds the target's index in its low 16 bits; a CUDA graph replay
+(:mod:`.graph`) also sets bit 16 and puts the replayed graph's shape key in bits 32-62 (version 3). The C writer
+and the eager Python wrappers write the bare index, so their slots read as eager calls.
+
 Why a module of its own: the layout is the contract between the writers (:mod:`.writer`, ``probe_native.c``,
 :mod:`.gpu`'s event reader) and the sidecar, which needs only this module's reader, never the writers.
 """
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
     from sgl_seat.core.records import ProbeRecord
 
 MAGIC = b"SGLPRB01"
-RING_VERSION = 2  # 2: integer ns times, lap-tagged end word (1: float seconds, checked end store)
+RING_VERSION = 3  # 3: graph replays in the target word; 2: integer ns times, lap-tagged end word; 1: float seconds
 HEADER_BYTES = 4096
 SLOT_WORDS = 8
 SLOT_BYTES = SLOT_WORDS * 8
@@ -57,7 +61,25 @@ _SLOT = struct.Struct("<qqqqqqqq")
 _END_BITS = 48
 _END_MASK = (1 << _END_BITS) - 1
 _LAP_MASK = 0x7FFF  # 15 bits: the end word stays a positive int64
-_W_CALL, _W_START, _W_END, _W_GPU = 1, 2, 3, 7
+_W_CALL, _W_START, _W_END, _W_TARGET, _W_GPU = 1, 2, 3, 6, 7
+#: Target word: index in the low bits; a graph replay sets the flag and its shape key above bit 32.
+TARGET_INDEX_MASK = 0xFFFF
+GRAPH_FLAG = 1 << 16
+GRAPH_KEY_SHIFT = 32
+GRAPH_KEY_MAX = (1 << 31) - 1
+
+
+def target_word(tidx: int, graph_key: int | None = None) -> int:
+    """The slot's target word: ``tidx`` alone for an eager call, with the graph flag and ``graph_key`` (clamped to
+    0 .. 2**31 - 1) for a graph replay."""
+    if graph_key is None:
+        return tidx
+    return tidx | GRAPH_FLAG | (min(max(graph_key, 0), GRAPH_KEY_MAX) << GRAPH_KEY_SHIFT)
+
+
+def split_target_word(word: int) -> tuple[int, int | None]:
+    """(target index, graph key or None) of a slot's target word."""
+    return word & TARGET_INDEX_MASK, (word >> GRAPH_KEY_SHIFT) if word & GRAPH_FLAG else None
 #: The slot's last word: what the engine's event reader knows of the call's GPU work.
 GPU_NONE, GPU_QUEUED, GPU_STARTED, GPU_DONE = 0, 1, 2, 3
 #: Header word (at byte 48, inside the header's reserved space) holding the GPU side area's offset; 0: none.
@@ -173,7 +195,8 @@ class RingReader:
             if s0 & 1 or s0 != seq_after[i]:
                 still_open.add(i)
                 continue
-            _seq, call, start_ns, end_word, gs, thread, tidx, gstate = _SLOT.unpack_from(body, i * SLOT_BYTES)
+            _seq, call, start_ns, end_word, gs, thread, tword, gstate = _SLOT.unpack_from(body, i * SLOT_BYTES)
+            tidx, graph_key = split_target_word(tword)
             fin = _end_seconds(call, start_ns, end_word, shift)
             if fin is None or gstate in (GPU_QUEUED, GPU_STARTED):
                 still_open.add(i)
@@ -188,7 +211,7 @@ class RingReader:
             out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
                                    target=target, start=start_ns / 1e9, end=fin, gather_size=gs,
                                    gpu=bool(gpu_area) and gstate != GPU_NONE, gpu_start=gpu_start,
-                                   gpu_end=gpu_end))
+                                   gpu_end=gpu_end, graph_key=graph_key))
         self._seq = seq_before
         self._open = still_open
         out.sort(key=lambda r: r.seq)

@@ -7,8 +7,9 @@ Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
     module.function[@arg[:mode]]        (dotted: the module is everything before the last dot)
 
 ``arg`` is a parameter name or a 0-based position (``self`` counts); ``mode`` is ``len`` (default),
-``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``. Without ``@``, the first
-parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
+``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``; or ``graph``: the target replays a captured
+CUDA graph and ``arg`` is its shape key (``FullCudaGraphBackend.replay@shape_key:graph``, see :mod:`.graph`).
+Without ``@``, the first parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
 
 Why a module of its own: parsing a target and finding its sized parameter are pure (no ring, no import of the
 target), shared by the writer (which sizes each call) and the installer (which finds the target).
@@ -24,6 +25,8 @@ from typing import Any
 
 _SIZE_PARAMS = ("ids", "indices", "hash_ids", "input_ids")
 _MODES = ("len", "numel", "dim0", "none")
+#: The mode of a graph-replay target (its wrapper is :func:`.graph.make_graph_wrapper`, not the writer's).
+GRAPH_MODE = "graph"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class TargetSpec:
     def name(self) -> str:
         """What the ring's target table and the records carry: ``module:qualname``."""
         return f"{self.module}:{self.qualname}"
+
+    @property
+    def graph_replay(self) -> bool:
+        """The target replays a captured CUDA graph (mode ``graph``)."""
+        return self.mode == GRAPH_MODE
 
 
 def parse_target(raw: str) -> TargetSpec:
@@ -58,8 +66,8 @@ def parse_target(raw: str) -> TargetSpec:
     if size:
         arg, _, m = size.partition(":")
         if m:
-            if m not in _MODES:
-                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of {_MODES}")
+            if m not in (*_MODES, GRAPH_MODE):
+                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of {(*_MODES, GRAPH_MODE)}")
             mode = m
         if arg.isdigit():
             size_arg = int(arg)

@@ -1,0 +1,390 @@
+"""CUDA graph replays: the probe around a graph-replay entry, with CUDA events before and after each replay.
+
+Why: SGLang decodes, and verifies the draft, by replaying CUDA graphs captured per shape (SGLang 0.5.23:
+``DecodeCudaGraphRunner.execute`` calls ``self.backend.replay(shape_key, forward_batch)``, the backend being
+``FullCudaGraphBackend``, ``BreakableCudaGraphBackend`` or ``TcPiecewiseCudaGraphBackend``). Inside a graph no
+Python runs per kernel, so the Engram host-table read, a kernel in the graph, is invisible to the eager probe
+(:mod:`.gpu` records nothing while a graph is captured, and a replay runs no wrapped call). The one Python call
+left per step is the replay itself; wrapping it gives one ring slot per replay:
+
+- the gather size is the replayed graph's *token count* (:func:`replay_shape`: the shape key's size, times the
+  runner's tokens per request where the key counts requests), and the slot's target word carries the graph
+  flag and the shape key (:func:`.ring.target_word`), so the record says it was a replay and of which graph;
+- a CUDA event is recorded on the current (replay) stream before the replay and one after it; a reader thread
+  (``sgl-seat-probe-graph``) queries them off the hot path and publishes into the same ring's GPU state and side
+  area as :mod:`.gpu` does: *queued* until the start event completes, *started* (with that moment) until the
+  end event completes, then *done*. A replay whose end never comes is "in flight on the GPU: graph replay, N
+  tokens" (``core/detect.py``) and names its rank;
+- while a graph is being captured (the capture hooks' count, or ``torch.cuda.is_current_stream_capturing()``)
+  no event is recorded and the replay runs untimed: an event recorded then would belong to the captured graph.
+
+Two events, not :mod:`.gpu`'s one with a start bound: a replay is one launch of a whole step's kernels, and the
+previous probed work on the stream may be far behind it (the sampling, the eager parts of the step), so a
+bound would count all of that into the replay's age. Events are plain (no timing: half the record cost) unless
+``SGL_SEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a 3 s threshold.
+
+Why a module of its own: replays are a different call shape (two events around one launch, a shape key) from
+the eager row fetch the writer and :mod:`.gpu` serve, and the installer only needs :func:`make_graph_wrapper`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import writer
+from .guard import warn_once
+from .ring import (
+    _END_BITS,
+    _END_MASK,
+    _GPU_OFF,
+    _GPU_OFF_AT,
+    _LAP_MASK,
+    _SLOT,
+    _W_CALL,
+    _W_END,
+    _W_GPU,
+    _W_START,
+    GPU_DONE,
+    GPU_NONE,
+    GPU_QUEUED,
+    GPU_STARTED,
+    HEADER_BYTES,
+    SLOT_BYTES,
+    target_word,
+)
+from .targets import GRAPH_MODE, TargetSpec
+
+ENV_GRAPH = "SGL_SEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
+ENV_GRAPH_TIMING = "SGL_SEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
+__all__ = ["ENV_GRAPH", "ENV_GRAPH_TIMING", "GRAPH_MODE", "ReplayTimer", "disable_graph", "enable_graph",
+           "make_graph_wrapper", "replay_shape", "replay_timer"]
+PREFILL_PAIRS = 256
+
+
+def replay_shape(owner: Any, key: Any) -> tuple[int, int]:
+    """(token count, shape key) of one replay of ``owner``'s graph for ``key``.
+
+    ``key`` is SGLang's ``ShapeKey`` (``runner/shape_key.py``: ``size`` counts requests for ordinary decode and
+    tokens for prefill and ragged verify) or a plain int. Where the backend knows its runner
+    (``self._cuda_graph_runner``, set in each backend's ``__init__``) and that runner captured per request, not
+    ragged (``ragged_verify_mode`` false), the graph holds ``size x captured_req_width`` tokens: the draft's tokens
+    per request in verify, 1 in plain decode (``decode_cuda_graph_runner.py``: ``padded_num_tokens = bs *
+    self.captured_req_width``). Raises TypeError where the key has no integer size.
+    """
+    size = key if isinstance(key, int) and not isinstance(key, bool) else getattr(key, "size", None)
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"graph shape key {key!r} has no integer size")
+    runner = getattr(owner, "_cuda_graph_runner", None)
+    width = 1
+    if runner is not None and not getattr(runner, "ragged_verify_mode", False):
+        w = getattr(runner, "captured_req_width", 1)
+        width = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 1
+    return size * width, size
+
+
+class ReplayTimer:
+    """CUDA events before and after each replay on its stream, resolved into the ring by :meth:`poll`.
+
+    ``event_factory`` makes one event; ``stream_key()`` names the current stream; ``record(event, key)`` records
+    on it; ``query(event)`` says whether it completed; ``capturing()`` whether a graph is being captured;
+    ``event_time(event)`` (optional) the wall time it completed. The hot path (:meth:`before`, :meth:`after`)
+    pops pooled events and records them: no query, no synchronisation, no allocation once the pool is warm.
+    """
+
+    def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
+                 nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
+                 stream_key: Callable[[], Any] | None = None, record: Callable[[Any, Any], Any] | None = None,
+                 query: Callable[[Any], bool] | None = None, thread_init: Callable[[], None] | None = None,
+                 event_time: Callable[[Any], float | None] | None = None) -> None:
+        self._factory = event_factory
+        self.capturing = capturing
+        self.stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
+        self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
+        self._query: Callable[[Any], bool] = query if query is not None else _query_method
+        self._event_time = event_time
+        self._thread_init = thread_init
+        self._gpu_word = gpu_off // 8
+        self._base = HEADER_BYTES // SLOT_BYTES
+        self._limit = nslots
+        self.poll_s = poll_s
+        self.idle_poll_s = max(poll_s, 0.2)
+        self._clock = clock
+        self._free: list[Any] = []
+        # Per stream, replays in launch order: (start event, end event, slot word, call number).
+        self._streams: dict[Any, collections.deque[tuple[Any, Any, int, int]]] = {}
+        self._queued = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.errors = 0
+        self.recorded = 0  # replays timed with their two events
+
+    # -- hot path ------------------------------------------------------------------------------------
+    def before(self) -> tuple[Any, Any] | None:
+        """The start event recorded on the current stream, with the stream's key; None: this replay goes untimed
+        (a capture in progress, too many unresolved replays, an error)."""
+        try:
+            if self._queued >= self._limit or self.capturing():
+                return None
+            key = self.stream_key()
+            ev = self._free.pop() if self._free else self._factory()
+            self._record(ev, key)
+            return ev, key
+        except Exception as exc:
+            self.errors += 1
+            warn_once("graph-record", f"cannot record a CUDA event before a graph replay ({type(exc).__name__}: {exc})")
+            return None
+
+    def after(self, started: tuple[Any, Any], b: int, c: int) -> bool:
+        """The end event after the replay in slot word ``b`` (call ``c``) on the start's stream, queued for the
+        reader; False where it cannot be recorded (the slot then goes back to untimed)."""
+        ev0, key = started
+        try:
+            ev1 = self._free.pop() if self._free else self._factory()
+            self._record(ev1, key)
+        except Exception as exc:
+            self.errors += 1
+            self._free.append(ev0)
+            warn_once("graph-record", f"cannot record a CUDA event after a graph replay ({type(exc).__name__}: {exc})")
+            return False
+        q = self._streams.get(key)
+        if q is None:
+            q = self._streams[key] = collections.deque()
+        q.append((ev0, ev1, b, c))
+        self._queued += 1
+        self.recorded += 1
+        return True
+
+    # -- reader ----------------------------------------------------------------------------------------
+    def poll(self, now: float | None = None) -> int:
+        """Publish what completed since the last poll; returns how many replays are still unresolved.
+
+        Per stream, replays complete in launch order: each done one (its end event completed) gets *done*; the
+        first one not done gets *started* once its start event completed; the ones behind it stay *queued*.
+        """
+        q, d = writer._Q, writer._D
+        t = self._clock() if now is None else now
+        left = 0
+        for dq in list(self._streams.values()):
+            try:
+                while dq:
+                    ev0, ev1, b, c = dq[0]
+                    if self._query(ev1):
+                        self._publish(q, d, b, c, GPU_DONE, self._when(ev0, t), self._when(ev1, t))
+                        dq.popleft()
+                        self._free.extend((ev0, ev1))
+                        continue
+                    if q is not None and q[b + _W_CALL] == c and q[b + _W_GPU] == GPU_QUEUED and self._query(ev0):
+                        self._publish(q, d, b, c, GPU_STARTED, self._when(ev0, t), None)
+                    break
+            except Exception as exc:  # a query that fails: drop this stream's replays (untimed), never raise
+                self.errors += 1
+                warn_once("graph-query", f"cannot query a replay's CUDA event ({type(exc).__name__}: {exc})")
+                for _e0, _e1, b, c in dq:
+                    if q is not None and q[b + _W_CALL] == c:
+                        q[b + _W_GPU] = GPU_NONE
+                dq.clear()
+            left += len(dq)
+        self._queued = left
+        return left
+
+    def _when(self, ev: Any, t: float) -> float:
+        if self._event_time is not None:
+            with contextlib.suppress(Exception):
+                at = self._event_time(ev)
+                if at is not None:
+                    return min(t, at)
+        return t
+
+    def _publish(self, q: memoryview[int] | None, d: memoryview[float] | None, b: int, c: int, state: int,
+                 start: float, end: float | None) -> None:
+        if q is None or d is None or q[b + _W_CALL] != c:
+            return  # the slot was reused: nothing to publish
+        g = self._gpu_word + 2 * ((b >> 3) - self._base)
+        host = q[b + _W_START] / 1e9
+        if q[b + _W_GPU] != GPU_STARTED:
+            d[g] = max(host, start)  # the replay's work did not start before it was launched
+        if end is not None:
+            d[g + 1] = max(end, d[g])
+        q[b + _W_GPU] = state
+
+    def prefill(self, n: int) -> None:
+        """Make ``n`` events now, off the hot path (a cold pool makes the replay create its events)."""
+        for _ in range(max(0, n)):
+            self._free.append(self._factory())
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-graph", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        if self._thread_init is not None:
+            with contextlib.suppress(Exception):
+                self._thread_init()  # relaxed capture mode: a query here must not invalidate a capture elsewhere
+        wait = self.poll_s
+        while not self._stop.wait(wait):
+            busy = self._queued > 0
+            with contextlib.suppress(Exception):
+                self.poll()
+            wait = self.poll_s if busy or self._queued else self.idle_poll_s
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _no_stream() -> Any:
+    return None
+
+
+def _record_method(ev: Any, key: Any) -> Any:
+    return ev.record()
+
+
+def _query_method(ev: Any) -> bool:
+    return bool(ev.query())
+
+
+#: The process's replay timer (None: not decided yet or off); ``_DECIDED`` once the first replay decided it.
+_TIMER: ReplayTimer | None = None
+_DECIDED = False
+_LOCK = threading.Lock()
+
+
+def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool] = lambda: False, *,
+                 poll_s: float = 0.02, start_thread: bool = True, stream_key: Callable[[], Any] | None = None,
+                 record: Callable[[Any, Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
+                 thread_init: Callable[[], None] | None = None,
+                 event_time: Callable[[Any], float | None] | None = None) -> ReplayTimer | None:
+    """Time graph replays with these event paths (the ring must exist; created if need be). Tests pass fakes;
+    ``start_thread=False`` leaves resolving to explicit :meth:`ReplayTimer.poll` calls."""
+    global _TIMER, _DECIDED
+    if not writer._ensure_ring() or writer._MM is None:
+        return None
+    gpu_off = _GPU_OFF.unpack_from(writer._MM, _GPU_OFF_AT)[0]
+    if _TIMER is not None:
+        _TIMER.stop()
+    timer = ReplayTimer(event_factory, capturing, gpu_off=gpu_off, nslots=writer._MASK + 1, poll_s=poll_s,
+                        stream_key=stream_key, record=record, query=query, thread_init=thread_init,
+                        event_time=event_time)
+    if start_thread:
+        timer.start()
+    _TIMER, _DECIDED = timer, True
+    return timer
+
+
+def disable_graph() -> None:
+    """No replay timer, and none decided (the next replay decides again); tests."""
+    global _TIMER, _DECIDED
+    if _TIMER is not None:
+        _TIMER.stop()
+    _TIMER, _DECIDED = None, False
+
+
+def replay_timer() -> ReplayTimer | None:
+    return _TIMER
+
+
+def _decide() -> ReplayTimer | None:
+    """On the first replay (outside a capture): CUDA event paths where torch has initialised CUDA here, per
+    ``SGL_SEAT_PROBE_GRAPH``; else none (replays are timed on the host only)."""
+    global _TIMER, _DECIDED
+    with _LOCK:
+        if _DECIDED:
+            return _TIMER
+        _DECIDED = True
+        if os.environ.get(ENV_GRAPH, "auto").strip().lower() in ("0", "off", "false", "no"):
+            return None
+        torch = sys.modules.get("torch")
+        try:
+            if torch is None or not torch.cuda.is_initialized():
+                return None
+            from . import gpu
+
+            timing = os.environ.get(ENV_GRAPH_TIMING, "0").strip().lower() in ("1", "on", "true", "yes")
+            how = os.environ.get(gpu.ENV_GPU_PATH, "").strip() or gpu.DEFAULT_GPU_PATH
+            try:
+                paths = gpu.cuda_paths(torch, how, timing)
+            except Exception:
+                paths = gpu.cuda_paths(torch, "method", timing)
+            capturing = gpu._graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
+            if not writer._ensure_ring() or writer._MM is None:
+                return None
+            gpu_off = _GPU_OFF.unpack_from(writer._MM, _GPU_OFF_AT)[0]
+            timer = ReplayTimer(paths.factory, capturing, gpu_off=gpu_off, nslots=writer._MASK + 1,
+                                poll_s=gpu._gpu_poll_s(), stream_key=paths.stream_key, record=paths.record,
+                                query=paths.query, thread_init=paths.thread_init, event_time=paths.event_time)
+            timer.prefill(min(2 * PREFILL_PAIRS, writer._MASK + 1))
+            timer.start()
+            _TIMER = timer
+        except Exception as exc:
+            warn_once("graph", f"graph replays not timed on the GPU ({type(exc).__name__}: {exc}); host timing only")
+        return _TIMER
+
+
+def make_graph_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]:
+    """Wrap a graph-replay entry ``fn(self, shape_key, ...)`` so each replay is one ring slot with its events.
+
+    The shape key is ``spec.size_arg`` (a parameter name or position, default position 1: the argument after
+    ``self``, as in SGLang's ``replay(self, shape_key, static_forward_batch, **kwargs)``). A replay whose shape
+    cannot be read (a key without an integer size) is still timed, with gather size -1 and no key.
+    """
+    tidx = writer._register_target(spec.name)
+    key_pos = spec.size_arg if isinstance(spec.size_arg, int) else 1
+    key_name = spec.size_arg if isinstance(spec.size_arg, str) else "shape_key"
+    now_ns = time.time_ns
+    ident = threading.get_ident
+    pack = _SLOT.pack_into
+    base = HEADER_BYTES // SLOT_BYTES
+
+    @functools.wraps(fn)
+    def graph_replay_wrapper(*args: Any, **kwargs: Any) -> Any:
+        q = writer._Q
+        if q is None:
+            if not writer._ensure_ring():
+                return fn(*args, **kwargs)
+            q = writer._Q
+            if q is None:
+                return fn(*args, **kwargs)
+        timer = _TIMER if _DECIDED else _decide()
+        try:
+            key = args[key_pos] if len(args) > key_pos else kwargs[key_name]
+            gs, gkey = replay_shape(args[0] if args else None, key)
+            tword = target_word(tidx, gkey)
+        except Exception:
+            gs, tword = -1, tidx
+        c = writer._NEXT()
+        b = ((c & writer._MASK) + base) << 3
+        lap = (c >> writer._SHIFT & _LAP_MASK) << _END_BITS
+        started = timer.before() if timer is not None else None
+        try:  # (the ignore: writer._MM is set whenever writer._Q is, which was checked above)
+            pack(writer._MM, b << 3, 2 * c + 1, c, now_ns(), 0, gs, ident(), tword,  # type: ignore[arg-type]
+                 GPU_NONE if started is None else GPU_QUEUED)
+            q[b] = 2 * c + 2
+        except Exception:  # a ring gone: the replay runs untimed (its start event completes unread)
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if started is not None and timer is not None and not timer.after(started, b, c):
+                q[b + _W_GPU] = GPU_NONE
+            q[b + _W_END] = lap | (now_ns() & _END_MASK)
+
+    graph_replay_wrapper.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
+    return graph_replay_wrapper
+
+
+def _after_fork_in_child() -> None:
+    global _TIMER, _DECIDED, _LOCK
+    _TIMER, _DECIDED, _LOCK = None, False, threading.Lock()  # the parent's reader thread does not exist here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
