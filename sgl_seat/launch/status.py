@@ -12,13 +12,14 @@ progress (REMEDIATING) is left to the supervisor that writes the record, unless 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from sgl_seat.core.remediation import PENDING_STALE_S, Outcome, RemediationRecord, budget_used
 from sgl_seat.engines import backend_for
-from sgl_seat.errors import ClusterError
+from sgl_seat.errors import ClusterError, SeatError
 from sgl_seat.launch import cluster, health
 from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_reason, get_agent
 from sgl_seat.launch.cluster import NoAnswer
@@ -37,6 +38,7 @@ REMEDIATION_STALE_S = PENDING_STALE_S
 def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
     """Reconcile the local record with Ray, the agents and rank 0's health; save and return it."""
     rec = load_record(name)
+    loaded = rec.updated_at
     if rec.state is SeatState.REMEDIATING and remediation_in_progress(rec, time.time()):
         return rec  # the supervisor is bringing the seat back and writes the record itself
     if rec.state in (SeatState.PLACING, SeatState.STARTING, SeatState.STOPPING):
@@ -45,22 +47,30 @@ def status(name: str, *, timeout: float = 20.0) -> SeatRecord:
         what = "`down`" if rec.state is SeatState.STOPPING else "`up`"
         _fail(rec, f"{what} (pid {rec.busy_pid}) ended before finishing ({rec.state.value}); run `sgl-seat down`")
     if not rec.gcs_address:
-        save_record(rec)
-        return rec
+        return _save(rec, loaded)
     if rec.local_cluster and not holder_alive(rec):
         _fail(rec, "the local Ray cluster `up` started is gone (its holder process exited)")
-        save_record(rec)
-        return rec
+        return _save(rec, loaded)
     try:
         cluster.connect(rec.gcs_address, rec.namespace, token_env=rec.token_env, timeout=timeout)
     except ClusterError as exc:
         _fail(rec, f"Ray cluster unreachable: {exc.message}")
-        save_record(rec)
-        return rec
+        return _save(rec, loaded)
     try:
         _reconcile(rec, timeout)
     finally:
         cluster.disconnect()
+    return _save(rec, loaded)
+
+
+def _save(rec: SeatRecord, loaded: float | None) -> SeatRecord:
+    """Save what `status` found, unless the record changed on disk since `status` read it: the seat's supervisor
+    writes it while it heals the seat (the remediation, REMEDIATING, a new plan), and a `status` that began before
+    must not put back the older copy. Then the record on disk is the newer truth, and is what `status` shows."""
+    with contextlib.suppress(SeatError):
+        disk = load_record(rec.name)
+        if disk.updated_at != loaded:
+            return disk
     save_record(rec)
     return rec
 
