@@ -51,6 +51,12 @@ def collect(name: str, *, timeout: float = 10.0, connected: bool = False,
         except Exception as exc:
             doc["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     doc["bundles"] = [b.to_json() for b in bundles_in(bundles_dir_of(rec))]
+    # Healing by policy, as the seat's supervisor writes it into the record (a remediation in progress shows here
+    # as it happens: pending, engines stopped, serving again).
+    from sgl_seat.launch.status import remediation_status
+
+    doc["remediation"] = remediation_status(rec, time.time()) if rec.on_hang != "capture" or rec.remediations \
+        else None
     return doc
 
 
@@ -123,6 +129,18 @@ def render(doc: dict[str, Any], width: int = 80) -> RenderableType:
             bits.append(f"capture error: {n['capture_errors'][-1]}")
         if bits:
             parts.append(Text(f"node {n.get('node')}: " + "; ".join(bits), style="yellow"))
+    rem = doc.get("remediation")
+    if rem:
+        pol = rem.get("policy") or {}
+        parts.append(Text(f"on hang: {pol.get('on_hang')} ({rem.get('used')} of {pol.get('max')} remediations used)"
+                          + ("; EXHAUSTED: the seat waits for an operator" if rem.get("exhausted") else ""),
+                          style="red" if rem.get("exhausted") else ""))
+        for r in (rem.get("history") or [])[-3:]:
+            stages = [f"{k} {r[k + '_s']:.1f} s" for k in ("engines_stopped", "serving_again")
+                      if r.get(k + "_s") is not None]
+            parts.append(Text(f"  {r['action']} {r['outcome']}{' ' + ', '.join(stages) if stages else ''}: "
+                              f"{r['verdict']}",
+                              style="yellow" if r["outcome"] == "pending" else ""))
     bundles = doc.get("bundles") or []
     if bundles:
         bt = Table(title=f"bundles ({len(bundles)})", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,

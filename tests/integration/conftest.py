@@ -6,11 +6,12 @@ a Ray cluster on 127.0.0.1 runs in stream ``ray``, never beside another such mod
 host share Ray's fixed default ports and its /tmp/ray session files; beside each other, seats' `up` timed out in
 earlier CI runs); stream ``other`` holds the modules without a local Ray cluster, and the two-host cluster,
 whose Ray lives in network namespaces of its own. The two streams' port ranges do not overlap: launch
-23000-23999, runbooks 30500-30599 and the watchdog seat 26600-26716 in ``ray``; sim 32000-32767, gate
-30740-30799, soak 30800-30899, Prometheus 30900-30930, raw prompts 26750-26766, the sidecar 26110-26111 and
-the namespaces' own addresses in ``other``. All are below Linux's ephemeral range (32768-60999): a fixed port in
-it can be taken at any moment as the local port of another process's outgoing connection (a fresh-clone CI run
-failed on "address already in use" for 36752), and above Ray's worker ports (10002-19999).
+23000-23999, runbooks 30500-30599, the watchdog seat 26600-26716 and the remediation seat 27200-27240 in
+``ray``; sim 32000-32767, gate 30740-30799, soak 30800-30899, Prometheus 30900-30930, raw prompts 26750-26766, the
+sidecar 26110-26111 and the namespaces' own addresses in ``other``. All are below Linux's ephemeral range
+(32768-60999): a fixed port in it can be taken at any moment as the local port of another process's outgoing
+connection (a fresh-clone CI run failed on "address already in use" for 36752), and above Ray's worker ports
+(10002-19999).
 
 ``SGL_SEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order). Stream
 ``sglang`` holds the real-engine modules that bring SGLang up through a local Ray cluster (ports 24100-24199 and,
@@ -27,7 +28,8 @@ import os
 import pytest
 
 #: The modules that start a local Ray cluster on 127.0.0.1 (one at a time, in this order: the longest first).
-RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_launch_shared", "test_launch_lifecycle", "test_demo")
+RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_remediation", "test_launch_shared", "test_launch_lifecycle",
+             "test_demo")
 #: Real SGLang seats through a local Ray cluster: stream ``sglang``, run before stream ``ray`` (never beside
 #: another local cluster), beside the unit tests.
 REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog")

@@ -82,3 +82,19 @@ def test_watch_json_keeps_stdout_for_json_and_warns_on_stderr(tmp_path: Path, mo
     doc = json.loads(out)
     assert doc["seat"] == "w" and "cannot reach the seat's Ray cluster" in doc["error"]
     assert "cannot reach the seat's Ray cluster" in err and "[yellow]" not in err + out
+
+
+def test_render_shows_the_remediations_as_the_supervisor_records_them() -> None:
+    rem = {"policy": {"on_hang": "rollback-draft", "max": 3}, "used": 2, "left": 1, "exhausted": False,
+           "history": [
+               {"action": "rollback-draft", "outcome": "serving", "engines_stopped_s": 1.5, "serving_again_s": 12.25,
+                "verdict": "row-fetch stall, rank 3, node 1"},
+               {"action": "restart", "outcome": "pending", "engines_stopped_s": None, "serving_again_s": None,
+                "verdict": "row-fetch stall, rank 3, node 1"}]}
+    out = _text({**DOC, "remediation": rem})
+    assert "on hang: rollback-draft (2 of 3 remediations used)" in out and "EXHAUSTED" not in out
+    assert "rollback-draft serving engines_stopped 1.5 s, serving_again 12.2 s" in out
+    assert "restart pending: row-fetch stall, rank 3, node 1" in out
+    out = _text({**DOC, "remediation": {**rem, "exhausted": True, "used": 3}})
+    assert "EXHAUSTED: the seat waits for an operator" in out
+    assert "on hang" not in _text(DOC)
