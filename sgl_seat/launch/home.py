@@ -44,15 +44,20 @@ def ensure_writable(home: Path | None = None) -> Path:
             os.close(fd)
             Path(tmp).unlink(missing_ok=True)
     except OSError as exc:
-        why = {errno.EROFS: "is on a read-only file system", errno.ENOSPC: "is full",
-               errno.EDQUOT: "is over its disk quota", errno.EACCES: "is not writable by this user",
-               errno.EPERM: "is not writable by this user"}.get(exc.errno or 0, f"cannot be written ({exc.strerror})")
-        raise HomeError(
-            f"sgl-seat's home {path} {why}: seat records, node logs and bundles go there",
-            fix=f"set {HOME_ENV} to a writable directory (e.g. export {HOME_ENV}=/var/tmp/sgl-seat), or make "
-                f"{path} writable",
-        ) from None
+        raise home_error(path, exc, "seat records, node logs and bundles go there") from None
     return path
+
+
+def home_error(path: Path, exc: OSError, what: str) -> HomeError:
+    """The :class:`HomeError` for an OS error writing under ``$SGL_SEAT_HOME``: why, in words, and the fix."""
+    why = {errno.EROFS: "is on a read-only file system", errno.ENOSPC: "is full",
+           errno.EDQUOT: "is over its disk quota", errno.EACCES: "is not writable by this user",
+           errno.EPERM: "is not writable by this user"}.get(exc.errno or 0, f"cannot be written ({exc.strerror})")
+    return HomeError(
+        f"sgl-seat's home {path} {why}: {what}",
+        fix=f"free space there or make it writable; or set {HOME_ENV} to a writable directory (e.g. export "
+            f"{HOME_ENV}=/var/tmp/sgl-seat) and copy {path}/seats into it",
+    )
 
 
 def seats_dir(home: Path | None = None) -> Path:

@@ -26,7 +26,7 @@ from sgl_seat.core.records import RecordError
 from sgl_seat.core.remediation import Policy, RemediationRecord
 from sgl_seat.errors import SeatError, SeatStateError, UsageError
 from sgl_seat.forensics.layout import seat_bundles_dir
-from sgl_seat.launch.home import read_json, seats_dir, write_json_atomic
+from sgl_seat.launch.home import home_error, read_json, seats_dir, write_json_atomic
 from sgl_seat.launch.state import SeatState, parse_state, transition
 from sgl_seat.spec import load_spec
 
@@ -204,8 +204,14 @@ def load_record(name: str) -> SeatRecord:
 
 
 def save_record(rec: SeatRecord) -> None:
+    """Write the record; a home that takes no write (full, read-only) is a :class:`HomeError` saying so."""
     rec.updated_at = time.time()
-    write_json_atomic(record_path(rec.name), rec.to_dict())
+    path = record_path(rec.name)
+    try:
+        write_json_atomic(path, rec.to_dict())
+    except OSError as exc:
+        raise home_error(path.parent.parent, exc, f"seat {rec.name!r}'s record ({path}) could not be saved") \
+            from None
 
 
 def claim_record(rec: SeatRecord) -> None:
@@ -227,8 +233,13 @@ def claim_record(rec: SeatRecord) -> None:
 
 
 def remove_record(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        record_path(name).unlink()
+    path = record_path(name)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise home_error(path.parent.parent, exc, f"seat {name!r}'s record ({path}) could not be removed") from None
 
 
 def list_names() -> list[str]:

@@ -13,13 +13,14 @@ progress (REMEDIATING) is left to the supervisor that writes the record, unless 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from sgl_seat.core.remediation import PENDING_STALE_S, Outcome, RemediationRecord, budget_used
 from sgl_seat.engines import backend_for
-from sgl_seat.errors import ClusterError, SeatError
+from sgl_seat.errors import ClusterError, HomeError, SeatError
 from sgl_seat.launch import cluster, health
 from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_reason, get_agent
 from sgl_seat.launch.cluster import NoAnswer
@@ -27,6 +28,8 @@ from sgl_seat.launch.record import SeatRecord, load_record, save_record
 from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
 from sgl_seat.watchdog.actors import snapshots
+
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for the sidecars' snapshots (a wedged sidecar must not hold `status` up).
 SIDECAR_TIMEOUT_S = 5.0
@@ -71,7 +74,10 @@ def _save(rec: SeatRecord, loaded: float | None) -> SeatRecord:
         disk = load_record(rec.name)
         if disk.updated_at != loaded:
             return disk
-    save_record(rec)
+    try:
+        save_record(rec)
+    except HomeError as exc:  # a full or read-only home: the state is still worth showing
+        log.warning("%s (this status is shown, not saved)", exc.message)
     return rec
 
 

@@ -348,8 +348,7 @@ def stop_supervisor(seat: str, namespace: str, timeout: float = 15.0) -> bool:
     import ray
 
     try:
-        handle = bounded("ray.get_actor (supervisor)", ray.get_actor, supervisor_name(seat), namespace=namespace,
-                         timeout=timeout)
+        handle = bounded("ray.get_actor (supervisor)", ray.get_actor, supervisor_name(seat), namespace=namespace)
     except ValueError:
         return False
     with contextlib.suppress(Exception):

@@ -18,11 +18,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_seat.deadline import bounded
-from sgl_seat.errors import ClusterError, EngineError, SeatStateError
+from sgl_seat.errors import ClusterError, EngineError, HomeError, SeatStateError
 from sgl_seat.launch import cluster, localcluster, placement, procs
 from sgl_seat.launch.agentclient import get_agent
 from sgl_seat.launch.home import host_id
-from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, remove_record, save_record
+from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, record_path, remove_record, save_record
 from sgl_seat.launch.sidecars import context_of, stop_sidecars
 from sgl_seat.launch.stages import NullReporter, Reporter, Stages, StageTimes
 from sgl_seat.launch.state import SeatState
@@ -93,7 +93,10 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
                 survivors += [f"local Ray cluster: pid {s.pid} ({s.title[:80]})" for s in left]
                 note["detail"] = f"holder pid {pid} and its processes gone" if not left else "stragglers left"
                 if not left:
-                    localcluster.cluster_record_path(rec.name).unlink(missing_ok=True)
+                    try:
+                        localcluster.cluster_record_path(rec.name).unlink(missing_ok=True)
+                    except OSError as exc:  # a read-only home: the cluster is gone all the same
+                        log.warning("the local cluster's record could not be removed: %s", exc)
     # Final check on this host: nothing of any recorded engine group remains.
     for node in rec.nodes:
         if same_host(node) and (node.pgid or node.processes):
@@ -107,7 +110,8 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
     """Through Ray: the supervisor, sidecars, each node's engine group (``reached``: the nodes that answered),
     agents, group. The supervisor goes first: it must not take the engines going down for a hang to heal."""
     try:
-        stop_supervisor(rec.name, rec.namespace)
+        if rec.on_hang != "capture":  # only then did `up` start one
+            stop_supervisor(rec.name, rec.namespace)
     except Exception as exc:  # it acts only on new bundles, and the sidecars go next: go on
         log.warning("stopping the supervisor failed: %s", exc)
     with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
@@ -176,7 +180,9 @@ def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) 
                                  " `up` takes the seat down itself")
     rec.set_state(SeatState.STOPPING)
     rec.busy_pid, rec.busy_host = os.getpid(), host_id()
-    save_record(rec)
+    # A home that takes no write (full, read-only) must not keep a seat up: the record is read, so everything
+    # it names can be stopped; what could not be written is said at the end.
+    unsaved = _try_save(rec)
     connected = False
     with sigint_ignored():
         if rec.gcs_address and (not rec.local_cluster or holder_alive(rec)):
@@ -189,11 +195,27 @@ def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) 
         survivors = teardown(rec, connected=connected, stages=stages)
     if survivors:
         rec.set_state(SeatState.FAILED, "`down` left: " + "; ".join(survivors))
-        save_record(rec)
+        _try_save(rec)
         raise NotDown(name, survivors, stages.times)
     rec.set_state(SeatState.STOPPED)
-    remove_record(name)
+    try:
+        remove_record(name)
+    except HomeError as exc:
+        raise HomeError(f"seat {name!r} is down (every process it started is gone), but " + exc.message
+                        + (f"; earlier: {unsaved.message}" if unsaved else ""),
+                        fix=f"remove {record_path(name)} by hand once the home takes writes (`sgl-seat status` "
+                            "shows the seat until then)") from None
     return stages.times
+
+
+def _try_save(rec: SeatRecord) -> HomeError | None:
+    """Save the record, or log and return why it could not be (`down` goes on: stopping matters more)."""
+    try:
+        save_record(rec)
+    except HomeError as exc:
+        log.warning("%s", exc.message)
+        return exc
+    return None
 
 
 def busy(rec: SeatRecord) -> bool:
