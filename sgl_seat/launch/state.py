@@ -37,7 +37,8 @@
   remediation in progress to the supervisor, which writes the record itself.
 - REMEDIATION-EXHAUSTED: a hang the policy would have acted on was refused: the budget
   (``watchdog.remediation.max`` in ``window_s``) is spent, or the seat hung again within ``cooldown_s`` of a
-  remediation. The seat is left as the hang left it, for an operator; like FAILED it is sticky until ``down``.
+  remediation. Its supervisor stops the engines once the bundle is on disk (no client waits on a hung scheduler) and
+  the seat stays down for an operator; like FAILED it is sticky until ``down``.
 - STOPPING / STOPPED: ``down`` is tearing down / has verified nothing remains (terminal).
 
 The local record of a seat is a cache of this state; ``status`` reconciles it with Ray.
