@@ -1,14 +1,18 @@
 """The probe's cost per CUDA graph replay (issue 25: at most 2 us added per replay, stated with its spread).
 
-Run on a machine with a GPU (``bench/gpu/run.sh graph_cost.py --out DIR``). One CUDA graph per shape is captured
-of a small decode-shaped body (an ``index_select`` of ``tokens`` rows from a device table and a matmul; its size
-does not matter to the probe's host cost, which is what is measured), behind a backend class shaped like SGLang's
-``FullCudaGraphBackend`` (``replay(self, shape_key, static_forward_batch)`` -> ``graph.replay()``). Three arms,
-interleaved block by block so that drift hits them alike: the bare replay, the replay wrapped by the probe with
-host timing only (``SGL_SEAT_PROBE_GRAPH=0``: no events), and wrapped with the CUDA events before and after (the
-default, its reader thread running). Each block is ``--calls`` replays, timed with ``perf_counter_ns``; the device
-is synchronised between blocks, outside the timing. Printed and written as JSON: per shape, the ns per replay of
-each arm (median over blocks) and the added cost (median of the per-block differences against the bare arm of the
+Run on a machine with a GPU (``bench/gpu/run.sh graph_cost.py --out DIR``). One CUDA graph per shape is captured of a
+small decode-shaped body (an ``index_select`` of ``tokens`` rows from a device table and a matmul; its size does not
+matter to the probe's host cost, which is what is measured), behind a backend class shaped like SGLang's
+``FullCudaGraphBackend`` (``replay(self, shape_key, static_forward_batch)`` -> ``graph.replay()``). Arms, interleaved
+block by block so that drift hits them alike: the bare replay, the replay wrapped by the probe with host timing only
+(``SGL_SEAT_PROBE_GRAPH=0``: no events), and wrapped with the CUDA events before and after (the default, its reader
+thread running); each wrapped arm on both paths: ``native`` (the C writer's ``GraphWrapper`` and, with events, its
+``NativeReplayTimer``: what a process gets where the C writer builds) and ``python`` (the Python wrapper and
+``ReplayTimer``: the fallback). ``paths`` in the output says which path each arm measured (``graph.graph_path()``
+while it ran); ``host_only_added_ns`` / ``with_events_added_ns`` are the native arms where the C writer loaded (else
+the Python ones), ``python_*`` the Python ones. Each block is ``--calls`` replays, timed with ``perf_counter_ns``; the
+device is synchronised between blocks, outside the timing. Printed and written as JSON: per shape, the ns per replay
+of each arm (median over blocks) and the added cost (median of the per-block differences against the bare arm of the
 same round, with min, p10, p90, max of those differences and a 95 % t interval of their mean). The graph's own GPU
 time is kept below its host launch time so that the stream never fills (a full launch queue would time the GPU).
 """
@@ -112,7 +116,9 @@ def main() -> int:
     backend = Backend(graphs)
     bare = Backend.replay
     spec = probe.parse_target("bench_graph:Backend.replay@shape_key:graph")
-    wrapped = graph.make_graph_wrapper(bare, spec)
+    wrapped = graph.make_graph_wrapper(bare, spec)  # the C writer's GraphWrapper where it builds
+    wrapped_py = graph.make_graph_wrapper(bare, spec, python=True)
+    native = probe.writer._native() is not None
 
     def block(fn: Any, key: ShapeKey) -> float:
         t0 = time.perf_counter_ns()
@@ -124,33 +130,61 @@ def main() -> int:
 
     out: dict[str, Any] = {"calls_per_block": a.calls, "rounds": a.rounds, "writer": probe.native_state(),
                            "tokens_per_request": Runner.captured_req_width, "shapes": {}}
+    def events_arm(fn: Any, key: ShapeKey, allow_native: bool) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+        """Bare and ``fn`` block by block with the real CUDA replay timer (native or Python), and what it did."""
+        graph.disable_graph()
+        os.environ[graph.ENV_GRAPH] = "auto"
+        graph._NATIVE_ALLOWED = allow_native
+        fn(backend, key, None)  # decides: CUDA events (the reader thread starts)
+        timer, path = graph.replay_timer(), graph.graph_path()
+        if fn is wrapped_py and path.startswith("native wrapper"):
+            path = "python wrapper, " + path.split(", ", 1)[1]
+        elif fn is wrapped_py and path == "native":
+            path = "python wrapper, native timer"
+        pairs = [(block(bare, key), block(fn, key)) for _ in range(a.rounds)]
+        time.sleep(0.3)
+        left = timer.poll() if timer is not None else None
+        rec = [r for r in probe.read_ring(probe.ring_file() or "") if r.graph_key == key.size][-1:]
+        info = {"path": path,
+                "timer": None if timer is None else {"type": type(timer).__name__, "recorded": timer.recorded,
+                                                     "errors": timer.errors, "unresolved_after_0.3s": left},
+                "last_record": None if not rec else {"gather_size": rec[0].gather_size,
+                                                     "graph_key": rec[0].graph_key, "gpu": rec[0].gpu,
+                                                     "gpu_done": rec[0].gpu_end is not None}}
+        graph._NATIVE_ALLOWED = True
+        return pairs, info
+
     for bs in sizes:
         key = ShapeKey(bs)
-        # Host timing only: no replay timer (decided off), then the events arm with the real CUDA timer.
+        # Host timing only: no replay timer (decided off), both wrappers in the same rounds.
         graph.disable_graph()
         os.environ[graph.ENV_GRAPH] = "0"
         wrapped(backend, key, None)  # decides: off
-        host_t = [(block(bare, key), block(wrapped, key)) for _ in range(a.rounds)]
-        graph.disable_graph()
-        os.environ[graph.ENV_GRAPH] = "auto"
-        wrapped(backend, key, None)  # decides: CUDA events (the reader thread starts)
-        timer = graph.replay_timer()
-        ev_t = [(block(bare, key), block(wrapped, key)) for _ in range(a.rounds)]
-        time.sleep(0.3)
-        left = timer.poll() if timer is not None else None
-        rec = [r for r in probe.read_ring(probe.ring_file() or "") if r.graph_key == bs][-1:]
+        host3 = [(block(bare, key), block(wrapped, key), block(wrapped_py, key)) for _ in range(a.rounds)]
+        host_path = graph.graph_path()
+        host_t = [(b, w) for b, w, _p in host3]
+        host_py = [(b, p) for b, _w, p in host3]
+        ev_t, ev_info = events_arm(wrapped, key, True)
+        ev_py, py_info = events_arm(wrapped_py, key, False)
+        main_host, main_ev = (host_t, ev_t) if native else (host_py, ev_py)
         out["shapes"][str(bs)] = {
             "tokens": bs * Runner.captured_req_width,
-            "bare_ns": _spread([b for b, _w in ev_t + host_t]),
-            "host_only_added_ns": _spread([w - b for b, w in host_t]),
-            "with_events_added_ns": _spread([w - b for b, w in ev_t]),
-            "events_timer": None if timer is None else {"recorded": timer.recorded, "errors": timer.errors,
-                                                        "unresolved_after_0.3s": left},
-            "last_record": None if not rec else {"gather_size": rec[0].gather_size, "graph_key": rec[0].graph_key,
-                                                 "gpu": rec[0].gpu, "gpu_done": rec[0].gpu_end is not None},
+            "paths": {"host_only": "native wrapper" if native else "python wrapper",
+                      "with_events": ev_info["path"] if native else py_info["path"],
+                      "python_host_only": "python wrapper", "python_with_events": py_info["path"],
+                      "host_only_state": host_path},
+            "bare_ns": _spread([b for b, _w in ev_t + ev_py + host_t]),
+            "host_only_added_ns": _spread([w - b for b, w in main_host]),
+            "with_events_added_ns": _spread([w - b for b, w in main_ev]),
+            "python_host_only_added_ns": _spread([w - b for b, w in host_py]),
+            "python_with_events_added_ns": _spread([w - b for b, w in ev_py]),
+            "events_timer": ev_info["timer"] if native else py_info["timer"],
+            "python_events_timer": py_info["timer"],
+            "last_record": ev_info["last_record"] if native else py_info["last_record"],
         }
         print(json.dumps({str(bs): out["shapes"][str(bs)]}, indent=1), flush=True)
     worst = max(s["with_events_added_ns"]["median"] for s in out["shapes"].values())
+    out["measured_path_with_events"] = sorted({s["paths"]["with_events"] for s in out["shapes"].values()})
     out["target_ns"] = 2000
     out["worst_median_added_with_events_ns"] = worst
     out["target_met"] = worst <= 2000

@@ -29,6 +29,7 @@ from sgl_seat.forensics.codec import decode_probe_records, encode_probe_records
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog import probe
 from sgl_seat.watchdog.probe import graph, ring
+from tests.unit.conftest import probe_writer
 from tests.unit.test_watchdog_probe_gpu import FakeEvent, FakeGpu
 
 
@@ -39,8 +40,76 @@ class ShapeKey:
     size: int
 
 
+#: The paths every wrapper test runs on: the C wrapper with the C timer (``probe_native.c``, what a CUDA process
+#: gets where it builds; its CUDA runtime calls are ctypes stand-ins over the fakes), the C wrapper with the Python
+#: timer (timing events, or a runtime whose round trip failed), and the Python wrapper and timer (no C writer).
+PATHS = ["native", "native-pytimer", "python"]
+
+
+class CudaStandIn:
+    """The CUDA runtime functions the C timer calls, as C function pointers (ctypes callbacks) over a FakeGpu: events
+    are handles into ``events``, streams handles into ``streams``; ``cudaStreamIsCapturing`` says ``gpu.capturing``.
+    A query that raises (``gpu.fail_query``) returns an error code, as the runtime would."""
+
+    def __init__(self, g: FakeGpu) -> None:
+        import ctypes
+
+        self.g = g
+        self.events: dict[int, FakeEvent] = {}
+        self.streams: dict[int, object] = {}
+        self.creates = 0
+        self.capture_checks = 0
+
+        def create(out: object, flags: int) -> int:
+            self.creates += 1
+            h = len(self.events) + 1
+            self.events[h] = FakeEvent(g)
+            out[0] = h  # type: ignore[index]
+            return 0
+
+        def record(ev: int, stream: int) -> int:
+            assert self.streams[stream or 0] is g.current, "the event goes on the replay's (current) stream"
+            self.events[ev].record()
+            return 0
+
+        def query(ev: int) -> int:
+            try:
+                return 0 if self.events[ev].query() else 600
+            except RuntimeError:
+                return 900  # cudaErrorStreamCaptureUnsupported-like: the event cannot be queried
+
+        def is_capturing(stream: int, status: object) -> int:
+            self.capture_checks += 1
+            status[0] = 1 if g.capturing else 0  # type: ignore[index]
+            return 0
+
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        self._keep = [
+            ctypes.CFUNCTYPE(i, ctypes.POINTER(vp), ctypes.c_uint)(create),
+            ctypes.CFUNCTYPE(i, vp, vp)(record),
+            ctypes.CFUNCTYPE(i, vp)(query),
+            ctypes.CFUNCTYPE(i, vp, ctypes.POINTER(i))(is_capturing),
+        ]
+        self.addr = [ctypes.cast(f, vp).value or 0 for f in self._keep]
+
+    def stream_handle(self, _device: object) -> int:
+        """The current stream's handle (what ``torch._C._cuda_getCurrentRawStream(device)`` gives)."""
+        for h, s in self.streams.items():
+            if s is self.g.current:
+                return h
+        h = len(self.streams) + 1
+        self.streams[h] = self.g.current
+        return h
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    probe_writer("python" if request.param == "python" else "native", monkeypatch)
+    return str(request.param)
+
+
 @pytest.fixture
-def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def ring_dir(path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d_ = tmp_path / "rings"
     monkeypatch.setenv(probe.ENV_DIR, str(d_))
     monkeypatch.setenv(probe.ENV_SLOTS, "8")
@@ -82,21 +151,48 @@ def _records() -> list[ProbeRecord]:
     return sorted(probe.read_ring(path, node=0), key=lambda r: r.seq)
 
 
-def _install(name: str, width: int = 4, ragged: bool = False) -> tuple[types.ModuleType, FakeGpu]:
+def _install(name: str, width: int = 4, ragged: bool = False, *, path: str,
+             captures: list[int] | None = None) -> tuple[types.ModuleType, FakeGpu]:
     mod = _backend_module(name, width=width, ragged=ragged)
     state = probe.install([f"{name}:Backend.replay@shape_key:graph"])
     assert state[f"{name}:Backend.replay@shape_key:graph"] == "installed"
     g = FakeGpu()
-    timer = graph.enable_graph(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False,
-                               stream_key=lambda: g.current)
+    timer: object
+    if path == "native":
+        cuda = CudaStandIn(g)
+        g.cuda = cuda  # type: ignore[attr-defined]
+        create, record, query, capturing = cuda.addr
+        timer = graph.enable_graph_native([0] if captures is None else captures, cuda.stream_handle, 0,
+                                          record=record, query=query, create=create, capturing=capturing,
+                                          start_thread=False)
+    else:
+        timer = graph.enable_graph(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False,
+                                   stream_key=lambda: g.current)
     assert timer is not None
+    assert isinstance(timer, graph.NativeReplayTimer) == (path == "native")
     return mod, g
 
 
-def test_a_replay_is_one_record_with_its_token_count_shape_key_and_two_events(ring_dir: Path) -> None:
+def test_the_native_path_is_the_one_used_where_it_builds(path: str, ring_dir: Path) -> None:
+    """Where the C writer builds (CI has a compiler: test_native_writer_builds_here), the installed replay entry is
+    its GraphWrapper, not the Python wrapper; without it, the Python wrapper. (A C wrapper that stopped working would
+    otherwise leave every test below passing on the Python one.)"""
+    mod, _g = _install("fake_backend_path", path=path)
+    wrapper = mod.Backend.__dict__["replay"]
+    nat = probe.writer._native()
+    if path == "python":
+        assert nat is None and type(wrapper).__name__ == "function"
+        assert graph.graph_path() == "python"
+    else:
+        assert nat is not None and isinstance(wrapper, nat.GraphWrapper), type(wrapper)
+        assert graph.graph_path() == ("native" if path == "native" else "native wrapper, python timer")
+    assert wrapper.__wrapped__.__name__ == "replay" and wrapper.__sgl_seat_probe__ == "fake_backend_path:Backend.replay"
+
+
+def test_a_replay_is_one_record_with_its_token_count_shape_key_and_two_events(path: str, ring_dir: Path) -> None:
     """GIVEN a verify graph captured for 8 requests x 4 draft tokens WHEN it replays THEN one ring record says it
     was a graph replay of shape key 8 with 32 tokens, and two events went on the replay stream around it."""
-    mod, g = _install("fake_backend_a", width=4)
+    mod, g = _install("fake_backend_a", width=4, path=path)
     backend = mod.Backend()
     assert backend.replay(ShapeKey(8), None) == "out" and backend.replays == 1
     assert len(g.current.recorded) == 2, "an event before and one after the replay"
@@ -106,10 +202,10 @@ def test_a_replay_is_one_record_with_its_token_count_shape_key_and_two_events(ri
     assert rec.end is not None and rec.gpu and rec.gpu_start is None, "queued: its start event has not completed"
 
 
-def test_the_reader_marks_a_replay_started_then_done_from_its_events(ring_dir: Path) -> None:
+def test_the_reader_marks_a_replay_started_then_done_from_its_events(path: str, ring_dir: Path) -> None:
     """GIVEN a replayed graph WHEN only its start event completes THEN it is in flight on the GPU (a stalled kernel
     inside the graph); WHEN its end event completes too THEN it is done."""
-    mod, g = _install("fake_backend_b", width=1)
+    mod, g = _install("fake_backend_b", width=1, path=path)
     mod.Backend().replay(ShapeKey(16), None)
     timer = graph.replay_timer()
     assert timer is not None
@@ -124,10 +220,10 @@ def test_the_reader_marks_a_replay_started_then_done_from_its_events(ring_dir: P
     assert rec.gpu_end is not None and not rec.gpu_in_flight(3e12)
 
 
-def test_a_later_replay_waits_queued_behind_a_stalled_one(ring_dir: Path) -> None:
+def test_a_later_replay_waits_queued_behind_a_stalled_one(path: str, ring_dir: Path) -> None:
     """GIVEN two replays on one stream WHEN the first's end never comes THEN the second is queued, not in flight
     (its work waits behind the stall), so only the stalled replay ages."""
-    mod, g = _install("fake_backend_c", width=2)
+    mod, g = _install("fake_backend_c", width=2, path=path)
     b = mod.Backend()
     b.replay(ShapeKey(4), None)
     b.replay(ShapeKey(8), None)
@@ -140,15 +236,101 @@ def test_a_later_replay_waits_queued_behind_a_stalled_one(ring_dir: Path) -> Non
     assert (first.gather_size, second.gather_size) == (8, 16)
 
 
-def test_no_event_is_recorded_while_a_graph_is_captured(ring_dir: Path) -> None:
+def test_no_event_is_recorded_while_a_graph_is_captured(path: str, ring_dir: Path) -> None:
     """GIVEN a graph being captured WHEN the replay entry runs THEN no event is recorded (it would belong to the
     captured graph: FakeEvent.record asserts it) and the call is recorded with host timing only."""
-    mod, g = _install("fake_backend_d", width=1)
+    mod, g = _install("fake_backend_d", width=1, path=path)
     g.capturing = True
     mod.Backend().replay(ShapeKey(2), None)
     assert g.current.recorded == []
     (rec,) = _records()
     assert rec.graph_key == 2 and not rec.gpu
+
+
+@pytest.fixture
+def native_only(path: str) -> None:
+    if path != "native":
+        pytest.skip("the C timer's own behaviour (the tests above run every path)")
+
+
+def test_the_c_timer_skips_events_while_the_hooks_count_a_capture(native_only: None, path: str,
+                                                                   ring_dir: Path) -> None:
+    """GIVEN torch's capture hooks counting a capture in progress (their list, read by the C side) WHEN a replay runs
+    THEN no event is recorded, and the stream is not even asked (the count is tested first)."""
+    captures = [1]
+    mod, g = _install("fake_backend_e", width=1, path=path, captures=captures)
+    mod.Backend().replay(ShapeKey(2), None)
+    assert g.current.recorded == [] and g.cuda.capture_checks == 0  # type: ignore[attr-defined]
+    captures[0] = 0
+    mod.Backend().replay(ShapeKey(2), None)
+    assert len(g.current.recorded) == 2
+    first, second = _records()
+    assert not first.gpu and second.gpu
+
+
+def test_the_c_timer_reuses_its_events_and_bounds_its_queue(native_only: None, path: str, ring_dir: Path) -> None:
+    """GIVEN replays resolved by the reader WHEN more replay THEN their events come from the pool (no new ones made);
+    GIVEN a stalled stream WHEN more replays than the ring has slots are unresolved THEN the rest go untimed (the
+    bound of ReplayTimer.before), and nothing raises."""
+    mod, g = _install("fake_backend_f", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    for _ in range(3):
+        b.replay(ShapeKey(1), None)
+        g.current.complete(2)
+        assert timer.poll(now=1e12) == 0
+    assert g.cuda.creates == 2, "one pair made, then reused"  # type: ignore[attr-defined]
+    assert timer.recorded == 3 and timer.errors == 0
+    for _ in range(12):  # the ring has 8 slots: 8 replays queue, the others run untimed
+        b.replay(ShapeKey(1), None)
+    assert timer.poll(now=1e12) == 8 and timer.recorded == 11
+    g.current.complete(10**6)
+    assert timer.poll(now=2e12) == 0
+
+
+def test_a_query_that_fails_drops_that_streams_replays_untimed(native_only: None, path: str, ring_dir: Path) -> None:
+    """GIVEN a query the runtime refuses WHEN the reader polls THEN the stream's replays go untimed (GPU state none),
+    the error is counted, and the poll does not raise."""
+    mod, g = _install("fake_backend_g", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    b.replay(ShapeKey(1), None)
+    b.replay(ShapeKey(1), None)
+    g.fail_query = True
+    assert timer.poll(now=1e12) == 0 and timer.errors == 1
+    assert [r.gpu for r in _records()] == [False, False]
+
+
+def test_the_python_wrapper_drives_the_c_timer_too(native_only: None, path: str, ring_dir: Path) -> None:
+    """The fallback wrapper in a process whose timer is the C one (the bench's Python arm) records the same pair
+    through the timer's before/after."""
+    _mod, g = _install("fake_backend_h", width=4, path=path)
+    mod = _backend_module("fake_backend_h2", width=4)
+    spec = probe.parse_target("fake_backend_h2:Backend.replay@shape_key:graph")
+    wrapped = graph.make_graph_wrapper(mod.Backend.replay, spec, python=True)
+    assert type(wrapped).__name__ == "function"
+    assert wrapped(mod.Backend(), ShapeKey(8), None) == "out"
+    assert len(g.current.recorded) == 2
+    timer = graph.replay_timer()
+    assert timer is not None
+    g.current.complete(2)
+    assert timer.poll(now=1e12) == 0
+    (rec,) = _records()
+    assert rec.gather_size == 32 and rec.graph_key == 8 and rec.gpu_end is not None
+
+
+def test_the_runner_width_is_read_once_per_owner(path: str, ring_dir: Path) -> None:
+    """Both wrappers cache the runner's width per backend object: a second backend with another width gets its own,
+    and a key without an integer size is still one record (gather size -1, no key)."""
+    mod, _g = _install("fake_backend_i", width=4, path=path)
+    narrow = mod.Backend()
+    narrow._cuda_graph_runner = types.SimpleNamespace(captured_req_width=2, ragged_verify_mode=False)
+    mod.Backend().replay(ShapeKey(8), None)
+    narrow.replay(ShapeKey(8), None)
+    narrow.replay(shape_key=ShapeKey(3), static_forward_batch=None)
+    mod.Backend().replay("bs8", None)
+    recs = _records()
+    assert [(r.gather_size, r.graph_key) for r in recs] == [(32, 8), (16, 8), (6, 3), (-1, None)]
 
 
 def test_ragged_verify_counts_tokens_in_the_key_itself() -> None:

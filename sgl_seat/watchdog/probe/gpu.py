@@ -491,13 +491,7 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
 
     raw_stream = torch._C._cuda_getCurrentRawStream
     get_device = torch._C._cuda_getDevice
-    lib = None
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = cudart(ctypes)
 
     # The current device's stream: -1 asks torch for the current device itself (one binding call instead of two);
     # where a torch does not give the same handle that way, the device is asked first.
@@ -599,6 +593,17 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
     fixed = get_device() if current_by_minus_one else get_device
     return CudaPaths(paths_factory, stream_key, record, query_fn, stream_idle, thread_init, how, event_time,
                      (raw_stream, fixed, key_arg), record_addr)
+
+
+def cudart(ctypes: Any) -> Any:
+    """The CUDA runtime library torch loaded (the first of the sonames that loads; the process's copy where torch
+    loaded it already), or None."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def _native_record_addr(ctypes: Any, lib: Any, factory: Callable[[], Any], stream_key: Callable[[], Any],

@@ -23,6 +23,16 @@ previous probed work on the stream may be far behind it (the sampling, the eager
 bound would count all of that into the replay's age. Events are plain (no timing: half the record cost) unless
 ``SGL_SEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a 3 s threshold.
 
+Two paths, as for the eager writer (:func:`.writer._native`): where the C writer builds, the wrapper is its
+``GraphWrapper`` (``probe_native.c``) and, in a CUDA process, the timer is :class:`NativeReplayTimer`: the
+capture test, both records (``cudaEventRecord`` on events of its own pool), the queue and the reader's queries
+(``cudaEventQuery``, the GIL released) are C. Elsewhere the Python wrapper and :class:`ReplayTimer` below do the
+same job. Why: the Python path added ~14 us per replay with events on an H200 (~4 us host only; the target is
+2 us): the wrapper's own Python (the shape key's getattr chain through the runner, a target-word function call,
+the argument tuple and dict), two records through Python functions and torch's record binding, and above all the
+reader thread resolving every replay in Python while holding the GIL, which the replaying thread then waited for
+(the reader's work per replay was the hot path's). Which path a process took: :func:`graph_path`.
+
 Why a module of its own: replays are a different call shape (two events around one launch, a shape key) from
 the eager row fetch the writer and :mod:`.gpu` serve, and the installer only needs :func:`make_graph_wrapper`.
 """
@@ -56,16 +66,18 @@ from .ring import (
     GPU_NONE,
     GPU_QUEUED,
     GPU_STARTED,
+    GRAPH_FLAG,
+    GRAPH_KEY_MAX,
+    GRAPH_KEY_SHIFT,
     HEADER_BYTES,
     SLOT_BYTES,
-    target_word,
 )
 from .targets import GRAPH_MODE, TargetSpec
 
 ENV_GRAPH = "SGL_SEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
 ENV_GRAPH_TIMING = "SGL_SEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
-__all__ = ["ENV_GRAPH", "ENV_GRAPH_TIMING", "GRAPH_MODE", "ReplayTimer", "disable_graph", "enable_graph",
-           "make_graph_wrapper", "replay_shape", "replay_timer"]
+__all__ = ["ENV_GRAPH", "ENV_GRAPH_TIMING", "GRAPH_MODE", "NativeReplayTimer", "ReplayTimer", "disable_graph",
+           "enable_graph", "enable_graph_native", "graph_path", "make_graph_wrapper", "replay_shape", "replay_timer"]
 PREFILL_PAIRS = 256
 
 
@@ -252,8 +264,81 @@ def _query_method(ev: Any) -> bool:
     return bool(ev.query())
 
 
+class NativeReplayTimer:
+    """:class:`ReplayTimer`'s job done by the C writer (``probe_native.c``, "CUDA graph replays"): the C
+    ``GraphWrapper`` records the two events itself and queues the pair; :meth:`poll` (its reader thread) has the C
+    side query them with the GIL released and publish what completed, with the same states as ReplayTimer.poll.
+
+    ``before``/``after`` are the same hot path for a Python wrapper (the fallback wrapper in a process whose timer is
+    this one: the bench's Python arm). ``nat`` is the loaded C module; the addresses are the CUDA runtime's
+    ``cudaEventRecord``, ``cudaEventQuery``, ``cudaEventCreateWithFlags`` and ``cudaStreamIsCapturing`` (0: no
+    per-stream capture test), or a test's stand-ins; the stream is ``key_fn(key_arg)`` (``key_arg()`` first where
+    callable), ``captures[0]`` the graph captures in progress (the capture hooks' count).
+    """
+
+    native = True
+
+    def __init__(self, nat: Any, captures: list[int], key_fn: Callable[[Any], Any], key_arg: Any, *, record: int,
+                 query: int, create: int, capturing: int = 0, nslots: int, prefill: int = 0, poll_s: float = 0.02,
+                 clock: Callable[[], float] = time.time, thread_init: Callable[[], None] | None = None) -> None:
+        self._nat = nat
+        self.poll_s = poll_s
+        self.idle_poll_s = max(poll_s, 0.2)
+        self._clock = clock
+        self._thread_init = thread_init
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.prefilled = int(nat.graph_setup(self, captures, key_fn, key_arg, record, query, create, capturing,
+                                             nslots, prefill))
+
+    def _stats(self) -> dict[str, int]:
+        stats: dict[str, int] = self._nat.graph_stats()
+        return stats
+
+    @property
+    def recorded(self) -> int:
+        """Replays timed with their two events (the C side's count)."""
+        return self._stats()["recorded"]
+
+    @property
+    def errors(self) -> int:
+        return self._stats()["errors"]
+
+    def before(self) -> tuple[int, int] | None:
+        started: tuple[int, int] | None = self._nat.graph_before()
+        return started
+
+    def after(self, started: tuple[int, int], b: int, c: int) -> bool:
+        return bool(self._nat.graph_after(started[0], started[1], b, c))
+
+    def poll(self, now: float | None = None) -> int:
+        """Publish what completed since the last poll; returns how many replays are still unresolved."""
+        return int(self._nat.graph_poll(self._clock() if now is None else now))
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-graph", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        if self._thread_init is not None:
+            with contextlib.suppress(Exception):
+                self._thread_init()  # relaxed capture mode: a query here must not invalidate a capture elsewhere
+        wait = self.poll_s
+        while not self._stop.wait(wait):
+            busy = self._stats()["queued"] > 0
+            left = 0
+            with contextlib.suppress(Exception):
+                left = self.poll()
+            wait = self.poll_s if busy or left else self.idle_poll_s
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._nat.graph_clear(self)  # the C wrapper records no more events for this timer
+
+
 #: The process's replay timer (None: not decided yet or off); ``_DECIDED`` once the first replay decided it.
-_TIMER: ReplayTimer | None = None
+_TIMER: ReplayTimer | NativeReplayTimer | None = None
 _DECIDED = False
 _LOCK = threading.Lock()
 
@@ -280,6 +365,37 @@ def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool]
     return timer
 
 
+def enable_graph_native(captures: list[int], key_fn: Callable[[Any], Any], key_arg: Any, *, record: int,
+                        query: int, create: int, capturing: int = 0, poll_s: float = 0.02, prefill: int = 0,
+                        start_thread: bool = True) -> NativeReplayTimer | None:
+    """Time graph replays with the C writer's timer and these function addresses (tests pass ctypes callbacks);
+    None where the C writer is not loaded or the ring cannot be made."""
+    global _TIMER, _DECIDED
+    nat = writer._native()
+    if nat is None or not writer._ensure_ring():
+        return None
+    if _TIMER is not None:
+        _TIMER.stop()
+    timer = NativeReplayTimer(nat, captures, key_fn, key_arg, record=record, query=query, create=create,
+                              capturing=capturing, nslots=writer._MASK + 1, prefill=prefill, poll_s=poll_s)
+    if start_thread:
+        timer.start()
+    _TIMER, _DECIDED = timer, True
+    return timer
+
+
+def graph_path() -> str:
+    """Which path times this process's replays: "native" (the C wrapper and timer), "python", or where the C writer
+    is loaded but the timer is Python's (or none) "native wrapper, python timer" / "native wrapper, host only"."""
+    nat = writer._native()
+    timer = _TIMER
+    if nat is None:
+        return "python" if timer is not None else "python, host only"
+    if isinstance(timer, NativeReplayTimer):
+        return "native"
+    return "native wrapper, python timer" if timer is not None else "native wrapper, host only"
+
+
 def disable_graph() -> None:
     """No replay timer, and none decided (the next replay decides again); tests."""
     global _TIMER, _DECIDED
@@ -288,13 +404,14 @@ def disable_graph() -> None:
     _TIMER, _DECIDED = None, False
 
 
-def replay_timer() -> ReplayTimer | None:
+def replay_timer() -> ReplayTimer | NativeReplayTimer | None:
     return _TIMER
 
 
-def _decide() -> ReplayTimer | None:
+def _decide() -> ReplayTimer | NativeReplayTimer | None:
     """On the first replay (outside a capture): CUDA event paths where torch has initialised CUDA here, per
-    ``SGL_SEAT_PROBE_GRAPH``; else none (replays are timed on the host only)."""
+    ``SGL_SEAT_PROBE_GRAPH``; else none (replays are timed on the host only). The C writer's timer where it is
+    loaded and its CUDA round trip works (:func:`_native_timer`), else :class:`ReplayTimer`."""
     global _TIMER, _DECIDED
     with _LOCK:
         if _DECIDED:
@@ -317,6 +434,12 @@ def _decide() -> ReplayTimer | None:
             capturing = gpu._graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
             if not writer._ensure_ring() or writer._MM is None:
                 return None
+            if not timing and _NATIVE_ALLOWED:
+                native_timer = _native_timer(torch, paths, capturing)
+                if native_timer is not None:
+                    native_timer.start()
+                    _TIMER = native_timer
+                    return _TIMER
             gpu_off = _GPU_OFF.unpack_from(writer._MM, _GPU_OFF_AT)[0]
             timer = ReplayTimer(paths.factory, capturing, gpu_off=gpu_off, nslots=writer._MASK + 1,
                                 poll_s=gpu._gpu_poll_s(), stream_key=paths.stream_key, record=paths.record,
@@ -329,20 +452,79 @@ def _decide() -> ReplayTimer | None:
         return _TIMER
 
 
-def make_graph_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]:
+#: False: the Python timer even where the C writer is loaded (the bench's Python arm).
+_NATIVE_ALLOWED = True
+
+
+def _native_timer(torch: Any, paths: Any, capturing: Callable[[], bool]) -> NativeReplayTimer | None:
+    """The C writer's replay timer on the CUDA runtime's own functions, where the C writer is loaded, the capture
+    test is the hooks' count (a list the C side reads) and the stream key the paths' builtin; None elsewhere or
+    where an event made, recorded and queried through those addresses does not complete after a synchronize."""
+    import ctypes
+
+    from . import gpu
+
+    nat = writer._native()
+    lib = gpu.cudart(ctypes)
+    if nat is None or lib is None or capturing is not gpu._graph_capturing or paths.fast_key is None:
+        return None
+    try:
+        addr = {n: int(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0)
+                for n in ("cudaEventRecord", "cudaEventQuery", "cudaEventCreateWithFlags", "cudaStreamIsCapturing")}
+        if not all(addr.values()):
+            return None
+        key_fn, key_arg = paths.fast_key[0], paths.fast_key[2]  # the exact current stream, every replay
+        stream = key_fn(key_arg() if callable(key_arg) else key_arg)
+        ev = ctypes.c_void_p()
+        create = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint)(
+            addr["cudaEventCreateWithFlags"])
+        record = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(addr["cudaEventRecord"])
+        query = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(addr["cudaEventQuery"])
+        status = ctypes.c_int(-1)
+        is_capturing = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(
+            addr["cudaStreamIsCapturing"])
+        if create(ctypes.byref(ev), 2) != 0 or record(ev, stream) != 0:
+            return None
+        torch.cuda.synchronize()
+        if query(ev) != 0 or is_capturing(stream, ctypes.byref(status)) != 0 or status.value != 0:
+            return None
+        return NativeReplayTimer(nat, gpu._CAPTURES, key_fn, key_arg, record=addr["cudaEventRecord"],
+                                 query=addr["cudaEventQuery"], create=addr["cudaEventCreateWithFlags"],
+                                 capturing=addr["cudaStreamIsCapturing"], nslots=writer._MASK + 1,
+                                 prefill=min(2 * PREFILL_PAIRS, 2 * (writer._MASK + 1)), poll_s=gpu._gpu_poll_s(),
+                                 thread_init=paths.thread_init)
+    except Exception as exc:
+        warn_once("graph-native", f"graph replays timed by the Python timer ({type(exc).__name__}: {exc})")
+        return None
+
+
+def make_graph_wrapper(fn: Callable[..., Any], spec: TargetSpec, *, python: bool = False) -> Callable[..., Any]:
     """Wrap a graph-replay entry ``fn(self, shape_key, ...)`` so each replay is one ring slot with its events.
 
     The shape key is ``spec.size_arg`` (a parameter name or position, default position 1: the argument after
     ``self``, as in SGLang's ``replay(self, shape_key, static_forward_batch, **kwargs)``). A replay whose shape
     cannot be read (a key without an integer size) is still timed, with gather size -1 and no key.
+
+    Where the C writer is loaded (and not ``python``: the bench's Python arm), the wrapper is its ``GraphWrapper``
+    (the same slot, the same timer calls; see the module doc); else the Python wrapper below. Both read the
+    runner's width once per owner (the backend object last seen): SGLang sets ``captured_req_width`` and
+    ``ragged_verify_mode`` when the runner is made, and the getattr chain cost ~0.5 us a replay.
     """
     tidx = writer._register_target(spec.name)
     key_pos = spec.size_arg if isinstance(spec.size_arg, int) else 1
     key_name = spec.size_arg if isinstance(spec.size_arg, str) else "shape_key"
+    nat = None if python else writer._native()
+    if nat is not None:
+        native: Callable[..., Any] = functools.update_wrapper(
+            nat.GraphWrapper(fn, tidx, key_pos, key_name, globals(), writer._ensure_ring, _decide), fn)
+        native.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
+        return native
     now_ns = time.time_ns
     ident = threading.get_ident
     pack = _SLOT.pack_into
     base = HEADER_BYTES // SLOT_BYTES
+    flag, key_max, key_shift = GRAPH_FLAG, GRAPH_KEY_MAX, GRAPH_KEY_SHIFT
+    cache: list[Any] = [object(), 1]  # the last owner and its runner's width (replay_shape of a key of size 1)
 
     @functools.wraps(fn)
     def graph_replay_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -356,8 +538,14 @@ def make_graph_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[...
         timer = _TIMER if _DECIDED else _decide()
         try:
             key = args[key_pos] if len(args) > key_pos else kwargs[key_name]
-            gs, gkey = replay_shape(args[0] if args else None, key)
-            tword = target_word(tidx, gkey)
+            size = key if type(key) is int else key.size
+            if type(size) is not int:
+                raise TypeError(size)
+            owner = args[0] if args else None
+            if owner is not cache[0]:
+                cache[:] = [owner, replay_shape(owner, 1)[0]]
+            gs = size * cache[1]
+            tword = tidx | flag | (min(max(size, 0), key_max) << key_shift)
         except Exception:
             gs, tword = -1, tidx
         c = writer._NEXT()
@@ -384,6 +572,8 @@ def make_graph_wrapper(fn: Callable[..., Any], spec: TargetSpec) -> Callable[...
 def _after_fork_in_child() -> None:
     global _TIMER, _DECIDED, _LOCK
     _TIMER, _DECIDED, _LOCK = None, False, threading.Lock()  # the parent's reader thread does not exist here
+    if writer._NATIVE is not None:
+        writer._NATIVE.graph_clear(None)  # nor its C timer's queue and locks
 
 
 if hasattr(os, "register_at_fork"):

@@ -22,12 +22,19 @@
  *   gpu_drain(timer, streams)                    move the calls waiting here into the timer's stream lists
  *   gpu_arm(key, perf_ns) / gpu_disarm(key)      a stream recorded an event / has nothing unresolved left
  *   gpu_pending(), gpu_set_queued(n)             the calls waiting here; the timer's queued count (its bound)
+ *   GraphWrapper(fn, tidx, pos, kw, graph_globals, ensure_ring, decide)
+ *       a callable that times each CUDA graph replay fn(self, shape_key, ...) (graph.py's wrapper; see "CUDA graph
+ *       replays" below)
+ *   graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill)
+ *                                                take the replay timer's hot path and its events (graph.py)
+ *   graph_clear(timer or None), graph_poll(now), graph_stats(), graph_before(), graph_after(stream, ev, b, c)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 
 #define W_END 3
@@ -44,6 +51,7 @@ static uint64_t ring_mask = 0;
 static int ring_shift = 0;
 static uint64_t ring_header_slots = 0;
 static uint64_t counter = 0;
+static uint64_t ring_nbytes = 0; /* the buffer's length: the GPU side area lies past the slots */
 
 static PyTypeObject *numel_type = NULL; /* the type numel_descr belongs to (the last sized argument's) */
 static PyObject *numel_descr = NULL;
@@ -81,6 +89,7 @@ static PyObject *set_ring(PyObject *mod, PyObject *args) {
     if (ring_words != NULL) PyBuffer_Release(&ring_view);
     ring_view = view;
     ring_words = (int64_t *)view.buf;
+    ring_nbytes = (uint64_t)view.len;
     ring_mask = mask;
     ring_shift = shift;
     ring_header_slots = header_slots;
@@ -634,6 +643,607 @@ static PyTypeObject WrapperType = {
     .tp_getset = wrapper_getset,
 };
 
+/* ---- CUDA graph replays (graph.py) ------------------------------------------------------------------------
+ *
+ * Why: graph.py's Python wrapper added ~14 us per replay with its two events on an H200 (4 us host-only,
+ * bench/gpu/results/2026-12-01-h200-graphs-run1-graph_cost.json), against a 2 us target. Where it went: the
+ * wrapper's own Python (the shape key's getattr chain through the backend's runner on every call, a target-word
+ * function, packing the arguments into a tuple and a dict; after a graph launch the interpreter's objects are cold), two records through
+ * Python (a binding call for the stream key, a Python function and a dict lookup per record, torch's record binding
+ * with its device guard), and the reader thread: it resolved every replay in Python, holding the GIL (a query
+ * binding call, a tuple, the publish's memoryview stores), and every replay it resolved was time the replaying
+ * thread waited for the GIL: the reader's per-replay cost landed on the hot path. Here:
+ *  - GraphWrapper does graph_replay_wrapper's body: the ring slot (graph flag and shape key in the target word),
+ *    the token count with the runner's width cached per owner (the backend: its runner's captured_req_width and
+ *    ragged_verify_mode are fixed at the runner's construction in SGLang 0.5.23), graph.py's _TIMER / _DECIDED read
+ *    from its module dict each call;
+ *  - for the timer registered by graph_setup (graph.py's NativeReplayTimer): the capture test (the hooks' count,
+ *    and cudaStreamIsCapturing on the stream where given), two plain events from a pool of this file's own
+ *    (cudaEventCreateWithFlags, disable-timing) recorded with cudaEventRecord on the current raw stream, and the
+ *    pair queued here (a single-producer queue: producers hold the GIL);
+ *  - graph_poll, called by graph.py's reader thread, queries the events with the GIL released (cudaEventQuery)
+ *    and publishes what it found with the GIL held (a few stores per replay), as ReplayTimer.poll does: per stream
+ *    in launch order, done (end event completed), started (start event completed: the first one not done), queued.
+ * Any other timer (tests' fakes, a Python ReplayTimer) is called through its before()/after() as the Python
+ * wrapper calls it. */
+typedef int (*query_fn)(void *event);
+typedef int (*create_fn)(void **event, unsigned int flags);
+typedef int (*capturing_fn)(void *stream, int *status);
+
+#define GT_DONE 3
+#define GT_STARTED 2
+#define GT_QUEUED 1
+#define GT_MAX_BLOCKED 64
+
+typedef struct {
+    void *stream, *ev0, *ev1;
+    uint64_t b, c;
+    int found;    /* the last poll's finding: 0 nothing new, 1 start completed, 2 end completed, 3 a query failed */
+    int started;  /* published started */
+    int consumed; /* resolved: its events are back in the pool */
+} gt_entry;
+
+static PyObject *gt_timer = NULL, *gt_caps = NULL, *gt_key_fn = NULL, *gt_key_arg = NULL;
+static record_fn gt_record = NULL;
+static query_fn gt_query = NULL;
+static create_fn gt_create = NULL;
+static capturing_fn gt_capturing = NULL;
+static gt_entry *gt_q = NULL;
+static uint64_t gt_qcap = 0, gt_head = 0, gt_tail = 0; /* head: the reader's; tail: the hot path's */
+static uint64_t gt_limit = 0;
+static void **gt_pool = NULL; /* free events */
+static Py_ssize_t gt_npool = 0, gt_pool_cap = 0, gt_created = 0;
+static pthread_mutex_t gt_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* the pool: hot path pops, reader pushes */
+static pthread_mutex_t gt_poll_mu = PTHREAD_MUTEX_INITIALIZER; /* one reader at a time (thread or a test) */
+static uint64_t gt_recorded = 0, gt_errors = 0;
+static PyObject *str_timer = NULL, *str_decided = NULL, *str_size = NULL, *str_runner = NULL,
+                *str_ragged = NULL, *str_width = NULL, *str_before = NULL, *str_after = NULL;
+
+static void *gt_pop(void) {
+    void *ev = NULL;
+    pthread_mutex_lock(&gt_pool_mu);
+    if (gt_npool > 0) ev = gt_pool[--gt_npool];
+    pthread_mutex_unlock(&gt_pool_mu);
+    if (ev == NULL && gt_create != NULL && gt_created < gt_pool_cap) {
+        /* a cold or drained pool: one more event (the pool has room for every event ever made) */
+        if (gt_create(&ev, 2 /* cudaEventDisableTiming */) != 0 || ev == NULL) {
+            PyErr_Clear(); /* a test's callback that raised */
+            return NULL;
+        }
+        gt_created++;
+    }
+    return ev;
+}
+
+static void gt_push(void **evs, Py_ssize_t n) {
+    pthread_mutex_lock(&gt_pool_mu);
+    for (Py_ssize_t i = 0; i < n && gt_npool < gt_pool_cap; i++) gt_pool[gt_npool++] = evs[i];
+    pthread_mutex_unlock(&gt_pool_mu);
+}
+
+/* Before a replay: 1 with the start event recorded on the current stream (*stream, *ev0 set); 0: untimed. */
+static int gt_before(void **stream_out, void **ev_out) {
+    if (gt_timer == NULL || gt_record == NULL) return 0;
+    if (__atomic_load_n(&gt_tail, __ATOMIC_RELAXED) - __atomic_load_n(&gt_head, __ATOMIC_ACQUIRE) >= gt_limit)
+        return 0; /* too many unresolved replays (a stalled stream): untimed, as ReplayTimer.before */
+    if (PyList_Check(gt_caps) && PyList_GET_SIZE(gt_caps) > 0) {
+        long ncap = PyLong_AsLong(PyList_GET_ITEM(gt_caps, 0));
+        if (ncap != 0) {
+            PyErr_Clear();
+            return 0; /* a graph is being captured: an event recorded now would belong to it */
+        }
+    }
+    PyObject *arg = PyCallable_Check(gt_key_arg) ? PyObject_CallNoArgs(gt_key_arg) : Py_NewRef(gt_key_arg);
+    PyObject *key = arg == NULL ? NULL : PyObject_CallOneArg(gt_key_fn, arg);
+    Py_XDECREF(arg);
+    void *stream = key == NULL ? NULL : PyLong_AsVoidPtr(key);
+    Py_XDECREF(key);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        gt_errors++;
+        return 0;
+    }
+    if (gt_capturing != NULL) {
+        int status = 0;
+        int rc = gt_capturing(stream, &status);
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (rc != 0 || status != 0) return 0; /* capturing (or cannot tell: the legacy stream beside a capture) */
+    }
+    void *ev = gt_pop();
+    if (ev == NULL) {
+        gt_errors++;
+        return 0;
+    }
+    int rc = gt_record(ev, stream);
+    if (rc != 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        gt_errors++;
+        gt_push(&ev, 1);
+        return 0;
+    }
+    *stream_out = stream;
+    *ev_out = ev;
+    return 1;
+}
+
+/* After the replay in slot word b (call c): its end event recorded and the pair queued for the reader; 0 where the
+ * end cannot be recorded (the caller marks the slot untimed; the start event goes back to the pool). */
+static int gt_after(void *stream, void *ev0, uint64_t b, uint64_t c) {
+    void *ev1 = gt_timer == NULL ? NULL : gt_pop();
+    int rc = ev1 == NULL ? -1 : gt_record(ev1, stream);
+    if (rc != 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        gt_errors++;
+        gt_push(&ev0, 1);
+        if (ev1 != NULL) gt_push(&ev1, 1);
+        return 0;
+    }
+    uint64_t t = gt_tail; /* one producer at a time: the GIL */
+    gt_entry *e = &gt_q[t & (gt_qcap - 1)];
+    e->stream = stream;
+    e->ev0 = ev0;
+    e->ev1 = ev1;
+    e->b = b;
+    e->c = c;
+    e->found = 0;
+    e->started = 0;
+    e->consumed = 0;
+    __atomic_store_n(&gt_tail, t + 1, __ATOMIC_RELEASE);
+    gt_recorded++;
+    return 1;
+}
+
+/* The reader's lock, taken by a GIL holder (setup, clear): with the GIL released while waiting, since the reader
+ * holds this lock when it takes the GIL back to publish. */
+static void gt_lock_poll(void) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&gt_poll_mu);
+    Py_END_ALLOW_THREADS
+}
+
+static void gt_forget(void) {
+    Py_CLEAR(gt_timer);
+    Py_CLEAR(gt_caps);
+    Py_CLEAR(gt_key_fn);
+    Py_CLEAR(gt_key_arg);
+    gt_record = NULL;
+    gt_query = NULL;
+    gt_create = NULL;
+    gt_capturing = NULL;
+    /* the queue and pool are kept (a reader may still be in graph_poll); a new setup replaces them */
+}
+
+static PyObject *graph_setup(PyObject *mod, PyObject *args) {
+    PyObject *timer, *caps, *key_fn, *key_arg;
+    unsigned long long rec, qry, cre, cap;
+    long long limit, prefill;
+    if (!PyArg_ParseTuple(args, "OO!OOKKKKLL", &timer, &PyList_Type, &caps, &key_fn, &key_arg, &rec, &qry, &cre,
+                          &cap, &limit, &prefill))
+        return NULL;
+    if (!PyCallable_Check(key_fn) || rec == 0 || qry == 0 || limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "graph_setup needs a key_fn, record and query addresses, a limit");
+        return NULL;
+    }
+    gt_lock_poll(); /* no reader inside the old queue while it is replaced */
+    gt_forget();
+    uint64_t qcap = 1;
+    while (qcap < (uint64_t)limit) qcap <<= 1;
+    gt_entry *q = PyMem_RawCalloc((size_t)qcap, sizeof(gt_entry));
+    void **pool = PyMem_RawMalloc((size_t)(2 * qcap + 8) * sizeof(void *));
+    if (q == NULL || pool == NULL) {
+        PyMem_RawFree(q);
+        PyMem_RawFree(pool);
+        pthread_mutex_unlock(&gt_poll_mu);
+        return PyErr_NoMemory();
+    }
+    PyMem_RawFree(gt_q);
+    pthread_mutex_lock(&gt_pool_mu);
+    PyMem_RawFree(gt_pool); /* (the old events are not destroyed: a replay queued on them may still be running) */
+    gt_pool = pool;
+    gt_pool_cap = (Py_ssize_t)(2 * qcap + 8);
+    gt_npool = 0;
+    gt_created = 0;
+    pthread_mutex_unlock(&gt_pool_mu);
+    gt_q = q;
+    gt_qcap = qcap;
+    gt_head = gt_tail = 0;
+    gt_limit = (uint64_t)limit;
+    gt_recorded = gt_errors = 0;
+    gt_record = (record_fn)(uintptr_t)rec;
+    gt_query = (query_fn)(uintptr_t)qry;
+    gt_create = cre ? (create_fn)(uintptr_t)cre : NULL;
+    gt_capturing = cap ? (capturing_fn)(uintptr_t)cap : NULL;
+    gt_caps = Py_NewRef(caps);
+    gt_key_fn = Py_NewRef(key_fn);
+    gt_key_arg = Py_NewRef(key_arg);
+    gt_timer = Py_NewRef(timer);
+    pthread_mutex_unlock(&gt_poll_mu);
+    /* the pool made now, off the hot path (a cold pool makes the replay create its events) */
+    Py_ssize_t n = 0;
+    for (; n < prefill && n < gt_pool_cap; n++) {
+        void *ev = NULL;
+        if (gt_create == NULL || gt_create(&ev, 2) != 0 || ev == NULL) break;
+        gt_created++;
+        gt_push(&ev, 1);
+    }
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *graph_clear(PyObject *mod, PyObject *timer) {
+    if (timer == Py_None) { /* a forked child: the parent's reader held these, and does not exist here */
+        pthread_mutex_init(&gt_pool_mu, NULL);
+        pthread_mutex_init(&gt_poll_mu, NULL);
+        gt_forget();
+        gt_head = gt_tail = 0;
+        Py_RETURN_NONE;
+    }
+    if (timer == gt_timer) {
+        gt_lock_poll();
+        gt_forget();
+        pthread_mutex_unlock(&gt_poll_mu);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ReplayTimer._publish: the slot's GPU times and state, where the slot still holds call c. */
+static void gt_publish(uint64_t b, uint64_t c, int state, double start, double end, int has_end) {
+    int64_t *w = ring_words;
+    if (w == NULL || (uint64_t)w[b + 1] != c) return;
+    double *d = (double *)w;
+    uint64_t g = (ring_header_slots + ring_mask + 1) * 8 + 2 * ((b >> 3) - ring_header_slots);
+    if ((g + 2) * 8 > ring_nbytes) return; /* a ring without its side area (a test's buffer) */
+    double host = (double)w[b + 2] / 1e9;
+    if (w[b + W_GPU] != GT_STARTED) d[g] = host > start ? host : start;
+    if (has_end) d[g + 1] = end > d[g] ? end : d[g];
+    w[b + W_GPU] = state;
+}
+
+static PyObject *graph_poll(PyObject *mod, PyObject *arg) {
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    uint64_t h, t, left = 0;
+    int errors = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&gt_poll_mu);
+    h = gt_head;
+    t = __atomic_load_n(&gt_tail, __ATOMIC_ACQUIRE);
+    query_fn query = gt_query;
+    void *blocked[GT_MAX_BLOCKED];
+    void *failed[GT_MAX_BLOCKED];
+    int nblocked = 0, nfailed = 0;
+    for (uint64_t i = h; i < t && query != NULL; i++) {
+        gt_entry *e = &gt_q[i & (gt_qcap - 1)];
+        if (e->consumed) continue;
+        int skip = 0;
+        for (int k = 0; k < nfailed && !skip; k++) skip = failed[k] == e->stream;
+        if (skip) { /* a query on this stream failed: drop its replays (untimed), never raise */
+            e->found = 3;
+            continue;
+        }
+        for (int k = 0; k < nblocked && !skip; k++) skip = blocked[k] == e->stream;
+        if (skip) continue; /* queued behind an unfinished replay of its stream */
+        int r1 = query(e->ev1);
+        if (r1 == 0) {
+            e->found = 2;
+            continue;
+        }
+        if (r1 == 600 /* cudaErrorNotReady */) {
+            if (!e->started && query(e->ev0) == 0) e->found = 1;
+            if (nblocked < GT_MAX_BLOCKED) blocked[nblocked++] = e->stream;
+            else break; /* more streams than tracked: the rest waits for the next poll */
+            continue;
+        }
+        errors++;
+        e->found = 3;
+        if (nfailed < GT_MAX_BLOCKED) failed[nfailed++] = e->stream;
+    }
+    Py_END_ALLOW_THREADS
+    /* published with the GIL: the hot path's slot writes and the ring's replacement happen under it */
+    if (PyErr_Occurred()) PyErr_Clear(); /* a test's query callback that raised */
+    void *freed[64];
+    int nfreed = 0;
+    for (uint64_t i = h; i < t; i++) {
+        gt_entry *e = &gt_q[i & (gt_qcap - 1)];
+        if (e->consumed) continue;
+        if (e->found == 2 || e->found == 3) {
+            if (e->found == 2) gt_publish(e->b, e->c, GT_DONE, now, now, 1);
+            else if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c) ring_words[e->b + W_GPU] = GPU_NONE;
+            e->consumed = 1;
+            freed[nfreed++] = e->ev0;
+            freed[nfreed++] = e->ev1;
+            if (nfreed == 64) {
+                gt_push(freed, nfreed);
+                nfreed = 0;
+            }
+        } else if (e->found == 1) {
+            if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c && ring_words[e->b + W_GPU] == GT_QUEUED)
+                gt_publish(e->b, e->c, GT_STARTED, now, 0.0, 0);
+            e->started = 1;
+        }
+        e->found = 0;
+    }
+    if (nfreed) gt_push(freed, nfreed);
+    while (h < t && gt_q[h & (gt_qcap - 1)].consumed) h++;
+    for (uint64_t i = h; i < t; i++) left += !gt_q[i & (gt_qcap - 1)].consumed;
+    __atomic_store_n(&gt_head, h, __ATOMIC_RELEASE);
+    gt_errors += (uint64_t)errors;
+    pthread_mutex_unlock(&gt_poll_mu);
+    return PyLong_FromUnsignedLongLong(left);
+}
+
+static PyObject *graph_stats(PyObject *mod, PyObject *unused) {
+    uint64_t queued = __atomic_load_n(&gt_tail, __ATOMIC_ACQUIRE) - __atomic_load_n(&gt_head, __ATOMIC_ACQUIRE);
+    return Py_BuildValue("{sKsKsKsnsn}", "recorded", (unsigned long long)gt_recorded, "errors",
+                         (unsigned long long)gt_errors, "queued", (unsigned long long)queued, "pool", gt_npool,
+                         "created", gt_created);
+}
+
+/* For a Python wrapper with the native timer (the fallback wrapper beside a C timer: the bench's Python arm). */
+static PyObject *graph_before(PyObject *mod, PyObject *unused) {
+    void *stream = NULL, *ev = NULL;
+    if (!gt_before(&stream, &ev)) Py_RETURN_NONE;
+    return Py_BuildValue("(NN)", PyLong_FromVoidPtr(stream), PyLong_FromVoidPtr(ev));
+}
+
+static PyObject *graph_after(PyObject *mod, PyObject *args) {
+    PyObject *ps, *pe;
+    unsigned long long b, c;
+    if (!PyArg_ParseTuple(args, "OOKK", &ps, &pe, &b, &c)) return NULL;
+    void *stream = PyLong_AsVoidPtr(ps), *ev = PyLong_AsVoidPtr(pe);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(gt_after(stream, ev, b, c));
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;
+    PyObject *kw;      /* the shape key's parameter name */
+    PyObject *globals; /* graph.py's module dict (_TIMER, _DECIDED) */
+    PyObject *ensure;  /* writer._ensure_ring */
+    PyObject *decide;  /* graph._decide */
+    PyObject *dict;
+    PyObject *owner;   /* the last owner (a backend) whose runner width is cached; held */
+    int64_t width;
+    Py_ssize_t pos;
+    int tidx;
+} GraphWrapper;
+
+static int64_t gw_int(PyObject *v) { /* an int that is not a bool, else -1 */
+    if (v == NULL || !PyLong_Check(v) || PyBool_Check(v)) return -1;
+    int64_t r = PyLong_AsLongLong(v);
+    if (r == -1 && PyErr_Occurred()) PyErr_Clear();
+    return r;
+}
+
+/* graph.replay_shape: (token count, shape key); *key -1 where the key has no integer size (gs then -1 too). */
+static int64_t gw_shape(GraphWrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int64_t *key) {
+    PyObject *obj = NULL;
+    *key = -1;
+    if (w->pos < nargs) {
+        obj = args[w->pos];
+    } else if (kwnames != NULL) {
+        Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+            if (name == w->kw || PyUnicode_Compare(name, w->kw) == 0) {
+                obj = args[nargs + i];
+                break;
+            }
+        }
+    }
+    if (obj == NULL) return -1;
+    int64_t size;
+    if (PyLong_Check(obj) && !PyBool_Check(obj)) {
+        size = gw_int(obj);
+    } else {
+        PyObject *s = PyObject_GetAttr(obj, str_size);
+        if (s == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        size = PyLong_Check(s) && !PyBool_Check(s) ? PyLong_AsLongLong(s) : INT64_MIN;
+        Py_DECREF(s);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (size == INT64_MIN) return -1;
+    }
+    *key = size;
+    PyObject *owner = nargs > 0 ? args[0] : Py_None;
+    if (owner != w->owner) { /* the runner's width, read once per owner */
+        int64_t width = 1;
+        PyObject *runner = PyObject_GetAttr(owner, str_runner);
+        if (runner == NULL) PyErr_Clear();
+        if (runner != NULL && runner != Py_None) {
+            PyObject *rag = PyObject_GetAttr(runner, str_ragged);
+            int ragged = rag == NULL ? 0 : PyObject_IsTrue(rag);
+            Py_XDECREF(rag);
+            if (ragged < 0 || rag == NULL) {
+                PyErr_Clear();
+                ragged = 0;
+            }
+            if (!ragged) {
+                PyObject *wv = PyObject_GetAttr(runner, str_width);
+                if (wv == NULL) PyErr_Clear();
+                int64_t v = gw_int(wv);
+                Py_XDECREF(wv);
+                width = v > 0 ? v : 1;
+            }
+        }
+        Py_XDECREF(runner);
+        Py_XSETREF(w->owner, Py_NewRef(owner));
+        w->width = width;
+    }
+    return size * w->width;
+}
+
+static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    GraphWrapper *w = (GraphWrapper *)self;
+    if (ring_words == NULL) {
+        PyObject *ok = PyObject_CallNoArgs(w->ensure);
+        int yes = ok != NULL && PyObject_IsTrue(ok) == 1;
+        Py_XDECREF(ok);
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (!yes || ring_words == NULL) return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    }
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    /* graph._TIMER once graph._DECIDED, else graph._decide() (the first replay decides) */
+    PyObject *timer = NULL;
+    PyObject *decided = PyDict_GetItemWithError(w->globals, str_decided);
+    if (decided == Py_True) {
+        timer = PyDict_GetItemWithError(w->globals, str_timer);
+        Py_XINCREF(timer);
+    } else if (!PyErr_Occurred()) {
+        timer = PyObject_CallNoArgs(w->decide);
+    }
+    if (timer == NULL) PyErr_Clear();
+    if (timer == Py_None) Py_CLEAR(timer);
+    int64_t key;
+    int64_t gs = gw_shape(w, args, nargs, kwnames, &key);
+    int64_t tword = key < 0 ? w->tidx
+                            : (int64_t)((uint64_t)w->tidx | (1ULL << 16) |
+                                        ((uint64_t)(key > 0x7FFFFFFF ? 0x7FFFFFFF : key) << 32));
+    if (key < 0) gs = -1;
+    int64_t *words = ring_words;
+    uint64_t c = take_call();
+    uint64_t b = ((c & ring_mask) + ring_header_slots) << 3;
+    int64_t *slot = words + b;
+    uint64_t lap = ((c >> ring_shift) & LAP_MASK) << END_BITS;
+    void *stream = NULL, *ev0 = NULL;
+    PyObject *started = NULL; /* a Python timer's before() */
+    int native = 0;
+    if (timer != NULL) {
+        if (timer == gt_timer) {
+            native = gt_before(&stream, &ev0);
+        } else {
+            started = PyObject_CallMethodNoArgs(timer, str_before);
+            if (started == NULL) PyErr_Clear();
+            if (started == Py_None) Py_CLEAR(started);
+        }
+    }
+    __atomic_store_n(&slot[0], (int64_t)(2 * c + 1), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    slot[1] = (int64_t)c;
+    slot[2] = now_ns();
+    slot[W_END] = 0;
+    slot[4] = gs;
+    slot[5] = (int64_t)PyThread_get_thread_ident();
+    slot[6] = tword;
+    slot[W_GPU] = native || started != NULL ? GPU_QUEUED : GPU_NONE;
+    __atomic_store_n(&slot[0], (int64_t)(2 * c + 2), __ATOMIC_RELEASE);
+    PyObject *res = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    if (native || started != NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        int ok = 0;
+        if (native) {
+            ok = gt_after(stream, ev0, b, c);
+        } else {
+            PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c), *r = NULL;
+            if (pb != NULL && pc != NULL) {
+                PyObject *argv[4] = {timer, started, pb, pc};
+                r = PyObject_VectorcallMethod(str_after, argv, 4, NULL);
+            }
+            ok = r != NULL && PyObject_IsTrue(r) == 1;
+            Py_XDECREF(r);
+            Py_XDECREF(pb);
+            Py_XDECREF(pc);
+            PyErr_Clear();
+        }
+        if (!ok && ring_words == words) words[b + W_GPU] = GPU_NONE;
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_XDECREF(started);
+    Py_XDECREF(timer);
+    if (ring_words == words)
+        __atomic_store_n(&slot[W_END], (int64_t)(lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
+    return res;
+}
+
+static PyObject *graph_wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fn, *kw, *globals, *ensure, *decide;
+    Py_ssize_t pos;
+    int tidx;
+    static char *names[] = {"fn", "tidx", "pos", "kw", "graph_globals", "ensure_ring", "decide", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OinUO!OO", names, &fn, &tidx, &pos, &kw, &PyDict_Type, &globals,
+                                     &ensure, &decide))
+        return NULL;
+    if (!PyCallable_Check(fn) || !PyCallable_Check(ensure) || !PyCallable_Check(decide) || pos < 0) {
+        PyErr_SetString(PyExc_TypeError, "fn, ensure_ring and decide must be callable, pos >= 0");
+        return NULL;
+    }
+    GraphWrapper *w = (GraphWrapper *)type->tp_alloc(type, 0);
+    if (w == NULL) return NULL;
+    w->vectorcall = graph_wrapper_vectorcall;
+    w->fn = Py_NewRef(fn);
+    w->kw = Py_NewRef(kw);
+    w->globals = Py_NewRef(globals);
+    w->ensure = Py_NewRef(ensure);
+    w->decide = Py_NewRef(decide);
+    w->dict = NULL;
+    w->owner = NULL;
+    w->width = 1;
+    w->pos = pos;
+    w->tidx = tidx;
+    return (PyObject *)w;
+}
+
+static int graph_wrapper_traverse(GraphWrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->fn);
+    Py_VISIT(w->kw);
+    Py_VISIT(w->globals);
+    Py_VISIT(w->ensure);
+    Py_VISIT(w->decide);
+    Py_VISIT(w->dict);
+    Py_VISIT(w->owner);
+    return 0;
+}
+
+static int graph_wrapper_clear(GraphWrapper *w) {
+    Py_CLEAR(w->fn);
+    Py_CLEAR(w->kw);
+    Py_CLEAR(w->globals);
+    Py_CLEAR(w->ensure);
+    Py_CLEAR(w->decide);
+    Py_CLEAR(w->dict);
+    Py_CLEAR(w->owner);
+    return 0;
+}
+
+static void graph_wrapper_dealloc(GraphWrapper *w) {
+    PyObject_GC_UnTrack(w);
+    graph_wrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyObject *graph_wrapper_fn(GraphWrapper *w, void *closure) { return Py_NewRef(w->fn); }
+
+static PyGetSetDef graph_wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"probed_function", (getter)graph_wrapper_fn, NULL, "the wrapped callable", NULL},
+    {NULL},
+};
+
+static PyTypeObject GraphWrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "probe_native.GraphWrapper",
+    .tp_basicsize = sizeof(GraphWrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A callable that times each CUDA graph replay into the probe ring (see the module source).",
+    .tp_new = graph_wrapper_new,
+    .tp_dealloc = (destructor)graph_wrapper_dealloc,
+    .tp_traverse = (traverseproc)graph_wrapper_traverse,
+    .tp_clear = (inquiry)graph_wrapper_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(GraphWrapper, vectorcall),
+    .tp_descr_get = wrapper_descr_get,
+    .tp_dictoffset = offsetof(GraphWrapper, dict),
+    .tp_getset = graph_wrapper_getset,
+};
+
 static PyMethodDef module_methods[] = {
     {"set_ring", set_ring, METH_VARARGS, "set_ring(buffer, mask, shift, header_slots): the ring to write"},
     {"clear_ring", clear_ring, METH_NOARGS, "forget the ring"},
@@ -647,6 +1257,13 @@ static PyMethodDef module_methods[] = {
     {"gpu_disarm", gpu_disarm, METH_O, "gpu_disarm(key): the stream has no unresolved event"},
     {"gpu_pending", gpu_pending, METH_NOARGS, "how many calls wait in the pending buffer"},
     {"gpu_set_queued", gpu_set_queued, METH_O, "gpu_set_queued(n): the timer's queued count, for its bound"},
+    {"graph_setup", graph_setup, METH_VARARGS,
+     "graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill): the replay timer"},
+    {"graph_clear", graph_clear, METH_O, "graph_clear(timer or None): forget the replay timer (None: a forked child)"},
+    {"graph_poll", graph_poll, METH_O, "graph_poll(now): publish what completed; returns the replays unresolved"},
+    {"graph_stats", graph_stats, METH_NOARGS, "the replay timer's counters"},
+    {"graph_before", graph_before, METH_NOARGS, "graph_before(): (stream, event) recorded before a replay, or None"},
+    {"graph_after", graph_after, METH_VARARGS, "graph_after(stream, event, b, c): the end event, the pair queued"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -673,6 +1290,26 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
+    if (PyType_Ready(&GraphWrapperType) < 0) return NULL;
+    str_timer = PyUnicode_InternFromString("_TIMER");
+    str_decided = PyUnicode_InternFromString("_DECIDED");
+    str_size = PyUnicode_InternFromString("size");
+    str_runner = PyUnicode_InternFromString("_cuda_graph_runner");
+    str_ragged = PyUnicode_InternFromString("ragged_verify_mode");
+    str_width = PyUnicode_InternFromString("captured_req_width");
+    str_before = PyUnicode_InternFromString("before");
+    str_after = PyUnicode_InternFromString("after");
+    if (!str_timer || !str_decided || !str_size || !str_runner || !str_ragged || !str_width || !str_before ||
+        !str_after) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GraphWrapperType);
+    if (PyModule_AddObject(m, "GraphWrapper", (PyObject *)&GraphWrapperType) < 0) {
+        Py_DECREF(&GraphWrapperType);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&WrapperType);
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
         Py_DECREF(&WrapperType);
