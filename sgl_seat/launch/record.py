@@ -16,8 +16,10 @@ still loads (``on_hang: capture``, the spec's budget or the defaults, no history
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,25 @@ def load_record(name: str) -> SeatRecord:
     return SeatRecord.from_dict(doc, path=str(path))
 
 
+@contextlib.contextmanager
+def record_lock(name: str) -> Iterator[None]:
+    """Hold seat ``name``'s record lock (``flock`` on ``seats/<name>.lock``) around a read-modify-write of its
+    record: the seat's supervisor and `status` both write it, and neither may put back a copy older than the other's.
+    A home that takes no lock file (read-only) gives no lock: then nobody can write the record either."""
+    path = seats_dir() / f"{name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def save_record(rec: SeatRecord) -> None:
     """Write the record; a home that takes no write (full, read-only) is a :class:`HomeError` saying so."""
     rec.updated_at = time.time()
@@ -234,6 +255,8 @@ def claim_record(rec: SeatRecord) -> None:
 
 def remove_record(name: str) -> None:
     path = record_path(name)
+    with contextlib.suppress(OSError):
+        (seats_dir() / f"{name}.lock").unlink()
     try:
         path.unlink()
     except FileNotFoundError:

@@ -12,7 +12,6 @@ progress (REMEDIATING) is left to the supervisor that writes the record, unless 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from sgl_seat.errors import ClusterError, HomeError, SeatError
 from sgl_seat.launch import cluster, health
 from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_reason, get_agent
 from sgl_seat.launch.cluster import NoAnswer
-from sgl_seat.launch.record import SeatRecord, load_record, save_record
+from sgl_seat.launch.record import SeatRecord, load_record, record_lock, save_record
 from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
 from sgl_seat.watchdog.actors import snapshots
@@ -70,14 +69,17 @@ def _save(rec: SeatRecord, loaded: float | None) -> SeatRecord:
     """Save what `status` found, unless the record changed on disk since `status` read it: the seat's supervisor
     writes it while it heals the seat (the remediation, REMEDIATING, a new plan), and a `status` that began before
     must not put back the older copy. Then the record on disk is the newer truth, and is what `status` shows."""
-    with contextlib.suppress(SeatError):
-        disk = load_record(rec.name)
+    with record_lock(rec.name):
+        try:
+            disk = load_record(rec.name)
+        except SeatError:
+            return rec  # gone meanwhile (`down`): not brought back
         if disk.updated_at != loaded:
             return disk
-    try:
-        save_record(rec)
-    except HomeError as exc:  # a full or read-only home: the state is still worth showing
-        log.warning("%s (this status is shown, not saved)", exc.message)
+        try:
+            save_record(rec)
+        except HomeError as exc:  # a full or read-only home: the state is still worth showing
+            log.warning("%s (this status is shown, not saved)", exc.message)
     return rec
 
 

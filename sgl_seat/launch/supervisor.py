@@ -36,7 +36,7 @@ from sgl_seat.engines import backend_for
 from sgl_seat.errors import SeatError
 from sgl_seat.forensics.annotate import annotate
 from sgl_seat.launch.agentclient import AgentClient, call_all, get_agent
-from sgl_seat.launch.record import SeatRecord, load_record, save_record
+from sgl_seat.launch.record import SeatRecord, load_record, record_lock, save_record
 from sgl_seat.launch.sidecars import context_of, start_sidecars, stop_sidecars
 from sgl_seat.launch.stages import NullReporter, Stages
 from sgl_seat.launch.state import SeatState
@@ -140,20 +140,22 @@ class Supervisor:
                 self.seen.add(bid)
                 if self._stop.is_set():
                     return
-                self.handle(doc)
+                if not isinstance(doc.get("verdict"), dict):
+                    continue  # a capture asked for by hand: no hang to heal
+                try:
+                    self.handle(doc)
+                except Exception as exc:  # said, not swallowed: the next bundle is acted on as usual
+                    log.exception("bundle %s: the supervisor could not act on it", bid)
+                    self.errors = [*self.errors[-9:], f"bundle {bid}: {type(exc).__name__}: {exc}"[:300]]
 
     # -- one hang ---------------------------------------------------------------------------------
 
     def handle(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Decide on one bundle and carry the decision out; returns the remediation as recorded."""
-
         rec = load_record(self.cfg.seat)
         verdict = Verdict.from_json(doc["verdict"])
-        spec = load_spec(rec.spec_source) if rec.spec_source else None
-        draft = DraftShape(enabled=rec.draft, slots=spec.draft.slots if spec else 0,
-                           draft_tokens=spec.draft.draft_tokens if spec else 0)
         now = self.clock()
-        decision = decide(verdict, rec.policy(), rec.remediation_history(), now, draft=draft)
+        decision = decide(verdict, rec.policy(), rec.remediation_history(), now, draft=self._draft_shape(rec))
         entry = RemediationRecord.begin(decision, verdict, str(doc.get("bundle_id")), now, draft_before=rec.draft)
         self.path = doc.get("path")
         log.warning("bundle %s (%s): %s: %s", entry.bundle_id, entry.verdict, decision.action.value, decision.reason)
@@ -163,8 +165,11 @@ class Supervisor:
         if decision.exhausted:
             self.busy = f"refused: {decision.reason}"
             self._save(entry, new=True, state=SeatState.REMEDIATION_EXHAUSTED, reason=decision.reason)
-            self._stop_seat()
-            self._count(entry)
+            try:
+                self._stop_seat()
+            finally:
+                self.busy = None
+                self._count(entry)
             return entry.to_json()
         self.busy = f"{decision.action.value}: {decision.reason}"
         self._save(entry, new=True, state=SeatState.REMEDIATING, reason=decision.reason)
@@ -179,36 +184,53 @@ class Supervisor:
         self._count(entry)
         return entry.to_json()
 
+    def _draft_shape(self, rec: SeatRecord) -> DraftShape:
+        """The draft as the seat runs it: on or off from the record, its slots from the plan (`up --slots` included),
+        its tokens per slot from the spec (the plan carries them only inside the engine's flags)."""
+        slots = int((rec.plan or {}).get("slots") or 0)
+        tokens = 0
+        if rec.spec_source:
+            with contextlib.suppress(SeatError, OSError):  # a spec moved since `up`: a verify's size is unknown
+                tokens = load_spec(rec.spec_source).draft.draft_tokens
+        return DraftShape(enabled=rec.draft, slots=slots, draft_tokens=tokens)
+
     def _save(self, entry: RemediationRecord, *, new: bool = False, state: SeatState | None = None,
               reason: str | None = None) -> None:
-        """Write ``entry`` (a new remediation, or the latest one updated) and ``state`` into the seat record, and
-        the entry into the bundle it answers."""
-
-        rec = load_record(self.cfg.seat)
-        if new:
-            rec.add_remediation(entry)
-        else:
-            rec.update_remediation(entry)
-        if state is not None:
-            target = state
-            up_states = (SeatState.READY, SeatState.DEGRADED, SeatState.NODE_LOST)
-            if rec.state in up_states and target is not SeatState.READY:  # `status` has not seen the hang yet
-                rec.set_state(SeatState.HUNG, f"the watchdog latched a hang: bundle {entry.bundle_id}"
-                                              f" ({entry.verdict})")
-            if rec.state is not target:
-                rec.set_state(target, reason)
-            elif reason is not None:
-                rec.reason = reason
-            if target is SeatState.READY:
-                rec.reason = None
-                rec.hang_bundle = rec.hang_verdict = None
-        save_record(rec)
+        """Write ``entry`` into the bundle it answers, then (a new remediation, or the one of the same bundle
+        updated) and ``state`` into the seat record, under the record's lock. Best effort once it acts: a home that
+        takes no write (the bundle may just have filled it) must not stop the seat from being brought back."""
         if self.path:
             try:  # a bundle on another host, or a read-only one: the record has it
-
                 annotate(self.path, "remediation", entry.bundle_json())
             except Exception as exc:
                 log.warning("bundle %s: remediation not recorded in it: %s", entry.bundle_id, exc)
+        try:
+            with record_lock(self.cfg.seat):
+                rec = load_record(self.cfg.seat)
+                same = [i for i, r in enumerate(rec.remediations)
+                        if r.get("bundle_id") == entry.bundle_id and r.get("started") == entry.started]
+                if same:
+                    rec.remediations[same[-1]] = entry.to_json()
+                else:
+                    rec.add_remediation(entry)
+                if state is not None:
+                    self._set_state(rec, entry, state, reason)
+                save_record(rec)
+        except SeatError as exc:
+            log.warning("remediation %s: the seat record could not be updated: %s", entry.bundle_id, exc.message)
+
+    @staticmethod
+    def _set_state(rec: SeatRecord, entry: RemediationRecord, target: SeatState, reason: str | None) -> None:
+        up_states = (SeatState.READY, SeatState.DEGRADED, SeatState.NODE_LOST)
+        if rec.state in up_states and target is not SeatState.READY:  # `status` has not seen the hang yet
+            rec.set_state(SeatState.HUNG, f"the watchdog latched a hang: bundle {entry.bundle_id} ({entry.verdict})")
+        if rec.state is not target:
+            rec.set_state(target, reason)
+        elif reason is not None:
+            rec.reason = reason
+        if target is SeatState.READY:
+            rec.reason = None
+            rec.hang_bundle = rec.hang_verdict = None
 
     # -- actions ------------------------------------------------------------------------------------
 
@@ -221,9 +243,8 @@ class Supervisor:
                             fix=f"sgl-seat down {rec.name}, then up again")
         return [c for c in clients if c is not None]
 
-    def _kill_engines(self, rec: SeatRecord) -> list[str]:
-
-        if not rec.no_watchdog:
+    def _kill_engines(self, rec: SeatRecord, *, sidecars: bool = True) -> list[str]:
+        if sidecars and not rec.no_watchdog:
             with contextlib.suppress(Exception):  # a sidecar that does not stop must not keep the hang serving
                 stop_sidecars(context_of(rec))
         clients = self._agents(rec)
@@ -236,26 +257,29 @@ class Supervisor:
 
     def _stop_seat(self) -> None:
         """Refused: the seat stays down, saying why; its sidecars start again with no engine to watch and export
-        that (``sgl_seat_remediation_exhausted``, the alert's input)."""
-
+        that (``sgl_seat_remediation_exhausted``, the alert's input), even where stopping an engine failed."""
         rec = load_record(self.cfg.seat)
-        survivors = self._kill_engines(rec)
-        if survivors:
-            log.warning("engine processes survived SIGKILL: %s", "; ".join(survivors))
-        if not rec.no_watchdog:
-            start_sidecars(context_of(rec))
+        try:
+            survivors = self._kill_engines(rec)
+            if survivors:
+                log.warning("engine processes survived SIGKILL: %s", "; ".join(survivors))
+        finally:
+            self._sidecars(rec)
+
+    def _sidecars(self, rec: SeatRecord) -> None:
+        if rec.no_watchdog:
+            return
+        started = start_sidecars(context_of(rec))
+        if not started.ok:
+            log.warning("the seat's sidecars: %s", started.detail)
+            self.errors = [*self.errors[-9:], f"sidecars: {started.detail}"[:300]]
 
     def _restart(self, entry: RemediationRecord, *, draft_off: bool) -> RemediationRecord:
         """Stop every engine, start them again (with the draft off for a rollback), wait until a request completes,
-        start the sidecars; returns the entry with its timings."""
-        from sgl_seat.launch import up as up_mod
+        start the sidecars; returns the entry with its timings. The new plan is made and checked before anything
+        is stopped: a spec that no longer plans the same seat leaves the seat as it is and fails the remediation."""
+        from sgl_seat.launch import up as up_mod  # up imports teardown, which imports this module
 
-        rec = load_record(self.cfg.seat)
-        survivors = self._kill_engines(rec)
-        if survivors:
-            raise SeatError("engine processes survived SIGKILL: " + "; ".join(survivors))
-        entry = entry.stopped(self.clock())
-        self._save(entry)
         rec = load_record(self.cfg.seat)
         clients = self._agents(rec)
         backend = backend_for(rec.engine)
@@ -263,36 +287,71 @@ class Supervisor:
             raise SeatError("the seat record holds no plan to restart from")
         plan = LaunchPlan.from_json(rec.plan)
         if draft_off:
-            if not rec.spec_source:
-                raise SeatError("the seat record names no spec: the plan cannot be rebuilt with the draft off")
-            fresh = build_plan(load_spec(rec.spec_source), draft=False, slots=self.cfg.slots,
-                               mem_fraction=self.cfg.mem_fraction, faults=self.cfg.faults)
-            infos = call_all(clients, "node_info", lambda c: (), timeout=60.0)
-            plan = up_mod.bind_plan(fresh, backend, rec, infos)
-            rec.plan, rec.draft, rec.kv_predicted = plan.to_json(), False, up_mod.predicted_kv(plan)
+            plan = self._draft_off_plan(rec, plan, clients, backend)
+        survivors: list[str] = []
+        try:
+            survivors = self._kill_engines(rec)
+            if survivors:
+                raise SeatError("engine processes survived SIGKILL: " + "; ".join(survivors))
+            entry = entry.stopped(self.clock())
+            self._save(entry)
+            if self._stop.is_set():
+                raise SeatError("`down` stopped the supervisor before the engines were started again")
+            if draft_off:
+                rec = load_record(self.cfg.seat)
+                rec.plan, rec.draft, rec.kv_predicted = plan.to_json(), False, up_mod.predicted_kv(plan)
+                save_record(rec)
+            deadline = time.monotonic() + START_TIMEOUT_S
+
+            def left() -> float:
+                if self._stop.is_set():
+                    raise SeatError("`down` stopped the supervisor while the engines were starting")
+                rem_s = deadline - time.monotonic()
+                if rem_s <= 0:
+                    raise SeatError(f"the engines did not serve again within {START_TIMEOUT_S:.0f} s")
+                return rem_s
+
+            up_mod.start_engines(rec, clients, plan, backend, Stages(NullReporter()), left)
             save_record(rec)
-        deadline = time.monotonic() + START_TIMEOUT_S
-
-        def left() -> float:
-            rem_s = deadline - time.monotonic()
-            if rem_s <= 0:
-                raise SeatError(f"the engines did not serve again within {START_TIMEOUT_S:.0f} s")
-            return rem_s
-
-        up_mod.start_engines(rec, clients, plan, backend, Stages(NullReporter()), left)
-        save_record(rec)
-        while True:
-            ok, why = first_request(rec.endpoint or "", timeout=min(60.0, left()))
-            if ok:
-                break
-            if time.monotonic() + 0.5 >= deadline:
-                raise SeatError(f"the engines came up but no request completed: {why}")
-            time.sleep(0.5)
-        entry = entry.served(self.clock())
-        if not rec.no_watchdog:
-            start_sidecars(context_of(rec))
+            while True:
+                ok, why = first_request(rec.endpoint or "", timeout=min(60.0, left()))
+                if ok:
+                    break
+                if time.monotonic() + 0.5 >= deadline:
+                    raise SeatError(f"the engines came up but no request completed: {why}")
+                time.sleep(0.5)
+            entry = entry.served(self.clock())
+        except BaseException:
+            if not survivors:  # engines half started by a failed start: not left running unwatched
+                with contextlib.suppress(Exception):
+                    self._kill_engines(load_record(self.cfg.seat), sidecars=False)
+            raise
+        finally:
+            if not self._stop.is_set():
+                with contextlib.suppress(Exception):
+                    self._sidecars(load_record(self.cfg.seat))
         self._save(entry, state=SeatState.READY)
         return entry
+
+    def _draft_off_plan(self, rec: SeatRecord, plan: LaunchPlan, clients: list[AgentClient],
+                        backend: Any) -> LaunchPlan:
+        """The seat's plan with the draft off, from its spec as `up` planned it (its mem_fraction and faults; the
+        spec's own draft-off slots, not `up --slots`, which sized the draft-on seat), bound to the same nodes;
+        refused where the spec no longer plans the same seat (nodes, ports)."""
+        from sgl_seat.launch import up as up_mod
+
+        if not rec.spec_source:
+            raise SeatError("the seat record names no spec: the plan cannot be rebuilt with the draft off")
+        fresh = build_plan(load_spec(rec.spec_source), draft=False, slots=None, mem_fraction=self.cfg.mem_fraction,
+                           faults=self.cfg.faults)
+        same = (len(fresh.nodes) == len(plan.nodes) and fresh.http_port == plan.http_port
+                and fresh.dist_init_port == plan.dist_init_port)
+        if not same:
+            raise SeatError(f"the spec {rec.spec_source} no longer plans this seat (nodes or ports changed since "
+                            "`up`): the draft is not rolled back in place", fix=f"sgl-seat down {rec.name}, then up")
+        infos = call_all(clients, "node_info", lambda c: (), timeout=60.0)
+        bound: LaunchPlan = up_mod.bind_plan(fresh, backend, rec, infos)
+        return bound
 
     def _count(self, entry: RemediationRecord) -> None:
         """Every node's exporter counts the seat's remediations (`sgl_seat_remediations_total`, the exhausted gauge):
@@ -354,4 +413,14 @@ def stop_supervisor(seat: str, namespace: str, timeout: float = 15.0) -> bool:
     with contextlib.suppress(Exception):
         bounded("stopping the supervisor", lambda: ray.get(handle.stop.remote(), timeout=timeout), timeout=timeout)
     bounded("ray.kill(supervisor)", ray.kill, handle, no_restart=True, timeout=timeout)
-    return True
+    # ray.kill is asynchronous: wait until the name is free, so that a restart it was driving is over before
+    # `down` kills the engines, and a `down; up` right after finds the name unused.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            bounded("ray.get_actor (supervisor)", ray.get_actor, supervisor_name(seat), namespace=namespace)
+        except ValueError:
+            return True
+        time.sleep(0.2)
+    raise SeatError(f"the seat's supervisor {supervisor_name(seat)} is still registered {timeout:.0f} s after "
+                    "ray.kill", fix="run `sgl-seat down` again")

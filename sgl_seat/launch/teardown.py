@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_seat.deadline import bounded
-from sgl_seat.errors import ClusterError, EngineError, HomeError, SeatStateError
+from sgl_seat.errors import ClusterError, EngineError, HomeError, SeatError, SeatStateError
 from sgl_seat.launch import cluster, localcluster, placement, procs
 from sgl_seat.launch.agentclient import get_agent
 from sgl_seat.launch.home import host_id
@@ -112,8 +112,10 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
     try:
         if rec.on_hang != "capture":  # only then did `up` start one
             stop_supervisor(rec.name, rec.namespace)
-    except Exception as exc:  # it acts only on new bundles, and the sidecars go next: go on
+    except ClusterError as exc:  # a wedged GCS: the rest of the teardown says what it could not check either
         log.warning("stopping the supervisor failed: %s", exc)
+    except SeatError as exc:
+        survivors.append(exc.message)
     with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
         if not rec.no_watchdog:
             try:

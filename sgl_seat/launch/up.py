@@ -227,16 +227,20 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
 
     if not rec.no_watchdog:
         _sidecars_stage(rec, stages)
-        if rec.on_hang != "capture":
-            with stages.stage("supervisor", f"on a hang: {rec.on_hang}, once its bundle is on disk") as note:
-                start_supervisor(SupervisorConfig(seat=seat, home=str(seat_home()), slots=opts.slots,
-                                                  mem_fraction=opts.mem_fraction, faults=tuple(opts.faults)),
-                                 rec.namespace, timeout=min(left(), 60.0))
-                note["detail"] = f"{supervisor_name(seat)} on this node"
     rec.set_state(SeatState.READY)
     rec.reason = None
     rec.busy_pid = None
     save_record(rec)
+    if not rec.no_watchdog and rec.on_hang != "capture":  # after READY: it writes the record itself from now on
+        with stages.stage("supervisor", f"on a hang: {rec.on_hang}, once its bundle is on disk") as note:
+            try:
+                start_supervisor(SupervisorConfig(seat=seat, home=str(seat_home()), slots=opts.slots,
+                                                  mem_fraction=opts.mem_fraction, faults=tuple(opts.faults)),
+                                 rec.namespace, timeout=min(left(), 60.0))
+                note["detail"] = f"{supervisor_name(seat)} on this node"
+            except SeatError as exc:  # the seat serves and is watched; only its healing is missing: say so
+                note["status"] = WARN
+                note["detail"] = f"not started ({exc.message}): hangs are captured, not healed"
 
 
 def bind_plan(plan: LaunchPlan, backend: EngineBackend, rec: SeatRecord, infos: Sequence[dict[str, Any]]

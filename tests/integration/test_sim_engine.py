@@ -266,9 +266,15 @@ def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat:
     assert elapsed >= WATCHDOG_S
     log0, log1 = seat.n0.log(), seat.n1.log()
     line = f"Scheduler watchdog timeout (self.watchdog_timeout={float(WATCHDOG_S)!r}, self.soft=False)"
-    assert line in log0 and line in log1
+    # The first watchdog to fire takes its tree down, and the other node's ranks lose their peer: under load the
+    # two watchdogs fire far enough apart that the second node goes down by that cascade first (a CI run on a
+    # loaded host saw node 0 log only "Received sigquit from a child process"), as two real SGLang nodes would.
+    fired = [n for n, log in ((0, log0), (1, log1)) if line in log]
+    assert fired, (log0[-2000:], log1[-2000:])
+    cascade = ("SIGQUIT received. signum=3, frame=None. It usually means one child failed.",
+               "Received sigquit from a child process. It usually means the child failed.")
+    assert all(line in log or any(c in log for c in cascade) for log in (log0, log1)), (log0[-2000:], log1[-2000:])
     assert "TP3 EP3] sim fault: row fetch on rank 3 stalls until the process dies" in log1
-    assert "SIGQUIT received. signum=3, frame=None. It usually means one child failed." in log0
     t.join(timeout=30)
     deadline = time.monotonic() + 15
     while (seat.n0.leftovers() or seat.n1.leftovers()) and time.monotonic() < deadline:

@@ -39,6 +39,7 @@ the eager row fetch the writer and :mod:`.gpu` serve, and the installer only nee
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
@@ -319,6 +320,15 @@ class NativeReplayTimer:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-graph", daemon=True)
             self._thread.start()
+            # The reader queries events with the GIL released: left running into the interpreter's exit it was
+            # inside cudaEventQuery while the CUDA runtime tore itself down, and the process aborted ("terminate
+            # called without an active exception", exit 134, on an H200: run 3, 2026-12-01). Stop it first.
+            atexit.register(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
 
     def _run(self) -> None:
         if self._thread_init is not None:
@@ -490,7 +500,10 @@ def _native_timer(torch: Any, paths: Any, capturing: Callable[[], bool]) -> Nati
             return None
         return NativeReplayTimer(nat, gpu._CAPTURES, key_fn, key_arg, record=addr["cudaEventRecord"],
                                  query=addr["cudaEventQuery"], create=addr["cudaEventCreateWithFlags"],
-                                 capturing=addr["cudaStreamIsCapturing"], nslots=writer._MASK + 1,
+                                 # the hooks' count alone tells a capture (torch.cuda.graph and CUDAGraph's
+                                 # capture_begin/end, as the eager path): cudaStreamIsCapturing per replay cost
+                                 # more than the 2 us budget allowed on an H200 (run 2, 2026-12-01)
+                                 capturing=0, nslots=writer._MASK + 1,
                                  prefill=min(2 * PREFILL_PAIRS, 2 * (writer._MASK + 1)), poll_s=gpu._gpu_poll_s(),
                                  thread_init=paths.thread_init)
     except Exception as exc:
