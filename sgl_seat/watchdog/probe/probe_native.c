@@ -1004,7 +1004,7 @@ typedef struct {
     PyObject *ensure;  /* writer._ensure_ring */
     PyObject *decide;  /* graph._decide */
     PyObject *dict;
-    PyObject *owner;   /* the last owner (a backend) whose runner width is cached; held */
+    PyObject *owner;   /* a weak reference to the last owner (a backend) whose runner width is cached */
     int64_t width;
     Py_ssize_t pos;
     int tidx;
@@ -1053,7 +1053,10 @@ static int64_t gw_shape(GraphWrapper *w, PyObject *const *args, Py_ssize_t nargs
     }
     *key = size;
     PyObject *owner = nargs > 0 ? args[0] : Py_None;
-    if (owner != w->owner) { /* the runner's width, read once per owner */
+    /* The owner is held by a weak reference: a strong one kept the last backend (and the CUDA graphs it holds) alive
+     * until this module's teardown, past torch's own. */
+    PyObject *cached = w->owner == NULL ? NULL : PyWeakref_GetObject(w->owner); /* borrowed; Py_None once dead */
+    if (owner != cached) { /* the runner's width, read once per owner */
         int64_t width = 1;
         PyObject *runner = PyObject_GetAttr(owner, str_runner);
         if (runner == NULL) PyErr_Clear();
@@ -1074,7 +1077,13 @@ static int64_t gw_shape(GraphWrapper *w, PyObject *const *args, Py_ssize_t nargs
             }
         }
         Py_XDECREF(runner);
-        Py_XSETREF(w->owner, Py_NewRef(owner));
+        PyObject *ref = PyWeakref_NewRef(owner, NULL);
+        if (ref == NULL) { /* an owner without weak references: its width is read again on each call */
+            PyErr_Clear();
+            Py_CLEAR(w->owner);
+            return size * width;
+        }
+        Py_XSETREF(w->owner, ref);
         w->width = width;
     }
     return size * w->width;
