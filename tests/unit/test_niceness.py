@@ -56,10 +56,12 @@ def test_without_the_capability_the_process_keeps_its_niceness_and_the_note_says
         os.nice(15)
         print(json.dumps(restore_raylet_niceness(0)))
     """)
+    parent = os.getpriority(os.PRIO_PROCESS, 0)
+    if parent >= 19:
+        pytest.skip("this test runs at niceness 19 already: its child cannot be niced above it, nothing to lower")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     nice, note = json.loads(out.stdout)
-    parent = os.getpriority(os.PRIO_PROCESS, 0)
     assert nice == min(19, parent + 15)
     assert note is not None and f"niceness {nice}" in note and f"{RAY_WORKER_NICENESS_ENV}=0" in note, note
 
