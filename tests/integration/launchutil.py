@@ -88,6 +88,24 @@ def write_spec(directory: Path, name: str, *, address: str, slot: int, nodes: in
     return path
 
 
+def local_sim_spec(directory: Path, name: str, http: int, *, draft: bool = False,
+                   sections: dict[str, dict[str, Any]] | None = None) -> Path:
+    """local-sim as ``name`` on HTTP port ``http`` (dist-init at +5), its planning config by absolute path, the
+    draft's ``enabled`` as given; ``sections`` merges keys into top-level sections (e.g. ``watchdog``)."""
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
+    doc["name"] = name
+    doc["network"]["http_port"] = http
+    doc["network"]["dist_init_port"] = http + 5
+    doc["model"]["config"] = str(MODEL_CONFIG)
+    doc["draft"]["enabled"] = draft
+    for section, keys in (sections or {}).items():
+        doc.setdefault(section, {}).update(keys)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def cli_argv() -> list[str]:
     exe = shutil.which("sgl-seat", path=str(Path(sys.executable).parent))
     return [exe] if exe else [sys.executable, "-m", "sgl_seat.cli.main"]

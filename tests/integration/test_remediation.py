@@ -32,12 +32,11 @@ import psutil
 import pytest
 import yaml
 from launchutil import (
-    LOCAL_SIM,
-    MODEL_CONFIG,
     alive,
     descendants,
     engine_pgids,
     in_groups,
+    local_sim_spec,
     run_cli,
     status_json,
     stop_pid,
@@ -127,16 +126,9 @@ def _running(url: str) -> float:
 def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
     tmp = tmp_path_factory.mktemp("rmseat")
     home = tmp / "home"
-    doc = yaml.safe_load(LOCAL_SIM.read_text())
-    doc["name"] = SEAT
-    doc["network"]["http_port"] = HTTP
-    doc["network"]["dist_init_port"] = HTTP + 5
-    doc["model"]["config"] = str(MODEL_CONFIG)
-    doc["draft"]["enabled"] = True
     # the budget of the acceptance (3 in an hour); no cooldown, so four stalls in a row meet the budget, not it
-    doc["watchdog"]["remediation"] = {"max": 3, "window_s": 3600, "cooldown_s": 0}
-    spec = tmp / f"{SEAT}.yaml"
-    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    spec = local_sim_spec(tmp, SEAT, HTTP, draft=True,
+                          sections={"watchdog": {"remediation": {"max": 3, "window_s": 3600, "cooldown_s": 0}}})
     up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--on-hang", "rollback-draft", "--timeout", "300"],
                  home, timeout=360)
     s = Seat(home=home, url=f"http://127.0.0.1:{HTTP}", spec=spec)

@@ -36,15 +36,13 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from launchutil import (
-    LOCAL_SIM,
-    MODEL_CONFIG,
     REPO,
     alive,
     descendants,
     engine_pgids,
     in_groups,
+    local_sim_spec,
     run_cli,
     status_json,
     wait_until,
@@ -90,14 +88,7 @@ class Seat:
 def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
     tmp = tmp_path_factory.mktemp("wdseat")
     home = tmp / "home"
-    doc = yaml.safe_load(LOCAL_SIM.read_text())
-    doc["name"] = SEAT
-    doc["network"]["http_port"] = HTTP
-    doc["network"]["dist_init_port"] = HTTP + 5
-    doc["model"]["config"] = str(MODEL_CONFIG)
-    doc["draft"]["enabled"] = True
-    spec = tmp / f"{SEAT}.yaml"
-    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    spec = local_sim_spec(tmp, SEAT, HTTP, draft=True)
     up = run_cli(["up", "--seat", str(spec), "--draft", "on", "--timeout", "300"], home, timeout=360)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
