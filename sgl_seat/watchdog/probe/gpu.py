@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import writer
-from .guard import warn_once
+from .guard import reader_thread, warn_once
 from .ring import (
     _GPU_OFF,
     _GPU_OFF_AT,
@@ -348,8 +348,7 @@ class GpuTimer:
     def start(self) -> None:
         """Start the reader thread (once)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-gpu", daemon=True)
-            self._thread.start()
+            self._thread = reader_thread(self._run, "sgl-seat-probe-gpu", self._stop)
 
     def _run(self) -> None:
         if self._thread_init is not None:

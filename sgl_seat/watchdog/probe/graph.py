@@ -39,7 +39,6 @@ the eager row fetch the writer and :mod:`.gpu` serve, and the installer only nee
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import functools
@@ -51,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import writer
-from .guard import warn_once
+from .guard import reader_thread, warn_once
 from .ring import (
     _END_BITS,
     _END_MASK,
@@ -235,8 +234,7 @@ class ReplayTimer:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-graph", daemon=True)
-            self._thread.start()
+            self._thread = reader_thread(self._run, "sgl-seat-probe-graph", self._stop)
 
     def _run(self) -> None:
         if self._thread_init is not None:
@@ -318,17 +316,7 @@ class NativeReplayTimer:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sgl-seat-probe-graph", daemon=True)
-            self._thread.start()
-            # The reader queries events with the GIL released: left running into the interpreter's exit it was
-            # inside cudaEventQuery while the CUDA runtime tore itself down, and the process aborted ("terminate
-            # called without an active exception", exit 134, on an H200: run 3, 2026-12-01). Stop it first.
-            atexit.register(self._stop_at_exit)
-
-    def _stop_at_exit(self) -> None:
-        self.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+            self._thread = reader_thread(self._run, "sgl-seat-probe-graph", self._stop)
 
     def _run(self) -> None:
         if self._thread_init is not None:
