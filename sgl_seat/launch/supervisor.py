@@ -120,10 +120,13 @@ class Supervisor:
                 self.tick()
             except Exception as exc:  # never let one bad round end the supervisor
                 log.exception("supervisor round failed")
-                self.errors = [*self.errors[-9:], f"{type(exc).__name__}: {exc}"[:300]]
+                self._note_error(f"{type(exc).__name__}: {exc}")
+
+    def _note_error(self, text: str) -> None:
+        """Keep the last ten errors, each cut to 300 characters (:meth:`state`)."""
+        self.errors = [*self.errors[-9:], text[:300]]
 
     def _snapshots(self) -> list[dict[str, Any]]:
-
         rec = load_record(self.cfg.seat)
         return snapshots(rec.name, rec.namespace, len(rec.nodes), timeout=5.0)
 
@@ -146,7 +149,7 @@ class Supervisor:
                     self.handle(doc)
                 except Exception as exc:  # said, not swallowed: the next bundle is acted on as usual
                     log.exception("bundle %s: the supervisor could not act on it", bid)
-                    self.errors = [*self.errors[-9:], f"bundle {bid}: {type(exc).__name__}: {exc}"[:300]]
+                    self._note_error(f"bundle {bid}: {type(exc).__name__}: {exc}")
 
     # -- one hang ---------------------------------------------------------------------------------
 
@@ -235,7 +238,6 @@ class Supervisor:
     # -- actions ------------------------------------------------------------------------------------
 
     def _agents(self, rec: SeatRecord) -> list[AgentClient]:
-
         clients = [get_agent(rec.name, n.node_rank) for n in rec.nodes]
         missing = [n.node_rank for n, c in zip(rec.nodes, clients, strict=True) if c is None]
         if missing:
@@ -272,7 +274,7 @@ class Supervisor:
         started = start_sidecars(context_of(rec))
         if not started.ok:
             log.warning("the seat's sidecars: %s", started.detail)
-            self.errors = [*self.errors[-9:], f"sidecars: {started.detail}"[:300]]
+            self._note_error(f"sidecars: {started.detail}")
 
     def _restart(self, entry: RemediationRecord, *, draft_off: bool) -> RemediationRecord:
         """Stop every engine, start them again (with the draft off for a rollback), wait until a request completes,
