@@ -360,6 +360,8 @@ class VerdictKind(str, Enum):
     PROCESS_STOPPED = "process stopped"
     #: A whole node did not answer the capture (link down, raylet or host dead): its ranks are unseen.
     NODE_UNREACHABLE = "node-unreachable"
+    #: A node whose own link or route is gone (its self-check's evidence): the node cut off, named by itself.
+    NODE_ISOLATED = "node-isolated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +375,7 @@ class Verdict:
     t: float
     evidence: tuple[str, ...] = ()
     waiting_ranks: tuple[int, ...] = ()
-    #: node-unreachable: the ranks on the unreachable node (optional in schema 1: absent otherwise).
+    #: node-unreachable / node-isolated: the ranks on the node named (optional in schema 1: absent otherwise).
     node_ranks: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:

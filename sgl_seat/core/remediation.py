@@ -389,6 +389,9 @@ def decide(verdict: Verdict, policy: Policy, history: Sequence[RemediationRecord
     """
     if policy.on_hang == "capture":
         return Decision(action=Action.NONE, reason="on_hang: capture (the bundle only; the seat is left as it is)")
+    if verdict.kind is VerdictKind.NODE_ISOLATED:
+        return Decision(action=Action.NONE, reason=f"node {verdict.node} is cut off by its own link or route: a "
+                        "restart cannot reach it; restore its link first (runbooks/node-unreachable.md)")
     if verdict.kind is VerdictKind.NODE_UNREACHABLE:
         return Decision(action=Action.NONE, reason=f"node {verdict.node} does not answer: a restart cannot reach "
                         "its agent; bring the node back first (runbooks/node-unreachable.md)")

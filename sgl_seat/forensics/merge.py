@@ -3,7 +3,8 @@
 When a node is cut off, the coordinator writes a bundle without it (``node-unreachable``) and the cut-off
 node's sidecar writes its own partial bundle on its host. Once both are reachable, merging takes each node's
 records from the bundle that holds that node (the first one given wins where two do), recomputes the verdict
-over the merged records with the same rule as the capture (a node still missing comes first), and writes one
+over the merged records with the same rule as the capture (a node that isolated itself, by its own check, comes
+first, then a node still missing), and writes one
 bundle through the forensics writer, naming the bundles it came from (``merged_from``, optional in schema 1).
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat.core.detect import detect, thresholds_from
-from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
+from sgl_seat.core.isolation import checks_from_json
+from sgl_seat.core.nodeloss import loss_verdict, missing_nodes
 from sgl_seat.core.observation import Observation
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.bundle import Bundle, read_bundle, write_bundle
@@ -74,10 +76,15 @@ def merge_bundles(paths: Sequence[Path], dest_root: Path) -> Path:
                          rank_nodes=rank_nodes)
     verdict = detect(obs, thresholds_from(first.thresholds), t)
     lost = missing_nodes(rank_nodes, nodes)
-    if lost:
-        verdict = node_unreachable(lost, rank_nodes, t, why=why_missing(bundles[0]), partial=verdict)
+    # Each node's own check from the bundle that holds the node: the side with the evidence names the node
+    # (an isolated node's bundle outranks its peer's "node-unreachable" of it).
+    checks = {n: c for b in bundles for n, c in checks_from_json(b.manifest.extra.get("self_check")).items()
+              if mine(n, b)}
+    lv = loss_verdict(rank_nodes, nodes, t, checks=checks, why=why_missing(bundles[0]), partial=verdict)
+    if lv is not None:
+        verdict = lv
     fields: dict[str, Any] = {k: v for k, v in first.to_json().items()
-                              if k not in ("files", "schema_version", "bundle_id", "missing_nodes")}
+                              if k not in ("files", "schema_version", "bundle_id", "missing_nodes", "self_check")}
     fields.update(
         verdict=verdict.to_json() if verdict is not None else fields.get("verdict"),
         nodes=nodes, ranks=sorted(rank_nodes), rank_nodes={str(r): n for r, n in sorted(rank_nodes.items())},
@@ -87,6 +94,8 @@ def merge_bundles(paths: Sequence[Path], dest_root: Path) -> Path:
         merged_from=[{"bundle_id": b.manifest.bundle_id, "nodes": list(b.manifest.nodes),
                       "verdict": b.manifest.verdict.to_json() if b.manifest.verdict else None} for b in bundles],
     )
+    if checks:
+        fields["self_check"] = {str(n): c.to_json() for n, c in sorted(checks.items())}
     if lost:
         fields["missing_nodes"] = [{"node": n, "ranks": sorted(r for r, x in rank_nodes.items() if x == n),
                                     "detail": why_missing(bundles[0]).get(n, "")} for n in lost]

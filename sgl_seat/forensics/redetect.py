@@ -11,7 +11,8 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from sgl_seat.core.detect import detect, thresholds_from
-from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
+from sgl_seat.core.isolation import checks_from_json
+from sgl_seat.core.nodeloss import loss_verdict
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
@@ -40,9 +41,12 @@ def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
     except ValidationError as exc:
         return None, f"the manifest's thresholds are not valid watchdog thresholds ({exc.error_count()} errors)"
     v = detect(observation_of(bundle), thresholds, now)
-    lost = missing_nodes(m.rank_nodes, m.nodes)
-    if lost:  # the same rule as the capture (watchdog.capture.assemble): a missing node comes first
-        return node_unreachable(lost, m.rank_nodes, now, why=why_missing(bundle), partial=v), None
+    # The same rule as the capture (watchdog.capture.assemble): a node isolated by its own evidence, else a missing
+    # node, comes first.
+    lv = loss_verdict(m.rank_nodes, m.nodes, now, checks=checks_from_json(m.extra.get("self_check")),
+                      why=why_missing(bundle), partial=v)
+    if lv is not None:
+        return lv, None
     if v is None:
         return None, "the detectors find no hang in these records (the capture was manual or its trigger came " \
                      "from outside them)"

@@ -32,6 +32,7 @@ from sgl_seat.watchdog.config import (
     sidecar_name,
 )
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
+from sgl_seat.watchdog.selfcheck import seat_interfaces
 from sgl_seat.watchdog.sidecar import Sidecar
 
 log = logging.getLogger("sgl_seat.watchdog")
@@ -316,6 +317,9 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
     rank_nodes = {int(r["tp_rank"]): int(n["node_rank"]) for n in plan["nodes"] for r in n["ranks"]}
     http_port = int(plan["http_port"])
     metrics_url = rank0_metrics_url(plan, next((n.ip for n in ctx.nodes if n.node_rank == 0), None))
+    head: str | None = None
+    with contextlib.suppress(Exception):  # the driver's view of the head: what a sidecar checks it can reach
+        head = str(ray.get_runtime_context().gcs_address) or None
     out = []
     for nd in ctx.nodes:
         r = nd.node_rank
@@ -336,7 +340,8 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
             metrics_port=metrics_port_for(http_port, r), rank_nodes=rank_nodes, root_pid=root_pid,
             engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,
             raw_prompts=bool(spec is not None and spec.bundles.raw_prompts),
-            exporter_addr=exporter_address(wd.exporter_bind, nd.ip)))
+            exporter_addr=exporter_address(wd.exporter_bind, nd.ip),
+            interfaces=seat_interfaces(plan["nodes"][r], nd.ip), head_address=head))
     return out
 
 

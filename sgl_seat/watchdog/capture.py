@@ -26,7 +26,8 @@ import psutil
 
 from sgl_seat import __version__
 from sgl_seat.core.detect import detect
-from sgl_seat.core.nodeloss import missing_nodes, node_unreachable, ranks_of
+from sgl_seat.core.isolation import SelfCheck
+from sgl_seat.core.nodeloss import loss_verdict, missing_nodes, ranks_of
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import (
     EngineProcess,
@@ -365,8 +366,13 @@ def assemble(
     why = {int(m["node"]): str(m.get("detail") or "") for m in missing if isinstance(m.get("node"), int)}
     seen = {int(m["node"]): str(m["last_seen"]) for m in missing
             if isinstance(m.get("node"), int) and m.get("last_seen")}
-    if lost:  # over half the ranks "every rank waits in a collective" is no finding: the missing node is
-        verdict = node_unreachable(lost, rank_nodes, t_eval, why=why, last_seen=seen, partial=verdict)
+    checks = {int(p["node"]): SelfCheck.from_json(p["self_check"]) for p in parts
+              if isinstance(p.get("self_check"), Mapping)}
+    # Over half the ranks "every rank waits in a collective" is no finding: the missing node is (or the node that
+    # isolated itself, from its own evidence: core.nodeloss.loss_verdict).
+    lv = loss_verdict(rank_nodes, nodes, t_eval, checks=checks, why=why, last_seen=seen, partial=verdict)
+    if lv is not None:
+        verdict = lv
     reproducible = verdict is not None
     if verdict is None:
         verdict = trigger_verdict
@@ -413,6 +419,8 @@ def assemble(
         "redaction": redaction,
         "capture": steps,
     }
+    if checks:  # optional in schema 1: the nodes' own looks at their side (core.isolation), node -> check
+        fields["self_check"] = {str(n): c.to_json() for n, c in sorted(checks.items())}
     if lost:  # optional in schema 1: absent when every node answered
         fields["missing_nodes"] = [{"node": n, "ranks": ranks_of(rank_nodes, n), "detail": why.get(n, "")[:300]}
                                    for n in lost]

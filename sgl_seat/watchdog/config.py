@@ -87,6 +87,10 @@ class SidecarConfig:
     raw_prompts: bool = False
     #: Where the exporter listens: :func:`exporter_address` of ``watchdog.exporter_bind`` and this node's address.
     exporter_addr: str = "127.0.0.1"
+    #: The seat's interfaces on this node (``watchdog.selfcheck.seat_interfaces``): what it checks of its own side
+    #: before it names a silent peer (``core.isolation``); the Ray head's ``host:port``, which it tries to reach.
+    interfaces: list[str] = field(default_factory=list)
+    head_address: str | None = None
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sgl_seat.core.detect import detect
-from sgl_seat.core.nodeloss import node_unreachable
+from sgl_seat.core.isolation import SelfCheck, own_side_gone
+from sgl_seat.core.nodeloss import loss_verdict, node_isolated
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import StackSample, Verdict, VerdictKind
 from sgl_seat.core.warning import PreHangWarning, WarningRule, judge, tail_readings
 from sgl_seat.forensics.recorder import RequestRecorder
 from sgl_seat.forensics.requestlog import RequestLogFollower
 from sgl_seat.watchdog import capture as cap
+from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.exporter import Exporter
 from sgl_seat.watchdog.peers import CoordinatorUnreachable, Peers, SidecarCore
@@ -59,6 +61,11 @@ DETECT_EVERY_S = 1.0
 NODE_LOSS_NATIVE_S = 1.5
 #: Completed row fetches the live detectors look at (the detectors' own windows are shorter).
 LIVE_PROBE_WINDOW_S = 65.0
+#: Seconds one of the seat's own interfaces must stay down before this node names itself isolated without waiting
+#: for its peers to go silent (a flap shorter than this is left to the heartbeats).
+LINK_DOWN_S = 1.0
+#: A self-check older than this (seconds before a capture's time) is not put into the node's part.
+SELF_CHECK_FRESH_S = 60.0
 #: Failed captures a sidecar keeps for `status` and `watch` (the exporter's counter counts all of them).
 MAX_FAILURES = 20
 
@@ -67,7 +74,8 @@ class Sidecar:
     """One node's watchdog (see the module doc). ``peers`` None: a single-node seat, it coordinates itself."""
 
     def __init__(self, cfg: SidecarConfig, *, peers: Peers | None = None, sampler: Sampler | None = None,
-                 clock: Callable[[], float] = time.time, host_gone: Callable[[], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, host_gone: Callable[[], bool] | None = None,
+                 net_root: Path = selfcheck.NET_SYSFS, ib_root: Path = selfcheck.IB_SYSFS) -> None:
         self.cfg = cfg
         #: True once this node's own Ray raylet is gone (the Ray actor's parent exited): the node's engines die
         #: with it and this sidecar soon after, so it neither detects nor captures any more; the other nodes name
@@ -123,6 +131,12 @@ class Sidecar:
         #: and `watch` show, with where the part that was written lies and what is missing.
         self.capture_failures: list[dict[str, Any]] = []
         self.ticks = 0
+        #: This node's last look at its own side (taken when it lost peers or a seat interface went down).
+        self.self_check: SelfCheck | None = None
+        self._link_down_since: float | None = None
+        #: Where the self-check reads links and RDMA ports (sysfs; a test's own tree).
+        self._net_root = net_root
+        self._ib_root = ib_root
 
     # ---- life cycle
 
@@ -241,13 +255,10 @@ class Sidecar:
                 self._host_gone_logged = True
             return self.verdict
         lost = self.peers.silent(now) if self.peers is not None else {}
-        if lost and self.latched_at is None:  # a node lost is a finding by itself, with or without traffic
-            gone = node_unreachable(sorted(lost), self.cfg.rank_nodes, now, last_seen=lost)
-            self.verdict = gone
-            self.exporter.fired.labels(node=str(self.cfg.node), kind=gone.kind.value).inc()
-            log.warning("node %d watchdog: node %d unreachable (%s)", self.cfg.node, min(lost), lost[min(lost)])
-            self._trigger(gone, now)
-            return gone
+        if self.peers is not None and self.latched_at is None:
+            gone = self._node_loss(lost, now)
+            if gone is not None:
+                return gone
         if not self._urgent(now) and now - self._last_detect < DETECT_EVERY_S:
             return self.verdict
         self._last_detect = now
@@ -262,6 +273,43 @@ class Sidecar:
         if verdict is not None and self.latched_at is None:
             self._trigger(verdict, now)
         self.warn(obs, now)
+        return verdict
+
+    def _own_link_down(self, now: float) -> bool:
+        """One of the seat's interfaces has been down for LINK_DOWN_S (a cheap sysfs read every tick)."""
+        if not self.cfg.interfaces:
+            return False
+        if not selfcheck.links_down(self.cfg.interfaces, self._net_root):
+            self._link_down_since = None
+            return False
+        if self._link_down_since is None:
+            self._link_down_since = now
+        return now - self._link_down_since >= LINK_DOWN_S
+
+    def _node_loss(self, lost: dict[int, str], now: float) -> Verdict | None:
+        """A node lost is a finding by itself, with or without traffic; but this node looks at its own side first
+        (``core.isolation``): its own link or route gone, it names itself ``node-isolated``, else the silent peer
+        ``node-unreachable``, with its own healthy side as evidence."""
+        if not lost and not self._own_link_down(now):
+            return None
+        check = selfcheck.take(self.cfg.node, now, interfaces=self.cfg.interfaces,
+                               head_address=self.cfg.head_address, silent=lost, peers=self.cfg.nnodes - 1,
+                               net_root=self._net_root, ib_root=self._ib_root)
+        self.self_check = check
+        if own_side_gone(check):
+            verdict = node_isolated(self.cfg.node, check, self.cfg.rank_nodes, now)
+            log.warning("node %d watchdog: this node is isolated (%s)", self.cfg.node, "; ".join(own_side_gone(check)))
+        elif lost:
+            present = sorted(set(self.cfg.rank_nodes.values()) - set(lost)) or [self.cfg.node]
+            found = loss_verdict(self.cfg.rank_nodes, present, now, checks={self.cfg.node: check}, last_seen=lost)
+            assert found is not None  # lost is not empty
+            verdict = found
+            log.warning("node %d watchdog: node %d unreachable (%s)", self.cfg.node, min(lost), lost[min(lost)])
+        else:  # a link down that the check no longer sees (it came back between the two reads)
+            return None
+        self.verdict = verdict
+        self.exporter.fired.labels(node=str(self.cfg.node), kind=verdict.kind.value).inc()
+        self._trigger(verdict, now)
         return verdict
 
     def warn(self, obs: Observation, now: float) -> None:
@@ -333,7 +381,8 @@ class Sidecar:
 
     def _request(self, trigger: dict[str, Any]) -> None:
         try:
-            local = self.peers is None or self.cfg.node == 0
+            # An isolated node reaches nobody, by its own evidence: it captures from here at once.
+            local = self.peers is None or self.cfg.node == 0 or trigger.get("kind") == VerdictKind.NODE_ISOLATED.value
             ans = self.coordinate(trigger) if local else self.peers.request_capture(trigger)  # type: ignore[union-attr]
         except CoordinatorUnreachable as exc:
             log.warning("node %d: the coordinator is unreachable (%s); capturing from here", self.cfg.node, exc)
@@ -363,10 +412,19 @@ class Sidecar:
 
     def _capture(self, capture_id: str, t: float, trigger: dict[str, Any]) -> dict[str, Any]:
         t0 = time.time()
-        if self.peers is not None:
+        kind = trigger.get("kind")
+        if self.peers is not None and kind == VerdictKind.NODE_ISOLATED.value:
+            # Cut off by its own side: no peer is asked (each would cost a timeout); the others are named missing.
+            check = self.self_check
+            parts = [self.part(capture_id, t, dump_timeout_s=NODE_LOSS_NATIVE_S)]
+            missing = [{"node": n, "step": "reach", "status": "not asked",
+                        "detail": f"node {self.cfg.node} is isolated (its own side is gone): not asked",
+                        "last_seen": (check.silent.get(n) if check is not None else None) or ""}
+                       for n in range(self.cfg.nnodes) if n != self.cfg.node]
+        elif self.peers is not None:
             # A lost node is the finding: the reachable ranks' native stacks get a short budget (their Python stacks,
             # taken first, are always kept), so the bundle is not held up by slow native unwinding.
-            budget = NODE_LOSS_NATIVE_S if trigger.get("kind") == VerdictKind.NODE_UNREACHABLE.value else None
+            budget = NODE_LOSS_NATIVE_S if kind == VerdictKind.NODE_UNREACHABLE.value else None
             parts, missing = self.peers.collect(capture_id, t, lambda: self.part(capture_id, t, dump_timeout_s=budget))
         else:
             parts, missing = [self.part(capture_id, t)], []
@@ -409,7 +467,8 @@ class Sidecar:
                 import psutil
 
                 env = dict(psutil.Process(mains[0].pid).environ())
-        return cap.node_part(
+        check = self.self_check
+        part = cap.node_part(
             node=self.cfg.node, procs=pids, pyspy=self.sampler.pyspy, samples=self.sampler.samples(),
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],
             logs=self.logs.lines(), processes=self.sampler.processes(), log_text=self.logs.tail_text(), env=env,
@@ -420,6 +479,9 @@ class Sidecar:
             native_deadline=t + cap.NATIVE_BY_S,
             requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
             request_redaction=self.recorder.redaction if self.recorder is not None else None)
+        if check is not None and t - check.t <= SELF_CHECK_FRESH_S:
+            part["self_check"] = check.to_json()  # this node's own side, as it saw it when it lost its peers
+        return part
 
     # ---- views
 

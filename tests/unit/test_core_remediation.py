@@ -126,16 +126,21 @@ def test_capture_never_acts(kind: VerdictKind) -> None:
     assert dec.action is Action.NONE and "capture" in dec.reason and not dec.exhausted
 
 
-@pytest.mark.parametrize("kind", [k for k in VerdictKind if k is not VerdictKind.NODE_UNREACHABLE])
+LOST_NODE = (VerdictKind.NODE_UNREACHABLE, VerdictKind.NODE_ISOLATED)
+
+
+@pytest.mark.parametrize("kind", [k for k in VerdictKind if k not in LOST_NODE])
 def test_restart_restarts_on_every_kind_but_an_unreachable_node(kind: VerdictKind) -> None:
     dec = decide(verdict(kind), RESTART, [], T0 + 6, draft=DRAFT_ON)
     assert dec.action is Action.RESTART and "remediation 1 of 3" in dec.reason
 
 
+@pytest.mark.parametrize("kind", LOST_NODE)
 @pytest.mark.parametrize("policy", [RESTART, ROLLBACK])
-def test_an_unreachable_node_is_left_to_an_operator_without_spending_budget(policy: Policy) -> None:
-    """A restart drives the node agents; the unreachable node's does not answer."""
-    dec = decide(verdict(VerdictKind.NODE_UNREACHABLE), policy, [], T0 + 6, draft=DRAFT_ON)
+def test_an_unreachable_node_is_left_to_an_operator_without_spending_budget(policy: Policy, kind: VerdictKind
+                                                                            ) -> None:
+    """A restart drives the node agents; the unreachable (or isolated) node's does not answer."""
+    dec = decide(verdict(kind), policy, [], T0 + 6, draft=DRAFT_ON)
     assert dec.action is Action.NONE and "node-unreachable.md" in dec.reason and not dec.exhausted
 
 
