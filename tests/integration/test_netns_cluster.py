@@ -212,9 +212,23 @@ def _check_node1_unreachable(coord: tuple[dict[str, Any], float] | None, bundles
     return b
 
 
-def _link_down(cl: NetnsCluster, home: Path) -> Callable[[dict[int, str], Path], None]:
+def _check_isolated(b: dict[str, Any] | None, node: int, ifname: str, what: str) -> None:
+    """A bundle written by ``node`` alone names itself node-isolated, with its own interface's state as evidence."""
+    assert b is not None, f"node {node} wrote no bundle of its own after {what}"
+    v = b["verdict"]
+    print(f"{what} -> node {node}'s own bundle: {v['kind']}, node {v['node']}; evidence: {v['evidence'][:2]}")
+    assert (v["kind"], v["node"], v["node_ranks"]) == ("node-isolated", node, [2 * node, 2 * node + 1]), v
+    assert any(f"interface {ifname}: operstate " in e and "carrier 0" in e for e in v["evidence"]), v["evidence"]
+    assert b["self_check"][str(node)]["isolated"] is True
+
+
+def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, str], Path], None]:
+    """Cut the link of node ``cut``'s host under traffic: the other node's bundle names it node-unreachable (node
+    0's within BUNDLE_WITHIN_S), its own names itself node-isolated from its interface's state, `replay` reads the
+    coordinator's, and `bundle merge` of the two names node ``cut`` (the side with the evidence)."""
     def during(hosts: dict[int, str], bundles: Path) -> None:
-        link = cl.link_of(hosts[1])
+        link = cl.link_of(hosts[cut])
+        ifname = cl.if_a if hosts[cut] == "a" else cl.if_b
         with _under_traffic(cl, hosts[0]):
             subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=10)
             t_down = time.monotonic()
@@ -234,22 +248,32 @@ def _link_down(cl: NetnsCluster, home: Path) -> Callable[[dict[int, str], Path],
         print("status while the link is down:", doc["state"], doc["reason"])
         assert f"node {lost} ({cl.addr_b}, host b; ranks {', '.join(map(str, [2 * lost, 2 * lost + 1]))})" \
             " unreachable" in doc["reason"], doc["reason"]
-        b = _check_node1_unreachable(coord, bundles, "the link down")
-        assert local is not None, "node 1 wrote no local partial bundle while cut off"
-        assert (local["verdict"]["kind"], local["verdict"]["node"]) == ("node-unreachable", 0)
-        rep = cl.run_cli(["replay", b["path"], "--json"], home, timeout=60)
-        assert rep.returncode == 0, rep.stderr
-        doc = json.loads(rep.stdout)
-        assert doc["verdict"]["kind"] == "node-unreachable"
-        assert "node 1 (ranks 2, 3) missing from this bundle" in doc["divergence"]["summary"]
-        # Both sides reachable again: the two parts join into one bundle over every rank that replay reads.
-        merged = cl.run_cli(["bundle", "merge", b["path"], local["path"], "--into", str(home / "merged"), "--json"],
-                            home, timeout=60)
+        if cut == 1:
+            b = _check_node1_unreachable(coord, bundles, "the link down")
+            _check_isolated(local, 1, ifname, "node 1's link down")
+            rep = cl.run_cli(["replay", b["path"], "--json"], home, timeout=60)
+            assert rep.returncode == 0, rep.stderr
+            doc = json.loads(rep.stdout)
+            assert doc["verdict"]["kind"] == "node-unreachable"
+            assert "node 1 (ranks 2, 3) missing from this bundle" in doc["divergence"]["summary"]
+        else:
+            assert coord is not None and local is not None, _bundles(bundles)
+            _check_isolated(coord[0], 0, ifname, "node 0's link down")
+            v = local["verdict"]
+            print(f"node 0's link down -> node 1's bundle: {v['kind']}, node {v['node']}")
+            assert (v["kind"], v["node"], v["node_ranks"]) == ("node-unreachable", 0, [0, 1]), v
+            b = coord[0]
+        # Both sides reachable again: the two parts join into one bundle over every rank that replay reads, and
+        # its verdict is the isolated side's.
+        merged = cl.run_cli(["bundle", "merge", b["path"], local["path"], "--into", str(home / f"merged{cut}"),
+                             "--json"], home, timeout=60)
         assert merged.returncode == 0, merged.stdout + merged.stderr
         assert json.loads(merged.stdout)["nodes"] == [0, 1]
         rep = cl.run_cli(["replay", json.loads(merged.stdout)["path"], "--json"], home, timeout=60)
         assert rep.returncode == 0, rep.stderr
-        assert "missing from this bundle" not in json.loads(rep.stdout)["divergence"]["summary"]
+        doc = json.loads(rep.stdout)
+        assert "missing from this bundle" not in doc["divergence"]["summary"]
+        assert (doc["verdict"]["kind"], doc["verdict"]["node"]) == ("node-isolated", cut), doc["verdict"]
 
     return during
 
@@ -263,7 +287,7 @@ def test_pinned_node0_moves_then_node1_link_down_is_node_unreachable(netns_clust
     merge` joins the two, and once the link is back `down` leaves no engine process."""
     cl = netns_cluster
     home = tmp_path / "home"
-    hosts = _up_check_down(cl, _spec(cl, tmp_path / "pinned.yaml", pin_node0="b"), home, _link_down(cl, home))
+    hosts = _up_check_down(cl, _spec(cl, tmp_path / "pinned.yaml", pin_node0="b"), home, _link_down(cl, home, 1))
     assert hosts == {0: "b", 1: "a"}
 
 
@@ -297,10 +321,12 @@ def _fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
 
 
 def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
-    """Up 5 (issue 24, item 7): `watchdog.exporter_bind: cluster`, node 0 pinned to host a, so node 1's sidecar
-    is on host b, bound on host b's cluster address. `sgl-seat prometheus-config` (run on host a) lists both
+    """Up 5 (issue 24, items 7 and 1): `watchdog.exporter_bind: cluster`, node 0 pinned to host a, so node 1's
+    sidecar is on host b, bound on host b's cluster address. `sgl-seat prometheus-config` (run on host a) lists both
     nodes' sidecars; host a reaches node 1's exporter through the namespace network, and a real Prometheus
-    started on host a from that file scrapes it (`up` 1 for node 1's target, node 1's own samples counter)."""
+    started on host a from that file scrapes it (`up` 1 for node 1's target, node 1's own samples counter). Then
+    the link of host a, node 0's host, goes down under traffic: node 0 names itself node-isolated from its own
+    interface's state, node 1 names node 0 unreachable, and their merge names node 0."""
     cl = netns_cluster
     home = tmp_path / "home"
     spec = _spec(cl, tmp_path / "remote-prom.yaml", pin_node0="a")
@@ -322,40 +348,48 @@ def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsClust
         # Host a reaches node 1's sidecar exporter on host b's address (not on host b's loopback).
         text = _fetch_in(cl.ns_a, f"http://{node1}/metrics")
         assert 'sgl_seat_watchdog_samples_total{node="1"}' in text, text[:2000]
-        if PROMETHEUS is None:
-            pytest.skip("host a reached node 1's exporter; the real-Prometheus half needs Debian's prometheus "
-                        "package (apt-get install -y prometheus)")
-        prom_doc["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        cfg.write_text(yaml.safe_dump(prom_doc))
-        log = tmp_path / "prometheus.log"
-        with log.open("wb") as logf:
-            prom = subprocess.Popen(
-                ["ip", "netns", "exec", cl.ns_a, PROMETHEUS, f"--config.file={cfg}",
-                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}",
-                 "--storage.tsdb.retention.time=1h"],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        api = f"http://127.0.0.1:{PROM_PORT}/api/v1/query?query="
-        try:
-            deadline = time.monotonic() + 60
-            up_node1: list[Any] = []
-            samples: list[Any] = []
-            while time.monotonic() < deadline:
-                with contextlib.suppress(AssertionError, ValueError, KeyError):
-                    up_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
-                        f'up{{job="sgl-seat-watchdog",instance="{node1}"}}')))
-                    up_node1 = [r for r in up_doc["data"]["result"] if r["value"][1] == "1"]
-                    s_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
-                        'sgl_seat_watchdog_samples_total{node="1"}')))
-                    samples = s_doc["data"]["result"]
-                    if up_node1 and samples:
-                        break
-                time.sleep(1.0)
-            assert up_node1, f"Prometheus on host a did not scrape {node1}: " + log.read_text()[-3000:]
-            assert samples and samples[0]["metric"]["instance"] == node1, samples
-        finally:
-            stop_pid(prom)
+        if PROMETHEUS is not None:
+            _real_prometheus(cl, tmp_path, cfg, prom_doc, node1)
+        # The same seat then loses the link of node 0's host (issue 24, item 1): node 0 names itself isolated.
+        _link_down(cl, home, 0)(hosts, bundles)
 
     _up_check_down(cl, spec, home, during)
+    if PROMETHEUS is None:
+        pytest.skip("host a reached node 1's exporter; the real-Prometheus half needs Debian's prometheus "
+                    "package (apt-get install -y prometheus)")
+
+
+def _real_prometheus(cl: NetnsCluster, tmp_path: Path, cfg: Path, prom_doc: dict[str, Any], node1: str) -> None:
+    """A real Prometheus started on host a from the generated file scrapes node 1's sidecar on host b."""
+    prom_doc["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    cfg.write_text(yaml.safe_dump(prom_doc))
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as logf:
+        prom = subprocess.Popen(
+            ["ip", "netns", "exec", cl.ns_a, PROMETHEUS, f"--config.file={cfg}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+             "--storage.tsdb.retention.time=1h"],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    api = f"http://127.0.0.1:{PROM_PORT}/api/v1/query?query="
+    try:
+        deadline = time.monotonic() + 60
+        up_node1: list[Any] = []
+        samples: list[Any] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(AssertionError, ValueError, KeyError):
+                up_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                    f'up{{job="sgl-seat-watchdog",instance="{node1}"}}')))
+                up_node1 = [r for r in up_doc["data"]["result"] if r["value"][1] == "1"]
+                s_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                    'sgl_seat_watchdog_samples_total{node="1"}')))
+                samples = s_doc["data"]["result"]
+                if up_node1 and samples:
+                    break
+            time.sleep(1.0)
+        assert up_node1, f"Prometheus on host a did not scrape {node1}: " + log.read_text()[-3000:]
+        assert samples and samples[0]["metric"]["instance"] == node1, samples
+    finally:
+        stop_pid(prom)
 
 
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
