@@ -152,8 +152,15 @@ def up(
         err_console.print(styled("bold yellow", "warning:", f" {w.name}: {w.detail}"))
 
 
-def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
+def down(name: NameArg = None, json_out: JsonOpt = False,
+         local: Annotated[bool, typer.Option(
+             "--local", help="Without Ray: stop the engines of this seat's nodes that run on this host, from the "
+             "pids and process groups in its record (for a node whose raylet, agent or link is gone). Then run "
+             "`down` from the driver to remove the rest.")] = False) -> None:
     """Take a seat down on every node, then check that no engine process remains (non-zero if one does).
+
+    A node whose agent does not answer within a few seconds is left out and named, with the pids it left running;
+    the record is kept, so `down` can be run again once the node is back, or `down --local` on that host.
 
     With --json: the stage timings and the survivors (none when it is down) as JSON on stdout.
     """
@@ -162,6 +169,29 @@ def down(name: NameArg = None, json_out: JsonOpt = False) -> None:
 
     seat = resolve_name(name)
     out = err_console if json_out else console
+    if local:
+        done = teardown.down_local(seat)
+        if json_out:
+            print_json({"seat": seat, "local": True, "nodes": list(done.nodes),
+                        "stopped": {str(k): v for k, v in done.stopped.items()}, "survivors": done.survivors,
+                        "record_saved": done.saved})
+        else:
+            for n in done.nodes:
+                pids = done.stopped.get(n) or []
+                out.print(f"node {n}: " + (f"stopped pids {', '.join(map(str, pids))}" if pids else
+                                           "no engine process was running"))
+            if not done.saved:
+                err_console.print(styled("bold yellow", "warning:", " the seat's record could not be saved"))
+        if done.survivors:
+            from sgl_seat.errors import EngineError
+
+            raise EngineError("still alive after `down --local`:\n  " + "\n  ".join(done.survivors),
+                              fix="kill those pids by hand (they are the seat's own), then run `sgl-seat down "
+                                  "--local` again")
+        if not json_out:
+            console.print(f"seat {seat}: nothing of node(s) {', '.join(map(str, done.nodes))} is left on this host;"
+                          f" run `sgl-seat down {seat}` from the driver to remove the rest")
+        return
     out.print(f"down: seat {seat}")
     rep = ConsoleReporter(out)
     try:

@@ -9,6 +9,7 @@ survived is returned (or raised as :class:`NotDown`), never hidden.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -31,6 +32,10 @@ from sgl_seat.launch.supervisor import stop_supervisor
 log = logging.getLogger(__name__)
 
 KILL_GRACE = 10.0
+#: Seconds each node's agent has to answer `down`'s first call. A node that does not (its raylet or host gone, its
+#: link down) is left out of everything that follows, so `down` is bounded (issue 24: <= 20 s with one node
+#: unreachable) and names it, with its recorded pids, instead of waiting out every later call's timeout.
+REACH_S = 3.0
 
 
 @contextlib.contextmanager
@@ -46,8 +51,19 @@ def sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
+def _local_addresses() -> set[str]:
+    import psutil
+
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+
+
 def same_host(node: NodeRecord) -> bool:
-    return node.host_id is not None and node.host_id == host_id()
+    """Is ``node`` on this host: the same kernel (host id) and, where its address is recorded, that address one of
+    this host's own. Why the address too: two network namespaces share a kernel (and every pid) but are two hosts
+    to the seat, and `down --local` on one of them must stop that host's node alone."""
+    if node.host_id is None or node.host_id != host_id():
+        return False
+    return node.ip is None or node.ip in _local_addresses()
 
 
 def _describe(node_rank: int, survivors: Sequence[dict[str, Any]]) -> list[str]:
@@ -67,9 +83,10 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
     st = stages or Stages(NullReporter())
     survivors: list[str] = []
     reached: set[int] = set()
+    unreachable: dict[int, str] = {}
     if connected and owns_ray:
         try:
-            _teardown_ray(rec, st, survivors, reached)
+            _teardown_ray(rec, st, survivors, reached, unreachable)
         except ClusterError as exc:  # Ray stopped answering: go on with what this host can do by pid
             log.warning("%s", exc)
             if not rec.local_cluster:  # a local cluster goes away with its holder below
@@ -81,8 +98,7 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
             if same_host(node):
                 survivors += _local_kill(node)
             elif owns_ray:
-                survivors.append(f"node {node.node_rank}: its agent did not answer; engine pgid {node.pgid} on"
-                                 f" {node.ip} could not be checked")
+                survivors.append(unreachable_line(rec, node, unreachable.get(node.node_rank)))
     if rec.local_cluster:
         with st.stage("cluster", "local Ray cluster stopped") as note:
             lc = localcluster.load_cluster_record(localcluster.cluster_record_path(rec.name))
@@ -106,9 +122,47 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
     return sorted(set(survivors))
 
 
-def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: set[int]) -> None:
+def unreachable_line(rec: SeatRecord, node: NodeRecord, why: str | None) -> str:
+    """What `down` says of a node it could not reach: which, why, what it left running there, and how to finish."""
+    where = node.ip or "its host"
+    if node.host:
+        where += f", host {node.host}"
+    pids = f"pids {', '.join(map(str, node.pids))}" if node.pids else "no pid recorded"
+    return (f"node {node.node_rank} ({where}) unreachable ({why or 'its agent did not answer'}): its engine "
+            f"(pgid {node.pgid}, {pids}) was not stopped; run `sgl-seat down --local {rec.name}` on that host, or "
+            f"`sgl-seat down {rec.name}` again once it answers (the record is kept)")
+
+
+def _reach(rec: SeatRecord) -> tuple[list[Any], dict[int, str]]:
+    """Every node's agent asked at once, each under what is left of REACH_S: (the clients that answered, node ->
+    why not, for the others)."""
+    from sgl_seat.launch.agentclient import AgentClient
+
+    why: dict[int, str] = {}
+    clients: list[AgentClient] = []
+    for n in rec.nodes:
+        c = get_agent(rec.name, n.node_rank)  # a ClusterError here is the GCS's, not the node's: teardown says so
+        if c is None:
+            why[n.node_rank] = "its agent is not found in Ray"
+        else:
+            clients.append(c)
+    refs = [(c, c.submit("engine_state")) for c in clients]
+    deadline = time.monotonic() + REACH_S
+    ok: list[AgentClient] = []
+    for c, ref in refs:
+        try:
+            c.wait(ref, max(0.1, deadline - time.monotonic()), "engine_state")
+            ok.append(c)
+        except ClusterError as exc:
+            why[c.node_rank] = f"no answer in {REACH_S:g} s: {exc.message.splitlines()[0][:160]}"
+    return ok, why
+
+
+def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: set[int],
+                  unreachable: dict[int, str]) -> None:
     """Through Ray: the supervisor, sidecars, each node's engine group (``reached``: the nodes that answered),
-    agents, group. The supervisor goes first: it must not take the engines going down for a hang to heal."""
+    agents, group. The supervisor goes first: it must not take the engines going down for a hang to heal. Nodes
+    whose agent does not answer within REACH_S are left out of every step (``unreachable``: node -> why)."""
     try:
         if rec.on_hang != "capture":  # only then did `up` start one
             stop_supervisor(rec.name, rec.namespace)
@@ -116,13 +170,19 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
         log.warning("stopping the supervisor failed: %s", exc)
     except SeatError as exc:
         survivors.append(exc.message)
+    with st.stage("reach", f"each node's agent asked (at most {REACH_S:g} s)") as note:
+        clients, why = _reach(rec)
+        unreachable.update(why)
+        note["detail"] = (f"{len(clients)} of {len(rec.nodes)} answered" +
+                          "".join(f"; node {n}: {w}" for n, w in sorted(why.items())))
+    answered = {c.node_rank for c in clients}
     with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
         if not rec.no_watchdog:
-            try:
-                stop_sidecars(context_of(rec))
+            try:  # the sidecars of the nodes that answered (an unreachable one would cost the stop's timeout)
+                ctx = context_of(rec)
+                stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in answered)))
             except Exception as exc:  # a sidecar bug must not keep engines alive
                 log.warning("stopping sidecars failed: %s", exc)
-        clients = [c for c in (get_agent(rec.name, n.node_rank) for n in rec.nodes) if c is not None]
         refs = [(c, c.submit("kill_engine", KILL_GRACE)) for c in clients]
         for c, ref in refs:
             try:
@@ -138,7 +198,7 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
         for c in clients:
             with contextlib.suppress(Exception):
                 bounded("ray.kill(agent)", ray.kill, c.handle, no_restart=True, timeout=10.0)
-        note["detail"] = _wait_agents_gone(rec)
+        note["detail"] = _wait_agents_gone(rec, answered)
     with st.stage("placement", "placement group removed") as note:
         pg = placement.find_group(rec.pg_name)
         if pg is None:
@@ -149,12 +209,14 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
             survivors.append(f"placement group {rec.pg_name} is not REMOVED")
 
 
-def _wait_agents_gone(rec: SeatRecord, timeout: float = 10.0) -> str:
-    """Ray's kill is asynchronous: wait until the names are free (and, on this host, the pids gone)."""
+def _wait_agents_gone(rec: SeatRecord, nodes: set[int], timeout: float = 10.0) -> str:
+    """Ray's kill is asynchronous: wait until the names of ``nodes``' agents are free (and, on this host, the pids
+    gone)."""
     deadline = time.monotonic() + timeout
+    mine = [n for n in rec.nodes if n.node_rank in nodes]
     while time.monotonic() < deadline:
-        named = [n.node_rank for n in rec.nodes if get_agent(rec.name, n.node_rank) is not None]
-        local = [n for n in rec.nodes if same_host(n) and n.agent_pid and procs.find(n.agent_pid) is not None]
+        named = [n.node_rank for n in mine if get_agent(rec.name, n.node_rank) is not None]
+        local = [n for n in mine if same_host(n) and n.agent_pid and procs.find(n.agent_pid) is not None]
         if not named and not local:
             return "gone"
         time.sleep(0.1)
@@ -208,6 +270,58 @@ def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) 
                         fix=f"remove {record_path(name)} by hand once the home takes writes (`sgl-seat status` "
                             "shows the seat until then)") from None
     return stages.times
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalDown:
+    """What `down --local` did on this host: per node, what it stopped and what is still alive."""
+
+    seat: str
+    nodes: tuple[int, ...]
+    stopped: dict[int, list[int]]
+    survivors: list[str]
+    saved: bool
+
+
+def down_local(name: str) -> LocalDown:
+    """`down --local`: on this host and without Ray, stop the engine process groups of the seat's nodes that run
+    here, from the pids and process groups in the seat's record (their create times guard against reused pids).
+
+    Why: a node whose raylet, agent or link is gone cannot be reached by `down`, and its engines (each in its own
+    session) outlive their agent. The record keeps what was stopped (a node with no process left), so a later
+    `down` from the driver skips it and removes the rest (sidecars, agents, the placement group, the record).
+    """
+    rec = load_record(name)
+    mine = [n for n in rec.nodes if same_host(n)]
+    if not mine:
+        where = ", ".join(f"node {n.node_rank}: {n.ip or '?'}" + (f" (host {n.host})" if n.host else "")
+                          for n in rec.nodes)
+        raise SeatError(f"no node of seat {name!r} runs on this host ({where})",
+                        fix="run `sgl-seat down --local` on the host of the node to stop, with this seat's record "
+                            "(SGL_SEAT_HOME) readable there")
+    stopped: dict[int, list[int]] = {}
+    survivors: list[str] = []
+    with sigint_ignored():
+        for node in mine:
+            known = [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
+            alive = [p.pid for p in procs.members(node.pgid, (), known)]
+            left = _local_kill(node) if (node.pgid or node.processes) else []
+            stopped[node.node_rank] = alive
+            survivors += left
+            if not left:  # nothing of this node's engine is left: `down` has nothing to stop there any more
+                node.pgid, node.processes, node.pids, node.alive = None, [], [], False
+    if survivors:
+        why = "`down --local` left: " + "; ".join(survivors)
+    else:
+        why = (f"`down --local` stopped node(s) {', '.join(str(n.node_rank) for n in mine)} on this host; run "
+               "`sgl-seat down` to remove the rest")
+    if rec.state.can_become(SeatState.FAILED) and rec.state is not SeatState.FAILED:
+        rec.set_state(SeatState.FAILED, why)  # not serving whole any more, whatever it was
+    else:
+        rec.reason, rec.updated_at = why, time.time()
+    saved = _try_save(rec) is None
+    return LocalDown(seat=name, nodes=tuple(n.node_rank for n in mine), stopped=stopped,
+                     survivors=sorted(set(survivors)), saved=saved)
 
 
 def _try_save(rec: SeatRecord) -> HomeError | None:

@@ -20,6 +20,7 @@ detectors have been quiet for ``RECOVER_S`` *and* it has seen progress since the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -216,7 +217,7 @@ class Sidecar:
             self.probes.read(self._pid_ranks(), now)
         if self.metrics is not None and now - self._last_metrics >= METRICS_EVERY_S:
             self._last_metrics = now
-            self.metrics.poll(now)
+            self.metrics.poll_in_background(now)  # never in the tick: an unreachable /metrics waits out its timeout
         self.logs.poll(now)
         self.exporter.sampler_up.set(1 if self.sampler.state == "ok" else 0)
         infl = [a for p in (self.probes.in_flight() if self.probes else []) if (a := p.inflight_age(now)) is not None]
@@ -292,8 +293,12 @@ class Sidecar:
         ``node-unreachable``, with its own healthy side as evidence."""
         if not lost and not self._own_link_down(now):
             return None
+        # The head is tried here only where it decides (every one of two or more peers silent: the route rule);
+        # elsewhere its connect (up to HEAD_CONNECT_S when the route is gone) waits for the capture's part.
+        peers = self.cfg.nnodes - 1
+        decides = peers >= 2 and len(lost) >= peers
         check = selfcheck.take(self.cfg.node, now, interfaces=self.cfg.interfaces,
-                               head_address=self.cfg.head_address, silent=lost, peers=self.cfg.nnodes - 1,
+                               head_address=self.cfg.head_address if decides else None, silent=lost, peers=peers,
                                net_root=self._net_root, ib_root=self._ib_root)
         self.self_check = check
         if own_side_gone(check):
@@ -468,6 +473,8 @@ class Sidecar:
 
                 env = dict(psutil.Process(mains[0].pid).environ())
         check = self.self_check
+        if check is not None and check.head is None and self.cfg.head_address:  # evidence, off the tick
+            check = self.self_check = dataclasses.replace(check, head=selfcheck.reach_head(self.cfg.head_address))
         part = cap.node_part(
             node=self.cfg.node, procs=pids, pyspy=self.sampler.pyspy, samples=self.sampler.samples(),
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],

@@ -179,6 +179,24 @@ class MetricsPoller:
         self._client = httpx.Client(timeout=timeout_s, trust_env=False)
         self.errors = 0
         self.last_error: str | None = None
+        self._busy = threading.Lock()
+
+    def poll_in_background(self, now: float) -> bool:
+        """Start one :meth:`poll` on a thread of its own and return at once; False while the last one still runs.
+
+        Why: the sidecar's tick is its detector. A scrape of an address that went away (node 0's link down) waits out
+        its timeout, and in the tick that second delayed every check behind it, the loss of a node included."""
+        if not self._busy.acquire(blocking=False):
+            return False
+
+        def run() -> None:
+            try:
+                self.poll(now)
+            finally:
+                self._busy.release()
+
+        threading.Thread(target=run, name="sgl-seat-metrics", daemon=True).start()
+        return True
 
     def poll(self, now: float) -> MetricsPoint | None:
         try:

@@ -9,16 +9,23 @@ by pid: the pids ``ip netns pids`` lists in the two namespaces, which only these
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
-from launchutil import REPO, cli_argv
+import yaml
+from launchutil import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv
 
 SCRIPT = REPO / "scripts" / "netns-cluster.sh"
 TOKEN_ENV = "SGL_SEAT_TEST_RAY_TOKEN"
@@ -60,15 +67,15 @@ class NetnsCluster:
             out[ns] = [int(p) for p in res.stdout.split()]
         return out
 
-    def run_cli(self, args: list[str], home: Path, *, timeout: float = 300.0,
-                token: bool = True) -> subprocess.CompletedProcess[str]:
-        """The CLI as a driver on host a (a driver needs a raylet on its own host)."""
+    def run_cli(self, args: list[str], home: Path, *, timeout: float = 300.0, token: bool = True,
+                ns: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The CLI as a driver on host a (a driver needs a raylet on its own host), or in namespace ``ns``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a real cluster: no one-host mode
         env.update({"SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", "RAY_USAGE_STATS_ENABLED": "0"})
         if token:
             env[TOKEN_ENV] = self.token
-        return subprocess.run(["ip", "netns", "exec", self.ns_a, *cli_argv(), *args], env=env, capture_output=True,
-                              text=True, timeout=timeout, check=False, cwd=home.parent)
+        return subprocess.run(["ip", "netns", "exec", ns or self.ns_a, *cli_argv(), *args], env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False, cwd=home.parent)
 
 
 def cannot_run() -> str | None:
@@ -145,3 +152,63 @@ def raylet_pid(cl: NetnsCluster, ns: str) -> int:
         except psutil.Error:
             continue
     raise AssertionError(f"no raylet in {ns}")
+
+
+def seat_spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None, http_port: int = 31210) -> Path:
+    """The local sim seat on the two hosts (draft on), each host with its own interface and env; ``pin_node0``: the
+    host that holds node rank 0 (None: Ray picks); ``http_port``: the seat's port block starts there."""
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
+    doc["name"] = "netns-sim"
+    doc["model"]["config"] = str(MODEL_CONFIG)
+    doc["draft"]["enabled"] = True
+    hosts = []
+    for name, addr, ifn in (("a", cl.addr_a, cl.if_a), ("b", cl.addr_b, cl.if_b)):
+        h: dict[str, Any] = {"name": name, "address": addr, "env": {"GLOO_SOCKET_IFNAME": ifn}, "interfaces": [ifn],
+                             "ray_resource": f"sgl-host-{name}"}
+        if pin_node0 == name:
+            h["node_rank"] = 0
+        hosts.append(h)
+    doc["cluster"].update(address=cl.gcs, token_env=TOKEN_ENV, hosts=hosts)
+    doc["network"].pop("node_env")
+    doc["network"].update(env={}, host="0.0.0.0", http_port=http_port, dist_init_port=http_port + 5)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def traffic(url: str, stop: threading.Event) -> None:
+    """Completions in a loop (direct, never through a proxy) so that the ranks run collectives across the hosts."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = json.dumps({"model": "sim-dsv41", "prompt": "hello " * 20, "max_tokens": 32}).encode()
+    while not stop.is_set():
+        try:
+            req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            opener.open(req, timeout=5).read()
+        except OSError:
+            stop.wait(0.2)
+
+
+def seat_bundles(root: Path) -> list[dict[str, Any]]:
+    """Every complete bundle's manifest under ``root``, with its ``path``."""
+    out = []
+    for m in sorted(root.glob("*/manifest.json")):
+        if m.parent.name.startswith("."):  # still being written (renamed into place when complete)
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            out.append({**json.loads(m.read_text()), "path": str(m.parent)})
+    return out
+
+
+@contextlib.contextmanager
+def under_traffic(cl: NetnsCluster, host0: str, http_port: int = 31210) -> Iterator[None]:
+    """Four clients of node 0's host (ranks run collectives across the hosts), 3 s before the body runs."""
+    stop_ev = threading.Event()
+    pumps = [threading.Thread(target=traffic, args=(f"http://{cl.addr_of(host0)}:{http_port}", stop_ev), daemon=True)
+             for _ in range(4)]
+    for t in pumps:
+        t.start()
+    try:
+        time.sleep(3.0)  # traffic flowing across the hosts first
+        yield
+    finally:
+        stop_ev.set()

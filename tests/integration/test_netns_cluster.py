@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -35,8 +34,18 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, MODEL_CONFIG, stop_pid
-from netnsutil import TOKEN_ENV, NetnsCluster, cannot_run, engine_pids, raylet_pid, start, stop
+from launchutil import stop_pid
+from netnsutil import (
+    NetnsCluster,
+    cannot_run,
+    engine_pids,
+    raylet_pid,
+    seat_bundles,
+    seat_spec,
+    start,
+    stop,
+    under_traffic,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -61,25 +70,6 @@ def netns_cluster() -> Iterator[NetnsCluster]:
     finally:
         left = stop(cl)
         assert not left, left
-
-
-def _spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None) -> Path:
-    doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
-    doc["name"] = "netns-sim"
-    doc["model"]["config"] = str(MODEL_CONFIG)
-    doc["draft"]["enabled"] = True
-    hosts = []
-    for name, addr, ifn in (("a", cl.addr_a, cl.if_a), ("b", cl.addr_b, cl.if_b)):
-        h: dict[str, Any] = {"name": name, "address": addr, "env": {"GLOO_SOCKET_IFNAME": ifn}, "interfaces": [ifn],
-                             "ray_resource": f"sgl-host-{name}"}
-        if pin_node0 == name:
-            h["node_rank"] = 0
-        hosts.append(h)
-    doc["cluster"].update(address=cl.gcs, token_env=TOKEN_ENV, hosts=hosts)
-    doc["network"].pop("node_env")
-    doc["network"].update(env={}, host="0.0.0.0", http_port=31210, dist_init_port=31215)
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,
@@ -137,48 +127,11 @@ def test_each_node_gets_its_hosts_env_whichever_host_ray_picks(netns_cluster: Ne
     follows; a per-rank env would fail preflight on one of the two placements). Watchdog off: these ups hold the
     placement and the env, the later ones the watchdog."""
     cl = netns_cluster
-    spec = _spec(cl, tmp_path / "free.yaml")
+    spec = seat_spec(cl, tmp_path / "free.yaml")
     seen = [_up_check_down(cl, spec, tmp_path / "home", plain=True) for _ in range(FREE_UPS)]
     for hosts in seen:
         assert sorted(hosts.values()) == ["a", "b"], seen  # one node per host, each checked in _up_check_down
     print("node 0 on host:", [h[0] for h in seen])
-
-
-def _traffic(url: str, stop: threading.Event) -> None:
-    """Completions in a loop (direct, never through a proxy) so that the ranks run collectives across the hosts."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps({"model": "sim-dsv41", "prompt": "hello " * 20, "max_tokens": 32}).encode()
-    while not stop.is_set():
-        try:
-            req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            opener.open(req, timeout=5).read()
-        except OSError:
-            stop.wait(0.2)
-
-
-def _bundles(root: Path) -> list[dict[str, Any]]:
-    out = []
-    for m in sorted(root.glob("*/manifest.json")):
-        if m.parent.name.startswith("."):  # still being written (renamed into place when complete)
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            out.append({**json.loads(m.read_text()), "path": str(m.parent)})
-    return out
-
-
-@contextlib.contextmanager
-def _under_traffic(cl: NetnsCluster, host0: str) -> Iterator[None]:
-    stop_ev = threading.Event()
-    pumps = [threading.Thread(target=_traffic, args=(f"http://{cl.addr_of(host0)}:31210", stop_ev), daemon=True)
-             for _ in range(4)]
-    for t in pumps:
-        t.start()
-    try:
-        time.sleep(3.0)  # traffic flowing across the hosts first
-        yield
-    finally:
-        stop_ev.set()
 
 
 def _wait_bundles(bundles: Path, t0: float, *, local: bool, limit: float = 30.0
@@ -187,7 +140,7 @@ def _wait_bundles(bundles: Path, t0: float, *, local: bool, limit: float = 30.0
     coord: tuple[dict[str, Any], float] | None = None
     mine = None
     while time.monotonic() - t0 < limit and (coord is None or (local and mine is None)):
-        for b in _bundles(bundles):
+        for b in seat_bundles(bundles):
             if b["nodes"] == [0] and coord is None:
                 coord = (b, time.monotonic() - t0)
             if b["nodes"] == [1] and mine is None:
@@ -198,7 +151,7 @@ def _wait_bundles(bundles: Path, t0: float, *, local: bool, limit: float = 30.0
 
 def _check_node1_unreachable(coord: tuple[dict[str, Any], float] | None, bundles: Path, what: str) -> dict[str, Any]:
     """Node 0's bundle: within BUNDLE_WITHIN_S, node-unreachable on node 1 with ranks 2-3, last seen named."""
-    assert coord is not None, f"no bundle from node 0 after {what}: {_bundles(bundles)}"
+    assert coord is not None, f"no bundle from node 0 after {what}: {seat_bundles(bundles)}"
     b, took = coord
     print(f"{what} -> node 0's bundle: {took:.2f} s; evidence: {b['verdict']['evidence']}")
     assert took < BUNDLE_WITHIN_S, f"the bundle came {took:.1f} s after {what}"
@@ -229,7 +182,7 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
     def during(hosts: dict[int, str], bundles: Path) -> None:
         link = cl.link_of(hosts[cut])
         ifname = cl.if_a if hosts[cut] == "a" else cl.if_b
-        with _under_traffic(cl, hosts[0]):
+        with under_traffic(cl, hosts[0]):
             subprocess.run(["ip", "link", "set", link, "down"], check=True, timeout=10)
             t_down = time.monotonic()
             try:
@@ -257,7 +210,7 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
             assert doc["verdict"]["kind"] == "node-unreachable"
             assert "node 1 (ranks 2, 3) missing from this bundle" in doc["divergence"]["summary"]
         else:
-            assert coord is not None and local is not None, _bundles(bundles)
+            assert coord is not None and local is not None, seat_bundles(bundles)
             _check_isolated(coord[0], 0, ifname, "node 0's link down")
             v = local["verdict"]
             print(f"node 0's link down -> node 1's bundle: {v['kind']}, node {v['node']}")
@@ -287,7 +240,7 @@ def test_pinned_node0_moves_then_node1_link_down_is_node_unreachable(netns_clust
     merge` joins the two, and once the link is back `down` leaves no engine process."""
     cl = netns_cluster
     home = tmp_path / "home"
-    hosts = _up_check_down(cl, _spec(cl, tmp_path / "pinned.yaml", pin_node0="b"), home, _link_down(cl, home, 1))
+    hosts = _up_check_down(cl, seat_spec(cl, tmp_path / "pinned.yaml", pin_node0="b"), home, _link_down(cl, home, 1))
     assert hosts == {0: "b", 1: "a"}
 
 
@@ -329,7 +282,7 @@ def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsClust
     interface's state, node 1 names node 0 unreachable, and their merge names node 0."""
     cl = netns_cluster
     home = tmp_path / "home"
-    spec = _spec(cl, tmp_path / "remote-prom.yaml", pin_node0="a")
+    spec = seat_spec(cl, tmp_path / "remote-prom.yaml", pin_node0="a")
     doc = yaml.safe_load(spec.read_text())
     doc.setdefault("watchdog", {})["exporter_bind"] = "cluster"
     spec.write_text(yaml.safe_dump(doc))
@@ -392,21 +345,64 @@ def _real_prometheus(cl: NetnsCluster, tmp_path: Path, cfg: Path, prom_doc: dict
         stop_pid(prom)
 
 
+#: Acceptance (issue 24): `down` with one node unreachable returns within this many seconds.
+DOWN_WITHIN_S = 20.0
+
+
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 6: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
-    started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s. Last
-    in the module: host b has no raylet afterwards."""
+    started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s. Then
+    (issue 24, item 3) `down` from host a returns within 20 s, stops node 0, names node 1 unreachable with its pids
+    and keeps the record; `down --local` on host b stops host b's engines from the record (nothing of them is left);
+    a second `down` from host a removes the rest and the record. Last in the module: host b has no raylet
+    afterwards."""
     cl = netns_cluster
     home = tmp_path / "home"
+
+    def b_engines() -> list[int]:
+        return sorted(p for ns, p, _ in engine_pids(cl) if ns == cl.ns_b)
 
     def during(hosts: dict[int, str], bundles: Path) -> None:
         assert hosts == {0: "a", 1: "b"}
         pid = raylet_pid(cl, cl.ns_b)
-        with _under_traffic(cl, hosts[0]):
+        before = b_engines()
+        assert before
+        with under_traffic(cl, hosts[0]):
             os.kill(pid, signal.SIGKILL)
             coord, _ = _wait_bundles(bundles, time.monotonic(), local=False)
         _check_node1_unreachable(coord, bundles, "host b's raylet killed")
+        outlived = b_engines()
+        print(f"host b's engine processes: {len(before)} before the raylet went, {len(outlived)} alive after "
+              f"(each engine group is in its own session; its agent died with the raylet)")
+        t0 = time.monotonic()
+        res = cl.run_cli(["down", "netns-sim", "--json"], home, timeout=120)
+        took = time.monotonic() - t0
+        print(f"down with node 1 unreachable: {took:.1f} s, exit {res.returncode}")
+        assert took <= DOWN_WITHIN_S, res.stderr[-3000:]
+        assert res.returncode != 0, res.stdout  # not down everywhere: said, and the record kept
+        doc = json.loads(res.stdout)
+        line = next(s for s in doc["survivors"] if s.startswith("node 1 "))
+        print("down said:", line)
+        assert f"node 1 ({cl.addr_b}, host b) unreachable" in line and "down --local netns-sim" in line
+        for p in outlived:
+            assert str(p) in line or not psutil.pid_exists(p), (p, line)  # every engine pid still alive is named
+        assert (home / "seats" / "netns-sim.json").exists()
+        assert [p for ns, p, _ in engine_pids(cl) if ns == cl.ns_a] == []  # node 0 (reachable) is down
+        # On host b, without Ray: its engines stopped from the record.
+        local = cl.run_cli(["down", "--local", "netns-sim", "--json"], home, timeout=120, ns=cl.ns_b)
+        assert local.returncode == 0, local.stdout + local.stderr
+        ldoc = json.loads(local.stdout)
+        print("down --local on host b:", ldoc)
+        assert ldoc["nodes"] == [1] and ldoc["survivors"] == []
+        assert b_engines() == []
+        # Back on host a: the rest (the placement group, the agents' names, the record) goes.
+        t0 = time.monotonic()
+        again = cl.run_cli(["down", "netns-sim"], home, timeout=120)
+        print(f"down again: {time.monotonic() - t0:.1f} s, exit {again.returncode}")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert not (home / "seats" / "netns-sim.json").exists()
+        assert list(engine_pids(cl)) == []
 
-    # No `down`: its calls to host b's agent and sidecar wait out their timeouts until Ray marks the node dead
-    # (tens of seconds of CI); the cluster's removal after this last test ends every process left, by pid.
-    _up_check_down(cl, _spec(cl, tmp_path / "pin-a.yaml", pin_node0="a"), home, during, down=False)
+    # `down` runs inside ``during`` (three times, as above); the cluster's removal after this last test ends
+    # every process left, by pid.
+    _up_check_down(cl, seat_spec(cl, tmp_path / "pin-a.yaml", pin_node0="a"), home, during, down=False)
