@@ -1,4 +1,4 @@
-"""CUDA graph replays: the probe around a graph-replay entry, with CUDA events before and after each replay.
+"""CUDA graph replays: the probe around a graph-replay entry, with CUDA events on each replay's stream.
 
 Why: SGLang decodes, and verifies the draft, by replaying CUDA graphs captured per shape (SGLang 0.5.23:
 ``DecodeCudaGraphRunner.execute`` calls ``self.backend.replay(shape_key, forward_batch)``, the backend being
