@@ -27,8 +27,9 @@ the evidence):
    rank's peers have their probed calls in flight too, waiting in it (:func:`collective_wait`); only when
    every late call waits in a collective does the earliest start decide. A CUDA graph replay's record
    (``ProbeRecord.graph_key`` set: SGLang's decode and verify, where the host-table read is a kernel inside
-   the graph) is read the same way: its CUDA events before and after the replay say it started and has not
-   finished, and the verdict says "in flight on the GPU: graph replay, N tokens" with its shape key.
+   the graph) is read the same way: its CUDA events say it started (its start event, or the previous replay on
+   its stream ended) and has not finished (its end event), and the verdict says "in flight on the GPU: graph
+   replay, N tokens" with its shape key.
 4. **stack unchanged**: a scheduler's main-thread stack identical for ``stack_unchanged_samples``
    samples while requests run and nothing progresses, and, where the rank is probed, none of its probed
    calls began or ended between those samples (:func:`went_round`). Ranks stuck in a collective are victims, so the
@@ -589,9 +590,9 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
                              & pc.target_is(worst.target)].tolist()
     if worst.graph_replay:
         # A CUDA graph replay: the row fetch is a kernel inside the graph; the record is the replay's (its gather
-        # size the replayed graph's token count, its key the captured shape), timed by events before and after it.
+        # size the replayed graph's token count, its key the captured shape), timed by its CUDA events (graph.py).
         what = f"graph replay, {worst.gather_size} tokens, shape key {worst.graph_key}"
-        where = (f"in flight on the GPU: {what} (CUDA events before and after the replay: started on the stream, "
+        where = (f"in flight on the GPU: {what} (the replay's CUDA events: started on the stream, "
                  "not finished; the replay call itself returned)") if on_gpu else f"in flight ({what})"
         sized = f"graph replay of {worst.gather_size} tokens, shape key {worst.graph_key}"
     else:

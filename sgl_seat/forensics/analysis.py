@@ -167,7 +167,7 @@ def _graph_latencies_ms(pt: ProbeColumns, now: float) -> tuple[F64, Mask]:
     """Per graph-replay record, its latency in ms and whether it is in flight at ``now``.
 
     A replay's host call only launches the graph (microseconds): what took long is its work on the stream,
-    timed by the CUDA events before and after it. So where the record has GPU times the latency is the GPU
+    timed by its CUDA events (graph.py). So where the record has GPU times the latency is the GPU
     work's (its age so far while in flight on the GPU), else the host call's; in flight is either."""
     host_fl = np.isnan(pt.end)
     gpu_fl = pt.gpu_in_flight_at(now)

@@ -337,8 +337,8 @@ def render_html(result: ReplayResult) -> str:
                         _td(x["in_flight"], True)] for x in rf["buckets"]], [x["stalled"] for x in rf["buckets"]]))
     if rf.get("graph_buckets"):
         out.append(f"<h3>CUDA graph replays by token count</h3><p>{rf['graph_replays']:,} replays, "
-                   f"{rf['graph_in_flight']} in flight at the trigger (GPU time between the events before and after "
-                   "each replay)</p>")
+                   f"{rf['graph_in_flight']} in flight at the trigger (GPU time from each "
+                   "replay's CUDA events)</p>")
         out.append(_table(["tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
                           [[_td(gather_bucket_label(x["gather_size_min"])), _td(", ".join(map(str, x["shape_keys"]))),
                             _td(x["count"], True), _td(x["p50_ms"], True), _td(x["p99_ms"], True),

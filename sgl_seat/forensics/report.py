@@ -103,7 +103,7 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = [t]
     if rf.get("graph_buckets"):
         g = Table(title=f"CUDA graph replays by token count ({rf['graph_replays']:,} replays, "
-                        f"{rf['graph_in_flight']} in flight; GPU time between the events before and after each)",
+                        f"{rf['graph_in_flight']} in flight; GPU time from each replay's CUDA events)",
                   title_justify="left", show_edge=False)
         for c in ("tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"):
             g.add_column(c, justify="right")

@@ -2,7 +2,9 @@
 
 SGLang decodes, and verifies the draft, by replaying CUDA graphs; the Engram host-table read is a kernel inside the
 graph, with no Python of its own. The probe wraps the replay entry (``FullCudaGraphBackend.replay(self, shape_key,
-static_forward_batch)``) and records CUDA events before and after each replay on the replay stream. CI has no GPU,
+static_forward_batch)``) and records CUDA events on the replay stream: an end event after each replay, a start event
+before it where the previous replay on the stream was already seen done (else its start is bounded by that one's end;
+``SGL_SEAT_PROBE_GRAPH_START_EVENTS=always``: both events every replay). CI has no GPU,
 so a fake backend shaped like SGLang's (``_cuda_graph_runner`` with ``captured_req_width`` and
 ``ragged_verify_mode``) and fake events (completed only when the test says so, in record order per stream, as a
 stalled kernel keeps every later event of its stream pending) drive the real wrapper, ring and reader. The real
@@ -59,6 +61,7 @@ class CudaStandIn:
         self.streams: dict[int, object] = {}
         self.creates = 0
         self.capture_checks = 0
+        self.null_calls = 0  # a record or query of a NULL event (a shared start has none: never asked about)
 
         def create(out: object, flags: int) -> int:
             self.creates += 1
@@ -68,11 +71,17 @@ class CudaStandIn:
             return 0
 
         def record(ev: int, stream: int) -> int:
+            if not ev:
+                self.null_calls += 1
+                return 1
             assert self.streams[stream or 0] is g.current, "the event goes on the replay's (current) stream"
             self.events[ev].record()
             return 0
 
         def query(ev: int) -> int:
+            if not ev:
+                self.null_calls += 1
+                return 400  # cudaErrorInvalidResourceHandle
             try:
                 return 0 if self.events[ev].query() else 600
             except RuntimeError:
@@ -139,6 +148,9 @@ def _backend_module(name: str, *, width: int, ragged: bool = False) -> types.Mod
 
             def replay(self, shape_key, static_forward_batch, **kwargs):
                 self.replays += 1
+                hook = getattr(self, "hook", None)
+                if hook is not None:
+                    hook()  # the reader running while the replay has the GIL released
                 return "out"
     """), f"<{name}>", "exec"), mod.__dict__)
     sys.modules[name] = mod
@@ -152,7 +164,7 @@ def _records() -> list[ProbeRecord]:
 
 
 def _install(name: str, width: int = 4, ragged: bool = False, *, path: str,
-             captures: list[int] | None = None) -> tuple[types.ModuleType, FakeGpu]:
+             captures: list[int] | None = None, start_events: str | None = None) -> tuple[types.ModuleType, FakeGpu]:
     mod = _backend_module(name, width=width, ragged=ragged)
     state = probe.install([f"{name}:Backend.replay@shape_key:graph"])
     assert state[f"{name}:Backend.replay@shape_key:graph"] == "installed"
@@ -164,10 +176,10 @@ def _install(name: str, width: int = 4, ragged: bool = False, *, path: str,
         create, record, query, capturing = cuda.addr
         timer = graph.enable_graph_native([0] if captures is None else captures, cuda.stream_handle, 0,
                                           record=record, query=query, create=create, capturing=capturing,
-                                          start_thread=False)
+                                          start_thread=False, start_events=start_events)
     else:
         timer = graph.enable_graph(lambda: FakeEvent(g), lambda: g.capturing, start_thread=False,
-                                   stream_key=lambda: g.current)
+                                   stream_key=lambda: g.current, start_events=start_events)
     assert timer is not None
     assert isinstance(timer, graph.NativeReplayTimer) == (path == "native")
     return mod, g
@@ -191,7 +203,8 @@ def test_the_native_path_is_the_one_used_where_it_builds(path: str, ring_dir: Pa
 
 def test_a_replay_is_one_record_with_its_token_count_shape_key_and_two_events(path: str, ring_dir: Path) -> None:
     """GIVEN a verify graph captured for 8 requests x 4 draft tokens WHEN it replays THEN one ring record says it
-    was a graph replay of shape key 8 with 32 tokens, and two events went on the replay stream around it."""
+    was a graph replay of shape key 8 with 32 tokens, and two events went on the replay stream around it
+    (the first replay on the stream: nothing is queued before it, so it records its own start event)."""
     mod, g = _install("fake_backend_a", width=4, path=path)
     backend = mod.Backend()
     assert backend.replay(ShapeKey(8), None) == "out" and backend.replays == 1
@@ -317,6 +330,288 @@ def test_the_python_wrapper_drives_the_c_timer_too(native_only: None, path: str,
     assert timer.poll(now=1e12) == 0
     (rec,) = _records()
     assert rec.gather_size == 32 and rec.graph_key == 8 and rec.gpu_end is not None
+
+
+# ---- one event per replay in steady state (the start bounded by the previous replay's end) ----------------------
+
+def _stats(timer: object) -> tuple[int, int, int]:
+    """(replays timed, start events recorded, starts bounded by the previous end) of either timer."""
+    return timer.recorded, timer.start_events, timer.start_shared  # type: ignore[attr-defined]
+
+
+def _null_calls(g: FakeGpu) -> int:
+    cuda = getattr(g, "cuda", None)
+    return 0 if cuda is None else int(cuda.null_calls)
+
+
+def test_a_burst_ahead_of_the_gpu_records_one_start_event(path: str, ring_dir: Path) -> None:
+    """GIVEN the fake GPU behind the host (nothing completes) WHEN 5 replays are launched THEN 6 events went on the
+    stream: one start event (the first replay's: nothing was queued) and 5 end events; the other 4 starts are bounded
+    by their predecessor's end. No NULL event is ever recorded or queried."""
+    mod, g = _install("fake_backend_j", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    for _ in range(5):
+        b.replay(ShapeKey(2), None)
+    assert len(g.current.recorded) == 6, "one start event, then one end event per replay"
+    assert _stats(timer) == (5, 1, 4)
+    assert timer.poll(now=1e12) == 5
+    assert [r.gpu_start for r in _records()] == [None] * 5, "all queued: nothing completed"
+    g.current.complete(10**6)
+    assert timer.poll(now=2e12) == 0
+    assert all(r.gpu_end is not None for r in _records()) and timer.errors == 0 and _null_calls(g) == 0
+
+
+def test_two_events_per_replay_where_the_switch_says_always(path: str, ring_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN SGL_SEAT_PROBE_GRAPH_START_EVENTS=always (the bench's two-event arm) WHEN 5 replays run ahead of the GPU
+    THEN 10 events: a start and an end per replay, as before the change."""
+    monkeypatch.setenv(graph.ENV_GRAPH_START_EVENTS, "always")
+    mod, g = _install("fake_backend_k", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None and timer.start_events_mode == "always"
+    for _ in range(5):
+        b.replay(ShapeKey(2), None)
+    assert len(g.current.recorded) == 10
+    assert _stats(timer) == (5, 5, 0)
+    g.current.complete(3)  # the first replay's pair, the second's start event
+    assert timer.poll(now=1e12) == 4
+    first, second, *rest = _records()
+    assert first.gpu_end is not None and second.gpu_start is not None and second.gpu_end is None
+    assert all(r.gpu_start is None for r in rest)
+
+
+def test_the_start_switch_defaults_to_shared_and_reads_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(graph.ENV_GRAPH_START_EVENTS, raising=False)
+    assert graph.start_events_mode() == "shared"
+    assert graph.start_events_mode("always") == "always" == graph.start_events_mode(" Always ")
+    assert graph.start_events_mode("shared") == "shared" == graph.start_events_mode("bogus")
+    monkeypatch.setenv(graph.ENV_GRAPH_START_EVENTS, "always")
+    assert graph.start_events_mode() == "always"
+
+
+def test_a_shared_start_is_started_when_its_predecessor_is_seen_done(path: str, ring_dir: Path) -> None:
+    """GIVEN two replays, the second without a start event WHEN the first is only started THEN the second stays
+    queued; WHEN the first's end is seen done at T1 THEN the second is started, from max(its host launch, T1), and
+    it stays started (in flight) until its own end; its published start never moves after that."""
+    mod, g = _install("fake_backend_l", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    b.replay(ShapeKey(1), None)
+    b.replay(ShapeKey(1), None)
+    assert _stats(timer) == (2, 1, 1) and len(g.current.recorded) == 3
+    g.current.complete(1)  # the first replay's start event
+    first, second = _records()
+    t0 = second.start + 50.0
+    assert timer.poll(now=t0) == 2
+    first, second = _records()
+    assert first.gpu_start == pytest.approx(t0) and first.gpu_end is None
+    assert second.gpu_start is None, "queued: its predecessor has not ended"
+    g.current.complete(1)  # the first replay's end event
+    t1 = t0 + 7.0
+    assert timer.poll(now=t1) == 1
+    first, second = _records()
+    assert first.gpu_end == pytest.approx(t1)
+    assert second.gpu_start is not None and second.gpu_end is None
+    assert second.gpu_start >= second.start and second.gpu_start >= t1
+    assert second.gpu_start == pytest.approx(max(second.start, t1))
+    assert second.gpu_in_flight(t1 + 1.0)
+    assert timer.poll(now=t1 + 2.0) == 1
+    assert _records()[1].gpu_start == pytest.approx(t1), "the start is published once"
+    g.current.complete(1)
+    assert timer.poll(now=t1 + 3.0) == 0
+    second = _records()[1]
+    assert second.gpu_start == pytest.approx(t1) and second.gpu_end == pytest.approx(t1 + 3.0)
+    assert _null_calls(g) == 0, "a replay without a start event: its start is never queried"
+
+
+def test_a_shared_start_done_in_the_same_poll_as_its_predecessor(path: str, ring_dir: Path) -> None:
+    """GIVEN three replays (one start event) all complete before one poll at T THEN all are done, each start at
+    max(its host launch, T) and none after its end."""
+    mod, g = _install("fake_backend_m", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    for _ in range(3):
+        b.replay(ShapeKey(1), None)
+    g.current.complete(10)
+    t = _records()[-1].start + 1.0
+    assert timer.poll(now=t) == 0
+    for r in _records():
+        assert r.gpu_start == pytest.approx(max(r.start, t)) and r.gpu_end == pytest.approx(t)
+
+
+def test_the_stall_behind_a_completed_replay_ages_from_when_that_one_was_seen_done(path: str,
+                                                                                  ring_dir: Path) -> None:
+    """GIVEN a replay that completed (seen done at T1) and the next one, with no start event of its own, stalled on
+    the GPU WHEN the detectors ask THEN the stalled one is in flight from T1 (not from its host launch: an idle gap
+    before it would otherwise age it), late past the 3 s threshold only at T1 + 3 s, and the replay behind it queued."""
+    mod, g = _install("fake_backend_n", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    for _ in range(3):
+        b.replay(ShapeKey(8), None)
+    assert _stats(timer) == (3, 1, 2)
+    g.current.complete(2)  # the first replay: its start and end events; the second never ends
+    t1 = _records()[-1].start + 100.0  # an idle gap of 100 s between the launches and the first's end being seen
+    assert timer.poll(now=t1) == 2
+    done, stalled, behind = _records()
+    assert done.gpu_end == pytest.approx(t1)
+    assert stalled.gpu_start == pytest.approx(t1) and behind.gpu_start is None
+    assert stalled.inflight_age(t1 + 2.5) == pytest.approx(2.5)
+    assert behind.inflight_age(t1 + 2.5) is None, "queued behind the stall: not in flight"
+    pc = ProbeColumns.from_records([done, stalled, behind])
+    th = TH.rowfetch_inflight_s
+    assert np.isnan(pc.late_since(t1 + th - 0.1, th)).all()
+    late = pc.late_since(t1 + th + 0.1, th)
+    assert np.isnan(late[[0, 2]]).all() and late[1] == pytest.approx(t1)
+
+
+def test_after_a_dropped_predecessor_the_follower_is_not_started_before_its_end(path: str, ring_dir: Path) -> None:
+    """GIVEN a replay launched while its predecessor is unresolved (no start event of its own) WHEN the predecessor
+    is dropped (its query fails) while the replay runs THEN the follower has no start knowledge: it stays queued,
+    never in flight, until its own end completes, and then it is done. The next replay records its own start."""
+    mod, g = _install("fake_backend_o", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    b.replay(ShapeKey(1), None)  # the predecessor: start and end events
+
+    def drop_predecessor() -> None:
+        g.fail_query = True
+        timer.poll(now=1e12)
+        g.fail_query = False
+
+    b.hook = drop_predecessor
+    b.replay(ShapeKey(1), None)  # the follower: its end event only
+    b.hook = None
+    assert _stats(timer) == (2, 1, 1) and timer.errors == 1
+    dropped, follower = _records()
+    assert not dropped.gpu and follower.gpu and follower.gpu_start is None
+    g.current.complete(2)  # the dropped one's events; the follower's end has not completed
+    assert timer.poll(now=2e12) == 1
+    follower = _records()[1]
+    assert follower.gpu_start is None and follower.inflight_age(3e12) is None, "no invented start"
+    g.current.complete(1)
+    assert timer.poll(now=4e12) == 0
+    follower = _records()[1]
+    assert follower.gpu_start == pytest.approx(4e12) and follower.gpu_end == pytest.approx(4e12)
+    b.replay(ShapeKey(1), None)
+    assert _stats(timer) == (3, 2, 1), "nothing unresolved on the stream: its own start event"
+    assert _null_calls(g) == 0
+
+
+def test_a_stream_dropped_together_leaves_nothing_behind(path: str, ring_dir: Path) -> None:
+    """GIVEN a burst sharing starts WHEN a query fails THEN every replay of the stream goes untimed, and the next
+    replay records its own start event (nothing of that stream is unresolved)."""
+    mod, g = _install("fake_backend_p", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    for _ in range(3):
+        b.replay(ShapeKey(1), None)
+    g.fail_query = True
+    assert timer.poll(now=1e12) == 0
+    g.fail_query = False
+    assert [r.gpu for r in _records()] == [False, False, False]
+    b.replay(ShapeKey(1), None)
+    assert _stats(timer) == (4, 2, 2)
+    g.current.complete(10**6)
+    assert timer.poll(now=2e12) == 0 and _records()[-1].gpu_end is not None and _null_calls(g) == 0
+
+
+def test_a_predecessor_seen_done_while_the_replay_runs_still_bounds_its_start(path: str, ring_dir: Path) -> None:
+    """GIVEN a replay launched while its predecessor was unresolved WHEN the reader sees the predecessor done while
+    the replay runs (the GIL released), at a time before the replay's host launch THEN at the next poll the replay
+    is started from its host launch (the later of the two), not left queued."""
+    mod, g = _install("fake_backend_q", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    b.replay(ShapeKey(1), None)
+
+    def resolve_predecessor() -> None:
+        g.current.complete(2)
+        assert timer.poll(now=1.0) == 0  # 1970: before any host launch
+
+    b.hook = resolve_predecessor
+    b.replay(ShapeKey(1), None)
+    b.hook = None
+    assert _stats(timer) == (2, 1, 1)
+    assert timer.poll(now=2e12) == 1
+    _first, second = _records()
+    assert second.gpu_start == pytest.approx(second.start) and second.gpu_end is None
+
+
+def test_each_stream_bounds_its_own_replays(path: str, ring_dir: Path) -> None:
+    """GIVEN replays alternating on two streams, the GPU behind WHEN they launch THEN each stream records one start
+    event; WHEN only the first stream's first replay completes THEN that stream's second replay is started and the
+    other stream's are unchanged (its first started from its own start event only once that completes)."""
+    mod, g = _install("fake_backend_r", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    s0, s1 = g.stream("s0"), g.stream("s1")
+    for s in (s0, s1, s0, s1):
+        g.current = s
+        b.replay(ShapeKey(1), None)
+    assert (len(s0.recorded), len(s1.recorded)) == (3, 3)
+    assert _stats(timer) == (4, 2, 2)
+    s0.complete(2)
+    t = _records()[-1].start + 5.0
+    assert timer.poll(now=t) == 3
+    a0, a1, b0, b1 = _records()
+    assert a0.gpu_end is not None and b0.gpu_start == pytest.approx(t) and b0.gpu_end is None
+    assert a1.gpu_start is None and b1.gpu_start is None
+    s1.complete(1)
+    assert timer.poll(now=t + 1.0) == 3
+    a1 = _records()[1]
+    assert a1.gpu_start == pytest.approx(t + 1.0) and _records()[3].gpu_start is None
+
+
+def test_a_replay_queued_in_between_keeps_a_later_one_queued(path: str, ring_dir: Path) -> None:
+    """GIVEN a replay whose start is bounded by its predecessor P, and another replay queued on the same stream
+    between its launch and its end (another thread's, here a nested one) WHEN only P completes THEN the one queued
+    in between is started and the later one stays queued behind it (both were bounded by P's end)."""
+    mod, g = _install("fake_backend_t", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert timer is not None
+    b.replay(ShapeKey(1), None)  # P
+
+    def nested() -> None:
+        b.hook = None
+        b.replay(ShapeKey(2), None)  # queued while the outer replay runs
+
+    b.hook = nested
+    b.replay(ShapeKey(3), None)
+    assert _stats(timer) == (3, 1, 2)
+    g.current.complete(2)  # P's start and end
+    t = max(r.start for r in _records()) + 1.0
+    assert timer.poll(now=t) == 2
+    recs = {r.graph_key: r for r in _records()}
+    assert recs[1].gpu_end is not None
+    assert recs[2].gpu_start == pytest.approx(t), "the one queued in between: next on the stream"
+    assert recs[3].gpu_start is None, "behind an unresolved replay of its stream: queued"
+    g.current.complete(1)
+    assert timer.poll(now=t + 1.0) == 1
+    recs = {r.graph_key: r for r in _records()}
+    assert recs[2].gpu_end is not None and recs[3].gpu_start == pytest.approx(t + 1.0)
+
+
+def test_the_c_timer_pools_only_real_events(native_only: None, path: str, ring_dir: Path) -> None:
+    """GIVEN bursts sharing their starts WHEN the reader resolves them THEN exactly the events made go back to the
+    pool (no NULL for a start that had none), and later replays make none."""
+    mod, g = _install("fake_backend_s", width=1, path=path)
+    b, timer = mod.Backend(), graph.replay_timer()
+    assert isinstance(timer, graph.NativeReplayTimer)
+    for _ in range(4):
+        b.replay(ShapeKey(1), None)
+    g.current.complete(10**6)
+    assert timer.poll(now=1e12) == 0
+    st = probe.writer._native().graph_stats()  # type: ignore[union-attr]
+    assert st["created"] == 5 and st["pool"] == 5 and st["start_events"] == 1 and st["start_shared"] == 3
+    for _ in range(4):
+        b.replay(ShapeKey(1), None)
+    g.current.complete(10**6)
+    assert timer.poll(now=2e12) == 0
+    st = probe.writer._native().graph_stats()  # type: ignore[union-attr]
+    assert st["created"] == 5 and st["pool"] == 5 and st["always"] == 0
+    assert g.cuda.creates == 5 and _null_calls(g) == 0  # type: ignore[attr-defined]
 
 
 def test_the_runner_width_is_read_once_per_owner(path: str, ring_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""CUDA graph replays: the probe around a graph-replay entry, with CUDA events before and after each replay.
+"""CUDA graph replays: the probe around a graph-replay entry, with CUDA events on each replay's stream.
 
 Why: SGLang decodes, and verifies the draft, by replaying CUDA graphs captured per shape (SGLang 0.5.23:
 ``DecodeCudaGraphRunner.execute`` calls ``self.backend.replay(shape_key, forward_batch)``, the backend being
@@ -10,22 +10,37 @@ left per step is the replay itself; wrapping it gives one ring slot per replay:
 - the gather size is the replayed graph's *token count* (:func:`replay_shape`: the shape key's size, times the
   runner's tokens per request where the key counts requests), and the slot's target word carries the graph
   flag and the shape key (:func:`.ring.target_word`), so the record says it was a replay and of which graph;
-- a CUDA event is recorded on the current (replay) stream before the replay and one after it; a reader thread
-  (``sgl-seat-probe-graph``) queries them off the hot path and publishes into the same ring's GPU state and side
-  area as :mod:`.gpu` does: *queued* until the start event completes, *started* (with that moment) until the
-  end event completes, then *done*. A replay whose end never comes is "in flight on the GPU: graph replay, N
-  tokens" (``core/detect.py``) and names its rank;
+- a CUDA event is recorded on the current (replay) stream after each replay, and one before it where needed (next
+  paragraph); a reader thread (``sgl-seat-probe-graph``) queries them off the hot path and publishes into the same
+  ring's GPU state and side area as :mod:`.gpu` does: *queued* until the replay's start is known, *started* (with
+  that moment) until the end event completes, then *done*. A replay whose end never comes is "in flight on the
+  GPU: graph replay, N tokens" (``core/detect.py``) and names its rank;
 - while a graph is being captured (the capture hooks' count, or ``torch.cuda.is_current_stream_capturing()``)
   no event is recorded and the replay runs untimed: an event recorded then would belong to the captured graph.
 
-Two events, not :mod:`.gpu`'s one with a start bound: a replay is one launch of a whole step's kernels, and the
-previous probed work on the stream may be far behind it (the sampling, the eager parts of the step), so a
-bound would count all of that into the replay's age. Events are plain (no timing: half the record cost) unless
-``SGL_SEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a 3 s threshold.
+One event per replay in steady state, two where needed. A replay records its start event only where the previous
+timed replay on its stream has already been seen done by the reader (or none is queued there, or it was dropped).
+Otherwise (the host runs ahead of the GPU: the previous replay on the stream is still queued or unresolved, the
+usual case, since the reader polls every 20 ms) it records only its end event, and its start is bounded by the
+previous replay's end on that stream, as :mod:`.gpu` bounds an eager call's ("the next call's start bound is when
+the previous event completed"): it counts as *started* once the reader has seen that previous replay done, from
+``max(its host launch, when that end was seen done)``. Why: the two records were most of the C path's cost (~2.4 us
+added per replay with events against ~0.5 us host only on an H200, ``bench/gpu/results/2026-12-01-h200-graphs-run8-
+graph_cost.json``; 2 us asked). Why it is safe for the in-flight rule (3 s): that start is never earlier than the host
+launch nor than the previous replay's end, so an idle gap never ages a replay; work launched between two replays on
+the stream that is not a replay (the sampling, the eager parts of a step) counts into the next replay's time, which is
+milliseconds against 3 s; and the start is seen at the poll after the previous end, up to a poll period late. Where
+the previous replay was dropped (a query failed), the next one has no start knowledge: it stays *queued* until its
+own end completes (no start is invented). The hot path decides from cheap state only (whether the stream's last
+queued replay is still unresolved), never a query. ``SGL_SEAT_PROBE_GRAPH_START_EVENTS=always`` records both events
+around every replay (the exact start; the bench's two-event arm); the timers count start events recorded
+(``start_events``) and starts bounded by the previous end (``start_shared``). Events are plain (no timing: half the
+record cost) unless ``SGL_SEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a
+3 s threshold.
 
 Two paths, as for the eager writer (:func:`.writer._native`): where the C writer builds, the wrapper is its
 ``GraphWrapper`` (``probe_native.c``) and, in a CUDA process, the timer is :class:`NativeReplayTimer`: the
-capture test, both records (``cudaEventRecord`` on events of its own pool), the queue and the reader's queries
+capture test, the records (``cudaEventRecord`` on events of its own pool), the queue and the reader's queries
 (``cudaEventQuery``, the GIL released) are C. Elsewhere the Python wrapper and :class:`ReplayTimer` below do the
 same job. Why: the Python path added ~14 us per replay with events on an H200 (~4 us host only; the target is
 2 us): the wrapper's own Python (the shape key's getattr chain through the runner, a target-word function call,
@@ -33,7 +48,7 @@ the argument tuple and dict), two records through Python functions and torch's r
 reader thread resolving every replay in Python while holding the GIL, which the replaying thread then waited for
 (the reader's work per replay was the hot path's). Which path a process took: :func:`graph_path`.
 
-Why a module of its own: replays are a different call shape (two events around one launch, a shape key) from
+Why a module of its own: replays are a different call shape (events around one launch, a shape key) from
 the eager row fetch the writer and :mod:`.gpu` serve, and the installer only needs :func:`make_graph_wrapper`.
 """
 
@@ -76,9 +91,25 @@ from .targets import GRAPH_MODE, TargetSpec
 
 ENV_GRAPH = "SGL_SEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
 ENV_GRAPH_TIMING = "SGL_SEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
-__all__ = ["ENV_GRAPH", "ENV_GRAPH_TIMING", "GRAPH_MODE", "NativeReplayTimer", "ReplayTimer", "disable_graph",
-           "enable_graph", "enable_graph_native", "graph_path", "make_graph_wrapper", "replay_shape", "replay_timer"]
+#: shared (default): a start event only where the stream's previous replay was seen done (else bounded by its end);
+#: always: a start event before every replay (two events per replay, the exact start)
+ENV_GRAPH_START_EVENTS = "SGL_SEAT_PROBE_GRAPH_START_EVENTS"
+START_SHARED, START_ALWAYS = "shared", "always"
+__all__ = ["ENV_GRAPH", "ENV_GRAPH_START_EVENTS", "ENV_GRAPH_TIMING", "GRAPH_MODE", "START_ALWAYS", "START_SHARED",
+           "NativeReplayTimer", "ReplayTimer", "disable_graph", "enable_graph", "enable_graph_native", "graph_path",
+           "make_graph_wrapper", "replay_shape", "replay_timer", "start_events_mode"]
 PREFILL_PAIRS = 256
+
+
+def start_events_mode(value: str | None = None) -> str:
+    """``always`` or ``shared`` (the default) from ``value`` or ``SGL_SEAT_PROBE_GRAPH_START_EVENTS``; an unknown
+    value is warned about once and taken as the default."""
+    raw = (os.environ.get(ENV_GRAPH_START_EVENTS, "") if value is None else value).strip().lower()
+    if raw in ("always", "two", "2", "both"):
+        return START_ALWAYS
+    if raw not in ("", "shared", "auto", "default", "one", "1"):
+        warn_once("graph-start-events", f"{ENV_GRAPH_START_EVENTS}={raw!r} is not 'always' or 'shared': shared")
+    return START_SHARED
 
 
 def replay_shape(owner: Any, key: Any) -> tuple[int, int]:
@@ -102,20 +133,44 @@ def replay_shape(owner: Any, key: Any) -> tuple[int, int]:
     return size * width, size
 
 
+_PENDING, _SEEN_DONE, _DROPPED = 0, 1, 2  # a _Replay's state
+
+
+class _Replay:
+    """One timed replay in its stream's queue (ReplayTimer's; the C timer's gt_entry)."""
+
+    __slots__ = ("b", "c", "ev0", "ev1", "prev", "seen", "state")
+
+    def __init__(self, ev0: Any, ev1: Any, b: int, c: int, prev: _Replay | None) -> None:
+        self.ev0, self.ev1, self.b, self.c = ev0, ev1, b, c
+        self.prev = prev  # without a start event: the stream's previous replay, whose end bounds this one's start
+        self.state = _PENDING  # then _SEEN_DONE, or _DROPPED (a query on its stream failed)
+        self.seen = 0.0  # when its end was seen done (state _SEEN_DONE)
+
+    def bound(self) -> float | None:
+        """When the previous replay on the stream was seen done, where it was and this one has no start event."""
+        p = self.prev
+        return p.seen if p is not None and p.state == _SEEN_DONE else None
+
+
 class ReplayTimer:
-    """CUDA events before and after each replay on its stream, resolved into the ring by :meth:`poll`.
+    """CUDA events around each replay on its stream, resolved into the ring by :meth:`poll`.
 
     ``event_factory`` makes one event; ``stream_key()`` names the current stream; ``record(event, key)`` records
     on it; ``query(event)`` says whether it completed; ``capturing()`` whether a graph is being captured;
     ``event_time(event)`` (optional) the wall time it completed. The hot path (:meth:`before`, :meth:`after`)
-    pops pooled events and records them: no query, no synchronisation, no allocation once the pool is warm.
+    pops pooled events and records them: no query, no synchronisation, no allocation once the pool is warm. An end
+    event after every replay; a start event before it only where the previous timed replay on its stream was already
+    seen done by the reader (or none is queued there), else its start is bounded by that replay's end (the module
+    doc says why that is safe for the in-flight rule); ``start_events`` ``"always"``: a start event every replay.
     """
 
     def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
                  nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
                  stream_key: Callable[[], Any] | None = None, record: Callable[[Any, Any], Any] | None = None,
                  query: Callable[[Any], bool] | None = None, thread_init: Callable[[], None] | None = None,
-                 event_time: Callable[[Any], float | None] | None = None) -> None:
+                 event_time: Callable[[Any], float | None] | None = None,
+                 start_events: str = START_SHARED) -> None:
         self._factory = event_factory
         self.capturing = capturing
         self.stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
@@ -130,46 +185,62 @@ class ReplayTimer:
         self.idle_poll_s = max(poll_s, 0.2)
         self._clock = clock
         self._free: list[Any] = []
-        # Per stream, replays in launch order: (start event, end event, slot word, call number).
-        self._streams: dict[Any, collections.deque[tuple[Any, Any, int, int]]] = {}
+        # Per stream, replays in launch order.
+        self._streams: dict[Any, collections.deque[_Replay]] = {}
         self._queued = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.start_events_mode = start_events_mode(start_events)
+        self._always = self.start_events_mode == START_ALWAYS
         self.errors = 0
-        self.recorded = 0  # replays timed with their two events
+        self.recorded = 0  # replays timed (their end event recorded and queued)
+        self.start_events = 0  # start events recorded
+        self.start_shared = 0  # replays whose start is bounded by the previous replay's end (no start event)
 
     # -- hot path ------------------------------------------------------------------------------------
-    def before(self) -> tuple[Any, Any] | None:
-        """The start event recorded on the current stream, with the stream's key; None: this replay goes untimed
-        (a capture in progress, too many unresolved replays, an error)."""
+    def before(self) -> tuple[Any, Any, _Replay | None] | None:
+        """(start event or None, the stream's key, the previous replay whose end bounds this one's start or None);
+        None: this replay goes untimed (a capture in progress, too many unresolved replays, an error)."""
         try:
             if self._queued >= self._limit or self.capturing():
                 return None
             key = self.stream_key()
+            if not self._always:
+                dq = self._streams.get(key)
+                try:
+                    prev = dq[-1] if dq is not None else None  # the stream's last replay, still unresolved
+                except IndexError:  # the reader resolved it just now
+                    prev = None
+                if prev is not None:
+                    self.start_shared += 1
+                    return None, key, prev
             ev = self._free.pop() if self._free else self._factory()
             self._record(ev, key)
-            return ev, key
+            self.start_events += 1
+            return ev, key, None
         except Exception as exc:
             self.errors += 1
             warn_once("graph-record", f"cannot record a CUDA event before a graph replay ({type(exc).__name__}: {exc})")
             return None
 
-    def after(self, started: tuple[Any, Any], b: int, c: int) -> bool:
+    def after(self, started: tuple[Any, Any, Any], b: int, c: int) -> bool:
         """The end event after the replay in slot word ``b`` (call ``c``) on the start's stream, queued for the
         reader; False where it cannot be recorded (the slot then goes back to untimed)."""
-        ev0, key = started
+        ev0, key, prev = started
         try:
             ev1 = self._free.pop() if self._free else self._factory()
             self._record(ev1, key)
         except Exception as exc:
             self.errors += 1
-            self._free.append(ev0)
+            if ev0 is not None:
+                self._free.append(ev0)
             warn_once("graph-record", f"cannot record a CUDA event after a graph replay ({type(exc).__name__}: {exc})")
             return False
         q = self._streams.get(key)
         if q is None:
             q = self._streams[key] = collections.deque()
-        q.append((ev0, ev1, b, c))
+        # (prev may have been resolved meanwhile, the replay releasing the GIL: poll reads its state then)
+        q.append(_Replay(ev0, ev1, b, c, prev if ev0 is None else None))
         self._queued += 1
         self.recorded += 1
         return True
@@ -179,7 +250,8 @@ class ReplayTimer:
         """Publish what completed since the last poll; returns how many replays are still unresolved.
 
         Per stream, replays complete in launch order: each done one (its end event completed) gets *done*; the
-        first one not done gets *started* once its start event completed; the ones behind it stay *queued*.
+        first one not done gets *started* once its start event completed or, without one, once the previous replay
+        on the stream was seen done (from then: :class:`_Replay`.bound); the ones behind it stay *queued*.
         """
         q, d = writer._Q, writer._D
         t = self._clock() if now is None else now
@@ -187,28 +259,44 @@ class ReplayTimer:
         for dq in list(self._streams.values()):
             try:
                 while dq:
-                    ev0, ev1, b, c = dq[0]
-                    if self._query(ev1):
-                        self._publish(q, d, b, c, GPU_DONE, self._when(ev0, t), self._when(ev1, t))
+                    r = dq[0]
+                    if self._query(r.ev1):
+                        bound = r.bound() if r.ev0 is None else None
+                        start = self._when(r.ev0, t) if r.ev0 is not None else (t if bound is None else bound)
+                        r.seen = self._when(r.ev1, t)
+                        self._publish(q, d, r.b, r.c, GPU_DONE, start, r.seen)
+                        r.state, r.prev = _SEEN_DONE, None  # (None: no chain of replays kept alive)
                         dq.popleft()
-                        self._free.extend((ev0, ev1))
+                        if r.ev0 is not None:
+                            self._free.append(r.ev0)
+                        self._free.append(r.ev1)
+                        r.ev0 = r.ev1 = None
                         continue
-                    if q is not None and q[b + _W_CALL] == c and q[b + _W_GPU] == GPU_QUEUED and self._query(ev0):
-                        self._publish(q, d, b, c, GPU_STARTED, self._when(ev0, t), None)
+                    if q is not None and q[r.b + _W_CALL] == r.c and q[r.b + _W_GPU] == GPU_QUEUED:
+                        if r.ev0 is not None:
+                            if self._query(r.ev0):
+                                self._publish(q, d, r.b, r.c, GPU_STARTED, self._when(r.ev0, t), None)
+                        else:
+                            bound = r.bound()
+                            if bound is not None:
+                                self._publish(q, d, r.b, r.c, GPU_STARTED, bound, None)
+                    if r.ev0 is None and r.prev is not None and r.prev.state != _PENDING:
+                        r.prev = None  # its bound is used (or, dropped, there is none): no chain kept alive
                     break
             except Exception as exc:  # a query that fails: drop this stream's replays (untimed), never raise
                 self.errors += 1
                 warn_once("graph-query", f"cannot query a replay's CUDA event ({type(exc).__name__}: {exc})")
-                for _e0, _e1, b, c in dq:
-                    if q is not None and q[b + _W_CALL] == c:
-                        q[b + _W_GPU] = GPU_NONE
+                for r in dq:
+                    if q is not None and q[r.b + _W_CALL] == r.c:
+                        q[r.b + _W_GPU] = GPU_NONE
+                    r.state, r.prev = _DROPPED, None
                 dq.clear()
             left += len(dq)
         self._queued = left
         return left
 
     def _when(self, ev: Any, t: float) -> float:
-        if self._event_time is not None:
+        if self._event_time is not None and ev is not None:
             with contextlib.suppress(Exception):
                 at = self._event_time(ev)
                 if at is not None:
@@ -265,8 +353,10 @@ def _query_method(ev: Any) -> bool:
 
 class NativeReplayTimer:
     """:class:`ReplayTimer`'s job done by the C writer (``probe_native.c``, "CUDA graph replays"): the C
-    ``GraphWrapper`` records the two events itself and queues the pair; :meth:`poll` (its reader thread) has the C
-    side query them with the GIL released and publish what completed, with the same states as ReplayTimer.poll.
+    ``GraphWrapper`` records the events itself (an end event after every replay, a start event before it where
+    ReplayTimer would record one; ``start_events`` ``"always"``: every replay) and queues them; :meth:`poll` (its
+    reader thread) has the C side query them with the GIL released and publish what completed, with the same states
+    and start bounds as ReplayTimer.poll.
 
     ``before``/``after`` are the same hot path for a Python wrapper (the fallback wrapper in a process whose timer is
     this one: the bench's Python arm). ``nat`` is the loaded C module; the addresses are the CUDA runtime's
@@ -279,8 +369,10 @@ class NativeReplayTimer:
 
     def __init__(self, nat: Any, captures: list[int], key_fn: Callable[[Any], Any], key_arg: Any, *, record: int,
                  query: int, create: int, capturing: int = 0, nslots: int, prefill: int = 0, poll_s: float = 0.02,
-                 clock: Callable[[], float] = time.time, thread_init: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, thread_init: Callable[[], None] | None = None,
+                 start_events: str = START_SHARED) -> None:
         self._nat = nat
+        self.start_events_mode = start_events_mode(start_events)
         self.poll_s = poll_s
         self.idle_poll_s = max(poll_s, 0.2)
         self._clock = clock
@@ -288,7 +380,7 @@ class NativeReplayTimer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.prefilled = int(nat.graph_setup(self, captures, key_fn, key_arg, record, query, create, capturing,
-                                             nslots, prefill))
+                                             nslots, prefill, self.start_events_mode == START_ALWAYS))
 
     def _stats(self) -> dict[str, int]:
         stats: dict[str, int] = self._nat.graph_stats()
@@ -296,19 +388,30 @@ class NativeReplayTimer:
 
     @property
     def recorded(self) -> int:
-        """Replays timed with their two events (the C side's count)."""
+        """Replays timed: their end event recorded and queued (the C side's count)."""
         return self._stats()["recorded"]
 
     @property
     def errors(self) -> int:
         return self._stats()["errors"]
 
-    def before(self) -> tuple[int, int] | None:
-        started: tuple[int, int] | None = self._nat.graph_before()
+    @property
+    def start_events(self) -> int:
+        """Start events recorded."""
+        return self._stats()["start_events"]
+
+    @property
+    def start_shared(self) -> int:
+        """Replays whose start is bounded by the previous replay's end on the stream (no start event)."""
+        return self._stats()["start_shared"]
+
+    def before(self) -> tuple[int, int, int] | None:
+        """(stream, start event or 0, the previous entry whose end bounds the start or 0); None: untimed."""
+        started: tuple[int, int, int] | None = self._nat.graph_before()
         return started
 
-    def after(self, started: tuple[int, int], b: int, c: int) -> bool:
-        return bool(self._nat.graph_after(started[0], started[1], b, c))
+    def after(self, started: tuple[Any, Any, Any], b: int, c: int) -> bool:
+        return bool(self._nat.graph_after(started[0], started[1], started[2], b, c))
 
     def poll(self, now: float | None = None) -> int:
         """Publish what completed since the last poll; returns how many replays are still unresolved."""
@@ -345,9 +448,11 @@ def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool]
                  poll_s: float = 0.02, start_thread: bool = True, stream_key: Callable[[], Any] | None = None,
                  record: Callable[[Any, Any], Any] | None = None, query: Callable[[Any], bool] | None = None,
                  thread_init: Callable[[], None] | None = None,
-                 event_time: Callable[[Any], float | None] | None = None) -> ReplayTimer | None:
+                 event_time: Callable[[Any], float | None] | None = None,
+                 start_events: str | None = None) -> ReplayTimer | None:
     """Time graph replays with these event paths (the ring must exist; created if need be). Tests pass fakes;
-    ``start_thread=False`` leaves resolving to explicit :meth:`ReplayTimer.poll` calls."""
+    ``start_thread=False`` leaves resolving to explicit :meth:`ReplayTimer.poll` calls; ``start_events`` None:
+    ``SGL_SEAT_PROBE_GRAPH_START_EVENTS`` (:func:`start_events_mode`)."""
     global _TIMER, _DECIDED
     if not writer._ensure_ring() or writer._MM is None:
         return None
@@ -356,7 +461,7 @@ def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool]
         _TIMER.stop()
     timer = ReplayTimer(event_factory, capturing, gpu_off=gpu_off, nslots=writer._MASK + 1, poll_s=poll_s,
                         stream_key=stream_key, record=record, query=query, thread_init=thread_init,
-                        event_time=event_time)
+                        event_time=event_time, start_events=start_events_mode(start_events))
     if start_thread:
         timer.start()
     _TIMER, _DECIDED = timer, True
@@ -365,9 +470,9 @@ def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool]
 
 def enable_graph_native(captures: list[int], key_fn: Callable[[Any], Any], key_arg: Any, *, record: int,
                         query: int, create: int, capturing: int = 0, poll_s: float = 0.02, prefill: int = 0,
-                        start_thread: bool = True) -> NativeReplayTimer | None:
+                        start_thread: bool = True, start_events: str | None = None) -> NativeReplayTimer | None:
     """Time graph replays with the C writer's timer and these function addresses (tests pass ctypes callbacks);
-    None where the C writer is not loaded or the ring cannot be made."""
+    None where the C writer is not loaded or the ring cannot be made. ``start_events`` as :func:`enable_graph`'s."""
     global _TIMER, _DECIDED
     nat = writer._native()
     if nat is None or not writer._ensure_ring():
@@ -375,7 +480,8 @@ def enable_graph_native(captures: list[int], key_fn: Callable[[Any], Any], key_a
     if _TIMER is not None:
         _TIMER.stop()
     timer = NativeReplayTimer(nat, captures, key_fn, key_arg, record=record, query=query, create=create,
-                              capturing=capturing, nslots=writer._MASK + 1, prefill=prefill, poll_s=poll_s)
+                              capturing=capturing, nslots=writer._MASK + 1, prefill=prefill, poll_s=poll_s,
+                              start_events=start_events_mode(start_events))
     if start_thread:
         timer.start()
     _TIMER, _DECIDED = timer, True
@@ -408,8 +514,9 @@ def replay_timer() -> ReplayTimer | NativeReplayTimer | None:
 
 def _decide() -> ReplayTimer | NativeReplayTimer | None:
     """On the first replay (outside a capture): CUDA event paths where torch has initialised CUDA here, per
-    ``SGL_SEAT_PROBE_GRAPH``; else none (replays are timed on the host only). The C writer's timer where it is
-    loaded and its CUDA round trip works (:func:`_native_timer`), else :class:`ReplayTimer`."""
+    ``SGL_SEAT_PROBE_GRAPH`` (and ``SGL_SEAT_PROBE_GRAPH_START_EVENTS``: :func:`start_events_mode`); else none
+    (replays are timed on the host only). The C writer's timer where it is loaded and its CUDA round trip works
+    (:func:`_native_timer`), else :class:`ReplayTimer`."""
     global _TIMER, _DECIDED
     with _LOCK:
         if _DECIDED:
@@ -432,8 +539,9 @@ def _decide() -> ReplayTimer | NativeReplayTimer | None:
             capturing = gpu._graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
             if not writer._ensure_ring() or writer._MM is None:
                 return None
+            start_events = start_events_mode()  # SGL_SEAT_PROBE_GRAPH_START_EVENTS
             if not timing and _NATIVE_ALLOWED:
-                native_timer = _native_timer(torch, paths, capturing)
+                native_timer = _native_timer(torch, paths, capturing, start_events)
                 if native_timer is not None:
                     native_timer.start()
                     _TIMER = native_timer
@@ -441,7 +549,8 @@ def _decide() -> ReplayTimer | NativeReplayTimer | None:
             gpu_off = _GPU_OFF.unpack_from(writer._MM, _GPU_OFF_AT)[0]
             timer = ReplayTimer(paths.factory, capturing, gpu_off=gpu_off, nslots=writer._MASK + 1,
                                 poll_s=gpu._gpu_poll_s(), stream_key=paths.stream_key, record=paths.record,
-                                query=paths.query, thread_init=paths.thread_init, event_time=paths.event_time)
+                                query=paths.query, thread_init=paths.thread_init, event_time=paths.event_time,
+                                start_events=start_events)
             timer.prefill(min(2 * PREFILL_PAIRS, writer._MASK + 1))
             timer.start()
             _TIMER = timer
@@ -454,7 +563,8 @@ def _decide() -> ReplayTimer | NativeReplayTimer | None:
 _NATIVE_ALLOWED = True
 
 
-def _native_timer(torch: Any, paths: Any, capturing: Callable[[], bool]) -> NativeReplayTimer | None:
+def _native_timer(torch: Any, paths: Any, capturing: Callable[[], bool],
+                  start_events: str = START_SHARED) -> NativeReplayTimer | None:
     """The C writer's replay timer on the CUDA runtime's own functions, where the C writer is loaded, the capture
     test is the hooks' count (a list the C side reads) and the stream key the paths' builtin; None elsewhere or
     where an event made, recorded and queried through those addresses does not complete after a synchronize."""
@@ -493,7 +603,7 @@ def _native_timer(torch: Any, paths: Any, capturing: Callable[[], bool]) -> Nati
                                  # more than the 2 us budget allowed on an H200 (run 2, 2026-12-01)
                                  capturing=0, nslots=writer._MASK + 1,
                                  prefill=min(2 * PREFILL_PAIRS, 2 * (writer._MASK + 1)), poll_s=gpu._gpu_poll_s(),
-                                 thread_init=paths.thread_init)
+                                 thread_init=paths.thread_init, start_events=start_events)
     except Exception as exc:
         warn_once("graph-native", f"graph replays timed by the Python timer ({type(exc).__name__}: {exc})")
         return None

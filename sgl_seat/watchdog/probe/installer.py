@@ -48,7 +48,7 @@ def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
 
 def _probed(fn: Any, spec: TargetSpec) -> Any:
     """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target); a
-    graph-replay target (mode ``graph``) gets the replay wrapper, CUDA events before and after (:mod:`.graph`)."""
+    graph-replay target (mode ``graph``) gets the replay wrapper and its CUDA events (:mod:`.graph`)."""
     inner = fault.gate(fn, spec) if fault.enabled() else fn
     return make_graph_wrapper(inner, spec) if spec.graph_replay else make_wrapper(inner, spec)
 

@@ -25,9 +25,11 @@
  *   GraphWrapper(fn, tidx, pos, kw, graph_globals, ensure_ring, decide)
  *       a callable that times each CUDA graph replay fn(self, shape_key, ...) (graph.py's wrapper; see "CUDA graph
  *       replays" below)
- *   graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill)
- *                                                take the replay timer's hot path and its events (graph.py)
- *   graph_clear(timer or None), graph_poll(now), graph_stats(), graph_before(), graph_after(stream, ev, b, c)
+ *   graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill, always)
+ *                                                take the replay timer's hot path and its events (graph.py;
+ *                                                always: a start event before every replay, see below)
+ *   graph_clear(timer or None), graph_poll(now), graph_stats(), graph_before(),
+ *   graph_after(stream, ev, prev, b, c)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -658,12 +660,36 @@ static PyTypeObject WrapperType = {
  *    ragged_verify_mode are fixed at the runner's construction in SGLang 0.5.23), graph.py's _TIMER / _DECIDED read
  *    from its module dict each call;
  *  - for the timer registered by graph_setup (graph.py's NativeReplayTimer): the capture test (the hooks' count,
- *    and cudaStreamIsCapturing on the stream where given), two plain events from a pool of this file's own
- *    (cudaEventCreateWithFlags, disable-timing) recorded with cudaEventRecord on the current raw stream, and the
- *    pair queued here (a single-producer queue: producers hold the GIL);
+ *    and cudaStreamIsCapturing on the stream where given), plain events from a pool of this file's own
+ *    (cudaEventCreateWithFlags, disable-timing) recorded with cudaEventRecord on the current raw stream (an end
+ *    event after every replay, a start event before it only where needed: below), and the entry queued here (a
+ *    single-producer queue: producers hold the GIL);
  *  - graph_poll, called by graph.py's reader thread, queries the events with the GIL released (cudaEventQuery)
  *    and publishes what it found with the GIL held (a few stores per replay), as ReplayTimer.poll does: per stream
- *    in launch order, done (end event completed), started (start event completed: the first one not done), queued.
+ *    in launch order, done (end event completed), started (the first one not done, once its start is known),
+ *    queued.
+ *
+ * One event per replay in steady state. The two cudaEventRecord calls were most of the C path's cost with events
+ * (~2.4 us added per replay against ~0.5 us host only, bench/gpu/results/2026-12-01-h200-graphs-run8-graph_cost.json).
+ * A replay records its start event only where the previous timed replay on its stream has already been seen done
+ * by the reader (or none is queued there, or it was dropped); otherwise (the host runs ahead of the GPU: the
+ * previous replay is still queued or unresolved) it records only its end event, and its start is bounded by the
+ * previous replay's end on that stream (entry field prev): it counts as started once that entry is seen done (in
+ * the same poll or an earlier one), from max(its host launch (slot word 2), when that end was seen done). This is
+ * gpu.py's bound for eager calls ("the next call's start bound is when the previous event completed"). Why it is
+ * safe for the in-flight rule (a replay whose end has not completed 3 s after its start): that start is never
+ * earlier than the host launch nor than the previous replay's end, so an idle gap never ages a replay; work
+ * launched between two replays on the same stream that is not a replay (the sampling, the eager parts of a step)
+ * counts into the next replay's time, which is milliseconds against the 3 s threshold; and the start is seen at
+ * the poll after the previous end completed, up to one poll period (20 ms) late. Where the previous entry was
+ * dropped (a query failed) its follower has no start knowledge: it stays queued until its own end completes
+ * (never started from an invented start). The hot path decides from cheap state only: per stream (the last
+ * GT_STREAMS streams that replayed), the last entry it queued and whether the reader has consumed it; no query.
+ * A stream not in that table records its start event (two events: the exact start). graph_setup's always (graph.py:
+ * SGL_SEAT_PROBE_GRAPH_START_EVENTS=always) records both events before and after every replay, as before;
+ * graph_stats counts start events recorded ("start_events") and starts bounded by the previous end
+ * ("start_shared").
+ *
  * Any other timer (tests' fakes, a Python ReplayTimer) is called through its before()/after() as the Python
  * wrapper calls it. */
 typedef int (*query_fn)(void *event);
@@ -673,15 +699,29 @@ typedef int (*capturing_fn)(void *stream, int *status);
 #define GT_DONE 3
 #define GT_STARTED 2
 #define GT_QUEUED 1
+#define GT_DROPPED 4 /* an entry's outcome: a query on its stream failed (its slot went untimed) */
 #define GT_MAX_BLOCKED 64
+#define GT_STREAMS 8
 
 typedef struct {
-    void *stream, *ev0, *ev1;
+    void *stream, *ev0, *ev1; /* ev0 NULL: no start event (its start is bounded by entry prev's end, if any) */
     uint64_t b, c;
-    int found;    /* the last poll's finding: 0 nothing new, 1 start completed, 2 end completed, 3 a query failed */
-    int started;  /* published started */
-    int consumed; /* resolved: its events are back in the pool */
+    uint64_t seq;  /* this entry's position in the queue (gt_tail when queued): tells a reused queue slot */
+    uint64_t prev; /* seq + 1 of the entry on the same stream whose end bounds this one's start; 0: none */
+    double seen;   /* when the reader saw its end complete (outcome GT_DONE) */
+    int outcome;   /* once consumed: GT_DONE or GT_DROPPED */
+    int found;     /* the last poll's finding: 0 nothing new, 1 start completed, 2 end completed, 3 a query failed */
+    int started;   /* published started */
+    int consumed;  /* resolved: its events are back in the pool (written by the reader with the GIL held; the hot
+                      path reads it with an atomic load) */
 } gt_entry;
+
+/* Per stream that replayed (the last GT_STREAMS of them), seq + 1 of the last entry queued on it: the hot path's
+ * test whether the previous timed replay on the stream is still unresolved. Producers only (the GIL). */
+typedef struct {
+    void *stream;
+    uint64_t last;
+} gt_stream_last;
 
 static PyObject *gt_timer = NULL, *gt_caps = NULL, *gt_key_fn = NULL, *gt_key_arg = NULL;
 static record_fn gt_record = NULL;
@@ -695,7 +735,10 @@ static void **gt_pool = NULL; /* free events */
 static Py_ssize_t gt_npool = 0, gt_pool_cap = 0, gt_created = 0;
 static pthread_mutex_t gt_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* the pool: hot path pops, reader pushes */
 static pthread_mutex_t gt_poll_mu = PTHREAD_MUTEX_INITIALIZER; /* one reader at a time (thread or a test) */
-static uint64_t gt_recorded = 0, gt_errors = 0;
+static uint64_t gt_recorded = 0, gt_errors = 0, gt_start_events = 0, gt_start_shared = 0;
+static int gt_always = 0; /* 1: a start event before every replay (SGL_SEAT_PROBE_GRAPH_START_EVENTS=always) */
+static gt_stream_last gt_lasts[GT_STREAMS];
+static int gt_nlasts = 0, gt_lasts_next = 0;
 static PyObject *str_timer = NULL, *str_decided = NULL, *str_size = NULL, *str_runner = NULL,
                 *str_ragged = NULL, *str_width = NULL, *str_before = NULL, *str_after = NULL;
 
@@ -721,8 +764,37 @@ static void gt_push(void **evs, Py_ssize_t n) {
     pthread_mutex_unlock(&gt_pool_mu);
 }
 
-/* Before a replay: 1 with the start event recorded on the current stream (*stream, *ev0 set); 0: untimed. */
-static int gt_before(void **stream_out, void **ev_out) {
+/* seq + 1 of the last entry queued on this stream where the reader has not consumed it yet; 0: none (none queued,
+ * already seen done or dropped, or a stream not in the table). */
+static uint64_t gt_unresolved_last(void *stream) {
+    for (int k = 0; k < gt_nlasts; k++) {
+        if (gt_lasts[k].stream != stream) continue;
+        uint64_t last = gt_lasts[k].last;
+        if (last == 0) return 0;
+        gt_entry *e = &gt_q[(last - 1) & (gt_qcap - 1)];
+        if (e->seq != last - 1 || __atomic_load_n(&e->consumed, __ATOMIC_ACQUIRE)) return 0;
+        return last;
+    }
+    return 0;
+}
+
+/* The stream's last queued entry is now seq + 1 = last. */
+static void gt_set_last(void *stream, uint64_t last) {
+    for (int k = 0; k < gt_nlasts; k++) {
+        if (gt_lasts[k].stream == stream) {
+            gt_lasts[k].last = last;
+            return;
+        }
+    }
+    int k = gt_nlasts < GT_STREAMS ? gt_nlasts++ : gt_lasts_next++ % GT_STREAMS; /* the oldest row goes */
+    gt_lasts[k].stream = stream;
+    gt_lasts[k].last = last;
+}
+
+/* Before a replay: 1 where it is timed (*stream set), with either its start event recorded on the current stream
+ * (*ev set, *prev 0) or none (*ev NULL) and *prev the seq + 1 of the stream's previous entry, still unresolved, whose
+ * end bounds this replay's start; 0: untimed. */
+static int gt_before(void **stream_out, void **ev_out, uint64_t *prev_out) {
     if (gt_timer == NULL || gt_record == NULL) return 0;
     if (__atomic_load_n(&gt_tail, __ATOMIC_RELAXED) - __atomic_load_n(&gt_head, __ATOMIC_ACQUIRE) >= gt_limit)
         return 0; /* too many unresolved replays (a stalled stream): untimed, as ReplayTimer.before */
@@ -749,6 +821,14 @@ static int gt_before(void **stream_out, void **ev_out) {
         if (PyErr_Occurred()) PyErr_Clear();
         if (rc != 0 || status != 0) return 0; /* capturing (or cannot tell: the legacy stream beside a capture) */
     }
+    uint64_t prev = gt_always ? 0 : gt_unresolved_last(stream);
+    if (prev != 0) { /* the host runs ahead of the GPU here: the end event alone (see the section's comment) */
+        gt_start_shared++;
+        *stream_out = stream;
+        *ev_out = NULL;
+        *prev_out = prev;
+        return 1;
+    }
     void *ev = gt_pop();
     if (ev == NULL) {
         gt_errors++;
@@ -761,20 +841,25 @@ static int gt_before(void **stream_out, void **ev_out) {
         gt_push(&ev, 1);
         return 0;
     }
+    gt_start_events++;
     *stream_out = stream;
     *ev_out = ev;
+    *prev_out = 0;
     return 1;
 }
 
-/* After the replay in slot word b (call c): its end event recorded and the pair queued for the reader; 0 where the
- * end cannot be recorded (the caller marks the slot untimed; the start event goes back to the pool). */
-static int gt_after(void *stream, void *ev0, uint64_t b, uint64_t c) {
+/* After the replay in slot word b (call c): its end event recorded and the entry queued for the reader (ev0 its
+ * start event, or NULL with prev as gt_before gave it); 0 where the end cannot be recorded (the caller marks the slot
+ * untimed; a start event goes back to the pool). The previous entry named by prev may have been consumed meanwhile
+ * (the replay released the GIL): the reader then finds its outcome in its queue slot, or treats this one as having no
+ * start knowledge where that slot was reused. */
+static int gt_after(void *stream, void *ev0, uint64_t prev, uint64_t b, uint64_t c) {
     void *ev1 = gt_timer == NULL ? NULL : gt_pop();
     int rc = ev1 == NULL ? -1 : gt_record(ev1, stream);
     if (rc != 0 || PyErr_Occurred()) {
         PyErr_Clear();
         gt_errors++;
-        gt_push(&ev0, 1);
+        if (ev0 != NULL) gt_push(&ev0, 1);
         if (ev1 != NULL) gt_push(&ev1, 1);
         return 0;
     }
@@ -785,10 +870,15 @@ static int gt_after(void *stream, void *ev0, uint64_t b, uint64_t c) {
     e->ev1 = ev1;
     e->b = b;
     e->c = c;
+    e->seq = t;
+    e->prev = ev0 == NULL && prev <= t ? prev : 0;
+    e->seen = 0.0;
+    e->outcome = 0;
     e->found = 0;
     e->started = 0;
-    e->consumed = 0;
+    __atomic_store_n(&e->consumed, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&gt_tail, t + 1, __ATOMIC_RELEASE);
+    gt_set_last(stream, t + 1);
     gt_recorded++;
     return 1;
 }
@@ -810,6 +900,7 @@ static void gt_forget(void) {
     gt_query = NULL;
     gt_create = NULL;
     gt_capturing = NULL;
+    gt_nlasts = gt_lasts_next = 0; /* a new setup's queue starts empty */
     /* the queue and pool are kept (a reader may still be in graph_poll); a new setup replaces them */
 }
 
@@ -817,8 +908,9 @@ static PyObject *graph_setup(PyObject *mod, PyObject *args) {
     PyObject *timer, *caps, *key_fn, *key_arg;
     unsigned long long rec, qry, cre, cap;
     long long limit, prefill;
-    if (!PyArg_ParseTuple(args, "OO!OOKKKKLL", &timer, &PyList_Type, &caps, &key_fn, &key_arg, &rec, &qry, &cre,
-                          &cap, &limit, &prefill))
+    int always;
+    if (!PyArg_ParseTuple(args, "OO!OOKKKKLLp", &timer, &PyList_Type, &caps, &key_fn, &key_arg, &rec, &qry, &cre,
+                          &cap, &limit, &prefill, &always))
         return NULL;
     if (!PyCallable_Check(key_fn) || rec == 0 || qry == 0 || limit < 1) {
         PyErr_SetString(PyExc_ValueError, "graph_setup needs a key_fn, record and query addresses, a limit");
@@ -848,7 +940,8 @@ static PyObject *graph_setup(PyObject *mod, PyObject *args) {
     gt_qcap = qcap;
     gt_head = gt_tail = 0;
     gt_limit = (uint64_t)limit;
-    gt_recorded = gt_errors = 0;
+    gt_recorded = gt_errors = gt_start_events = gt_start_shared = 0;
+    gt_always = always;
     gt_record = (record_fn)(uintptr_t)rec;
     gt_query = (query_fn)(uintptr_t)qry;
     gt_create = cre ? (create_fn)(uintptr_t)cre : NULL;
@@ -899,6 +992,21 @@ static void gt_publish(uint64_t b, uint64_t c, int state, double start, double e
     w[b + W_GPU] = state;
 }
 
+/* The previous entry of e's stream (e->prev) where the reader has seen it done, still in its queue slot; NULL: not
+ * (yet) known. */
+static const gt_entry *gt_prev_done(const gt_entry *e) {
+    if (e->prev == 0) return NULL;
+    const gt_entry *p = &gt_q[(e->prev - 1) & (gt_qcap - 1)];
+    if (p->seq != e->prev - 1 || !p->consumed || p->outcome != GT_DONE) return NULL;
+    return p;
+}
+
+/* The previous entry of e's stream can no longer give e a start: it was dropped, or its queue slot was reused. */
+static int gt_prev_gone(const gt_entry *e) {
+    const gt_entry *p = &gt_q[(e->prev - 1) & (gt_qcap - 1)];
+    return p->seq != e->prev - 1 || (p->consumed && p->outcome == GT_DROPPED);
+}
+
 static PyObject *graph_poll(PyObject *mod, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
@@ -929,7 +1037,7 @@ static PyObject *graph_poll(PyObject *mod, PyObject *arg) {
             continue;
         }
         if (r1 == 600 /* cudaErrorNotReady */) {
-            if (!e->started && query(e->ev0) == 0) e->found = 1;
+            if (!e->started && e->ev0 != NULL && query(e->ev0) == 0) e->found = 1; /* (no start event: below) */
             if (nblocked < GT_MAX_BLOCKED) blocked[nblocked++] = e->stream;
             else break; /* more streams than tracked: the rest waits for the next poll */
             continue;
@@ -943,25 +1051,57 @@ static PyObject *graph_poll(PyObject *mod, PyObject *arg) {
     if (PyErr_Occurred()) PyErr_Clear(); /* a test's query callback that raised */
     void *freed[64];
     int nfreed = 0;
+    void *pending[GT_MAX_BLOCKED]; /* streams with an unresolved entry earlier in the queue than the one at hand */
+    int npending = 0, overflow = 0;
     for (uint64_t i = h; i < t; i++) {
         gt_entry *e = &gt_q[i & (gt_qcap - 1)];
         if (e->consumed) continue;
         if (e->found == 2 || e->found == 3) {
-            if (e->found == 2) gt_publish(e->b, e->c, GT_DONE, now, now, 1);
-            else if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c) ring_words[e->b + W_GPU] = GPU_NONE;
-            e->consumed = 1;
-            freed[nfreed++] = e->ev0;
+            if (e->found == 2) {
+                double start = now;
+                const gt_entry *p = e->started || e->ev0 != NULL ? NULL : gt_prev_done(e);
+                if (p != NULL) start = p->seen;
+                gt_publish(e->b, e->c, GT_DONE, start, now, 1);
+                e->seen = now;
+                e->outcome = GT_DONE;
+            } else {
+                if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c) ring_words[e->b + W_GPU] = GPU_NONE;
+                e->outcome = GT_DROPPED;
+            }
+            __atomic_store_n(&e->consumed, 1, __ATOMIC_RELEASE);
+            if (e->ev0 != NULL) freed[nfreed++] = e->ev0; /* only events: a shared start has none */
             freed[nfreed++] = e->ev1;
-            if (nfreed == 64) {
+            if (nfreed >= 62) {
                 gt_push(freed, nfreed);
                 nfreed = 0;
             }
-        } else if (e->found == 1) {
+            e->found = 0;
+            continue;
+        }
+        int behind = overflow;
+        for (int k = 0; k < npending && !behind; k++) behind = pending[k] == e->stream;
+        if (e->found == 1) {
             if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c && ring_words[e->b + W_GPU] == GT_QUEUED)
                 gt_publish(e->b, e->c, GT_STARTED, now, 0.0, 0);
             e->started = 1;
+        } else if (!e->started && e->ev0 == NULL && e->prev != 0 && !behind) {
+            /* no start event: started once the previous entry of its stream was seen done (this poll or before),
+             * from when it was; where that entry was dropped, no start is known (queued until its own end) */
+            const gt_entry *p = gt_prev_done(e);
+            if (p != NULL) {
+                if (ring_words != NULL && (uint64_t)ring_words[e->b + 1] == e->c &&
+                    ring_words[e->b + W_GPU] == GT_QUEUED)
+                    gt_publish(e->b, e->c, GT_STARTED, p->seen, 0.0, 0);
+                e->started = 1;
+            } else if (gt_prev_gone(e)) {
+                e->prev = 0;
+            }
         }
         e->found = 0;
+        if (!behind) {
+            if (npending < GT_MAX_BLOCKED) pending[npending++] = e->stream;
+            else overflow = 1; /* more streams than tracked: no start from a bound for the rest of this poll */
+        }
     }
     if (nfreed) gt_push(freed, nfreed);
     while (h < t && gt_q[h & (gt_qcap - 1)].consumed) h++;
@@ -974,25 +1114,27 @@ static PyObject *graph_poll(PyObject *mod, PyObject *arg) {
 
 static PyObject *graph_stats(PyObject *mod, PyObject *unused) {
     uint64_t queued = __atomic_load_n(&gt_tail, __ATOMIC_ACQUIRE) - __atomic_load_n(&gt_head, __ATOMIC_ACQUIRE);
-    return Py_BuildValue("{sKsKsKsnsn}", "recorded", (unsigned long long)gt_recorded, "errors",
+    return Py_BuildValue("{sKsKsKsnsnsKsKsi}", "recorded", (unsigned long long)gt_recorded, "errors",
                          (unsigned long long)gt_errors, "queued", (unsigned long long)queued, "pool", gt_npool,
-                         "created", gt_created);
+                         "created", gt_created, "start_events", (unsigned long long)gt_start_events,
+                         "start_shared", (unsigned long long)gt_start_shared, "always", gt_always);
 }
 
 /* For a Python wrapper with the native timer (the fallback wrapper beside a C timer: the bench's Python arm). */
 static PyObject *graph_before(PyObject *mod, PyObject *unused) {
     void *stream = NULL, *ev = NULL;
-    if (!gt_before(&stream, &ev)) Py_RETURN_NONE;
-    return Py_BuildValue("(NN)", PyLong_FromVoidPtr(stream), PyLong_FromVoidPtr(ev));
+    uint64_t prev = 0;
+    if (!gt_before(&stream, &ev, &prev)) Py_RETURN_NONE;
+    return Py_BuildValue("(NNK)", PyLong_FromVoidPtr(stream), PyLong_FromVoidPtr(ev), (unsigned long long)prev);
 }
 
 static PyObject *graph_after(PyObject *mod, PyObject *args) {
     PyObject *ps, *pe;
-    unsigned long long b, c;
-    if (!PyArg_ParseTuple(args, "OOKK", &ps, &pe, &b, &c)) return NULL;
+    unsigned long long prev, b, c;
+    if (!PyArg_ParseTuple(args, "OOKKK", &ps, &pe, &prev, &b, &c)) return NULL;
     void *stream = PyLong_AsVoidPtr(ps), *ev = PyLong_AsVoidPtr(pe);
     if (PyErr_Occurred()) return NULL;
-    return PyBool_FromLong(gt_after(stream, ev, b, c));
+    return PyBool_FromLong(gt_after(stream, ev, (uint64_t)prev, b, c));
 }
 
 typedef struct {
@@ -1122,11 +1264,12 @@ static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args,
     int64_t *slot = words + b;
     uint64_t lap = ((c >> ring_shift) & LAP_MASK) << END_BITS;
     void *stream = NULL, *ev0 = NULL;
+    uint64_t prev = 0;
     PyObject *started = NULL; /* a Python timer's before() */
     int native = 0;
     if (timer != NULL) {
         if (timer == gt_timer) {
-            native = gt_before(&stream, &ev0);
+            native = gt_before(&stream, &ev0, &prev);
         } else {
             started = PyObject_CallMethodNoArgs(timer, str_before);
             if (started == NULL) PyErr_Clear();
@@ -1149,7 +1292,7 @@ static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args,
         PyErr_Fetch(&et, &ev, &tb);
         int ok = 0;
         if (native) {
-            ok = gt_after(stream, ev0, b, c);
+            ok = gt_after(stream, ev0, prev, b, c);
         } else {
             PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c), *r = NULL;
             if (pb != NULL && pc != NULL) {
@@ -1267,12 +1410,14 @@ static PyMethodDef module_methods[] = {
     {"gpu_pending", gpu_pending, METH_NOARGS, "how many calls wait in the pending buffer"},
     {"gpu_set_queued", gpu_set_queued, METH_O, "gpu_set_queued(n): the timer's queued count, for its bound"},
     {"graph_setup", graph_setup, METH_VARARGS,
-     "graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill): the replay timer"},
+     "graph_setup(timer, captures, key_fn, key_arg, record, query, create, capturing, limit, prefill, always): the "
+     "replay timer"},
     {"graph_clear", graph_clear, METH_O, "graph_clear(timer or None): forget the replay timer (None: a forked child)"},
     {"graph_poll", graph_poll, METH_O, "graph_poll(now): publish what completed; returns the replays unresolved"},
     {"graph_stats", graph_stats, METH_NOARGS, "the replay timer's counters"},
-    {"graph_before", graph_before, METH_NOARGS, "graph_before(): (stream, event) recorded before a replay, or None"},
-    {"graph_after", graph_after, METH_VARARGS, "graph_after(stream, event, b, c): the end event, the pair queued"},
+    {"graph_before", graph_before, METH_NOARGS,
+     "graph_before(): (stream, start event or 0, previous entry or 0) before a replay, or None: untimed"},
+    {"graph_after", graph_after, METH_VARARGS, "graph_after(stream, event, prev, b, c): the end event, the entry queued"},
     {NULL, NULL, 0, NULL},
 };
 
