@@ -114,10 +114,13 @@ class SelfCheck:
     #: The peers this node had lost when it looked (node -> what was last seen), and how many peers it has.
     silent: Mapping[int, str] = field(default_factory=dict)
     peers: int = 0
+    #: Set when this node's own share of the control plane is gone (its Ray raylet: ``watchdog.keeper``), with why.
+    control: str | None = None
 
     def evidence(self) -> tuple[str, ...]:
         """Every fact, one line each (what the verdict carries, healthy or not)."""
-        out = [ln.describe() for ln in self.links]
+        out = [self.control] if self.control else []
+        out += [ln.describe() for ln in self.links]
         out += [p.describe() for p in self.rdma]
         if self.head is not None:
             out.append(self.head.describe())
@@ -129,7 +132,7 @@ class SelfCheck:
         return {"node": self.node, "t": self.t, "links": [ln.to_json() for ln in self.links],
                 "rdma": [p.to_json() for p in self.rdma], "head": None if self.head is None else self.head.to_json(),
                 "silent": {str(k): v for k, v in sorted(self.silent.items())}, "peers": self.peers,
-                "isolated": bool(own_side_gone(self))}
+                "control": self.control, "isolated": bool(own_side_gone(self))}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SelfCheck:
@@ -143,19 +146,22 @@ class SelfCheck:
                    links=tuple(LinkState.from_json(x) for x in d.get("links") or [] if isinstance(x, Mapping)),
                    rdma=tuple(RdmaPort.from_json(x) for x in d.get("rdma") or [] if isinstance(x, Mapping)),
                    head=HeadReach.from_json(head) if isinstance(head, Mapping) else None, silent=silent,
-                   peers=peers if isinstance(peers, int) else 0)
+                   peers=peers if isinstance(peers, int) else 0,
+                   control=str(d["control"])[:300] if d.get("control") else None)
 
 
 def own_side_gone(check: SelfCheck) -> tuple[str, ...]:
     """The evidence that this node's own link or route is gone, or () when its side looks healthy.
 
+    - its own Ray raylet gone (``control``, from ``watchdog.keeper``): its agent and sidecar went with it;
     - a seat interface gone, down or without carrier: this node's link is gone;
     - RDMA ports present and none of them active: its fabric link is gone;
     - every peer silent (two or more of them) and the Ray head, on another host, unreachable: its route is gone.
       With a single peer that peer may be the one that went (its host holds the head, or its link dropped): no
       finding from here, the peer is named.
     """
-    gone = [ln.describe() for ln in check.links if not ln.up]
+    gone = [check.control] if check.control else []
+    gone += [ln.describe() for ln in check.links if not ln.up]
     if check.rdma and not any(p.active for p in check.rdma):
         gone += [p.describe() for p in check.rdma]
     head = check.head

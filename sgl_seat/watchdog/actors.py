@@ -15,8 +15,10 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sgl_seat.deadline import bounded
@@ -31,6 +33,7 @@ from sgl_seat.watchdog.config import (
     rank0_metrics_url,
     sidecar_name,
 )
+from sgl_seat.watchdog.keeper import Watched, start_keeper, stop_keeper
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
 from sgl_seat.watchdog.selfcheck import seat_interfaces
 from sgl_seat.watchdog.sidecar import Sidecar
@@ -68,6 +71,16 @@ class SidecarActor:
         self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone)
         self._remediations_counted = 0
         self.core.start()
+        # Outside Ray, for the raylet's death: this actor dies with it, the keeper captures this node then.
+        self._keeper_dir = Path(tempfile.gettempdir()) / f"sgl-seat-keeper-{self.cfg.seat}-{self.cfg.node}-" \
+            f"{os.getpid()}"
+        self._keeper: Watched | None = None
+        if self.cfg.nnodes > 1:
+            try:
+                self._keeper = start_keeper(self.cfg, self._keeper_dir, raylet=Watched.of(raylet),
+                                            sidecar=Watched.of(os.getpid()))
+            except Exception as exc:  # the watchdog without it still works while the raylet lives
+                logging.getLogger(__name__).warning("node %d: no keeper (%s)", self.cfg.node, exc)
 
     def _alive_host(self) -> None:
         """Calls from other nodes reach this actor directly, not through its raylet: with the raylet gone it would
@@ -115,6 +128,7 @@ class SidecarActor:
         return json.dumps(self.core.snapshot())
 
     def stop(self) -> str:
+        stop_keeper(self._keeper, self._keeper_dir)
         self.core.stop()
         return "{}"
 

@@ -351,7 +351,8 @@ DOWN_WITHIN_S = 20.0
 
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 6: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
-    started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s. Then
+    started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s, and host
+    b's keeper (outside Ray) writes host b's own bundle, node-isolated, "its Ray raylet is gone". Then
     (issue 24, item 3) `down` from host a returns within 20 s, stops node 0, names node 1 unreachable with its pids
     and keeps the record; `down --local` on host b stops host b's engines from the record (nothing of them is left);
     a second `down` from host a removes the rest and the record. Last in the module: host b has no raylet
@@ -369,11 +370,23 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         assert before
         with under_traffic(cl, hosts[0]):
             os.kill(pid, signal.SIGKILL)
-            coord, _ = _wait_bundles(bundles, time.monotonic(), local=False)
+            coord, local_b = _wait_bundles(bundles, time.monotonic(), local=True)
         _check_node1_unreachable(coord, bundles, "host b's raylet killed")
+        # Host b's own partial bundle, from the keeper (outside Ray: it outlived the raylet and the sidecar).
+        assert local_b is not None, f"host b wrote no bundle of its own: {seat_bundles(bundles)}"
+        v = local_b["verdict"]
+        print(f"host b's own bundle: {v['kind']}, node {v['node']}: {v['evidence'][0]}")
+        assert (v["kind"], v["node"]) == ("node-isolated", 1) and "Ray raylet (pid " in v["evidence"][0], v
+        b_procs = json.loads((Path(local_b["path"]) / "processes.jsonl").read_text().splitlines()[0]) \
+            if (Path(local_b["path"]) / "processes.jsonl").exists() else None
+        print("host b's engine processes in its bundle:", b_procs)
+        keepers = [p for p in cl.pids()[cl.ns_b] if psutil.pid_exists(p)
+                   and "sgl_seat.watchdog.keeper" in " ".join(psutil.Process(p).cmdline())]
+        assert keepers == [], keepers  # it captured and exited
         outlived = b_engines()
         print(f"host b's engine processes: {len(before)} before the raylet went, {len(outlived)} alive after "
-              f"(each engine group is in its own session; its agent died with the raylet)")
+              f"(Ray kills a worker's child processes when the worker exits, and the agent's worker exits with "
+              f"its raylet)")
         t0 = time.monotonic()
         res = cl.run_cli(["down", "netns-sim", "--json"], home, timeout=120)
         took = time.monotonic() - t0

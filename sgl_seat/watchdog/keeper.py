@@ -1,0 +1,202 @@
+"""A node's last capture when its Ray raylet dies: a small process outside Ray that the sidecar starts and stops.
+
+Why: the sidecar is a Ray actor, and a Ray worker exits as soon as its raylet is gone, so a node whose raylet was
+killed wrote no bundle of its own (issue 24: "there is no partial bundle from host b"). The keeper runs in a
+session of its own (``start_new_session``), so it outlives the raylet and its workers. It watches the raylet's
+pid (with its create time) and the sidecar's; it keeps the node's engine process table (which engines are still
+alive, which went when), and:
+
+- the raylet gone: it captures this node alone (the engines' stacks where they still run, their process table,
+  the engine log's tail, the probe rings' records, the node's own links) into a partial bundle, ``node-isolated``
+  naming this node with "its Ray raylet is gone" as its own evidence, then exits;
+- the sidecar gone with the raylet alive (the sidecar stopped, killed by `down`, or it crashed): it exits quietly;
+- a stop file in its directory (the sidecar's :meth:`stop`): it exits quietly.
+
+It never signals a process; everything it reads is this node's. Run: ``python -m sgl_seat.watchdog.keeper DIR``,
+with ``DIR/keeper.json`` written by :func:`start_keeper`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sgl_seat.core.isolation import SelfCheck
+from sgl_seat.core.nodeloss import node_isolated
+from sgl_seat.watchdog import capture as cap
+from sgl_seat.watchdog import selfcheck
+from sgl_seat.watchdog.config import SidecarConfig
+from sgl_seat.watchdog.procfind import find_engine_processes
+from sgl_seat.watchdog.sampler import Sampler
+from sgl_seat.watchdog.sources import LogTailer, ProbeReader
+
+log = logging.getLogger("sgl_seat.watchdog.keeper")
+
+#: Seconds between two looks at the raylet, the sidecar and the stop file (and a refresh of the engine table).
+POLL_S = 0.1
+STOP = "stop"
+CONFIG = "keeper.json"
+RESULT = "result.json"
+PID = "pid"
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A process by pid and create time (a pid alone can be reused)."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> Watched:
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def alive(self) -> bool:
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+
+def start_keeper(cfg: SidecarConfig, directory: Path, *, raylet: Watched, sidecar: Watched,
+                 timeout: float = 10.0) -> Watched:
+    """Write ``directory/keeper.json`` and start the keeper in a session of its own, not as a child of the caller.
+
+    Why not a child: when a Ray worker exits (as it does when its raylet dies), Ray kills the worker's child
+    processes, whatever their session (measured on the two-namespace cluster: a keeper started as the sidecar
+    actor's child died with it, and so do the engines of the node agent's). So the keeper forks once more and its
+    first process exits: the keeper's parent is then init (or the host's subreaper), and Ray has no child to kill.
+    Returns the keeper's pid and create time (read from ``directory/pid``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (STOP, PID):
+        (directory / name).unlink(missing_ok=True)
+    (directory / CONFIG).write_text(json.dumps({"config": json.loads(cfg.to_json()), "raylet": raylet.to_json(),
+                                                "sidecar": sidecar.to_json()}))
+    with (directory / "keeper.log").open("ab") as out:
+        first = subprocess.Popen([sys.executable, "-m", "sgl_seat.watchdog.keeper", "--detach", str(directory)],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, close_fds=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first.wait(timeout=timeout)  # it exits as soon as the keeper is forked and has written its pid
+    pid = int((directory / PID).read_text())
+    return Watched.of(pid)
+
+
+def stop_keeper(keeper: Watched | None, directory: Path, timeout: float = 5.0) -> None:
+    """The sidecar's stop: the stop file, then wait for the keeper (it looks every POLL_S), then end it by pid."""
+    with contextlib.suppress(OSError):
+        (directory / STOP).touch()
+    if keeper is not None:
+        deadline = time.monotonic() + timeout
+        while keeper.alive() and time.monotonic() < deadline:
+            time.sleep(POLL_S / 2)
+        if keeper.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(keeper.pid, signal.SIGKILL)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sampler(cfg: SidecarConfig) -> Sampler:
+    if cfg.root_pid is not None:
+        root = cfg.root_pid
+        return Sampler(node=cfg.node, discover=lambda: find_engine_processes(root_pid=root), pyspy=cfg.pyspy or True)
+    node, port = cfg.node, cfg.engine_port
+    return Sampler(node=cfg.node, discover=lambda: find_engine_processes(node_rank=node, port=port),
+                   pyspy=cfg.pyspy or True)  # never started: its process table and py-spy's path only
+
+
+def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float) -> dict[str, Any]:
+    """This node's partial bundle, its verdict ``node-isolated`` (``why``: the evidence), the others missing."""
+    sampler.refresh(force=True)
+    probes = ProbeReader(cfg.probe_dir, node=cfg.node) if cfg.probe_dir else None
+    if probes is not None:
+        probes.read({p.pid: p.rank for p in sampler.processes()}, now)
+    logs = LogTailer(cfg.log_path, node=cfg.node, from_start=True)
+    logs.poll(now)
+    check = SelfCheck(node=cfg.node, t=now, links=selfcheck.read_links(cfg.interfaces),
+                      rdma=selfcheck.read_rdma(), peers=cfg.nnodes - 1, control=why)
+    part = cap.node_part(node=cfg.node, procs=sampler.live(), pyspy=sampler.pyspy, samples=[],
+                         probes=probes.records() if probes else [], metrics=[], logs=logs.lines(),
+                         processes=sampler.processes(), log_text=logs.tail_text(), env={}, gpu=cfg.gpu,
+                         dump_timeout_s=2.0, native_deadline=now + cap.NATIVE_BY_S)
+    part["self_check"] = check.to_json()
+    verdict = node_isolated(cfg.node, check, cfg.rank_nodes, now)
+    missing = [{"node": n, "step": "reach", "status": "not asked",
+                "detail": f"node {cfg.node}'s Ray raylet is gone: the keeper captured this node alone"}
+               for n in range(cfg.nnodes) if n != cfg.node]
+    res = cap.assemble(seat=cfg.seat, parts=[part],
+                       trigger={"t": now, "source": "keeper", "node": cfg.node, "kind": verdict.kind.value,
+                                "rank": None},
+                       trigger_verdict=verdict, thresholds=cfg.watchdog, rank_nodes=cfg.rank_nodes, plan=cfg.plan,
+                       dest_root=Path(cfg.bundle_dir), quota_mb=cfg.quota_mb, missing=missing)
+    return res.to_json()
+
+
+def run(directory: Path) -> int:
+    doc = json.loads((directory / CONFIG).read_text())
+    cfg = SidecarConfig.from_json(json.dumps(doc["config"]))
+    raylet = Watched(int(doc["raylet"]["pid"]), float(doc["raylet"]["create_time"]))
+    sidecar = Watched(int(doc["sidecar"]["pid"]), float(doc["sidecar"]["create_time"]))
+    sampler = _sampler(cfg)
+    log.info("node %d keeper: watching raylet pid %d and sidecar pid %d", cfg.node, raylet.pid, sidecar.pid)
+    while True:
+        if (directory / STOP).exists():
+            log.info("node %d keeper: stopped by its sidecar", cfg.node)
+            return 0
+        if not raylet.alive():
+            break
+        if not sidecar.alive():
+            log.info("node %d keeper: the sidecar is gone with its raylet alive: nothing to capture", cfg.node)
+            return 0
+        sampler.refresh()
+        time.sleep(POLL_S)
+    now = time.time()
+    why = f"its Ray raylet (pid {raylet.pid}) is gone"
+    log.warning("node %d keeper: %s; capturing this node alone", cfg.node, why)
+    faulthandler.dump_traceback_later(15.0, repeat=True)  # a capture that hangs says where, in keeper.log
+    res = capture_alone(cfg, sampler, why, now)
+    faulthandler.cancel_dump_traceback_later()
+    (directory / RESULT).write_text(json.dumps(res))
+    (directory / CONFIG).unlink(missing_ok=True)  # the seat's plan: not left in a temporary directory
+    log.warning("node %d keeper: %s", cfg.node, res.get("path") or res.get("error"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    detach = args[:1] == ["--detach"]
+    if detach:
+        args = args[1:]
+    if len(args) != 1:
+        print("usage: python -m sgl_seat.watchdog.keeper [--detach] DIR", file=sys.stderr)
+        return 2
+    directory = Path(args[0])
+    if detach:  # see start_keeper: the first process writes the keeper's pid and exits, the keeper goes on
+        pid = os.fork()
+        if pid:
+            (directory / f".{PID}").write_text(str(pid))
+            os.replace(directory / f".{PID}", directory / PID)
+            os._exit(0)
+    return run(directory)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
