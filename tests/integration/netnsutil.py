@@ -143,15 +143,16 @@ def engine_pids(cl: NetnsCluster) -> Iterator[tuple[str, int, str]]:
                 yield ns, pid, cmd
 
 
-def raylet_pid(cl: NetnsCluster, ns: str) -> int:
-    """The raylet of the host in namespace ``ns`` (started by ``netns-cluster.sh up``: every pid there is ours)."""
+def raylet_pid(cl: NetnsCluster, ns: str, name: str = "raylet") -> int:
+    """The raylet (or ``name``: ``gcs_server``) of the host in namespace ``ns`` (started by ``netns-cluster.sh up``:
+    every pid there is ours)."""
     for pid in cl.pids()[ns]:
         try:
-            if psutil.Process(pid).name() == "raylet":
+            if psutil.Process(pid).name() == name:
                 return pid
         except psutil.Error:
             continue
-    raise AssertionError(f"no raylet in {ns}")
+    raise AssertionError(f"no {name} in {ns}")
 
 
 def seat_spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None, http_port: int = 31210) -> Path:
@@ -212,3 +213,14 @@ def under_traffic(cl: NetnsCluster, host0: str, http_port: int = 31210) -> Itera
         yield
     finally:
         stop_ev.set()
+
+
+def fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
+    """GET ``url`` from inside namespace ``ns`` (a process on that host), the body as text."""
+    code = ("import sys, urllib.request\n"
+            "print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode(), end='')")
+    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, url, str(timeout)],
+                         capture_output=True, text=True, timeout=timeout + 20, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"GET {url} from {ns}: {res.stderr[-1000:]}")
+    return res.stdout

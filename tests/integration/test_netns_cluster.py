@@ -39,6 +39,7 @@ from netnsutil import (
     NetnsCluster,
     cannot_run,
     engine_pids,
+    fetch_in,
     raylet_pid,
     seat_bundles,
     seat_spec,
@@ -262,17 +263,6 @@ PROM_PORT = 31290
 PROMETHEUS = shutil.which("prometheus")
 
 
-def _fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
-    """GET ``url`` from inside namespace ``ns`` (a process on that host), the body as text."""
-    code = ("import sys, urllib.request\n"
-            "print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode(), end='')")
-    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, url, str(timeout)],
-                         capture_output=True, text=True, timeout=timeout + 20, check=False)
-    if res.returncode != 0:
-        raise AssertionError(f"GET {url} from {ns}: {res.stderr[-1000:]}")
-    return res.stdout
-
-
 def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 5 (issue 24, items 7 and 1): `watchdog.exporter_bind: cluster`, node 0 pinned to host a, so node 1's
     sidecar is on host b, bound on host b's cluster address. `sgl-seat prometheus-config` (run on host a) lists both
@@ -299,7 +289,7 @@ def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsClust
         targets = jobs["sgl-seat-watchdog"]["static_configs"][0]["targets"]
         assert targets == [f"{cl.addr_a}:{http_port + 15}", node1], targets
         # Host a reaches node 1's sidecar exporter on host b's address (not on host b's loopback).
-        text = _fetch_in(cl.ns_a, f"http://{node1}/metrics")
+        text = fetch_in(cl.ns_a, f"http://{node1}/metrics")
         assert 'sgl_seat_watchdog_samples_total{node="1"}' in text, text[:2000]
         if PROMETHEUS is not None:
             _real_prometheus(cl, tmp_path, cfg, prom_doc, node1)
@@ -330,10 +320,10 @@ def _real_prometheus(cl: NetnsCluster, tmp_path: Path, cfg: Path, prom_doc: dict
         samples: list[Any] = []
         while time.monotonic() < deadline:
             with contextlib.suppress(AssertionError, ValueError, KeyError):
-                up_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                up_doc = json.loads(fetch_in(cl.ns_a, api + urllib.parse.quote(
                     f'up{{job="sgl-seat-watchdog",instance="{node1}"}}')))
                 up_node1 = [r for r in up_doc["data"]["result"] if r["value"][1] == "1"]
-                s_doc = json.loads(_fetch_in(cl.ns_a, api + urllib.parse.quote(
+                s_doc = json.loads(fetch_in(cl.ns_a, api + urllib.parse.quote(
                     'sgl_seat_watchdog_samples_total{node="1"}')))
                 samples = s_doc["data"]["result"]
                 if up_node1 and samples:
