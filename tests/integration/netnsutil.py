@@ -224,3 +224,22 @@ def fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
     if res.returncode != 0:
         raise AssertionError(f"GET {url} from {ns}: {res.stderr[-1000:]}")
     return res.stdout
+
+
+@contextlib.contextmanager
+def running(tag: str) -> Iterator[NetnsCluster]:
+    """A two-host cluster for one test module (``tag``: two letters, kept short with the pid: Ray's unix sockets
+    live under its state path and a socket path is limited to 107 bytes), removed after it with nothing left; skips
+    the module where it cannot be made."""
+    import pytest
+
+    why = cannot_run()
+    if why:
+        pytest.skip(why)
+    prefix = f"{tag}{os.getpid() % 100000}"
+    cl = start(prefix, Path(f"/tmp/{prefix}"))
+    try:
+        yield cl
+    finally:
+        left = stop(cl)
+        assert not left, left

@@ -37,20 +37,17 @@ import yaml
 from launchutil import stop_pid
 from netnsutil import (
     NetnsCluster,
-    cannot_run,
     engine_pids,
     fetch_in,
     raylet_pid,
+    running,
     seat_bundles,
     seat_spec,
-    start,
-    stop,
     under_traffic,
 )
 
 pytestmark = pytest.mark.integration
 
-_WHY = cannot_run()
 #: Acceptance (issue 11): the node-unreachable bundle within this many seconds of the node's loss (target 5 s).
 BUNDLE_WITHIN_S = 10.0
 #: Ups where Ray picks node 0's host; with the three pinned ones below, six ups in a row on one cluster (issue 11).
@@ -60,17 +57,8 @@ FREE_UPS = 3
 
 @pytest.fixture(scope="module")
 def netns_cluster() -> Iterator[NetnsCluster]:
-    if _WHY:
-        pytest.skip(_WHY)
-    prefix = f"sg{os.getpid() % 100000}"
-    # A short state path: Ray's unix sockets live under it and a socket path is limited to 107 bytes.
-    state = Path(f"/tmp/{prefix}")
-    cl = start(prefix, state)
-    try:
+    with running("sg") as cl:
         yield cl
-    finally:
-        left = stop(cl)
-        assert not left, left
 
 
 def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,

@@ -27,14 +27,12 @@ import psutil
 import pytest
 from netnsutil import (
     NetnsCluster,
-    cannot_run,
     engine_pids,
     fetch_in,
     raylet_pid,
+    running,
     seat_bundles,
     seat_spec,
-    start,
-    stop,
     under_traffic,
 )
 
@@ -46,16 +44,8 @@ WATCH_S = 8.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[NetnsCluster]:
-    why = cannot_run()
-    if why:
-        pytest.skip(why)
-    prefix = f"sq{os.getpid() % 100000}"
-    cl = start(prefix, Path(f"/tmp/{prefix}"))
-    try:
+    with running("sq") as cl:
         yield cl
-    finally:
-        left = stop(cl)
-        assert not left, left
 
 
 def _samples(cl: NetnsCluster, node: int) -> float | None:
