@@ -174,7 +174,7 @@ def down(name: NameArg = None, json_out: JsonOpt = False,
         if json_out:
             print_json({"seat": seat, "local": True, "nodes": list(done.nodes),
                         "stopped": {str(k): v for k, v in done.stopped.items()}, "survivors": done.survivors,
-                        "record_saved": done.saved})
+                        "keepers_stopped": list(done.keepers), "record_saved": done.saved})
         else:
             for n in done.nodes:
                 pids = done.stopped.get(n) or []

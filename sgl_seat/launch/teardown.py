@@ -285,6 +285,8 @@ class LocalDown:
     stopped: dict[int, list[int]]
     survivors: list[str]
     saved: bool
+    #: The pids of this host's sidecar keepers that it stopped (``watchdog.keeper``: their sidecars are out of reach).
+    keepers: tuple[int, ...] = ()
 
 
 def down_local(name: str) -> LocalDown:
@@ -306,6 +308,9 @@ def down_local(name: str) -> LocalDown:
     stopped: dict[int, list[int]] = {}
     survivors: list[str] = []
     with sigint_ignored():
+        from sgl_seat.watchdog.keeper import stop_local_keepers
+
+        keepers = stop_local_keepers(name, {n.node_rank for n in mine})
         for node in mine:
             known = [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
             alive = [p.pid for p in procs.members(node.pgid, (), known)]
@@ -325,7 +330,7 @@ def down_local(name: str) -> LocalDown:
         rec.reason, rec.updated_at = why, time.time()
     saved = _try_save(rec) is None
     return LocalDown(seat=name, nodes=tuple(n.node_rank for n in mine), stopped=stopped,
-                     survivors=sorted(set(survivors)), saved=saved)
+                     survivors=sorted(set(survivors)), saved=saved, keepers=tuple(keepers))
 
 
 def _try_save(rec: SeatRecord) -> HomeError | None:

@@ -15,10 +15,8 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sgl_seat.deadline import bounded
@@ -33,7 +31,7 @@ from sgl_seat.watchdog.config import (
     rank0_metrics_url,
     sidecar_name,
 )
-from sgl_seat.watchdog.keeper import Watched, start_keeper, stop_keeper
+from sgl_seat.watchdog.keeper import Watched, keeper_dir, start_keeper, stop_keeper
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
 from sgl_seat.watchdog.selfcheck import seat_interfaces
 from sgl_seat.watchdog.sidecar import Sidecar
@@ -72,8 +70,7 @@ class SidecarActor:
         self._remediations_counted = 0
         self.core.start()
         # Outside Ray, for the raylet's death: this actor dies with it, the keeper captures this node then.
-        self._keeper_dir = Path(tempfile.gettempdir()) / f"sgl-seat-keeper-{self.cfg.seat}-{self.cfg.node}-" \
-            f"{os.getpid()}"
+        self._keeper_dir = keeper_dir(self.cfg.seat, self.cfg.node, os.getpid())
         self._keeper: Watched | None = None
         if self.cfg.nnodes > 1:
             try:

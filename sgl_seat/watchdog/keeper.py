@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,31 @@ def stop_keeper(keeper: Watched | None, directory: Path, timeout: float = 5.0) -
             with contextlib.suppress(ProcessLookupError):
                 os.kill(keeper.pid, signal.SIGKILL)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def keeper_dir(seat: str, node: int, sidecar_pid: int) -> Path:
+    """Where the sidecar of ``node`` (its pid) keeps its keeper's files (the config, the pid, the log)."""
+    return Path(tempfile.gettempdir()) / f"sgl-seat-keeper-{seat}-{node}-{sidecar_pid}"
+
+
+def stop_local_keepers(seat: str, nodes: set[int], timeout: float = 5.0) -> list[int]:
+    """`down --local`: stop the keepers of ``seat``'s ``nodes`` on this host (their sidecars are out of reach), by
+    the pid each one's directory holds, once its command line names that directory; returns the pids stopped."""
+    stopped = []
+    for d in sorted(Path(tempfile.gettempdir()).glob(f"sgl-seat-keeper-{seat}-*")):
+        try:
+            cfg = json.loads((d / CONFIG).read_text())["config"]
+            if cfg.get("seat") != seat or int(cfg["node"]) not in nodes:
+                continue
+            pid = int((d / PID).read_text())
+            if str(d) not in psutil.Process(pid).cmdline():
+                continue  # not this directory's keeper (a reused pid)
+            w = Watched.of(pid)
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            continue  # gone already (a keeper that captured removes its config)
+        stop_keeper(w, d, timeout)
+        stopped.append(pid)
+    return stopped
 
 
 def _sampler(cfg: SidecarConfig) -> Sampler:

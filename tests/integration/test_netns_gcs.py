@@ -111,7 +111,13 @@ def test_gcs_killed_sidecars_keep_sampling_and_down_stops_what_it_reaches(cluste
         assert [p for ns, p, _ in engine_pids(cl) if ns == cl.ns_a] == []
         local = cl.run_cli(["down", "--local", "netns-sim", "--json"], home, timeout=120, ns=cl.ns_b)
         assert local.returncode == 0, local.stdout + local.stderr
-        print("down --local on host b:", json.loads(local.stdout))
+        ldoc = json.loads(local.stdout)
+        print("down --local on host b:", ldoc)
+        # Node 1's sidecar is out of reach (no GCS), its raylet alive: its keeper waits, and `down --local` stops it.
+        assert len(ldoc["keepers_stopped"]) == 1, ldoc
+        keepers = [p for p in cl.pids()[cl.ns_b] if psutil.pid_exists(p)
+                   and "sgl_seat.watchdog.keeper" in " ".join(psutil.Process(p).cmdline())]
+        assert keepers == [], keepers
         assert list(engine_pids(cl)) == []
         assert [p for p in recorded if psutil.pid_exists(p)] == []
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from sgl_seat.watchdog.config import SidecarConfig
-from sgl_seat.watchdog.keeper import RESULT, Watched, start_keeper, stop_keeper
+from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, stop_keeper, stop_local_keepers
 
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 
@@ -89,3 +89,22 @@ def test_the_sidecar_gone_with_its_raylet_alive_or_stopped_the_keeper_leaves_qui
         assert not list((tmp_path / "bundles").glob("*/manifest.json"))
     finally:
         _end(raylet, sidecar)
+
+
+def test_down_local_stops_this_hosts_keepers_of_the_seat_only(tmp_path: Path) -> None:
+    """`down --local` reaches a keeper whose sidecar is out of reach (its node cut off): by the pid its directory
+    holds, never by name; another node's keeper is left alone."""
+    raylet, sidecar = _stand_in(), _stand_in()
+    cfg = SidecarConfig(seat="keeper-test-seat", node=1, nnodes=2, thresholds={}, bundle_dir=str(tmp_path / "b"),
+                        rank_nodes=RANK_NODES, gpu=False)
+    d = keeper_dir(cfg.seat, cfg.node, sidecar.pid)
+    keeper = start_keeper(cfg, d, raylet=Watched.of(raylet.pid), sidecar=Watched.of(sidecar.pid))
+    try:
+        assert stop_local_keepers(cfg.seat, {0}) == [] and keeper.alive()
+        assert stop_local_keepers("another-seat", {1}) == [] and keeper.alive()
+        assert stop_local_keepers(cfg.seat, {1}) == [keeper.pid]
+        assert not keeper.alive() and not d.exists()
+        assert not list((tmp_path / "b").glob("*/manifest.json"))  # stopped, not a capture
+    finally:
+        _end(raylet, sidecar)
+        stop_keeper(keeper, d)
