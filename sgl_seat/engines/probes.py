@@ -23,6 +23,11 @@ def interfaces() -> list[str]:
     return sorted(psutil.net_if_addrs())
 
 
+def local_addresses() -> set[str]:
+    """Every address of this host's interfaces (of its network namespace)."""
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+
+
 def ib_devices(root: Path = IB_SYSFS) -> dict[str, list[int]]:
     """RDMA devices and their port numbers, as /sys/class/infiniband lists them."""
     out: dict[str, list[int]] = {}

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_seat.deadline import bounded
+from sgl_seat.engines import probes
 from sgl_seat.errors import ClusterError, EngineError, HomeError, SeatError, SeatStateError
 from sgl_seat.launch import cluster, localcluster, placement, procs
 from sgl_seat.launch.agentclient import get_agent
@@ -54,29 +55,27 @@ def sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
-def _local_addresses() -> set[str]:
-    import psutil
-
-    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-
-
 def same_host(node: NodeRecord) -> bool:
     """Is ``node`` on this host: the same kernel (host id) and, where its address is recorded, that address one of
     this host's own. Why the address too: two network namespaces share a kernel (and every pid) but are two hosts
     to the seat, and `down --local` on one of them must stop that host's node alone."""
     if node.host_id is None or node.host_id != host_id():
         return False
-    return node.ip is None or node.ip in _local_addresses()
+    return node.ip is None or node.ip in probes.local_addresses()
 
 
 def _describe(node_rank: int, survivors: Sequence[dict[str, Any]]) -> list[str]:
     return [f"node {node_rank}: pid {s['pid']} ({s['title'][:80]})" for s in survivors]
 
 
+def _known(node: NodeRecord) -> list[tuple[int, float]]:
+    """The node's recorded engine processes as (pid, create time): what pids are checked against."""
+    return [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
+
+
 def _local_kill(node: NodeRecord) -> list[str]:
     """Kill a node's engine group from here by recorded pgid/pids (its agent is gone; same host only)."""
-    known = [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
-    left = procs.kill_group(node.pgid, (), known, timeout=KILL_GRACE)
+    left = procs.kill_group(node.pgid, (), _known(node), timeout=KILL_GRACE)
     return _describe(node.node_rank, [s.to_dict() for s in left])
 
 
@@ -119,8 +118,7 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
     # Final check on this host: nothing of any recorded engine group remains.
     for node in rec.nodes:
         if same_host(node) and (node.pgid or node.processes):
-            known = [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
-            still = [procs.info(p) for p in procs.members(node.pgid, (), known)]
+            still = [procs.info(p) for p in procs.members(node.pgid, (), _known(node))]
             survivors += _describe(node.node_rank, [i.to_dict() for i in still if i is not None])
     return sorted(set(survivors))
 
@@ -293,8 +291,9 @@ def down_local(name: str) -> LocalDown:
     """`down --local`: on this host and without Ray, stop the engine process groups of the seat's nodes that run
     here, from the pids and process groups in the seat's record (their create times guard against reused pids).
 
-    Why: a node whose raylet, agent or link is gone cannot be reached by `down`, and its engines (each in its own
-    session) outlive their agent. The record keeps what was stopped (a node with no process left), so a later
+    Why: a node whose agent or link is gone cannot be reached by `down`, and its engines may still run there (with
+    its raylet killed they did not: Ray ends a dying worker's children, the agent's engines among them). The record
+    keeps what was stopped (a node with no process left), so a later
     `down` from the driver skips it and removes the rest (sidecars, agents, the placement group, the record).
     """
     rec = load_record(name)
@@ -312,8 +311,7 @@ def down_local(name: str) -> LocalDown:
 
         keepers = stop_local_keepers(name, {n.node_rank for n in mine})
         for node in mine:
-            known = [(int(p["pid"]), float(p["create_time"])) for p in node.processes]
-            alive = [p.pid for p in procs.members(node.pgid, (), known)]
+            alive = [p.pid for p in procs.members(node.pgid, (), _known(node))]
             left = _local_kill(node) if (node.pgid or node.processes) else []
             stopped[node.node_rank] = alive
             survivors += left

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from sgl_seat.core.isolation import HeadReach, LinkState, RdmaPort, SelfCheck
+from sgl_seat.engines.probes import local_addresses
 
 NET_SYSFS = Path("/sys/class/net")
 IB_SYSFS = Path("/sys/class/infiniband")
@@ -76,15 +77,11 @@ def read_rdma(root: Path = IB_SYSFS) -> tuple[RdmaPort, ...]:
     return tuple(out)
 
 
-def _local_addresses() -> set[str]:
-    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-
-
 def reach_head(address: str, timeout: float = HEAD_CONNECT_S) -> HeadReach:
     """A TCP connect to ``host:port`` (the GCS), closed at once."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
-    local = host in _local_addresses() or host in ("127.0.0.1", "localhost", "::1")
+    local = host in local_addresses() or host in ("127.0.0.1", "localhost", "::1")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return HeadReach(address=address, reachable=True, local=local)
