@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,9 @@ def _engine() -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     """A stand-in engine group: a shell in its own session with a child, as an engine with its schedulers."""
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
     p = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 10  # the shell forks its sleep a moment after it starts (CI saw the shell alone)
+    while len(_members(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     return proc, {"pid": proc.pid, "create_time": p.create_time(), "ppid": os.getpid(), "pgid": proc.pid,
                   "title": "sh"}
 
