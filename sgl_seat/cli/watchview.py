@@ -127,6 +127,10 @@ def render(doc: dict[str, Any], width: int = 80) -> RenderableType:
             bits.append("latched (captured; waiting for recovery)")
         if n.get("capture_errors"):
             bits.append(f"capture error: {n['capture_errors'][-1]}")
+        if n.get("restarted"):
+            bits.append("sidecar restarted by Ray (its history begins at the restart)")
+        for peer, why in sorted((n.get("watch_gaps") or {}).items()):
+            bits.append(f"node {peer} unwatched: {why}")
         if bits:
             parts.append(Text(f"node {n.get('node')}: " + "; ".join(bits), style="yellow"))
     rem = doc.get("remediation")

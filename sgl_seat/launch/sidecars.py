@@ -47,7 +47,7 @@ def context_of(rec: SeatRecord) -> SidecarContext:
     """The watchdog's view of a recorded seat: names, the filled plan, the spec's source and the bundles' place."""
     return SidecarContext(
         seat=rec.name, namespace=rec.namespace, pg_name=rec.pg_name, plan_json=json.dumps(rec.plan),
-        nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip) for n in rec.nodes), spec_source=rec.spec_source,
+        nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip, n.node_id) for n in rec.nodes), spec_source=rec.spec_source,
         bundles_dir=str(bundles_dir_of(rec)),
     )
 

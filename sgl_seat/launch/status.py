@@ -21,9 +21,9 @@ from sgl_seat.core.remediation import PENDING_STALE_S, Outcome, RemediationRecor
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError, HomeError, SeatError
 from sgl_seat.launch import cluster, health
-from sgl_seat.launch.agentclient import AgentClient, apply_engine_state, dead_reason, get_agent
+from sgl_seat.launch.agentclient import apply_engine_state, dead_reason, get_agent
 from sgl_seat.launch.cluster import NoAnswer
-from sgl_seat.launch.record import SeatRecord, load_record, record_lock, save_record
+from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, record_lock, save_record
 from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
 from sgl_seat.watchdog.actors import snapshots
@@ -98,18 +98,19 @@ def _fail(rec: SeatRecord, reason: str, tail: Sequence[str] = ()) -> None:
 
 
 def _reconcile(rec: SeatRecord, timeout: float) -> None:
-    clients: list[AgentClient] = []
     try:
         found = [(node, get_agent(rec.name, node.node_rank)) for node in rec.nodes]
     except ClusterError as exc:
         _fail(rec, exc.message)
         return
-    for node, c in found:
-        if c is None:
-            _fail(rec, f"node {node.node_rank} agent ({node.agent}) is gone")
-            node.alive = False
-        else:
-            clients.append(c)
+    gone = [node for node, c in found if c is None]
+    seen = ({int(s.get("node", -1)): s for s in snapshots(rec.name, rec.namespace, len(rec.nodes),
+                                                           timeout=min(timeout, SIDECAR_TIMEOUT_S))}
+            if gone and not rec.no_watchdog else {})
+    for node in gone:
+        node.alive = False
+        _fail(rec, agent_gone_line(rec, node, seen.get(node.node_rank)))
+    clients = [c for _, c in found if c is not None]
     states: list[dict[str, Any]] = []
     lost: list[str] = []
     refs = [(c, c.submit("engine_state")) for c in clients]
@@ -156,6 +157,26 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         rec.reason = None
     else:
         rec.set_state(SeatState.DEGRADED, f"every engine process is alive but rank 0 {backend.health_path}: {err}")
+
+
+def agent_gone_line(rec: SeatRecord, node: NodeRecord, snap: dict[str, Any] | None) -> str:
+    """A node agent gone, and what became of its engines as that node's watchdog sidecar sees them: a killed agent
+    (measured on the local sim seat) leaves its engines serving, which only `down` can stop then."""
+    line = f"node {node.node_rank} agent ({node.agent}" + (f", pid {node.agent_pid}" if node.agent_pid else "") + \
+        ") is gone"
+    procs = [p for p in (snap or {}).get("processes") or [] if p.get("node") in (None, node.node_rank)]
+    if not procs:
+        why = (snap or {}).get("error") or "its sidecar sees no engine process"
+        return f"{line}; its engines unseen ({why})"
+    alive = [int(p["pid"]) for p in procs if p.get("alive")]
+    if len(alive) == len(procs):
+        node.alive = True
+        pids = ", ".join(str(p) for p in alive)
+        return (f"{line}; its watchdog sees its engine processes alive (pids {pids}): they go on serving, but "
+                f"nothing can stop or restart them through Ray now: `sgl-seat down {rec.name}` stops them "
+                f"(from their host if Ray cannot reach it: `sgl-seat down --local {rec.name}`)")
+    dead = ", ".join(str(p["pid"]) for p in procs if not p.get("alive"))
+    return f"{line}; its watchdog sees engine processes gone (pids {dead})"
 
 
 def node_lost_line(rec: SeatRecord, node_rank: int, why: str) -> str:

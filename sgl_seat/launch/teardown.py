@@ -134,6 +134,11 @@ def unreachable_line(rec: SeatRecord, node: NodeRecord, why: str | None) -> str:
             f"`sgl-seat down {rec.name}` again once it answers (the record is kept)")
 
 
+#: Why `down` skips a node whose agent actor Ray no longer knows (killed, say): its node may be well, and its sidecar
+#: is still stopped (it removes the node's probe rings), unlike a node that does not answer.
+AGENT_NOT_FOUND = "its agent is not found in Ray"
+
+
 def _reach(rec: SeatRecord) -> tuple[list[Any], dict[int, str]]:
     """Every node's agent asked at once, each under what is left of REACH_S: (the clients that answered, node ->
     why not, for the others)."""
@@ -144,7 +149,7 @@ def _reach(rec: SeatRecord) -> tuple[list[Any], dict[int, str]]:
     for n in rec.nodes:
         c = get_agent(rec.name, n.node_rank)  # a ClusterError here is the GCS's, not the node's: teardown says so
         if c is None:
-            why[n.node_rank] = "its agent is not found in Ray"
+            why[n.node_rank] = AGENT_NOT_FOUND
         else:
             clients.append(c)
     refs = [(c, c.submit("engine_state")) for c in clients]
@@ -179,9 +184,12 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
     answered = {c.node_rank for c in clients}
     with st.stage("engines", "SIGTERM, then SIGKILL, each engine process group") as note:
         if not rec.no_watchdog:
-            try:  # the sidecars of the nodes that answered (an unreachable one would cost the stop's timeout)
+            # The sidecars of the nodes that answered, and of those whose agent alone is gone (an unreachable node
+            # would cost the stop's timeout). A sidecar not stopped dies with the placement group, its rings left.
+            stop = answered | {n for n, w in why.items() if w == AGENT_NOT_FOUND}
+            try:
                 ctx = context_of(rec)
-                stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in answered)))
+                stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in stop)))
             except Exception as exc:  # a sidecar bug must not keep engines alive
                 log.warning("stopping sidecars failed: %s", exc)
         refs = [(c, c.submit("kill_engine", KILL_GRACE)) for c in clients]

@@ -50,6 +50,12 @@ HEARTBEAT_S = 0.5
 SILENT_S = 3.0
 #: Seconds between two lookups of a sidecar not found yet (each asks the GCS).
 LOOKUP_EVERY_S = 2.0
+#: A peer's sidecar unanswered this long: its node agent (another actor on that node) is pinged too. Should the
+#: agent answer while the sidecar stays silent, the node is reachable and only its watchdog is gone (a sidecar
+#: killed, or Ray restarting it): no node-unreachable bundle for that.
+AGENT_AFTER_S = 1.0
+#: How many times Ray restarts a sidecar that died on a live node (its __init__ starts it all again).
+SIDECAR_RESTARTS = 3
 
 
 class SidecarActor:
@@ -59,6 +65,17 @@ class SidecarActor:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics poll otherwise
         self.cfg = SidecarConfig.from_json(config_json)
+        #: Ray restarted this actor (it died on a live node: killed, or crashed); `watch` says so.
+        self.restarted = False
+        import ray
+
+        if ray.is_initialized():  # as an actor (a unit test builds one in-process, without Ray)
+            ctx = ray.get_runtime_context()
+            here = ctx.get_node_id()
+            if self.cfg.node_id and here != self.cfg.node_id:  # restarted where its bundle moved: nothing to watch
+                raise RuntimeError(f"node {self.cfg.node}'s watchdog sidecar restarted on Ray node {here[:8]}, not "
+                                   f"on its node {self.cfg.node_id[:8]}: it stays down (nothing of its node is here)")
+            self.restarted = bool(ctx.was_current_actor_reconstructed)
         # A sidecar that must notice a hang is the last process to starve: not at Ray's worker niceness.
         self.niceness, self.niceness_note = restore_raylet_niceness(0)
         if self.niceness_note:
@@ -122,7 +139,7 @@ class SidecarActor:
         return json.dumps({"counted": self._remediations_counted})
 
     def snapshot(self) -> str:
-        return json.dumps(self.core.snapshot())
+        return json.dumps({**self.core.snapshot(), "restarted": self.restarted})
 
     def stop(self) -> str:
         stop_keeper(self._keeper, self._keeper_dir)
@@ -143,6 +160,13 @@ class RayPeers:
         self._answer: dict[int, tuple[float, dict[str, Any]]] = {}  # node -> (answered at, last answer)
         self._error: dict[int, str] = {}
         self._silent: dict[int, str] = {}
+        # Each peer's node agent: looked up while its sidecar answers (a lookup asks the GCS: never when it is
+        # needed, with the link possibly down), pinged only while its sidecar is overdue.
+        self._agents: dict[int, Any] = {}
+        self._agent_looked_up: dict[int, float] = {}
+        self._agent_beat: dict[int, tuple[float, Any]] = {}
+        self._agent_answer: dict[int, float] = {}
+        self._gaps: dict[int, str] = {}
 
     def silent(self, now: float) -> dict[int, str]:
         """Collect heartbeat answers and send the next ones (never blocks); the nodes whose sidecar answered
@@ -151,6 +175,7 @@ class RayPeers:
         import ray
 
         silent: dict[int, str] = {}
+        gaps: dict[int, str] = {}
         for n in range(self.cfg.nnodes):
             if n == self.cfg.node:
                 continue
@@ -172,10 +197,63 @@ class RayPeers:
                     self._beat[n] = self._lookup(n, now).ping.remote()
                 except Exception as exc:
                     self._error[n] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            if n in self._answer and now - self._answer[n][0] >= SILENT_S:
+            if n not in self._answer:
+                continue
+            quiet = now - self._answer[n][0]
+            if quiet < AGENT_AFTER_S:
+                self._find_agent(n, now)
+            elif quiet >= SILENT_S and self._agent_answers(n, now):
+                gaps[n] = (f"its watchdog sidecar has not answered for {quiet:.1f} s"
+                           + (f" ({self._error[n]})" if self._error.get(n) else "")
+                           + "; its node agent answers: the node is reachable, only its watchdog is gone")
+            elif quiet >= SILENT_S:
                 silent[n] = self._last_seen(n, now)
-        self._silent = silent
+            else:
+                self._agent_answers(n, now)  # pinged already, for its answer by SILENT_S
+        self._silent, self._gaps = silent, gaps
         return silent
+
+    def watch_gaps(self) -> dict[int, str]:
+        """The peers whose sidecar is silent while their node agent answers (from the last :meth:`silent`)."""
+        return dict(self._gaps)
+
+    def _find_agent(self, node: int, now: float) -> None:
+        """Look node ``node``'s agent up while its sidecar answers (at most every LOOKUP_EVERY_S, bounded)."""
+        import ray
+
+        if node in self._agents or node >= len(self.cfg.agents) or not self.cfg.namespace:
+            return
+        if now - self._agent_looked_up.get(node, float("-inf")) < LOOKUP_EVERY_S:
+            return
+        self._agent_looked_up[node] = now
+        with contextlib.suppress(Exception):  # not found yet: the next look; never found: a silent node is lost
+            self._agents[node] = bounded(f"ray.get_actor(agent {node})", ray.get_actor, self.cfg.agents[node],
+                                         namespace=self.cfg.namespace, timeout=PING_TIMEOUT_S)
+
+    def _agent_answers(self, node: int, now: float) -> bool:
+        """Ping node ``node``'s agent (never blocks); whether it answered after that node's sidecar last did, within
+        SILENT_S: then the node is reachable."""
+        import ray
+
+        handle = self._agents.get(node)
+        if handle is None:
+            return False
+        beat = self._agent_beat.get(node)
+        if beat is not None:
+            sent, ref = beat
+            ready, _ = ray.wait([ref], timeout=0)
+            if ready:
+                del self._agent_beat[node]
+                with contextlib.suppress(Exception):
+                    ray.get(ref, timeout=1.0)
+                    self._agent_answer[node] = now
+            elif now - sent >= SILENT_S:
+                del self._agent_beat[node]
+        if node not in self._agent_beat and now - self._agent_answer.get(node, float("-inf")) >= HEARTBEAT_S:
+            with contextlib.suppress(Exception):
+                self._agent_beat[node] = (now, handle.__ray_ready__.remote())
+        at = self._agent_answer.get(node)
+        return at is not None and at > self._answer[node][0] and now - at < SILENT_S
 
     def _lookup(self, node: int, now: float) -> Any:
         """The sidecar's handle, asking the GCS at most every LOOKUP_EVERY_S (from the tick: never long)."""
@@ -311,6 +389,17 @@ def _ray_view(node_id: str) -> str:
     return f"node {node_id[:8]} not in Ray's node table"
 
 
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message holds ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
 def _rget(ref: Any, timeout: float) -> Any:
     import ray
 
@@ -352,7 +441,8 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
             engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,
             raw_prompts=bool(spec is not None and spec.bundles.raw_prompts),
             exporter_addr=exporter_address(wd.exporter_bind, nd.ip),
-            interfaces=seat_interfaces(plan["nodes"][r], nd.ip), head_address=head))
+            interfaces=seat_interfaces(plan["nodes"][r], nd.ip), head_address=head,
+            agents=[n.agent for n in sorted(ctx.nodes, key=lambda n: n.node_rank)], node_id=nd.node_id))
     return out
 
 
@@ -371,6 +461,11 @@ def start_sidecars(ctx: SidecarContext) -> None:
         return
     remote_cls: Any = ray.remote(SidecarActor)
     handles = []
+    # Ray warns that a restartable detached actor in a placement group is killed, never restarted, once the group
+    # is removed: that is what `down` wants (it removes the group last); the restarts are for a sidecar that died
+    # on a live node. The warning would only alarm an operator at every `up`.
+    quiet = _DropMessage("restartable detached actor with a placement group")
+    logging.getLogger("ray.actor").addFilter(quiet)
     for cfg in configs:
         name = sidecar_name(ctx.seat, cfg.node)
         with contextlib.suppress(Exception):
@@ -378,12 +473,13 @@ def start_sidecars(ctx: SidecarContext) -> None:
         try:
             h = remote_cls.options(
                 name=name, namespace=ctx.namespace, lifetime="detached", num_cpus=0, max_concurrency=8,
-                max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                max_restarts=SIDECAR_RESTARTS, scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=cfg.node),
             ).remote(cfg.to_json())
             handles.append((cfg.node, h))
         except Exception as exc:
             log.error("node %d: watchdog sidecar not started: %s", cfg.node, exc)
+    logging.getLogger("ray.actor").removeFilter(quiet)
     for node, h in handles:
         try:
             info = json.loads(_rget(h.ping.remote(), ctx.timeout))

@@ -33,6 +33,7 @@ class SidecarNode:
     node_rank: int
     agent: str
     ip: str | None
+    node_id: str | None = None  # Ray's id of the node it was placed on
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,12 @@ class SidecarConfig:
     #: before it names a silent peer (``core.isolation``); the Ray head's ``host:port``, which it tries to reach.
     interfaces: list[str] = field(default_factory=list)
     head_address: str | None = None
+    #: Each node's agent actor by node rank (``agents[n]``): a peer whose sidecar is silent while its agent answers
+    #: is reachable, and only its watchdog is gone (a killed sidecar, restarting): no node-unreachable bundle.
+    agents: list[str] = field(default_factory=list)
+    #: The Ray node this sidecar was placed on at `up`: a sidecar Ray restarts on another node (its bundle moved
+    #: there) would watch nothing of its node, so it stays idle and says so.
+    node_id: str | None = None
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -35,6 +35,11 @@ class Peers(Protocol):
         every tick, never blocks."""
         ...
 
+    def watch_gaps(self) -> dict[int, str]:
+        """Peers whose sidecar is silent while their node answers (only their watchdog is gone), from the last
+        :meth:`silent`, each with why it is taken for reachable."""
+        ...
+
 
 class SidecarCore(Protocol):
     """What :func:`local_peers` calls on a node's sidecar core (:class:`~sgl_seat.watchdog.sidecar.Sidecar`)."""
@@ -70,5 +75,8 @@ def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
 
         def silent(self, now: float) -> dict[int, str]:
             return {}  # in one process every peer is reached directly
+
+        def watch_gaps(self) -> dict[int, str]:
+            return {}
 
     return {n: _Local(n) for n in sidecars}

@@ -135,6 +135,8 @@ class Sidecar:
         #: This node's last look at its own side (taken when it lost peers or a seat interface went down).
         self.self_check: SelfCheck | None = None
         self._link_down_since: float | None = None
+        #: Peers whose sidecar is silent while their node agent answers (``Peers.watch_gaps``), as last seen.
+        self.watch_gaps: dict[int, str] = {}
         #: Where the self-check reads links and RDMA ports (sysfs; a test's own tree).
         self._net_root = net_root
         self._ib_root = ib_root
@@ -256,6 +258,7 @@ class Sidecar:
                 self._host_gone_logged = True
             return self.verdict
         lost = self.peers.silent(now) if self.peers is not None else {}
+        self._note_gaps(self.peers.watch_gaps() if self.peers is not None else {})
         if self.peers is not None and self.latched_at is None:
             gone = self._node_loss(lost, now)
             if gone is not None:
@@ -275,6 +278,14 @@ class Sidecar:
             self._trigger(verdict, now)
         self.warn(obs, now)
         return verdict
+
+    def _note_gaps(self, gaps: dict[int, str]) -> None:
+        """Log a peer's watchdog gone (its node answering) once when it begins and once when it ends."""
+        for n in sorted(set(gaps) - set(self.watch_gaps)):
+            log.warning("node %d watchdog: node %d %s (not a lost node: no bundle)", self.cfg.node, n, gaps[n])
+        for n in sorted(set(self.watch_gaps) - set(gaps)):
+            log.info("node %d watchdog: node %d's sidecar answers again", self.cfg.node, n)
+        self.watch_gaps = gaps
 
     def _own_link_down(self, now: float) -> bool:
         """One of the seat's interfaces has been down for LINK_DOWN_S (a cheap sysfs read every tick)."""
@@ -525,6 +536,8 @@ class Sidecar:
                 "exporter": {"addr": self.exporter.addr, "port": self.exporter.port},
                 "processes": [p.to_json() for p in obs.processes],
                 "request_log": dict(self.request_log.stats()) if self.request_log is not None else None,
+                # Peers whose sidecar is silent while their node answers: their watchdog is gone, not the node.
+                "watch_gaps": {str(n): why for n, why in sorted(self.watch_gaps.items())},
             }
 
 

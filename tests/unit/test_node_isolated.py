@@ -148,6 +148,9 @@ class _Peers:
     def silent(self, now: float) -> dict[int, str]:
         return {1 - self.me: "heartbeat answered 3.0 s ago"} if now >= self.lost_at else {}
 
+    def watch_gaps(self) -> dict[int, str]:
+        return {}
+
 
 def _sidecar(tmp_path: Path, node: int, peers: _Peers, clock: list[float], net: Path) -> Sidecar:
     cfg = SidecarConfig(seat="s", node=node, nnodes=2, thresholds={}, bundle_dir=str(tmp_path / f"bundles{node}"),

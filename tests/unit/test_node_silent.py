@@ -43,6 +43,9 @@ class _Peers:
     def silent(self, now: float) -> dict[int, str]:
         return {1: SEEN} if now >= self.lost_at else {}
 
+    def watch_gaps(self) -> dict[int, str]:
+        return {}
+
 
 def _sidecar(tmp_path: Path, peers: _Peers, clock: list[float]) -> Sidecar:
     cfg = SidecarConfig(seat="s", node=0, nnodes=2, thresholds={}, bundle_dir=str(tmp_path), rank_nodes=RANK_NODES,

@@ -98,3 +98,12 @@ def test_render_shows_the_remediations_as_the_supervisor_records_them() -> None:
     out = _text({**DOC, "remediation": {**rem, "exhausted": True, "used": 3}})
     assert "EXHAUSTED: the seat waits for an operator" in out
     assert "on hang" not in _text(DOC)
+
+
+def test_render_names_a_peer_left_unwatched_and_a_restarted_sidecar() -> None:
+    doc = json.loads(json.dumps(DOC))
+    doc["nodes"][0]["watch_gaps"] = {"1": "its watchdog sidecar has not answered for 3.4 s; its node agent answers"}
+    doc["nodes"][1]["restarted"] = True
+    out = _text(doc)
+    assert "node 0: node 1 unwatched: its watchdog sidecar has not answered for 3.4 s" in out
+    assert "sidecar restarted by Ray" in out
