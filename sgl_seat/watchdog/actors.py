@@ -166,6 +166,7 @@ class RayPeers:
         self._agent_looked_up: dict[int, float] = {}
         self._agent_beat: dict[int, tuple[float, Any]] = {}
         self._agent_answer: dict[int, float] = {}
+        self._agent_sent: dict[int, float] = {}
         self._gaps: dict[int, str] = {}
 
     def silent(self, now: float) -> dict[int, str]:
@@ -249,7 +250,8 @@ class RayPeers:
                     self._agent_answer[node] = now
             elif now - sent >= SILENT_S:
                 del self._agent_beat[node]
-        if node not in self._agent_beat and now - self._agent_answer.get(node, float("-inf")) >= HEARTBEAT_S:
+        if node not in self._agent_beat and now - self._agent_sent.get(node, float("-inf")) >= HEARTBEAT_S:
+            self._agent_sent[node] = now  # every HEARTBEAT_S at most, answered or not (a dead one fails at once)
             with contextlib.suppress(Exception):
                 self._agent_beat[node] = (now, handle.__ray_ready__.remote())
         at = self._agent_answer.get(node)

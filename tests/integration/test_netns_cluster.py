@@ -368,6 +368,12 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         print(f"host b's engine processes: {len(before)} before the raylet went, {len(outlived)} alive after "
               f"(Ray kills a worker's child processes when the worker exits, and the agent's worker exits with "
               f"its raylet)")
+        # `status` says what is gone: node 1 (its agent not found, or not answering), with what is known of it.
+        st = cl.run_cli(["status", "netns-sim", "--json"], home, timeout=120)
+        assert st.returncode == 0, st.stdout + st.stderr
+        sdoc = json.loads(st.stdout)
+        print(f"status with host b's raylet gone: {sdoc['state']}: {sdoc['reason']}")
+        assert sdoc["state"] in ("NODE-LOST", "FAILED") and "node 1 " in (sdoc["reason"] or ""), sdoc["reason"]
         t0 = time.monotonic()
         res = cl.run_cli(["down", "netns-sim", "--json"], home, timeout=120)
         took = time.monotonic() - t0

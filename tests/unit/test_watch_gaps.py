@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sgl_seat.watchdog import actors
-from sgl_seat.watchdog.actors import SILENT_S, RayPeers
+from sgl_seat.watchdog.actors import HEARTBEAT_S, SILENT_S, RayPeers
 from sgl_seat.watchdog.config import SidecarConfig
 
 
@@ -114,9 +114,12 @@ def test_a_node_whose_sidecar_and_agent_are_both_silent_is_lost(world: _World) -
     _run(peers, 100.0, 103.0)
     world.sidecar_up = world.agent_up = False  # a raylet killed: both its actors die
     assert _run(peers, 103.1, 103.1 + SILENT_S - 0.2) == {}  # not yet: SILENT_S after the last answer
+    pings = world.agent.__ray_ready__.calls
     silent = _run(peers, 103.1 + SILENT_S - 0.1, 108.0)
     assert list(silent) == [1] and "heartbeat answered" in silent[1]
     assert peers.watch_gaps() == {}
+    # a dead agent fails at once; it is asked again every HEARTBEAT_S, not at every tick
+    assert world.agent.__ray_ready__.calls - pings <= (108.0 - 103.0 - SILENT_S) / HEARTBEAT_S + 2
 
 
 def test_an_agent_answer_from_before_the_sidecar_went_silent_does_not_count(world: _World) -> None:
