@@ -128,8 +128,8 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         if c.node_rank == 0 and st.get("kv_tokens") is not None:
             rec.kv_actual = st["kv_tokens"]
     dead = dead_reason(states)
-    if dead:
-        _fail(rec, dead[0], dead[1])
+    if dead:  # a node lost first (its raylet killed, say) is named before the engines that died after it
+        _fail(rec, "; ".join([*lost, dead[0]]), dead[1])
     if rec.state.needs_operator():
         return
     if lost:
