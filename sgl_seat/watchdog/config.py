@@ -96,7 +96,7 @@ class SidecarConfig:
     #: is reachable, and only its watchdog is gone (a killed sidecar, restarting): no node-unreachable bundle.
     agents: list[str] = field(default_factory=list)
     #: The Ray node this sidecar was placed on at `up`: a sidecar Ray restarts on another node (its bundle moved
-    #: there) would watch nothing of its node, so it stays idle and says so.
+    #: there) would watch nothing of its node, so it refuses to start, saying why (Ray takes that as its end).
     node_id: str | None = None
 
     def to_json(self) -> str:
