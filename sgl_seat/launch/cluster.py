@@ -83,6 +83,7 @@ def connect(address: str, namespace: str, *, token_env: str | None = None, timeo
 
     if ray.is_initialized():
         ray.shutdown()
+    errors_to_stderr()
     box: dict[str, BaseException] = {}
 
     def _init() -> None:
@@ -110,6 +111,27 @@ def connect(address: str, namespace: str, *, token_env: str | None = None, timeo
         exc = box["error"]
         raise ClusterError(f"cannot connect to Ray at {address}: {type(exc).__name__}: {exc}",
                            fix="check cluster.address and, if the cluster uses token auth, cluster.token_env") from exc
+
+
+def errors_to_stderr() -> None:
+    """Send the cluster's error messages that Ray's driver prints (a node marked dead, say) to stderr.
+
+    Why: a driver prints them from a thread of its own, to stdout, whatever ``log_to_driver`` says; under `--json`
+    stdout must carry the JSON alone (in CI, `down --json` after a raylet was killed began with "(raylet) The node
+    with node id ... has been marked dead"). Ray looks the printer up by name at each message, so it is wrapped here
+    (once per process) to mark every message an error stream's.
+    """
+    from ray._private import worker as ray_worker
+
+    orig: Any = ray_worker.print_to_stdstream
+    if getattr(orig, "sgl_seat_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        orig({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.sgl_seat_stderr = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_stderr
 
 
 class NoAnswer(ClusterError):

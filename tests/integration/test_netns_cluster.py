@@ -178,8 +178,10 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
                 # The driver runs on host a: whichever side of the cut that is, host b's node is the one it lost.
                 lost = next(n for n, h in hosts.items() if h == "b")
                 with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                    asked = pool.submit(cl.run_cli, ["status", "netns-sim", "--json", "--timeout", "6"], home,
-                                        timeout=60)
+                    # 15 s: with 6, a loaded CI run's status could not even connect to Ray (twice, 2026-12-02);
+                    # the link stays down until it answers.
+                    asked = pool.submit(cl.run_cli, ["status", "netns-sim", "--json", "--timeout", "15"], home,
+                                        timeout=90)
                     coord, local = _wait_bundles(bundles, t_down, local=True)
                     st = asked.result()
             finally:
