@@ -108,8 +108,8 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
                                                            timeout=min(timeout, SIDECAR_TIMEOUT_S))}
             if gone and not rec.no_watchdog else {})
     for node in gone:
-        node.alive = False
-        _fail(rec, agent_gone_line(rec, node, seen.get(node.node_rank)))
+        line, node.alive = agent_gone(rec, node, seen.get(node.node_rank))
+        _fail(rec, line)
     clients = [c for _, c in found if c is not None]
     states: list[dict[str, Any]] = []
     lost: list[str] = []
@@ -159,24 +159,24 @@ def _reconcile(rec: SeatRecord, timeout: float) -> None:
         rec.set_state(SeatState.DEGRADED, f"every engine process is alive but rank 0 {backend.health_path}: {err}")
 
 
-def agent_gone_line(rec: SeatRecord, node: NodeRecord, snap: dict[str, Any] | None) -> str:
-    """A node agent gone, and what became of its engines as that node's watchdog sidecar sees them: a killed agent
-    (measured on the local sim seat) leaves its engines serving, which only `down` can stop then."""
+def agent_gone(rec: SeatRecord, node: NodeRecord, snap: dict[str, Any] | None) -> tuple[str, bool]:
+    """A node agent gone: the reason's line, saying what became of its engines as that node's watchdog sidecar sees
+    them, and whether they are all alive. A killed agent (measured on the local sim seat) leaves its engines
+    serving, which only `down` can stop then."""
     line = f"node {node.node_rank} agent ({node.agent}" + (f", pid {node.agent_pid}" if node.agent_pid else "") + \
         ") is gone"
     procs = [p for p in (snap or {}).get("processes") or [] if p.get("node") in (None, node.node_rank)]
     if not procs:
         why = (snap or {}).get("error") or "its sidecar sees no engine process"
-        return f"{line}; its engines unseen ({why})"
+        return f"{line}; its engines unseen ({why})", False
     alive = [int(p["pid"]) for p in procs if p.get("alive")]
     if len(alive) == len(procs):
-        node.alive = True
         pids = ", ".join(str(p) for p in alive)
         return (f"{line}; its watchdog sees its engine processes alive (pids {pids}): they go on serving, but "
                 f"nothing can stop or restart them through Ray now: `sgl-seat down {rec.name}` stops them "
-                f"(from their host if Ray cannot reach it: `sgl-seat down --local {rec.name}`)")
+                f"(from their host if Ray cannot reach it: `sgl-seat down --local {rec.name}`)"), True
     dead = ", ".join(str(p["pid"]) for p in procs if not p.get("alive"))
-    return f"{line}; its watchdog sees engine processes gone (pids {dead})"
+    return f"{line}; its watchdog sees engine processes gone (pids {dead})", False
 
 
 def node_lost_line(rec: SeatRecord, node_rank: int, why: str) -> str:

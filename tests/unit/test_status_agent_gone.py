@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sgl_seat.launch.record import NodeRecord, SeatRecord
 from sgl_seat.launch.state import SeatState
-from sgl_seat.launch.status import agent_gone_line
+from sgl_seat.launch.status import agent_gone
 
 
 def _rec() -> tuple[SeatRecord, NodeRecord]:
@@ -21,19 +21,20 @@ def _proc(pid: int, alive: bool, node: int = 1) -> dict[str, object]:
 
 def test_engines_alive_as_the_watchdog_sees_them_are_named_with_how_to_stop_them() -> None:
     rec, node = _rec()
-    line = agent_gone_line(rec, node, {"node": 1, "processes": [_proc(1351, True), _proc(1354, True)]})
+    line, alive = agent_gone(rec, node, {"node": 1, "processes": [_proc(1351, True), _proc(1354, True)]})
     assert line.startswith("node 1 agent (sgl-seat-ka-node1, pid 1279) is gone; ")
     assert "engine processes alive (pids 1351, 1354): they go on serving" in line
     assert "`sgl-seat down ka`" in line and "`sgl-seat down --local ka`" in line
-    assert node.alive  # the engines are: the node's alive flag says so
+    assert alive  # the engines are: the node's alive flag is set from this
 
 
 def test_engines_gone_or_unseen_are_said_so() -> None:
     rec, node = _rec()
-    line = agent_gone_line(rec, node, {"node": 1, "processes": [_proc(1351, True), _proc(1354, False)]})
-    assert line.endswith("its watchdog sees engine processes gone (pids 1354)") and not node.alive
-    line = agent_gone_line(rec, node, {"node": 1, "error": "ActorDiedError: the actor died"})
-    assert line.endswith("its engines unseen (ActorDiedError: the actor died)")
-    assert "its engines unseen (its sidecar sees no engine process)" in agent_gone_line(rec, node, None)
+    line, alive = agent_gone(rec, node, {"node": 1, "processes": [_proc(1351, True), _proc(1354, False)]})
+    assert line.endswith("its watchdog sees engine processes gone (pids 1354)") and not alive
+    line, alive = agent_gone(rec, node, {"node": 1, "error": "ActorDiedError: the actor died"})
+    assert line.endswith("its engines unseen (ActorDiedError: the actor died)") and not alive
+    assert "its engines unseen (its sidecar sees no engine process)" in agent_gone(rec, node, None)[0]
     # another node's processes are not this node's
-    assert "unseen" in agent_gone_line(rec, node, {"node": 1, "processes": [_proc(7, True, node=0)]})
+    line, alive = agent_gone(rec, node, {"node": 1, "processes": [_proc(7, True, node=0)]})
+    assert "unseen" in line and not alive
