@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -91,7 +90,7 @@ class NodeAgent:
         self.log_path = logs_dir(seat, home) / f"node{node_rank}.log"
         # ${request_log_dir}: SGLang's request log (node 0, --log-requests-target), read by the watchdog.
         self.request_log_dir = self.log_path.parent / "requests"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: procs.HostedEngine | None = None
         self.node: NodePlan | None = None
         self.known: dict[int, float] = {}
         self.rank_pids: dict[str, tuple[int, float]] = {}
@@ -179,7 +178,10 @@ class NodeAgent:
         self.rank_pids.clear()
         self.rank_lost_at.clear()
         self._forget_rehearsal_faults(node)
-        self.proc = procs.spawn(node.command, env, self.log_path)
+        # Through an engine host, not as this worker's child: Ray kills a worker's children when the worker exits,
+        # and every worker of a node exits once its raylet is gone; the engine must go on serving (issue 24).
+        self.proc = procs.spawn_hosted(node.command, env, self.log_path,
+                                       self.log_path.parent / ".engines" / f"node{self.node_rank}")
         # The engine inherits this Ray worker's niceness (Ray adds 15): give it the raylet's (sgl_seat.niceness).
         nice, nice_note = restore_raylet_niceness(self.proc.pid)
         self.started_at = time.time()
@@ -189,7 +191,7 @@ class NodeAgent:
                            "argv": list(node.command), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"],
                            "niceness": nice, "niceness_note": nice_note})
 
-    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+    def _watch(self, proc: procs.HostedEngine) -> None:
         """Note when the engine exits, so the first node to die can be told from those that followed.
 
         Polls instead of ``wait()``: a thread blocked in ``wait()`` makes every other ``poll()`` answer None.
@@ -303,9 +305,10 @@ class NodeAgent:
         if self.proc is None:
             return json.dumps({"survivors": [], "returncode": None})
         self.state()  # refresh the known pids before they disappear
-        survivors = procs.kill_group(self.proc.pid, [self.proc.pid], self.known.items(), timeout=timeout,
-                                     reap=self.proc)
-        return json.dumps({"survivors": [s.to_dict() for s in survivors], "returncode": self.proc.poll()})
+        survivors = procs.kill_group(self.proc.pid, [self.proc.pid], self.known.items(), timeout=timeout)
+        # Its own parent (the engine host) reaps it and writes how it ended, within milliseconds.
+        rc = self.proc.wait(2.0) if not survivors else self.proc.poll()
+        return json.dumps({"survivors": [s.to_dict() for s in survivors], "returncode": rc})
 
     def survivors(self) -> str:
         """What of the engine's group is still alive (down's final check on this node)."""

@@ -11,9 +11,11 @@ signalled. Zombies count as gone: they hold no memory, port or GPU and only wait
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -174,8 +176,94 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subpro
         )
 
 
+#: The exit status of an engine whose parent (its :mod:`~sgl_seat.launch.enginehost`) was gone before it could
+#: write one: the engine is gone, how it ended is not known.
+EXIT_UNKNOWN = 1 << 16
+
+
+class HostedEngine:
+    """An engine started through :mod:`sgl_seat.launch.enginehost`: its pid, and its exit status as the engine's
+    own parent wrote it. The part of ``subprocess.Popen`` that the node agent uses (``pid``, ``poll``, ``wait``,
+    ``returncode``), for a process that is not the caller's child."""
+
+    def __init__(self, pid: int, parent: int, directory: Path) -> None:
+        self.pid = pid
+        self.parent = parent
+        self.directory = directory
+        self.returncode: int | None = None
+        self._proc = find(pid, None)
+        self._parent = find(parent, None)
+
+    def poll(self) -> int | None:
+        """The exit status once the engine has exited and its parent has said how (None while it runs)."""
+        if self.returncode is not None:
+            return self.returncode
+        from sgl_seat.launch.enginehost import EXIT
+
+        try:
+            self.returncode = int(json.loads((self.directory / EXIT).read_text())["returncode"])
+            return self.returncode
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # being written: the next poll
+        if self._proc is not None and is_alive(self._proc):
+            return None
+        if self._parent is not None and is_alive(self._parent):
+            return None  # reaped, the status not written yet
+        if (self.directory / EXIT).exists():
+            return self.poll()
+        self.returncode = EXIT_UNKNOWN
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """:meth:`poll` until it answers or ``timeout`` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        while (rc := self.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rc
+
+
+def spawn_hosted(argv: Sequence[str], env: Mapping[str, str], log_path: Path, directory: Path,
+                 *, timeout: float = 30.0) -> HostedEngine:
+    """Start ``argv`` as :func:`spawn` does (its own session, stdout+stderr to ``log_path``), but as the child of
+    an :mod:`~sgl_seat.launch.enginehost`, not of the caller: a Ray worker that exits kills its own children, and
+    the engine must outlive its node agent's worker (a raylet killed, a GCS gone). Raises OSError when the engine
+    could not be started (the host's words)."""
+    from sgl_seat.launch import enginehost
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in (enginehost.SPEC, enginehost.STARTED, enginehost.EXIT):
+        (directory / name).unlink(missing_ok=True)
+    spec = directory / enginehost.SPEC
+    fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"argv": list(argv), "env": dict(env)}, fh)
+    log: IO[bytes]
+    with log_path.open("wb") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-I", enginehost.__file__, str(directory)], stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+        )
+    try:
+        first.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        first.kill()
+        first.wait()
+    try:
+        started = json.loads((directory / enginehost.STARTED).read_text())
+    except (OSError, ValueError) as exc:
+        raise OSError(f"the engine's host did not start it within {timeout:.0f} s ({exc})") from None
+    if "error" in started:
+        raise OSError(f"could not start {argv[0]!r}: {started['error']}")
+    return HostedEngine(int(started["pid"]), int(started["parent"]), directory)
+
+
 def describe_exit(returncode: int) -> str:
     """``exited with code 3`` / ``killed by SIGKILL``, as an operator reads it."""
+    if returncode == EXIT_UNKNOWN:
+        return "exited (how is not known: its parent, which reaps it, was gone first)"
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
