@@ -169,6 +169,30 @@ def descendants(pid: int) -> list[Proc]:
     return [x for x in (_proc(k) for k in kids) if x is not None]
 
 
+def seat_processes(seat: str | None) -> list[Proc]:
+    """Every process on this host of ``seat``'s engines (None: of any seat), found across the whole process table:
+    the plan gives each node's engine ``SGL_SEAT_NAME=<seat>`` and every process of its tree inherits it; and each
+    engine's own parent, its engine host (``sgl_seat/launch/enginehost.py``, run on the seat's ``.engines``
+    directory), which is not under Ray: the engines outlive their node agent's Ray worker."""
+    out = []
+    for q in psutil.process_iter():
+        try:
+            if q.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = q.cmdline()
+            host = any(a.endswith("enginehost.py") for a in cmd[:3]) and (
+                seat is None or any(f"/{seat}/.engines/" in a for a in cmd[2:]))
+            if not host:
+                mark = q.environ().get("SGL_SEAT_NAME")
+                if mark is None or (seat is not None and mark != seat):
+                    continue
+            title = f"engine host {cmd[-1]}" if host else (cmd[0] if cmd else q.name())
+            out.append(Proc(q.pid, q.create_time(), None, title[:160]))
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
 def alive(procs: Iterable[Proc]) -> list[Proc]:
     """Those of ``procs`` still running (same pid and create time, not a zombie)."""
     out = []

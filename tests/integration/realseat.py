@@ -18,7 +18,17 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from launchutil import REPO, Proc, alive, descendants, engine_pgids, in_groups, run_cli, status_json
+from launchutil import (
+    REPO,
+    Proc,
+    alive,
+    descendants,
+    engine_pgids,
+    in_groups,
+    run_cli,
+    seat_processes,
+    status_json,
+)
 
 from sgl_seat.engines.base import engine_venv
 
@@ -62,19 +72,8 @@ def write_spec(directory: Path, name: str, *, http_port: int, dist_port: int, **
 
 
 def engine_processes(seat: str) -> list[Proc]:
-    """Every process on this host that belongs to ``seat``'s engine: the plan gives each node's engine
-    ``SGL_SEAT_NAME=<seat>`` and every process of SGLang's tree (launcher, schedulers, detokenizer,
-    resource_tracker) inherits it. Found across the whole process table, by that mark alone."""
-    out = []
-    for q in psutil.process_iter():
-        try:
-            if q.environ().get("SGL_SEAT_NAME") != seat or q.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmd = q.cmdline()
-            out.append(Proc(q.pid, q.create_time(), None, (cmd[0] if cmd else q.name())[:160]))
-        except (psutil.Error, OSError):
-            continue
-    return out
+    """Every process on this host that belongs to ``seat``'s engine (``launchutil.seat_processes``)."""
+    return seat_processes(seat)
 
 
 class RealSeat:

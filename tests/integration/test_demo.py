@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, Proc, alive, cli_argv, cli_env, descendants, in_groups, run_cli
+from launchutil import LOCAL_SIM, Proc, alive, cli_argv, cli_env, descendants, in_groups, run_cli, seat_processes
 from simutil import _free, port_range
 
 from sgl_seat.forensics import verify_bundle
@@ -64,6 +64,8 @@ def _watch(proc: subprocess.Popen[str], home: Path, seen: dict[int, Proc], pgids
     if holder is not None:
         for p in descendants(holder):
             seen.setdefault(p.pid, p)
+    for p in seat_processes(SEAT):  # the engines and their hosts, outside Ray's process tree
+        seen.setdefault(p.pid, p)
     pgids.update(int(n["pgid"]) for n in nodes if n.get("pgid"))
 
 

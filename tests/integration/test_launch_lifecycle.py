@@ -21,6 +21,7 @@ from launchutil import (
     engine_pgids,
     in_groups,
     run_cli,
+    seat_processes,
     status_json,
     write_spec,
 )
@@ -80,11 +81,15 @@ def test_up_stream_status_logs_down_on_a_local_cluster(tmp_path: Path) -> None:
     logs = run_cli(["logs", "lt-local", "--node", "1", "--lines", "20"], home, timeout=60)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
-    # What `up` started, captured before `down`: the cluster holder and every process under it.
+    # What `up` started, captured before `down`: the cluster holder and every process under it, and the engines
+    # with their engine hosts (not under Ray: they outlive their agent's worker).
     cluster = json.loads((home / "clusters" / "lt-local.json").read_text())
     holder = cluster["pid"]
-    started = descendants(holder)
-    assert any(p.title.startswith("sglang::scheduler") for p in started)
+    engines = seat_processes("lt-local")
+    started = descendants(holder) + engines
+    assert any(p.title.startswith("sglang::scheduler") for p in engines)
+    assert not any(p.title.startswith("sglang::") for p in descendants(holder))  # none is a Ray worker's child
+    assert sum(p.title.startswith("engine host ") for p in engines) == 2  # one engine host per node
     pgids = engine_pgids(st)
     assert len(pgids) == 2
 

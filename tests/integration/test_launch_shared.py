@@ -40,6 +40,7 @@ from launchutil import (
     live_groups,
     ray_inspect,
     run_cli,
+    seat_processes,
     status_json,
     wait_until,
     write_spec,
@@ -74,9 +75,12 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
 
 @pytest.fixture
 def clean(shared: Shared) -> Iterator[None]:
-    """After the test: nothing under the cluster outside Ray's own process group (i.e. no engine)."""
+    """After the test: nothing under the cluster outside Ray's own process group, and no engine or engine host of
+    a seat (they run outside Ray's process tree) that was not there before the test."""
+    before = {p.pid for p in seat_processes(None)}
     yield
     strays = [p for p in descendants(shared.holder) if p.pgid != shared.holder_pgid]
+    strays += [p for p in seat_processes(None) if p.pid not in before]
     assert strays == [], strays
 
 
@@ -211,7 +215,7 @@ def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp
         # At once: `up` goes on to READY in seconds, and a scan of the cluster's processes first let it get there
         # on a loaded box (the SIGINT then came too late and the seat stayed up).
         proc.send_signal(signal.SIGINT)
-        started = [p for p in descendants(shared.holder) if p.pid not in before]
+        started = [p for p in descendants(shared.holder) if p.pid not in before] + seat_processes("lt-int")
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -223,7 +227,7 @@ def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp
     assert "interrupted" in err, err
     node0 = int(re.search(r"ok engine-node0 .* pid (\d+)", "".join(seen)).group(1))  # type: ignore[union-attr]
     assert alive([p for p in started if p.pgid != shared.holder_pgid]) == []
-    assert not any(p.pid == node0 for p in descendants(shared.holder)), "node 0's engine outlived the interrupt"
+    assert not any(p.pid == node0 for p in seat_processes("lt-int")), "node 0's engine outlived the interrupt"
     engine_groups = sorted({node0, *(p.pgid for p in started if p.pgid and p.pgid != shared.holder_pgid)})
     _assert_seat_gone(shared, "lt-int", home, engine_groups)
 

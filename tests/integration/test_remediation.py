@@ -38,6 +38,7 @@ from launchutil import (
     in_groups,
     local_sim_spec,
     run_cli,
+    seat_processes,
     status_json,
     stop_pid,
     wait_until,
@@ -136,7 +137,7 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "ok supervisor" in up.stdout, up.stdout
         cluster = json.loads((home / "clusters" / f"{SEAT}.json").read_text())
-        s.started = descendants(cluster["pid"])
+        s.started = descendants(cluster["pid"]) + seat_processes(SEAT)  # engines and their hosts: outside Ray
         s.status()
         yield s
     finally:

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
-from launchutil import LOCAL_SIM, REPO, Proc, alive, descendants, in_groups, run_cli, wait_until
+from launchutil import LOCAL_SIM, REPO, Proc, alive, descendants, in_groups, run_cli, seat_processes, wait_until
 from runbookdoc import Block, RunbookError, parse_runbook, rehearsal_order
 
 from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
@@ -187,8 +187,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         if (home / "seats" / f"{NAME}.json").exists():  # a runbook failed with the seat up: take it down
             down = run_cli(["down", NAME], home, timeout=240)
             leftover = f"the seat was still recorded (down: rc {down.returncode})"
-        r.seen += descendants(rec.pid)
-        strays = [p for p in descendants(rec.pid) if p.pgid != r.holder_pgid]
+        r.seen += descendants(rec.pid) + seat_processes(NAME)
+        strays = [p for p in descendants(rec.pid) if p.pgid != r.holder_pgid] + seat_processes(NAME)
         survivors = stop_local_cluster(pid=rec.pid, create_time=rec.create_time, known=rec.processes)
         assert strays == [], f"engine processes left under the cluster: {strays}"
         assert survivors == [], survivors
@@ -264,7 +264,7 @@ def test_runbook_commands_run_on_the_local_sim_seat(runbook: str, rig: Rig) -> N
             assert want in res.output, f"{block.where}: the output lacks {want!r}\n{shown}"
         env = res.env
         ran += 1
-    rig.seen += descendants(rig.holder)
+    rig.seen += descendants(rig.holder) + seat_processes(NAME)
     rig.failed = None
     skipped = [b for b in blocks if b.kind == "no-run"]
     print(f"{runbook}: {ran} commands ran in {time.monotonic() - t0:.0f} s; {len(skipped)} not executed: "

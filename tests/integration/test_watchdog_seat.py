@@ -47,6 +47,7 @@ from launchutil import (
     in_groups,
     local_sim_spec,
     run_cli,
+    seat_processes,
     status_json,
     wait_until,
 )
@@ -99,7 +100,7 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
         sidecars_up_at = time.time()
         st = status_json(SEAT, home)
         cluster = json.loads((home / "clusters" / f"{SEAT}.json").read_text())
-        started = descendants(cluster["pid"])
+        started = descendants(cluster["pid"]) + seat_processes(SEAT)  # engines and their hosts: outside Ray
         pgids = engine_pgids(st)
     except BaseException:
         run_cli(["down", SEAT], home, timeout=240)  # whatever `up` left running
