@@ -169,8 +169,9 @@ def descendants(pid: int) -> list[Proc]:
     return [x for x in (_proc(k) for k in kids) if x is not None]
 
 
-def seat_processes(seat: str | None) -> list[Proc]:
-    """Every process on this host of ``seat``'s engines (None: of any seat), found across the whole process table:
+def seat_processes(seat: str, *, prefix: bool = False) -> list[Proc]:
+    """Every process on this host of ``seat``'s engines (``prefix``: of every seat whose name starts with ``seat``),
+    found across the whole process table:
     the plan gives each node's engine ``SGL_SEAT_NAME=<seat>`` and every process of its tree inherits it; and each
     engine's own parent, its engine host (``sgl_seat/launch/enginehost.py``, run on the seat's ``.engines``
     directory), which is not under Ray: the engines outlive their node agent's Ray worker."""
@@ -180,11 +181,11 @@ def seat_processes(seat: str | None) -> list[Proc]:
             if q.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmd = q.cmdline()
-            host = any(a.endswith("enginehost.py") for a in cmd[:3]) and (
-                seat is None or any(f"/{seat}/.engines/" in a for a in cmd[2:]))
+            host = any(a.endswith("enginehost.py") for a in cmd[:3]) and any(
+                f"/{seat}" in a and "/.engines/" in a if prefix else f"/{seat}/.engines/" in a for a in cmd[2:])
             if not host:
                 mark = q.environ().get("SGL_SEAT_NAME")
-                if mark is None or (seat is not None and mark != seat):
+                if mark is None or not (mark.startswith(seat) if prefix else mark == seat):
                     continue
             title = f"engine host {cmd[-1]}" if host else (cmd[0] if cmd else q.name())
             out.append(Proc(q.pid, q.create_time(), None, title[:160]))

@@ -77,10 +77,10 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
 def clean(shared: Shared) -> Iterator[None]:
     """After the test: nothing under the cluster outside Ray's own process group, and no engine or engine host of
     a seat (they run outside Ray's process tree) that was not there before the test."""
-    before = {p.pid for p in seat_processes(None)}
+    before = {p.pid for p in seat_processes("lt-", prefix=True)}  # this module's seats are lt-*
     yield
     strays = [p for p in descendants(shared.holder) if p.pgid != shared.holder_pgid]
-    strays += [p for p in seat_processes(None) if p.pid not in before]
+    strays += [p for p in seat_processes("lt-", prefix=True) if p.pid not in before]
     assert strays == [], strays
 
 
