@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,9 +89,10 @@ def _text(exc: BaseException) -> str:
     return msg.splitlines()[0][:300] if msg else type(exc).__name__
 
 
-def stop_sidecars(ctx: SidecarContext) -> None:
-    """Stop every sidecar (under a deadline)."""
-    bounded(f"{actors.__name__}.stop_sidecars", actors.stop_sidecars, ctx, timeout=ctx.timeout)
+def stop_sidecars(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: float = 3.0) -> None:
+    """Stop every sidecar (under a deadline); those of the nodes in ``brief`` get ``brief_s`` to answer."""
+    bounded(f"{actors.__name__}.stop_sidecars", actors.stop_sidecars, ctx, brief=brief, brief_s=brief_s,
+            timeout=ctx.timeout)
 
 
 def prometheus_config_of(rec: SeatRecord) -> ScrapeConfig:

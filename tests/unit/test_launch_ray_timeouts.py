@@ -89,7 +89,7 @@ def test_status_with_a_wedged_gcs_fails_the_seat_instead_of_hanging(wedged: thre
 
 def test_teardown_with_a_wedged_gcs_goes_on_and_says_what_it_could_not_check(wedged: threading.Event,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(teardown, "stop_sidecars", lambda ctx: None)
+    monkeypatch.setattr(teardown, "stop_sidecars", lambda ctx, **kw: None)
     monkeypatch.setattr(cluster, "disconnect", lambda: None)
     rec = SeatRecord(name="s", state=SeatState.STOPPING, engine="sim", draft=False, cluster_address="10.0.0.1:6379",
                      namespace="n", pg_name="p", plan={}, nodes=[NodeRecord(node_rank=0, agent="a0")])
