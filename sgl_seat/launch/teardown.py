@@ -95,6 +95,15 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
                 survivors.append(f"seat {rec.name}'s Ray objects could not be removed or checked: {exc.message}")
     if connected:
         cluster.disconnect()
+    by_pid = [n for n in rec.nodes if n.node_rank not in reached and (n.pgid or n.processes) and same_host(n)]
+    if by_pid:
+        # Their keepers first (a node whose raylet is gone has its keeper watching in its sidecar's place): one left
+        # watching would take the engines killed next for a crash and capture it.
+        from sgl_seat.watchdog.keeper import stop_local_keepers
+
+        stopped = stop_local_keepers(rec.name, {n.node_rank for n in by_pid})
+        if stopped:
+            log.info("stopped the keepers %s of node(s) %s", stopped, [n.node_rank for n in by_pid])
     for node in rec.nodes:
         if node.node_rank not in reached and (node.pgid or node.processes):
             if same_host(node):
@@ -186,10 +195,13 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
         if not rec.no_watchdog:
             # The sidecars of the nodes that answered, and of those whose agent alone is gone (an unreachable node
             # would cost the stop's timeout). A sidecar not stopped dies with the placement group, its rings left.
-            stop = answered | {n for n, w in why.items() if w == AGENT_NOT_FOUND}
+            # Those of the latter get REACH_S to answer: a sidecar that died with its raylet cannot.
+            brief = {n for n, w in why.items() if w == AGENT_NOT_FOUND}
+            stop = answered | brief
             try:
                 ctx = context_of(rec)
-                stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in stop)))
+                stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in stop)),
+                              brief=brief, brief_s=REACH_S)
             except Exception as exc:  # a sidecar bug must not keep engines alive
                 log.warning("stopping sidecars failed: %s", exc)
         refs = [(c, c.submit("kill_engine", KILL_GRACE)) for c in clients]

@@ -165,6 +165,9 @@ class Exporter:
         self.remediation = RemediationMetrics(self.registry, node)
         self.sampler_up = Gauge("sgl_seat_watchdog_sampler_up", "1 if py-spy sampling works, 0 if missing or denied",
                                 ["node"], registry=self.registry).labels(**lab)
+        self.keeper_watching = Gauge("sgl_seat_watchdog_keeper_watching",
+                                     "1 while this node's keeper watches in its sidecar's place (its Ray raylet gone)",
+                                     ["node"], registry=self.registry).labels(**lab)
         self.node = str(node)
         self.port: int | None = None
         #: The address it listens on (None while not serving).

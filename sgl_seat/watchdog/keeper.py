@@ -1,16 +1,21 @@
-"""A node's last capture when its Ray raylet dies: a small process outside Ray that the sidecar starts and stops.
+"""A node's watchdog when its Ray raylet dies: a small process outside Ray that the sidecar starts and stops.
 
 Why: the sidecar is a Ray actor, and a Ray worker exits as soon as its raylet is gone, so a node whose raylet was
-killed wrote no bundle of its own (issue 24: "there is no partial bundle from host b"). The keeper runs in a
-session of its own (``start_new_session``), so it outlives the raylet and its workers. It watches the raylet's
-pid (with its create time) and the sidecar's; it keeps the node's engine process table (which engines are still
-alive, which went when), and:
+killed wrote no bundle of its own (issue 24: "there is no partial bundle from host b"), and its sampling stopped
+while its engines, outside Ray (``launch/enginehost.py``), served on. The keeper runs in a session of its own
+(``start_new_session``), so it outlives the raylet and its workers. It watches the raylet's pid (with its create
+time) and the sidecar's; it keeps the node's engine process table (which engines are still alive, which went
+when), and:
 
-- the raylet gone: it captures this node alone (the engines' stacks where they still run, their process table,
-  the engine log's tail, the probe rings' records, the node's own links) into a partial bundle, ``node-isolated``
-  naming this node with "its Ray raylet is gone" as its own evidence, then exits;
+- the raylet gone: it takes the sidecar's place at once: a :class:`~sgl_seat.watchdog.sidecar.Sidecar` of its own,
+  without peers (nothing of Ray is left to reach them), on the sidecar's exporter port, so sampling, detection and
+  local captures go on; its exporter says ``sgl_seat_watchdog_keeper_watching 1``. Then it captures this node
+  alone (the engines' stacks where they still run, their process table, the engine log's tail, the probe rings'
+  records, the node's own links) into a partial bundle, ``node-isolated`` naming this node with "its Ray raylet is
+  gone" as its own evidence. It watches on until the stop file, SIGTERM, or no engine process of its node has
+  been alive for ``ENGINES_GONE_S``;
 - the sidecar gone with the raylet alive (the sidecar stopped, killed by `down`, or it crashed): it exits quietly;
-- a stop file in its directory (the sidecar's :meth:`stop`): it exits quietly.
+- a stop file in its directory (the sidecar's :meth:`stop`, or `down --local`): it exits quietly.
 
 It never signals a process; everything it reads is this node's. Run: ``python -m sgl_seat.watchdog.keeper DIR``,
 with ``DIR/keeper.json`` written by :func:`start_keeper`.
@@ -28,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +46,10 @@ from sgl_seat.core.nodeloss import node_isolated
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
+from sgl_seat.watchdog.exporter import Exporter
 from sgl_seat.watchdog.procfind import find_engine_processes
 from sgl_seat.watchdog.sampler import Sampler
+from sgl_seat.watchdog.sidecar import Sidecar
 from sgl_seat.watchdog.sources import LogTailer, ProbeReader
 
 log = logging.getLogger("sgl_seat.watchdog.keeper")
@@ -52,6 +60,11 @@ STOP = "stop"
 CONFIG = "keeper.json"
 RESULT = "result.json"
 PID = "pid"
+#: Seconds with no engine process of its node alive after which a keeper that took over stops watching (the seat was
+#: taken down by pid, or its engines died and were captured).
+ENGINES_GONE_S = 5.0
+#: Seconds the keeper tries to bind the sidecar's exporter port: the dying actor may hold it for a moment.
+BIND_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +188,23 @@ def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float) ->
     return res.to_json()
 
 
+def take_over(cfg: SidecarConfig, *, bind_wait_s: float = BIND_WAIT_S) -> Sidecar:
+    """This node's watchdog in the sidecar's place: no peers (the raylet is gone, and with it every Ray call), the
+    same exporter port (retried while the dying actor still holds it), started."""
+    core = Sidecar(cfg, peers=None)
+    deadline = time.monotonic() + bind_wait_s
+    while cfg.metrics_port and core.exporter.port is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        core.exporter.close()
+        core.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr)
+        core.exporter.rank_states.source = core._rank_views
+        if core.probes is not None:
+            core.probes.on_complete = core.exporter.observe_fetch
+    core.exporter.keeper_watching.set(1)
+    core.start()
+    return core
+
+
 def run(directory: Path) -> int:
     doc = json.loads((directory / CONFIG).read_text())
     cfg = SidecarConfig.from_json(json.dumps(doc["config"]))
@@ -195,13 +225,33 @@ def run(directory: Path) -> int:
         time.sleep(POLL_S)
     now = time.time()
     why = f"its Ray raylet (pid {raylet.pid}) is gone"
-    log.warning("node %d keeper: %s; capturing this node alone", cfg.node, why)
-    faulthandler.dump_traceback_later(15.0, repeat=True)  # a capture that hangs says where, in keeper.log
-    res = capture_alone(cfg, sampler, why, now)
-    faulthandler.cancel_dump_traceback_later()
-    (directory / RESULT).write_text(json.dumps(res))
-    (directory / CONFIG).unlink(missing_ok=True)  # the seat's plan: not left in a temporary directory
-    log.warning("node %d keeper: %s", cfg.node, res.get("path") or res.get("error"))
+    log.warning("node %d keeper: %s; watching in the sidecar's place, and capturing this node alone", cfg.node, why)
+    term = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: term.set())
+    core = take_over(cfg)
+    log.warning("node %d keeper: watching (exporter %s:%s)", cfg.node, core.exporter.addr, core.exporter.port)
+    try:
+        faulthandler.dump_traceback_later(15.0, repeat=True)  # a capture that hangs says where, in keeper.log
+        # The capture's process table is the one the keeper kept while the raylet lived (which engines went with it,
+        # when); its stack dumps run beside the new sampler's, as every sidecar's capture runs beside its sampling.
+        res = capture_alone(cfg, sampler, why, now)
+        faulthandler.cancel_dump_traceback_later()
+        (directory / RESULT).write_text(json.dumps(res))
+        log.warning("node %d keeper: %s", cfg.node, res.get("path") or res.get("error"))
+        gone_since: float | None = None
+        while not term.is_set() and not (directory / STOP).exists():
+            if core.sampler.live():
+                gone_since = None
+            elif gone_since is None:
+                gone_since = time.monotonic()
+            elif time.monotonic() - gone_since >= ENGINES_GONE_S:
+                log.warning("node %d keeper: no engine process left for %.0f s; done", cfg.node, ENGINES_GONE_S)
+                break
+            term.wait(POLL_S)
+        log.info("node %d keeper: stopped watching", cfg.node)
+    finally:
+        core.stop()
+        (directory / CONFIG).unlink(missing_ok=True)  # the seat's plan: not left in a temporary directory
     return 0
 
 

@@ -189,6 +189,15 @@ def traffic(url: str, stop: threading.Event) -> None:
             stop.wait(0.2)
 
 
+def complete(url: str, timeout: float = 20.0) -> dict[str, Any]:
+    """One completion from the seat at ``url`` (direct, never through a proxy), its JSON answer."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = json.dumps({"model": "sim-dsv41", "prompt": "hello " * 20, "max_tokens": 8}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    doc: dict[str, Any] = json.loads(opener.open(req, timeout=timeout).read())
+    return doc
+
+
 def seat_bundles(root: Path) -> list[dict[str, Any]]:
     """Every complete bundle's manifest under ``root``, with its ``path``."""
     out = []
@@ -224,6 +233,31 @@ def fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:
     if res.returncode != 0:
         raise AssertionError(f"GET {url} from {ns}: {res.stderr[-1000:]}")
     return res.stdout
+
+
+def watchdog_metric(cl: NetnsCluster, node: int, name: str, http_port: int = 31210) -> float | None:
+    """``name`` of node ``node``'s watchdog exporter (its sidecar's, or its keeper's in its place), read on its own
+    host's loopback at the port the seat gives it (``http_port + 15 + node``); None when nothing answers there."""
+    import re
+
+    ns = cl.ns_a if node == 0 else cl.ns_b
+    try:
+        text = fetch_in(ns, f"http://127.0.0.1:{http_port + 15 + node}/metrics", timeout=5.0)
+    except AssertionError:
+        return None
+    m = re.search(rf'^{name}\{{node="{node}"\}} (\S+)$', text, re.M)
+    assert m, text[:1500]
+    return float(m.group(1))
+
+
+def keepers(cl: NetnsCluster, ns: str) -> list[int]:
+    """The watchdog keepers alive in namespace ``ns`` (by the pids the namespace lists, then their command line)."""
+    out = []
+    for p in cl.pids()[ns]:
+        with contextlib.suppress(psutil.Error):
+            if "sgl_seat.watchdog.keeper" in " ".join(psutil.Process(p).cmdline()):
+                out.append(p)
+    return out
 
 
 @contextlib.contextmanager

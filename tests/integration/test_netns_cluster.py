@@ -39,11 +39,13 @@ from netnsutil import (
     NetnsCluster,
     engine_pids,
     fetch_in,
+    keepers,
     raylet_pid,
     running,
     seat_bundles,
     seat_spec,
     under_traffic,
+    watchdog_metric,
 )
 
 pytestmark = pytest.mark.integration
@@ -335,9 +337,11 @@ DOWN_WITHIN_S = 20.0
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 6: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
     started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s, and host
-    b's keeper (outside Ray) writes host b's own bundle, node-isolated, "its Ray raylet is gone". Then
+    b's keeper (outside Ray) writes host b's own bundle, node-isolated, "its Ray raylet is gone", and watches on
+    in the sidecar's place (its exporter on the sidecar's port, sampling). Then
     (issue 24, item 3) `down` from host a returns within 20 s, stops node 0, names node 1 unreachable with its pids
-    and keeps the record; `down --local` on host b stops host b's engines from the record (nothing of them is left);
+    and keeps the record; `down --local` on host b stops host b's keeper and its engines from the record (nothing of
+    them is left);
     a second `down` from host a removes the rest and the record. Last in the module: host b has no raylet
     afterwards."""
     cl = netns_cluster
@@ -363,9 +367,14 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         b_procs = json.loads((Path(local_b["path"]) / "processes.jsonl").read_text().splitlines()[0]) \
             if (Path(local_b["path"]) / "processes.jsonl").exists() else None
         print("host b's engine processes in its bundle:", b_procs)
-        keepers = [p for p in cl.pids()[cl.ns_b] if psutil.pid_exists(p)
-                   and "sgl_seat.watchdog.keeper" in " ".join(psutil.Process(p).cmdline())]
-        assert keepers == [], keepers  # it captured and exited
+        # The keeper watches on in the sidecar's place: its exporter, on the sidecar's port, says so, and samples.
+        assert len(keepers(cl, cl.ns_b)) == 1, keepers(cl, cl.ns_b)
+        assert watchdog_metric(cl, 1, "sgl_seat_watchdog_keeper_watching") == 1.0
+        s0 = watchdog_metric(cl, 1, "sgl_seat_watchdog_samples_total")
+        time.sleep(3.0)
+        s1 = watchdog_metric(cl, 1, "sgl_seat_watchdog_samples_total")
+        print(f"node 1's keeper's samples: {s0} then {s1} 3 s later")
+        assert s0 is not None and s1 is not None and s1 > s0, (s0, s1)
         outlived = b_engines()
         print(f"host b's engine processes: {len(before)} before the raylet went, {len(outlived)} alive after")
         # The agent's worker exits with its raylet and Ray kills that worker's children, but the engine is the
@@ -397,8 +406,8 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         assert local.returncode == 0, local.stdout + local.stderr
         ldoc = json.loads(local.stdout)
         print("down --local on host b:", ldoc)
-        assert ldoc["nodes"] == [1] and ldoc["survivors"] == []
-        assert b_engines() == []
+        assert ldoc["nodes"] == [1] and ldoc["survivors"] == [] and len(ldoc["keepers_stopped"]) == 1, ldoc
+        assert b_engines() == [] and keepers(cl, cl.ns_b) == []
         # Back on host a: the rest (the placement group, the agents' names, the record) goes.
         t0 = time.monotonic()
         again = cl.run_cli(["down", "netns-sim"], home, timeout=120)

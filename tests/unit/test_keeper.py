@@ -1,14 +1,22 @@
-"""The keeper (issue 24, item 3): a process outside Ray that captures its node alone when the node's raylet dies,
-and exits quietly when its sidecar stops or goes while the raylet lives. The raylet and the sidecar are stand-ins
-(real processes this test starts and kills by pid); the keeper is the real one, started as the sidecar starts it.
+"""The keeper (issue 24, item 3): a process outside Ray that, when the node's raylet dies, watches in the sidecar's
+place (sampling, its exporter on the sidecar's port) and captures its node alone, and exits quietly when its sidecar
+stops or goes while the raylet lives. The raylet, the sidecar and the engine are stand-ins (real processes this test
+starts and kills by pid; the engine's command line is one the watchdog's discovery finds); the keeper is the real
+one, started as the sidecar starts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -19,9 +27,45 @@ from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, 
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 
 
-def _cfg(tmp_path: Path) -> SidecarConfig:
+def _cfg(tmp_path: Path, *, engine_port: int = 1, metrics_port: int | None = None) -> SidecarConfig:
     return SidecarConfig(seat="s", node=1, nnodes=2, thresholds={}, bundle_dir=str(tmp_path / "bundles"),
-                         rank_nodes=RANK_NODES, gpu=False, interfaces=["lo"], root_pid=None, engine_port=1)
+                         rank_nodes=RANK_NODES, gpu=False, interfaces=["lo"], root_pid=None, engine_port=engine_port,
+                         metrics_port=metrics_port)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: The stand-in engine's main process: a scheduler child (by its title, as SGLang names it), then a sleep.
+ENGINE = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import setproctitle, time; "
+          "setproctitle.setproctitle(\"sglang::scheduler_TP2\"); time.sleep(300)']); time.sleep(300)")
+
+
+def _engine(port: int) -> subprocess.Popen[bytes]:
+    """A stand-in engine in a process group of its own: a main process whose command line the watchdog's discovery
+    takes for node 1's engine, and its scheduler (sampled every round)."""
+    return subprocess.Popen([sys.executable, "-c", ENGINE, "-m", "sgl_seat.sim.launch_server", "--node-rank", "1",
+                             "--port", str(port)], start_new_session=True)
+
+
+def _end_group(p: subprocess.Popen[bytes]) -> list[int]:
+    """Kill the stand-in engine's group; return what of it is still alive (none)."""
+    members = [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))] if p.poll() is None else []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    _, alive = psutil.wait_procs([psutil.Process(m) for m in members if psutil.pid_exists(m)], timeout=10)
+    return [a.pid for a in alive]
+
+
+def _metric(port: int, name: str) -> float | None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    text = opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    m = re.search(rf'^{name}\{{node="1"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
 
 
 def _stand_in() -> subprocess.Popen[bytes]:
@@ -42,10 +86,13 @@ def _gone(w: Watched, timeout: float = 60.0) -> bool:
     return not w.alive()
 
 
-def test_the_raylet_gone_the_keeper_writes_this_nodes_bundle_and_exits(tmp_path: Path) -> None:
+def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_this_nodes_bundle(
+        tmp_path: Path) -> None:
     raylet, sidecar = _stand_in(), _stand_in()
-    keeper = start_keeper(_cfg(tmp_path), tmp_path / "k", raylet=Watched.of(raylet.pid),
-                          sidecar=Watched.of(sidecar.pid))
+    eport, mport = _free_port(), _free_port()
+    engine = _engine(eport)
+    keeper = start_keeper(_cfg(tmp_path, engine_port=eport, metrics_port=mport), tmp_path / "k",
+                          raylet=Watched.of(raylet.pid), sidecar=Watched.of(sidecar.pid))
     try:
         # Not this process's child (Ray kills a worker's children when the worker exits): init's, or a subreaper's.
         assert psutil.Process(keeper.pid).ppid() != os.getpid()
@@ -54,7 +101,9 @@ def test_the_raylet_gone_the_keeper_writes_this_nodes_bundle_and_exits(tmp_path:
         assert keeper.alive()  # both alive: it waits
         raylet.kill()
         raylet.wait(timeout=10)
-        assert _gone(keeper)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "k" / RESULT).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         res = json.loads((tmp_path / "k" / RESULT).read_text())
         manifest = json.loads((Path(res["path"]) / "manifest.json").read_text())
         v = manifest["verdict"]
@@ -63,8 +112,20 @@ def test_the_raylet_gone_the_keeper_writes_this_nodes_bundle_and_exits(tmp_path:
         assert manifest["nodes"] == [1] and manifest["self_check"]["1"]["isolated"] is True
         assert manifest["trigger"]["source"] == "keeper"
         assert [c["status"] for c in manifest["capture"] if c.get("node") == 0] == ["not asked"]
+        # It watches on, in the sidecar's place: its exporter on the sidecar's port says so, and samples grow.
+        assert keeper.alive()
+        assert _metric(mport, "sgl_seat_watchdog_keeper_watching") == 1.0
+        first = _metric(mport, "sgl_seat_watchdog_samples_total")
+        time.sleep(2.5)
+        later = _metric(mport, "sgl_seat_watchdog_samples_total")
+        assert first is not None and later is not None and later > first, (first, later)
+        # Its node's engine gone (taken down by pid, or dead): it stops watching and leaves nothing behind.
+        assert _end_group(engine) == []
+        assert _gone(keeper, 30)
+        assert not (tmp_path / "k" / "keeper.json").exists()
     finally:
         _end(raylet, sidecar)
+        _end_group(engine)
         stop_keeper(keeper, tmp_path / "k")
     assert not keeper.alive()
 
