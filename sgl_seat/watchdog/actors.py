@@ -35,6 +35,7 @@ from sgl_seat.watchdog.keeper import Watched, keeper_dir, start_keeper, stop_kee
 from sgl_seat.watchdog.peers import CoordinatorUnreachable
 from sgl_seat.watchdog.selfcheck import seat_interfaces
 from sgl_seat.watchdog.sidecar import Sidecar
+from sgl_seat.watchdog.spool import SampleSpool
 
 log = logging.getLogger("sgl_seat.watchdog")
 
@@ -83,11 +84,17 @@ class SidecarActor:
         peers = RayPeers(self.cfg) if self.cfg.nnodes > 1 and self.cfg.namespace else None
         raylet = os.getppid()  # Ray's worker processes are the raylet's children: a new parent means it died
         self._host_gone: Callable[[], bool] = lambda: os.getppid() != raylet
-        self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone)
+        # Outside Ray, for the raylet's death: this actor dies with it, the keeper takes its place then, with the
+        # samples this sidecar spooled to the keeper's directory as its history.
+        self._keeper_dir = keeper_dir(self.cfg.seat, self.cfg.node, os.getpid())
+        spool: SampleSpool | None = None
+        if self.cfg.nnodes > 1:
+            with contextlib.suppress(OSError):  # no spool: the keeper's history begins at its takeover
+                self._keeper_dir.mkdir(parents=True, exist_ok=True)
+                spool = SampleSpool(self._keeper_dir)
+        self.core = Sidecar(self.cfg, peers=peers, host_gone=self._host_gone, spool=spool)
         self._remediations_counted = 0
         self.core.start()
-        # Outside Ray, for the raylet's death: this actor dies with it, the keeper captures this node then.
-        self._keeper_dir = keeper_dir(self.cfg.seat, self.cfg.node, os.getpid())
         self._keeper: Watched | None = None
         if self.cfg.nnodes > 1:
             try:

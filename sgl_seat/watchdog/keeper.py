@@ -8,13 +8,15 @@ time) and the sidecar's; it keeps the node's engine process table (which engines
 when), and:
 
 - the raylet gone: it takes the sidecar's place at once: a :class:`~sgl_seat.watchdog.sidecar.Sidecar` of its own,
-  without peers (nothing of Ray is left to reach them), on the sidecar's exporter port, so sampling, detection and
+  without peers (nothing of Ray is left to reach them), on the sidecar's exporter port, its history the samples the
+  sidecar spooled to this directory as it took them (:mod:`sgl_seat.watchdog.spool`), so sampling, detection and
   local captures go on; its exporter says ``sgl_seat_watchdog_keeper_watching 1``. Then it captures this node
   alone (the engines' stacks where they still run, their process table, the engine log's tail, the probe rings'
   records, the node's own links) into a partial bundle, ``node-isolated`` naming this node with "its Ray raylet is
   gone" as its own evidence. It watches on until the stop file, SIGTERM, or no engine process of its node has
   been alive for ``ENGINES_GONE_S``;
-- the sidecar gone with the raylet alive (the sidecar stopped, killed by `down`, or it crashed): it exits quietly;
+- the sidecar gone with the raylet alive (the sidecar stopped, killed by `down`, or it crashed): it exits quietly,
+  its directory removed;
 - a stop file in its directory (the sidecar's :meth:`stop`, or `down --local`): it exits quietly.
 
 It never signals a process; everything it reads is this node's. Run: ``python -m sgl_seat.watchdog.keeper DIR``,
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ import psutil
 
 from sgl_seat.core.isolation import SelfCheck
 from sgl_seat.core.nodeloss import node_isolated
+from sgl_seat.core.records import StackSample
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
@@ -51,6 +55,9 @@ from sgl_seat.watchdog.procfind import find_engine_processes
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sidecar import Sidecar
 from sgl_seat.watchdog.sources import LogTailer, ProbeReader
+from sgl_seat.watchdog.spool import CURRENT as SPOOL_CURRENT
+from sgl_seat.watchdog.spool import PREVIOUS as SPOOL_PREVIOUS
+from sgl_seat.watchdog.spool import SampleSpool
 
 log = logging.getLogger("sgl_seat.watchdog.keeper")
 
@@ -161,8 +168,10 @@ def _sampler(cfg: SidecarConfig) -> Sampler:
                    pyspy=cfg.pyspy or True)  # never started: its process table and py-spy's path only
 
 
-def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float) -> dict[str, Any]:
-    """This node's partial bundle, its verdict ``node-isolated`` (``why``: the evidence), the others missing."""
+def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float,
+                  samples: Sequence[StackSample] = ()) -> dict[str, Any]:
+    """This node's partial bundle, its verdict ``node-isolated`` (``why``: the evidence), the others missing;
+    ``samples``: the stack history it carries (the sidecar's spooled samples, and the keeper's since)."""
     sampler.refresh(force=True)
     probes = ProbeReader(cfg.probe_dir, node=cfg.node) if cfg.probe_dir else None
     if probes is not None:
@@ -171,7 +180,7 @@ def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float) ->
     logs.poll(now)
     check = SelfCheck(node=cfg.node, t=now, links=selfcheck.read_links(cfg.interfaces),
                       rdma=selfcheck.read_rdma(), peers=cfg.nnodes - 1, control=why)
-    part = cap.node_part(node=cfg.node, procs=sampler.live(), pyspy=sampler.pyspy, samples=[],
+    part = cap.node_part(node=cfg.node, procs=sampler.live(), pyspy=sampler.pyspy, samples=list(samples),
                          probes=probes.records() if probes else [], metrics=[], logs=logs.lines(),
                          processes=sampler.processes(), log_text=logs.tail_text(), env={}, gpu=cfg.gpu,
                          dump_timeout_s=2.0, native_deadline=now + cap.NATIVE_BY_S)
@@ -188,10 +197,15 @@ def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float) ->
     return res.to_json()
 
 
-def take_over(cfg: SidecarConfig, *, bind_wait_s: float = BIND_WAIT_S) -> Sidecar:
+def take_over(cfg: SidecarConfig, history: Sequence[StackSample] = (), *,
+              bind_wait_s: float = BIND_WAIT_S) -> Sidecar:
     """This node's watchdog in the sidecar's place: no peers (the raylet is gone, and with it every Ray call), the
-    same exporter port (retried while the dying actor still holds it), started."""
+    same exporter port (retried while the dying actor still holds it), the sidecar's spooled samples as the start
+    of its history (not counted again as samples taken), started."""
     core = Sidecar(cfg, peers=None)
+    hook, core.sampler.on_sample = core.sampler.on_sample, None
+    core.sampler.add_samples(history)
+    core.sampler.on_sample = hook
     deadline = time.monotonic() + bind_wait_s
     while cfg.metrics_port and core.exporter.port is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -220,6 +234,7 @@ def run(directory: Path) -> int:
             break
         if not sidecar.alive():
             log.info("node %d keeper: the sidecar is gone with its raylet alive: nothing to capture", cfg.node)
+            shutil.rmtree(directory, ignore_errors=True)  # its spool and config: nobody reads them any more
             return 0
         sampler.refresh()
         time.sleep(POLL_S)
@@ -228,13 +243,17 @@ def run(directory: Path) -> int:
     log.warning("node %d keeper: %s; watching in the sidecar's place, and capturing this node alone", cfg.node, why)
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: term.set())
-    core = take_over(cfg)
-    log.warning("node %d keeper: watching (exporter %s:%s)", cfg.node, core.exporter.addr, core.exporter.port)
+    spool = SampleSpool(directory)
+    history = spool.read(since=now - cfg.watchdog.history_s)
+    core = take_over(cfg, history)
+    log.warning("node %d keeper: watching (exporter %s:%s), %d of the sidecar's samples as its history (the last "
+                "%.1f s before the raylet went)", cfg.node, core.exporter.addr, core.exporter.port, len(history),
+                now - max((x.t for x in history), default=now))
     try:
         faulthandler.dump_traceback_later(15.0, repeat=True)  # a capture that hangs says where, in keeper.log
         # The capture's process table is the one the keeper kept while the raylet lived (which engines went with it,
         # when); its stack dumps run beside the new sampler's, as every sidecar's capture runs beside its sampling.
-        res = capture_alone(cfg, sampler, why, now)
+        res = capture_alone(cfg, sampler, why, now, samples=core.sampler.samples())
         faulthandler.cancel_dump_traceback_later()
         (directory / RESULT).write_text(json.dumps(res))
         log.warning("node %d keeper: %s", cfg.node, res.get("path") or res.get("error"))
@@ -251,7 +270,9 @@ def run(directory: Path) -> int:
         log.info("node %d keeper: stopped watching", cfg.node)
     finally:
         core.stop()
-        (directory / CONFIG).unlink(missing_ok=True)  # the seat's plan: not left in a temporary directory
+        # The seat's plan and its stacks: not left in a temporary directory (result.json and keeper.log stay).
+        for name in (CONFIG, SPOOL_CURRENT, SPOOL_PREVIOUS):
+            (directory / name).unlink(missing_ok=True)
     return 0
 
 

@@ -46,6 +46,7 @@ from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
 from sgl_seat.watchdog.rankview import RankView, rank_views, tokens_per_s
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sources import LogTailer, MetricsPoller, ProbeReader
+from sgl_seat.watchdog.spool import SampleSpool
 
 log = logging.getLogger("sgl_seat.watchdog")
 
@@ -76,8 +77,11 @@ class Sidecar:
 
     def __init__(self, cfg: SidecarConfig, *, peers: Peers | None = None, sampler: Sampler | None = None,
                  clock: Callable[[], float] = time.time, host_gone: Callable[[], bool] | None = None,
-                 net_root: Path = selfcheck.NET_SYSFS, ib_root: Path = selfcheck.IB_SYSFS) -> None:
+                 net_root: Path = selfcheck.NET_SYSFS, ib_root: Path = selfcheck.IB_SYSFS,
+                 spool: SampleSpool | None = None) -> None:
         self.cfg = cfg
+        #: Where each sample also goes, as it is taken (the keeper's directory: its history once it takes over).
+        self.spool = spool
         #: True once this node's own Ray raylet is gone (the Ray actor's parent exited): the node's engines die
         #: with it and this sidecar soon after, so it neither detects nor captures any more; the other nodes name
         #: this node unreachable (its heartbeats stop), which is the finding, not the deaths that follow it.
@@ -203,6 +207,8 @@ class Sidecar:
         self.exporter.samples.inc()
         if s.error is not None:
             self.exporter.errors.inc()
+        if self.spool is not None:
+            self.spool.append(s)
 
     # ---- one tick
 

@@ -48,6 +48,8 @@ from netnsutil import (
     watchdog_metric,
 )
 
+from sgl_seat.forensics.bundle import read_bundle
+
 pytestmark = pytest.mark.integration
 
 #: Acceptance (issue 11): the node-unreachable bundle within this many seconds of the node's loss (target 5 s).
@@ -356,6 +358,7 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         before = b_engines()
         assert before
         with under_traffic(cl, hosts[0]):
+            t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
             coord, local_b = _wait_bundles(bundles, time.monotonic(), local=True)
         _check_node1_unreachable(coord, bundles, "host b's raylet killed")
@@ -364,6 +367,10 @@ def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tm
         v = local_b["verdict"]
         print(f"host b's own bundle: {v['kind']}, node {v['node']}: {v['evidence'][0]}")
         assert (v["kind"], v["node"]) == ("node-isolated", 1) and "Ray raylet (pid " in v["evidence"][0], v
+        # Its stack history reaches back before the raylet went: the sidecar spooled each sample to its keeper.
+        stacks = read_bundle(Path(local_b["path"])).stacks
+        print(f"host b's bundle: {len(stacks)} stack samples, {sum(x.t < t_kill for x in stacks)} from before the kill")
+        assert any(x.t < t_kill - 1.0 for x in stacks), [x.t - t_kill for x in stacks]
         b_procs = json.loads((Path(local_b["path"]) / "processes.jsonl").read_text().splitlines()[0]) \
             if (Path(local_b["path"]) / "processes.jsonl").exists() else None
         print("host b's engine processes in its bundle:", b_procs)

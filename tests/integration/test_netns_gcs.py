@@ -40,6 +40,8 @@ from netnsutil import (
     watchdog_metric,
 )
 
+from sgl_seat.forensics.bundle import read_bundle
+
 # Left out of CI (`-m "not slow"`): in both fresh-clone CI runs of 2026-12-02 this module's own cluster did not
 # start (host b's `ray start` "timed out during startup", twice, while the real-engine and Ray streams loaded both
 # cores); run here it passed (89-97 s). Run it with `pytest tests/integration/test_netns_gcs.py`.
@@ -86,6 +88,7 @@ def test_gcs_killed_sidecars_keep_sampling_and_down_stops_what_it_reaches(cluste
         with under_traffic(cl, "a", HTTP_PORT):
             before = {n: _samples(cl, n) for n in (0, 1)}
             assert None not in before.values(), before
+            t_kill = time.time()
             os.kill(raylet_pid(cl, cl.ns_a, "gcs_server"), signal.SIGKILL)
             t0 = time.monotonic()
             seen: dict[int, list[tuple[float, float | None]]] = {n: [(0.0, before[n])] for n in (0, 1)}
@@ -123,6 +126,12 @@ def test_gcs_killed_sidecars_keep_sampling_and_down_stops_what_it_reaches(cluste
         print("host a's bundles:", [(b["bundle_id"], b["verdict"]["kind"], b["verdict"]["evidence"][0]) for b in mine])
         assert any(b["verdict"]["kind"] == "node-isolated" and "Ray raylet (pid " in b["verdict"]["evidence"][0]
                    for b in mine), mine
+        # Its history reaches back before the GCS died (the sidecar spooled each sample to its keeper) and goes on
+        # after the takeover.
+        stacks = [x.t - t_kill for b in mine for x in read_bundle(Path(b["path"])).stacks]
+        print(f"host a's bundle: {len(stacks)} stack samples, from {min(stacks, default=0):.1f} s to "
+              f"{max(stacks, default=0):.1f} s of the kill")
+        assert any(t < -1.0 for t in stacks), stacks
         # down: the GCS does not answer; what this host holds (node 0) is stopped by pid, node 1 is named.
         t1 = time.monotonic()
         res = cl.run_cli(["down", "netns-sim", "--json"], home, timeout=180)

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import psutil
 
+from sgl_seat.core.records import StackSample, ThreadStack
+from sgl_seat.forensics.bundle import read_bundle
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, stop_keeper, stop_local_keepers
+from sgl_seat.watchdog.spool import SampleSpool
 
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 
@@ -59,6 +62,12 @@ def _end_group(p: subprocess.Popen[bytes]) -> list[int]:
     p.wait(timeout=10)
     _, alive = psutil.wait_procs([psutil.Process(m) for m in members if psutil.pid_exists(m)], timeout=10)
     return [a.pid for a in alive]
+
+
+def _spooled(t: float) -> StackSample:
+    th = ThreadStack.from_json({"name": "MainThread", "thread_id": 1, "frames": [
+        {"name": "event_loop_normal", "filename": "scheduler.py", "line": 1}]})
+    return StackSample(t=t, node=1, pid=4242, title="sglang::scheduler_TP2", rank=2, native=False, threads=(th,))
 
 
 def _metric(port: int, name: str) -> float | None:
@@ -99,6 +108,11 @@ def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_thi
         assert keeper.alive() and not list((tmp_path / "bundles").glob("*/manifest.json"))
         time.sleep(1.0)
         assert keeper.alive()  # both alive: it waits
+        # What the sidecar spooled while it lived (it appends each sample to its keeper's directory as it takes it).
+        spooled = [_spooled(time.time() - 5.0 + i) for i in range(3)]
+        spool = SampleSpool(tmp_path / "k")
+        for x in spooled:
+            spool.append(x)
         raylet.kill()
         raylet.wait(timeout=10)
         deadline = time.monotonic() + 60
@@ -112,6 +126,9 @@ def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_thi
         assert manifest["nodes"] == [1] and manifest["self_check"]["1"]["isolated"] is True
         assert manifest["trigger"]["source"] == "keeper"
         assert [c["status"] for c in manifest["capture"] if c.get("node") == 0] == ["not asked"]
+        # Its history begins with the sidecar's spooled samples, not at the takeover.
+        stacks = read_bundle(Path(res["path"])).stacks
+        assert [x for x in stacks if x.t in {y.t for y in spooled}] == spooled, [x.t for x in stacks]
         # It watches on, in the sidecar's place: its exporter on the sidecar's port says so, and samples grow.
         assert keeper.alive()
         assert _metric(mport, "sgl_seat_watchdog_keeper_watching") == 1.0
@@ -122,7 +139,7 @@ def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_thi
         # Its node's engine gone (taken down by pid, or dead): it stops watching and leaves nothing behind.
         assert _end_group(engine) == []
         assert _gone(keeper, 30)
-        assert not (tmp_path / "k" / "keeper.json").exists()
+        assert not [p.name for p in (tmp_path / "k").iterdir() if p.suffix == ".jsonl" or p.name == "keeper.json"]
     finally:
         _end(raylet, sidecar)
         _end_group(engine)
@@ -139,7 +156,7 @@ def test_the_sidecar_gone_with_its_raylet_alive_or_stopped_the_keeper_leaves_qui
         sidecar.kill()
         sidecar.wait(timeout=10)
         assert _gone(keeper, 30)
-        assert not (tmp_path / "k1" / RESULT).exists()
+        assert not (tmp_path / "k1").exists()  # no capture, and its spool and config removed
         keeper2 = start_keeper(_cfg(tmp_path), tmp_path / "k2", raylet=Watched.of(raylet.pid),
                                sidecar=Watched.of(raylet.pid))
         time.sleep(0.5)

@@ -1,0 +1,73 @@
+"""The sidecar's stack samples, spooled to its keeper's directory, so the history survives the sidecar.
+
+Why: the sidecar keeps its samples in memory, and it is a Ray actor, which dies with its raylet. The keeper
+(:mod:`sgl_seat.watchdog.keeper`) takes its place then, and without a spool its history would begin at the takeover:
+a bundle written soon after would have no stacks from before the raylet died, when the operator wants them most.
+Each sample is one JSON line (:meth:`StackSample.to_json`, no pickle), appended as it is taken; two files at most,
+the current one and the one before it, each rotated at ``max_bytes``, so the spool holds at least that much of the
+newest samples and never more than twice it. A torn last line (the writer killed in the middle) is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from sgl_seat.core.records import StackSample
+
+log = logging.getLogger(__name__)
+
+CURRENT = "samples.jsonl"
+PREVIOUS = "samples.1.jsonl"
+#: Bytes per file before it is rotated: a sample of a scheduler is a few KB, so 4 MiB holds minutes of a node's
+#: samples at the default 1 Hz (the default history is 120 s).
+MAX_BYTES = 4 << 20
+
+
+class SampleSpool:
+    """Append samples to ``directory``; read them back (the keeper, after the sidecar is gone)."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = MAX_BYTES) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._failed = False
+
+    def append(self, sample: StackSample) -> None:
+        """One sample, one line. A spool that cannot be written (its directory gone, a full disk) is given up with
+        one warning: the sampling it serves must go on."""
+        if self._failed:
+            return
+        line = (json.dumps(sample.to_json(), separators=(",", ":")) + "\n").encode()
+        path = self.directory / CURRENT
+        with self._lock:
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_size + len(line) > self.max_bytes:
+                        os.replace(path, self.directory / PREVIOUS)
+                with path.open("ab") as fh:
+                    fh.write(line)
+            except OSError as exc:
+                self._failed = True
+                log.warning("the sample spool in %s is given up: %s", self.directory, exc)
+
+    def read(self, since: float | None = None) -> list[StackSample]:
+        """Every sample spooled (taken at ``since`` or later), oldest first."""
+        out: list[StackSample] = []
+        for name in (PREVIOUS, CURRENT):
+            try:
+                data = (self.directory / name).read_bytes()
+            except OSError:
+                continue
+            for raw in data.splitlines():
+                try:
+                    s = StackSample.from_json(json.loads(raw))
+                except (ValueError, TypeError, KeyError):
+                    continue  # a torn line: the writer died in the middle of it
+                if since is None or s.t >= since:
+                    out.append(s)
+        return sorted(out, key=lambda s: s.t)
