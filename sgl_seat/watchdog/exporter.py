@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -115,7 +116,7 @@ class Exporter:
     """The sidecar's own Prometheus metrics, served on ``addr`` (loopback unless the spec binds the node's cluster
     address: :func:`sgl_seat.watchdog.config.exporter_address`)."""
 
-    def __init__(self, node: int, port: int | None, addr: str = LOOPBACK) -> None:
+    def __init__(self, node: int, port: int | None, addr: str = LOOPBACK, *, bind_wait_s: float = 0.0) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -174,15 +175,23 @@ class Exporter:
         self.addr: str | None = None
         self._server: Any = None
         if port is not None:
-            try:
-                from prometheus_client import start_http_server
+            from prometheus_client import start_http_server
 
-                res = start_http_server(port, addr=addr, registry=self.registry)
-                self._server = res[0] if isinstance(res, tuple) else None
-                self.port = self._server.server_port if self._server is not None else port
-                self.addr = addr
-            except OSError as exc:
-                log.warning("node %d sidecar: metrics exporter not started on %s:%s (%s)", node, addr, port, exc)
+            # ``bind_wait_s``: a port another process is about to free (the keeper takes over a dying sidecar's).
+            deadline = time.monotonic() + bind_wait_s
+            while True:
+                try:
+                    res = start_http_server(port, addr=addr, registry=self.registry)
+                    self._server = res[0] if isinstance(res, tuple) else None
+                    self.port = self._server.server_port if self._server is not None else port
+                    self.addr = addr
+                    break
+                except OSError as exc:
+                    if time.monotonic() >= deadline:
+                        log.warning("node %d sidecar: metrics exporter not started on %s:%s (%s)", node, addr, port,
+                                    exc)
+                        break
+                    time.sleep(0.2)
 
     def capture_done(self, reason: str | None) -> None:
         """One capture's outcome: None when its bundle was written, else why not (a FAILURE_REASONS word)."""

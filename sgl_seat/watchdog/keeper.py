@@ -50,7 +50,6 @@ from sgl_seat.core.records import StackSample
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
-from sgl_seat.watchdog.exporter import Exporter
 from sgl_seat.watchdog.procfind import find_engine_processes
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sidecar import Sidecar
@@ -202,18 +201,8 @@ def take_over(cfg: SidecarConfig, history: Sequence[StackSample] = (), *,
     """This node's watchdog in the sidecar's place: no peers (the raylet is gone, and with it every Ray call), the
     same exporter port (retried while the dying actor still holds it), the sidecar's spooled samples as the start
     of its history (not counted again as samples taken), started."""
-    core = Sidecar(cfg, peers=None)
-    hook, core.sampler.on_sample = core.sampler.on_sample, None
-    core.sampler.add_samples(history)
-    core.sampler.on_sample = hook
-    deadline = time.monotonic() + bind_wait_s
-    while cfg.metrics_port and core.exporter.port is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-        core.exporter.close()
-        core.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr)
-        core.exporter.rank_states.source = core._rank_views
-        if core.probes is not None:
-            core.probes.on_complete = core.exporter.observe_fetch
+    core = Sidecar(cfg, peers=None, bind_wait_s=bind_wait_s)
+    core.sampler.add_samples(history, notify=False)
     core.exporter.keeper_watching.set(1)
     core.start()
     return core

@@ -218,20 +218,22 @@ class Sampler:
             out.append(sample)
         return out
 
-    def _push(self, sample: StackSample) -> None:
+    def _push(self, sample: StackSample, *, notify: bool = True) -> None:
         with self._lock:
             self._ring.append(sample)
             cutoff = sample.t - self.history_s
             while self._ring and self._ring[0].t < cutoff:
                 self._ring.popleft()
-        cb = self.on_sample
+        cb = self.on_sample if notify else None
         if cb is not None:
             with contextlib.suppress(Exception):  # a metrics hook must not stop sampling
                 cb(sample)
 
-    def add_samples(self, samples: Iterable[StackSample]) -> None:
+    def add_samples(self, samples: Iterable[StackSample], *, notify: bool = True) -> None:
+        """Into the ring, each passed to ``on_sample`` unless ``notify`` is False (a history taken by another
+        process, which is neither counted again nor spooled again)."""
         for s in samples:
-            self._push(s)
+            self._push(s, notify=notify)
 
     def samples(self, since: float | None = None) -> list[StackSample]:
         with self._lock:

@@ -78,7 +78,7 @@ class Sidecar:
     def __init__(self, cfg: SidecarConfig, *, peers: Peers | None = None, sampler: Sampler | None = None,
                  clock: Callable[[], float] = time.time, host_gone: Callable[[], bool] | None = None,
                  net_root: Path = selfcheck.NET_SYSFS, ib_root: Path = selfcheck.IB_SYSFS,
-                 spool: SampleSpool | None = None) -> None:
+                 spool: SampleSpool | None = None, bind_wait_s: float = 0.0) -> None:
         self.cfg = cfg
         #: Where each sample also goes, as it is taken (the keeper's directory: its history once it takes over).
         self.spool = spool
@@ -99,7 +99,7 @@ class Sidecar:
             discover = lambda: find_engine_processes(node_rank=node, port=port)  # noqa: E731
         self.sampler = sampler or Sampler(node=cfg.node, sample_hz=self.th.sample_hz, history_s=self.th.history_s,
                                           discover=discover, pyspy=cfg.pyspy if cfg.pyspy else True)
-        self.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr)
+        self.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr, bind_wait_s=bind_wait_s)
         self.exporter.rank_states.source = self._rank_views
         self.sampler.on_sample = self._on_sample
         self.probes = ProbeReader(cfg.probe_dir, node=cfg.node, history_s=self.th.history_s) if cfg.probe_dir else None
