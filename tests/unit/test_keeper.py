@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import psutil
 
 from sgl_seat.core.records import StackSample, ThreadStack
 from sgl_seat.forensics.bundle import read_bundle
+from sgl_seat.sim.launch_server import free_port
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, stop_keeper, stop_local_keepers
 from sgl_seat.watchdog.spool import SampleSpool
@@ -34,12 +34,6 @@ def _cfg(tmp_path: Path, *, engine_port: int = 1, metrics_port: int | None = Non
     return SidecarConfig(seat="s", node=1, nnodes=2, thresholds={}, bundle_dir=str(tmp_path / "bundles"),
                          rank_nodes=RANK_NODES, gpu=False, interfaces=["lo"], root_pid=None, engine_port=engine_port,
                          metrics_port=metrics_port)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: The stand-in engine's main process: a scheduler child (by its title, as SGLang names it), then a sleep.
@@ -98,7 +92,7 @@ def _gone(w: Watched, timeout: float = 60.0) -> bool:
 def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_this_nodes_bundle(
         tmp_path: Path) -> None:
     raylet, sidecar = _stand_in(), _stand_in()
-    eport, mport = _free_port(), _free_port()
+    eport, mport = free_port(), free_port()
     engine = _engine(eport)
     keeper = start_keeper(_cfg(tmp_path, engine_port=eport, metrics_port=mport), tmp_path / "k",
                           raylet=Watched.of(raylet.pid), sidecar=Watched.of(sidecar.pid))
