@@ -18,11 +18,15 @@
 # tiny-model maker; when it matches and SGLang imports, nothing is installed. Says what it did, how long it took
 # and how large the environment is.
 #
-# Env: SGL_SEAT_ENGINE_VENV (default .venv-sglang in the repository), PYTHON (the interpreter to make it with).
+# Where: $SGL_SEAT_ENGINE_VENV when set. Otherwise the environment is made once per user and stamp, in
+# ${SGL_SEAT_CACHE:-~/.cache/sgl-seat}/venv-sglang-<stamp>, and .venv-sglang in the repository is a link to it: a
+# fresh clone (CI's, a second checkout) finds it made and only checks it (a cold install is minutes and 7 GB; the
+# engine is not the clone's code). A .venv-sglang that is a real folder (made before this layout) is kept and used.
+#
+# Env: SGL_SEAT_ENGINE_VENV, SGL_SEAT_CACHE, PYTHON (the interpreter to make it with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-venv=${SGL_SEAT_ENGINE_VENV:-$repo/.venv-sglang}
 PY=${PYTHON:-python3}
 log() { echo "[engine sglang] $*"; }
 start=$(date +%s)
@@ -32,6 +36,22 @@ stamp_of() {
     sgl_seat/engines/tinymodel.py | sha256sum | cut -c1-16
 }
 want=$(stamp_of)
+if [ -n "${SGL_SEAT_ENGINE_VENV:-}" ]; then
+  venv=$SGL_SEAT_ENGINE_VENV
+elif [ -d "$repo/.venv-sglang" ] && [ ! -L "$repo/.venv-sglang" ]; then
+  venv=$repo/.venv-sglang
+else
+  cache=${SGL_SEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
+  venv=$cache/venv-sglang-$want
+  mkdir -p "$cache"
+  ln -sfn "$venv" "$repo/.venv-sglang"
+  # One install at a time per environment: two clones set up at once wait for each other, then the second checks.
+  exec 9>"$venv.lock"
+  flock 9
+  others=$(find "$cache" -maxdepth 1 -name 'venv-sglang-*' -type d ! -name "venv-sglang-$want" 2>/dev/null || true)
+  [ -z "$others" ] || log "older engine environments in $cache (made by other versions of this script; rm -rf one that no checkout" \
+    "uses to free its disk): $(echo "$others" | xargs -n1 basename | tr '\n' ' ')"
+fi
 stub_dir="$venv/lib/sgl-seat-stub"
 cpu_env=(env SGLANG_USE_CPU_ENGINE=1 LD_LIBRARY_PATH="$stub_dir" TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1)
 engine_ok() {
