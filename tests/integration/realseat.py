@@ -10,6 +10,7 @@ environment (SGL_SEAT_NAME), never by a name pattern.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +32,25 @@ from launchutil import (
 )
 
 from sgl_seat.engines.base import engine_venv
+from sgl_seat.launch.demo import complete_bundles
+from sgl_seat.spec import WatchdogSpec
+from tests.tiers import by_tier
 
 LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
 UP_TIMEOUT_S = 600
+
+
+def longest_lookback_s(wd: WatchdogSpec | None = None) -> float:
+    """The longest stretch any detector looks back over before it fires, at the seat's thresholds (the defaults:
+    the stack and no-progress detectors' 5 s)."""
+    wd = wd or WatchdogSpec()
+    return max(wd.no_progress_s, wd.stack_unchanged_samples / wd.sample_hz, wd.rowfetch_inflight_s, wd.stopped_s)
+
+
+def idle_window_s() -> float:
+    """How long an idle seat is watched for a false bundle: six times the longest detector look-back in the CI tier
+    (every detector has seen that window whole several times over), 3 minutes in the full tier."""
+    return by_tier(6 * longest_lookback_s(), 180.0)
 
 
 def engine_ready() -> str | None:
@@ -100,6 +117,24 @@ class RealSeat:
                 self.seen += descendants(n["engine_pid"])
         self.seen += in_groups(self.pgids)
         return st
+
+
+def scheduler_pids(seat: RealSeat) -> dict[int, int]:
+    """Each TP rank's scheduler pid, as `status` reports it."""
+    return {n["ranks"][0]["tp_rank"]: n["ranks"][0]["pid"] for n in seat.remember()["nodes"]}
+
+
+def seat_bundles(seat: RealSeat) -> set[Path]:
+    """The seat's complete bundles on disk."""
+    return complete_bundles(seat.home / "bundles" / seat.name)
+
+
+def watch_once(seat: RealSeat) -> dict[str, Any]:
+    """`sgl-seat watch --once --json` of the seat."""
+    res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=60)
+    assert res.returncode == 0, res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
 
 
 @contextlib.contextmanager

@@ -2,9 +2,10 @@
 
 The engine is SGLang's own server on its CPU engine (two nodes, one TP rank each, gloo between them, a tiny
 model with random weights), started through the local Ray cluster and the node agents exactly as a GPU seat
-is. One seat serves the whole module (its start-up costs 1-3 minutes on 2 cores); the tests that break it run
-last, in file order, and the two seats that must fail to start run first (never beside it: one local
-Ray cluster at a time). Processes are checked by the pids and process groups the seat reported, and by the
+is. One seat serves the whole module (its start-up costs 1-3 minutes on 2 cores), without ``--sleep-on-idle``
+(its idle schedulers spin: the watchdog must not take that for a hang); the tests that break it run last, in
+file order, and the two seats that must fail to start run first (never beside it: one local Ray cluster at a
+time). Processes are checked by the pids and process groups the seat reported, and by the
 seat's name that every engine process carries in its environment (SGL_SEAT_NAME), never by a name pattern.
 
 Under ``CI=true`` a missing engine environment FAILS the module (`scripts/setup.sh --engine sglang` makes it);
@@ -26,14 +27,24 @@ import psutil
 import pytest
 import yaml
 from launchutil import descendants, run_cli, wait_until
-from realseat import LOCAL_SGLANG, RealSeat, brought_up, engine_processes, require_engine, write_spec
+from realseat import (
+    LOCAL_SGLANG,
+    RealSeat,
+    brought_up,
+    engine_processes,
+    idle_window_s,
+    require_engine,
+    scheduler_pids,
+    seat_bundles,
+    watch_once,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 
 #: This module's ports (below Linux's ephemeral range; no other module uses 24100-24199).
 HTTP_PORT, DIST_PORT = 24100, 24105
 NODE1_PORT = HTTP_PORT + 10  # SGLangBackend.colocated_argv: node 1 of a one-host seat moves up one step
-IDLE_S = 180.0
 
 
 def _write_spec(directory: Path, name: str, **over: Any) -> Path:
@@ -66,6 +77,7 @@ def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing
     assert run_cli(["status", "rs-noenv", "--json"], home, timeout=60).returncode != 0
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path: Path) -> None:
     """GIVEN a seat whose context length the tiny model cannot take WHEN `up` THEN SGLang itself refuses at
     start-up; `up` fails within its timeout quoting SGLang's own error line, and leaves no process behind."""
@@ -86,7 +98,10 @@ def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path:
 def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
     require_engine()
     base = tmp_path_factory.mktemp("real-sglang")
-    rs = RealSeat(base / "home", _write_spec(base, "rs-real"), "rs-real", HTTP_PORT)
+    # Without --sleep-on-idle: an idle scheduler spins in its poll loop (most of a core), the shape a watchdog must
+    # not take for a hang. This seat's life is short (its last test kills it), so the spin costs CI little.
+    spec = _write_spec(base, "rs-real", **{"cpu.sleep_on_idle": False})
+    rs = RealSeat(base / "home", spec, "rs-real", HTTP_PORT)
     with brought_up(rs):
         yield rs
 
@@ -108,29 +123,32 @@ def test_up_reaches_ready_with_real_scheduler_pids(seat: RealSeat) -> None:
         assert n["engine_pid"] == n["pgid"]
 
 
-def test_an_idle_seat_sleeping_on_idle_gives_no_bundle_in_3_minutes(seat: RealSeat) -> None:
-    """GIVEN the READY seat with --sleep-on-idle (the profile's default) and no traffic THEN its schedulers sleep
-    (rank 0 in its idle sleep, rank 1 blocked in the gloo broadcast: a few % of a core each) and in 3 minutes the
-    watchdog writes no bundle and reaches no verdict. The spinning seat (without it) is test_real_sglang_watchdog's.
-    """
-    pids = [n["ranks"][0]["pid"] for n in seat.remember()["nodes"]]
-    procs = [psutil.Process(p) for p in pids]
+def test_an_idle_seat_spinning_without_sleep_on_idle_gives_no_bundle_over_the_idle_window(seat: RealSeat) -> None:
+    """GIVEN the READY seat without --sleep-on-idle and no traffic THEN its schedulers spin (each uses most of a
+    core: the poll loop) and over the idle window (realseat.idle_window_s) the watchdog writes no bundle and reaches
+    no verdict. The seat sleeping on idle is test_real_sglang_watchdog's."""
+    pids = scheduler_pids(seat)
+    procs = [psutil.Process(p) for p in pids.values()]
     for p in procs:
         p.cpu_percent(None)
-    bundles = seat.home / "bundles" / seat.name
-    before = sorted(bundles.iterdir()) if bundles.is_dir() else []
-    t_end = time.monotonic() + IDLE_S
+    time.sleep(5.0)
+    busy = [p.cpu_percent(None) for p in procs]
+    print(f"idle schedulers' CPU: {busy}")
+    # Spinning, a scheduler takes most of a free core, and 34-39 % of one in the fresh-clone CI of 2026-12-02,
+    # where the other streams load both cores (it was > 40 here before); sleeping on idle it takes about 1.5 %
+    # (sglang-cpu.md; test_real_sglang_seat asserts < 40). 15 % still tells the two apart by a factor of ten.
+    assert min(busy) > 15.0, f"no idle scheduler spins (CPU {busy}): is --sleep-on-idle off?"
+    plan = json.loads((seat.home / "seats" / f"{seat.name}.json").read_text())["plan"]
+    argvs = [n["command"] for n in plan["nodes"]]  # what `up` launched on each node
+    assert all("--device" in argv and "--sleep-on-idle" not in argv for argv in argvs), argvs
+    before = seat_bundles(seat)
+    idle_s = idle_window_s()
+    t_end = time.monotonic() + idle_s
     verdicts = []
     while time.monotonic() < t_end:
-        time.sleep(min(30.0, max(0.0, t_end - time.monotonic())))
-        res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=60)
-        assert res.returncode == 0, res.stderr
-        verdicts += [n["verdict"] for n in json.loads(res.stdout)["nodes"] if n.get("verdict")]
-    busy = [p.cpu_percent(None) for p in procs]
-    print(f"idle schedulers' mean CPU over {IDLE_S:.0f} s: {busy}")
-    assert max(busy) < 40.0, f"an idle scheduler spun (CPU {busy}): is --sleep-on-idle on?"
-    after = sorted(bundles.iterdir()) if bundles.is_dir() else []
-    assert after == before, f"bundles written on an idle seat: {after}"
+        time.sleep(min(idle_s / 3, max(0.0, t_end - time.monotonic())))
+        verdicts += [n["verdict"] for n in watch_once(seat)["nodes"] if n.get("verdict")]
+    assert seat_bundles(seat) == before, f"bundles written on an idle seat: {sorted(seat_bundles(seat) - before)}"
     assert not verdicts, verdicts
 
 
