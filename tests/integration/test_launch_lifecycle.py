@@ -26,7 +26,8 @@ from launchutil import (
     write_spec,
 )
 
-pytestmark = pytest.mark.integration
+# Full tier only (README, "The tests"): test_demo.py takes the same local-cluster path (address local) in the CI tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _stream_chat(endpoint: str, model: str) -> tuple[str, int]:

@@ -232,6 +232,7 @@ def test_sigint_during_up_leaves_nothing_behind(shared: Shared, clean: None, tmp
     _assert_seat_gone(shared, "lt-int", home, engine_groups)
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: None, tmp_path: Path) -> None:
     """GIVEN `up --no-watchdog --fault rowfetch-stall` on rank 3 (fires 12 s after start) WHEN it fires THEN every
     process is still alive but rank 0's /health_generate cannot finish, so `status` says DEGRADED (never READY from
@@ -260,6 +261,7 @@ def test_a_hung_rank_makes_the_seat_degraded_not_ready(shared: Shared, clean: No
     _assert_seat_gone(shared, "lt-hang", home, pgids)
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_spec_watchdog_disabled_starts_no_sidecar(shared: Shared, clean: None, tmp_path: Path) -> None:
     """GIVEN a spec with ``watchdog.enabled: false`` WHEN `up` THEN no sidecar stage runs and only the node agents
     live in the seat's namespace, as with --no-watchdog. (`up --json` and `down --json` end to end, too.)"""

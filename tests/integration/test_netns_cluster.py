@@ -115,6 +115,7 @@ def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,
     return hosts
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_each_node_gets_its_hosts_env_whichever_host_ray_picks(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Ups 1-3 of the module's five: no pin, Ray picks the host of node 0 (either way round the per-host env
     follows; a per-rank env would fail preflight on one of the two placements). Watchdog off: these ups hold the
@@ -260,6 +261,7 @@ PROM_PORT = 31290
 PROMETHEUS = shutil.which("prometheus")
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 5 (issue 24, items 7 and 1): `watchdog.exporter_bind: cluster`, node 0 pinned to host a, so node 1's
     sidecar is on host b, bound on host b's cluster address. `sgl-seat prometheus-config` (run on host a) lists both
@@ -336,6 +338,7 @@ def _real_prometheus(cl: NetnsCluster, tmp_path: Path, cfg: Path, prom_doc: dict
 DOWN_WITHIN_S = 20.0
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_node1_raylet_killed_is_node_unreachable(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
     """Up 6: node 0 pinned to host a, so node 1 is on host b; host b's raylet (a process this module's cluster
     started, killed by its pid) dies under traffic: node 0's bundle names node 1 and ranks 2-3 within 10 s, and host

@@ -9,7 +9,9 @@ from sgl_seat.plan import build_plan
 from sgl_seat.sizing import CACHE_ENV, installed_version, sizing_session
 from sgl_seat.spec import load_spec
 
-pytestmark = pytest.mark.integration
+# Full tier only (README, "The tests"): three plans through SGLang's own sizing child for a process-lifecycle check;
+# the contract tests run SGLang's sizing in the CI tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _sizing_children() -> list[psutil.Process]:

@@ -35,7 +35,9 @@ from sgl_seat.watchdog.config import metrics_port_for
 from sgl_seat.watchdog.sidecar import Sidecar
 from tests.simrig import SimSeat, Traffic, sim_spec
 
-pytestmark = pytest.mark.integration
+# Full tier only (README, "The tests"): a real Prometheus beside a slow-then-stall episode; the rules themselves are
+# checked by promtool in tests/unit/test_prom_assets.py in the CI tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "sgl_seat" / "watchdog" / "prometheus"

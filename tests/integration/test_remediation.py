@@ -223,6 +223,7 @@ def _firing(name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed (apt-get install -y prometheus)")
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_four_stalls_in_a_row_exhaust_a_budget_of_3_and_the_alert_fires(seat: Seat, tmp_path: Path) -> None:
     """GIVEN the seat after its rollback (1 of its 3 remediations used) WHEN rank 3 stalls three more times THEN
     the second and third stalls restart it (the draft is off: rollback-draft falls back to restart), the fourth

@@ -245,6 +245,7 @@ def test_replay_of_the_live_stall_bundle_names_rank3_and_the_exploding_bucket(se
     assert "rank 3" in dom
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_replayed_traffic_reproduces_the_stall_on_a_fresh_seat(seat: Seat, tmp_path: Path) -> None:
     """The live bundle's traffic, re-driven against a fresh sim seat with rank 3's row fetch armed to stall at a
     gather this traffic reaches (its 90th percentile on rank 3; idle health checks gather <= 4 rows): the target's
@@ -291,6 +292,7 @@ def _listener(port: int) -> int:
     return pid
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_a_killed_sidecar_is_restarted_by_ray_and_no_node_is_blamed(seat: Seat) -> None:
     """Issue 24, item 3 (a sidecar actor killed). Before: node 0 took node 1's silent sidecar for a lost node and
     wrote a false node-unreachable bundle every ~11 s, the seat flapping HUNG/READY while it served (measured on
@@ -315,6 +317,7 @@ def test_a_killed_sidecar_is_restarted_by_ray_and_no_node_is_blamed(seat: Seat) 
     assert seat.traffic.tokens > tokens0
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_a_killed_node_agent_leaves_its_engines_serving_and_status_names_them(seat: Seat) -> None:
     """Issue 24, item 3 (the node agent killed), measured: the engines are in their own session and outlive it, the
     seat goes on serving, and no bundle is written (nothing hangs). `status` says the agent is gone and that its

@@ -22,7 +22,8 @@ from types import ModuleType
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.integration]
+# Full tier only (README, "The tests"): soak-length; its long form is bench/watchdog_soak.py.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_soak.py"
 
