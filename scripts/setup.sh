@@ -52,6 +52,14 @@ export SGL_SEAT_UV=""
 inst() {
   if [ -n "$SGL_SEAT_UV" ]; then "$SGL_SEAT_UV" pip install -q --python "$PWD/.venv/bin/python" "$@"; else pip_q "$@"; fi
 }
+# The engine's environment (its own venv, a per-user cache: scripts/install-sglang-engine.sh) is made or checked in
+# the background beside the rest: the two share nothing but uv's cache, and its check alone (importing SGLang) is
+# tens of seconds. Its output is printed when it ends, below.
+eng_pid=""
+if [ $want_engine = 1 ]; then
+  bash scripts/install-sglang-engine.sh > .venv/engine-setup.log 2>&1 &
+  eng_pid=$!
+fi
 extras="sim"
 [ $want_test = 1 ] && extras="sim,test"
 need=0
@@ -65,8 +73,10 @@ python -c "import sgl_seat, ray, torch" || { echo "setup: install failed" >&2; e
 if [ $want_test = 1 ]; then
   bash scripts/install-sglang-parser.sh
 fi
-if [ $want_engine = 1 ]; then
-  bash scripts/install-sglang-engine.sh
+if [ -n "$eng_pid" ]; then
+  eng_rc=0; wait "$eng_pid" || eng_rc=$?
+  cat .venv/engine-setup.log
+  [ "$eng_rc" = 0 ] || { echo "setup: the engine's environment failed (exit $eng_rc; log above)" >&2; exit 1; }
 fi
 if [ -n "$deb_pid" ]; then wait "$deb_pid" || true; fi
 echo "setup: ok ($(python --version), torch $(python -c 'import torch; print(torch.__version__)'))"

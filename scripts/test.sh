@@ -1,61 +1,98 @@
 #!/usr/bin/env bash
-# The test command (README's second command; .ci/run calls exactly this): set up, then lint,
-# type-check and run every test. Integration tests start local Ray clusters and sim engines on
-# 127.0.0.1 only and leave nothing behind.
+# The test command (README's second command; .ci/run calls exactly this): set up, then lint, type-check and run the
+# tests, and end with one durations table (scripts/durations.py), also written to .test-run/durations.txt.
+#
+#   bash scripts/test.sh            the CI tier: at most 20 minutes in a fresh clone on 2 cores (tests marked slow
+#                                   are left out: README, "The tests", lists each with the reason)
+#   bash scripts/test.sh --full     everything: the CI tier plus the soak-length and slow tests
+#   bash scripts/test.sh ARGS...    set up, lint, then pytest ARGS as given (one part, no streams)
+#
+# Integration tests start local Ray clusters and engines on 127.0.0.1 (and in network namespaces they create) only,
+# and leave nothing behind. .test-run/ keeps the last run's logs, JUnit XML and table (git ignores it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --test
+tier=CI
+if [ "${1:-}" = --full ]; then tier=full; shift; fi
+run=$PWD/.test-run
+rm -rf "$run"; mkdir -p "$run"
+phase() { printf '%s\t%s\t%s\n' "$1" "$2" "$(date +%s.%N)" >> "$run/phases.tsv"; }
+now() { date +%s.%N; }
+
+t=$(now); bash scripts/setup.sh --test; phase setup "$t"
 . .venv/bin/activate
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 # Tests talk to 127.0.0.1 only: never through a proxy the environment may name.
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
-echo "== ruff"; ruff check .
-echo "== mypy --strict"; mypy sgl_seat
+# The tests read the tier: a few keep a long form of a window for the full tier (tests/tiers.py).
+export SGL_SEAT_TEST_TIER=$tier
+table() { python scripts/durations.py "$run" --out "$run/durations.txt" --tier "$tier" \
+  $([ "$tier" = full ] && echo "--budget-s 5400"); }
+
 if [ $# -gt 0 ]; then
-  echo "== pytest $*"; exec python -m pytest -q -p no:cacheprovider "$@"
+  t=$(now); echo "== ruff"; ruff check .; echo "== mypy --strict"; mypy sgl_seat; phase "ruff and mypy" "$t"
+  rc=0; t=$(now)
+  echo "== pytest $*"; python -m pytest -q -p no:cacheprovider --junitxml="$run/pytest.xml" "$@" || rc=$?
+  phase pytest "$t"; table; exit $rc
 fi
-rc=0
-# Four parts in two slots at once, each part's output in its own log, printed when all have ended:
-# - slot A: stream 'sglang' (real SGLang seats through a local Ray cluster: mostly waiting on the engine, so it
-#   overlaps the CPU-bound unit tests well), then stream 'ray' (the modules with a local Ray cluster): one after the
-#   other, since two local Ray clusters must never run at once (tests/integration/conftest.py);
-# - slot B: the unit and contract tests (two pytest-xdist workers; a contract module stays on one worker,
-#   tests/contract/conftest.py), then stream 'other' (the integration modules without a local Ray cluster).
-# Each stream runs one module at a time. Tests marked slow (the watchdog soak's CI size) are left to
-# `bash scripts/test.sh -m slow`.
-echo "== pytest: stream 'sglang' then 'ray', beside the unit and contract tests then stream 'other' (printed when all end)"
-logs=$(mktemp -d)
-trap 'kill $pid_a $pid_b 2>/dev/null || true' INT TERM
-pid_a="" pid_b=""
+
+marker=(-m "not slow"); [ "$tier" = full ] && marker=()
+# Three slots at once, each part's output in its own log, printed when all have ended
+# (tests/integration/conftest.py says why the streams are cut this way):
+# - slot A: stream 'sglang', the real SGLang seats (each through a local Ray cluster of its own);
+# - slot B: ruff and mypy beside the unit and contract tests (two pytest-xdist workers; a contract module stays on
+#   one worker, tests/contract/conftest.py), then stream 'other' (no local Ray cluster);
+# - slot C: stream 'ray', the sim seats through local Ray clusters: beside slot A's (two local clusters side by side
+#   share nothing: bench/ray_side_by_side.py holds that to 20 up/down pairs).
+# Each stream runs one module at a time.
+echo "== pytest ($tier tier): streams 'sglang' and 'ray' beside ruff, mypy, the unit and contract tests then stream" \
+  "'other' (printed when all end)"
+trap 'kill $pid_a $pid_b $pid_c 2>/dev/null || true' INT TERM
+pid_a="" pid_b="" pid_c=""
 run_stream() {
-  local s0; s0=$(date +%s)
+  local t; t=$(now)
   local src=0
-  SGL_SEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider -m "not slow" --durations=10 tests/integration \
-    > "$logs/$1.log" 2>&1 || src=$?
-  echo "(stream $1 took $(( $(date +%s) - s0 )) s)" >> "$logs/$1.log"
-  echo "$src" > "$logs/$1.rc"
+  SGL_SEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" \
+    tests/integration > "$run/$1.log" 2>&1 || src=$?
+  phase "integration stream '$1'" "$t"
+  echo "$src" > "$run/$1.rc"
+}
+run_lint() {
+  local t; t=$(now)
+  local src=0
+  { echo "== ruff"; ruff check . && echo "== mypy --strict" && mypy sgl_seat; } > "$run/lint.log" 2>&1 || src=$?
+  phase "ruff and mypy" "$t"
+  echo "$src" > "$run/lint.rc"
 }
 run_units() {
-  local s0; s0=$(date +%s)
+  local t; t=$(now)
   local src=0
-  python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit tests/contract > "$logs/units.log" 2>&1 \
-    || src=$?
-  echo "(unit and contract tests took $(( $(date +%s) - s0 )) s)" >> "$logs/units.log"
-  echo "$src" > "$logs/units.rc"
+  python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "${marker[@]}" --junitxml="$run/units.xml" \
+    tests/unit tests/contract > "$run/units.log" 2>&1 || src=$?
+  phase "unit and contract tests" "$t"
+  echo "$src" > "$run/units.rc"
 }
-( run_stream sglang; run_stream ray ) &
+run_stream sglang &
 pid_a=$!
-( run_units; run_stream other ) &
+( run_lint & run_units; wait; run_stream other ) &
 pid_b=$!
+run_stream ray &
+pid_c=$!
 wait "$pid_a" || true
 wait "$pid_b" || true
-for stream in units sglang ray other; do
-  src=$(cat "$logs/$stream.rc" 2>/dev/null || echo 1)
+wait "$pid_c" || true
+rc=0
+for part in lint units sglang ray other; do
+  src=$(cat "$run/$part.rc" 2>/dev/null || echo 1)
   # pytest's 5 is "no tests collected": a stream with no module selected is not a failure.
   [ "$src" = 5 ] && src=0
-  echo "== $([ "$stream" = units ] && echo "unit and contract tests" || echo "integration stream '$stream'") (exit $src)"
-  cat "$logs/$stream.log"
+  case $part in
+    lint) title="ruff and mypy" ;;
+    units) title="unit and contract tests" ;;
+    *) title="integration stream '$part'" ;;
+  esac
+  echo "== $title (exit $src)"
+  cat "$run/$part.log"
   [ "$src" -gt "$rc" ] && rc=$src
 done
-rm -rf "$logs"
+table
 exit $rc
