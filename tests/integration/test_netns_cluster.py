@@ -183,8 +183,8 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
                 # The driver runs on host a: whichever side of the cut that is, host b's node is the one it lost.
                 lost = next(n for n, h in hosts.items() if h == "b")
                 with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                    # 15 s: with 6, a loaded CI run's status could not even connect to Ray (twice, 2026-12-02);
-                    # the link stays down until it answers.
+                    # 15 s: under the other streams' load, 6 s were too few for status to connect to Ray; the
+                    # link stays down until it answers.
                     asked = pool.submit(cl.run_cli, ["status", "netns-sim", "--json", "--timeout", "15"], home,
                                         timeout=90)
                     coord, local = _wait_bundles(bundles, t_down, local=True)
@@ -194,8 +194,8 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
         assert st.returncode == 0, st.stderr
         doc = json.loads(st.stdout)
         print("status while the link is down:", doc["state"], doc["reason"])
-        # Checked where it was before node 0's cut existed: in CI (2026-12-02) the status of that second cut of host
-        # a could not connect within its 6 s under the other streams' load, and said FAILED (Ray unreachable).
+        # Checked where it was before node 0's cut existed: under the other streams' load the status of that second
+        # cut, of host a, could not connect to Ray in time and said FAILED (Ray unreachable).
         if cut == 1:
             assert doc["state"] == "NODE-LOST", doc
             assert f"node {lost} ({cl.addr_b}, host b; ranks {', '.join(map(str, [2 * lost, 2 * lost + 1]))})" \

@@ -267,8 +267,8 @@ def test_rowfetch_stall_on_rank3_hangs_every_rank_then_watchdog_tears_down(seat:
     log0, log1 = seat.n0.log(), seat.n1.log()
     line = f"Scheduler watchdog timeout (self.watchdog_timeout={float(WATCHDOG_S)!r}, self.soft=False)"
     # The first watchdog to fire takes its tree down, and the other node's ranks lose their peer: under load the
-    # two watchdogs fire far enough apart that the second node goes down by that cascade first (a CI run on a
-    # loaded host saw node 0 log only "Received sigquit from a child process"), as two real SGLang nodes would.
+    # two watchdogs fire far enough apart that the second node goes down by that cascade first (on a loaded host
+    # node 0 logged only "Received sigquit from a child process"), as two real SGLang nodes would.
     fired = [n for n, log in ((0, log0), (1, log1)) if line in log]
     assert fired, (log0[-2000:], log1[-2000:])
     cascade = ("SIGQUIT received. signum=3, frame=None. It usually means one child failed.",

@@ -120,9 +120,10 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
 def test_healthy_traffic_gives_no_bundle_and_a_quiet_watch_view(seat: Seat) -> None:
     """30 s of this seat's traffic: no bundle, and `watch` shows every node sampling with nothing latched.
 
-    The false-positive evidence proper is the soak (tests/integration/test_watchdog_soak.py in CI: a 400k-token
-    prefill, bursts, idle gaps, a slow rank; bench/watchdog_soak.py for 30 minutes); this one checks the watch
-    view and the sampler counters on the seat the tests below share (it was a 2-minute sleep before the soak).
+    The false-positive evidence proper is the soak (tests/integration/test_watchdog_soak.py in the full tier: a
+    400k-token prefill, bursts, idle gaps, a slow rank; bench/watchdog_soak.py for 30 minutes); this one checks the
+    watch view and the sampler counters on the seat the tests below share (it was a 2-minute sleep before the
+    soak).
     """
     t0 = time.time()
     tokens0 = seat.traffic.tokens
