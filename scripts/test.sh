@@ -36,18 +36,20 @@ if [ $# -gt 0 ]; then
 fi
 
 marker=(-m "not slow"); [ "$tier" = full ] && marker=()
-# Three slots at once, each part's output in its own log, printed when all have ended
-# (tests/integration/conftest.py says why the streams are cut this way):
-# - slot A: stream 'sglang', the real SGLang seats (each through a local Ray cluster of its own);
-# - slot B: ruff and mypy beside the unit and contract tests (two pytest-xdist workers; a contract module stays on
-#   one worker, tests/contract/conftest.py), then stream 'other' (no local Ray cluster);
-# - slot C: stream 'ray', the sim seats through local Ray clusters: beside slot A's (two local clusters side by side
-#   share nothing: bench/ray_side_by_side.py holds that to 20 up/down pairs).
+# Four parts at once, each part's output in its own log, printed when all have ended (the machine's 2 cores are the
+# limit, not the parts' order: started together they keep both cores busy to the end; tests/integration/conftest.py
+# says why the streams are cut this way):
+# - stream 'sglang', the real SGLang seats (each through a local Ray cluster of its own);
+# - stream 'ray', the sim seats through local Ray clusters, beside the real ones (two local clusters side by side
+#   share nothing: bench/ray_side_by_side.py holds that to 20 up/down pairs);
+# - stream 'other', the integration modules without a local Ray cluster;
+# - ruff and mypy beside the unit and contract tests (two pytest-xdist workers; --dist loadfile keeps a module on one
+#   worker, so a contract module's fixtures are computed once: tests/contract/conftest.py).
 # Each stream runs one module at a time.
-echo "== pytest ($tier tier): streams 'sglang' and 'ray' beside ruff, mypy, the unit and contract tests then stream" \
-  "'other' (printed when all end)"
-trap 'kill $pid_a $pid_b $pid_c 2>/dev/null || true' INT TERM
-pid_a="" pid_b="" pid_c=""
+echo "== pytest ($tier tier): streams 'sglang', 'ray' and 'other' beside ruff, mypy, the unit and contract tests" \
+  "(printed when all end)"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 run_stream() {
   local t; t=$(now)
   local src=0
@@ -66,20 +68,16 @@ run_lint() {
 run_units() {
   local t; t=$(now)
   local src=0
-  python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup "${marker[@]}" --junitxml="$run/units.xml" \
+  python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "${marker[@]}" --junitxml="$run/units.xml" \
     tests/unit tests/contract > "$run/units.log" 2>&1 || src=$?
   phase "unit and contract tests" "$t"
   echo "$src" > "$run/units.rc"
 }
-run_stream sglang &
-pid_a=$!
-( run_lint & run_units; wait; run_stream other ) &
-pid_b=$!
-run_stream ray &
-pid_c=$!
-wait "$pid_a" || true
-wait "$pid_b" || true
-wait "$pid_c" || true
+run_stream sglang & pids+=($!)
+run_stream ray & pids+=($!)
+run_stream other & pids+=($!)
+( run_lint & run_units; wait ) & pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid" || true; done
 rc=0
 for part in lint units sglang ray other; do
   src=$(cat "$run/$part.rc" 2>/dev/null || echo 1)

@@ -1,5 +1,10 @@
 """Contract tests need SGLang 0.5.23 (scripts/install-sglang-parser.sh): under CI (``CI=true``) a missing
-SGLang, or a missing dependency of its sizing path, FAILS the tests that need it; elsewhere they skip."""
+SGLang, or a missing dependency of its sizing path, FAILS the tests that need it; elsewhere they skip.
+
+scripts/test.sh runs them beside the unit tests with ``-n 2 --dist loadfile``: a module stays on one worker, so its
+module fixtures (SGLang's sizing of a whole grid, one sizing child) are computed once. (``--dist loadgroup`` with an
+``xdist_group`` mark did not group here, pytest-xdist 3.8.0 under pytest 9.2: the sizing grids were computed on both
+workers, 80 s each.)"""
 
 from __future__ import annotations
 
@@ -46,12 +51,3 @@ def _one_sizing_child_per_module() -> Iterator[None]:
             os.environ.pop(CACHE_ENV, None)
         else:
             os.environ[CACHE_ENV] = saved
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) a contract module runs on one worker: its tests share one
-    SGLang sizing child (seconds of imports), which a split module would pay once per worker."""
-    here = os.path.dirname(__file__)
-    for item in items:
-        if str(item.path).startswith(here + os.sep):
-            item.add_marker(pytest.mark.xdist_group(f"contract:{item.path.name}"))

@@ -102,6 +102,7 @@ def _agent_procs(st: dict[str, Any]) -> list[Proc]:
     return out
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_second_up_is_refused_and_a_killed_node1_engine_fails_the_seat(shared: Shared, clean: None,
                                                                       tmp_path: Path) -> None:
     """GIVEN a READY seat WHEN `up` runs again THEN it is refused and the seat is untouched; WHEN node 1's
