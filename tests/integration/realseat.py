@@ -141,10 +141,12 @@ def watch_once(seat: RealSeat) -> dict[str, Any]:
 def brought_up(rs: RealSeat) -> Iterator[RealSeat]:
     """`up` the seat (failing the module if it does not reach READY), yield it, and always `down` it: a process
     left stopped is resumed first (it must drain), and every process it was seen with must be gone after."""
-    up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home, timeout=UP_TIMEOUT_S + 60)
-    rs.up_stdout = up.stdout
-    print(up.stdout)
     try:
+        # Inside the try: a run interrupted during `up` (Ctrl-C, a stream stopped) still takes the seat down.
+        up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home,
+                     timeout=UP_TIMEOUT_S + 60)
+        rs.up_stdout = up.stdout
+        print(up.stdout)
         assert up.returncode == 0, f"`up` failed:\n{up.stdout}\n{up.stderr}"
         rs.remember()
         yield rs
