@@ -1,4 +1,4 @@
-"""Integration modules run in three streams at once (scripts/test.sh), each stream one module after another.
+"""Integration modules run in three streams (scripts/test.sh), each stream one module after another.
 
 Why streams: the integration tests wait far more than they compute (Ray and engines starting, detections,
 timeouts); one at a time they would not fit the CI tier's 20 minutes on 2 cores. The streams:
@@ -12,10 +12,11 @@ timeouts); one at a time they would not fit the CI tier's 20 minutes on 2 cores.
   Prometheus 30900-30930, raw prompts 26750-26766, the sidecar 26110-26111, test_sim_vs_real's real seat started
   without Ray 24500-24599, and the two-namespace cluster, whose Ray lives in network namespaces of its own).
 
-Streams ``sglang`` and ``ray`` run side by side, so two local Ray clusters run at once: each head takes a free GCS
-port, Ray picks its other ports free, and each session has its own directory under /tmp/ray; nothing is shared
-(bench/ray_side_by_side.py is the proof: 20 `up`/`down` pairs side by side). Within a stream, one local cluster at a
-time. The port ranges of all three streams are disjoint, below Linux's ephemeral range (32768-60999: a fixed port in
+Streams ``sglang`` and ``ray`` run side by side, beside the unit tests, and ``other`` after the unit tests (all
+four at once overloaded the 2 cores: scripts/test.sh). So two local Ray clusters run at once: each head takes a free
+GCS port, Ray picks its other ports free, and each session has its own directory under /tmp/ray; nothing is shared
+(bench/ray_side_by_side.py is the proof: 20 `up`/`down` pairs side by side). Within a stream, one local cluster at
+a time. The port ranges of all three streams are disjoint, below Linux's ephemeral range (32768-60999: a fixed port in
 it can be taken at any moment as the local port of another process's outgoing connection) and above Ray's worker
 ports (10002-19999).
 
