@@ -124,6 +124,61 @@ def _snapshot(pid: int) -> list[dict[str, Any]]:
 
 # -- the holder (runs in its own process) ----------------------------------------------------------
 
+#: Ray gives a new node a fixed 30 s to register with the GCS (``ray._private.node``, not configurable); on a
+#: loaded host (a CI machine running three test streams on 2 cores) a raylet can miss it. The holder then stops
+#: everything that attempt started and begins again, this many attempts in all.
+START_ATTEMPTS = 3
+_RAY_NODE_TIMEOUT = "timed out during startup"
+
+
+def _stop_descendants() -> None:
+    """SIGKILL every process this holder started (a failed attempt's head and raylets) and reap them."""
+    kids = psutil.Process().children(recursive=True)
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            k.kill()
+    psutil.wait_procs(kids, timeout=10)
+
+
+def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_node: int, port: int,
+                stop: threading.Event, attempts: int = START_ATTEMPTS) -> Any:
+    """A ``cluster_cls`` (Ray's ``Cluster``) with a head and ``nodes`` simulated nodes, started over (up to
+    ``attempts`` times) when Ray's own node-start wait runs out; any other failure is raised at once."""
+    for attempt in range(1, attempts + 1):
+        cluster: Any = None
+        try:
+            cluster = cluster_cls(initialize_head=True, head_node_args={
+                "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
+                "node_ip_address": "127.0.0.1", "gcs_server_port": port or _free_port(),
+            })
+            host_gpus = host_gpu_count()
+            for i in range(nodes):
+                if stop.is_set():
+                    break
+                # Ray reads the node's GPU ids from this process's environment, and the raylet and its workers
+                # inherit it: set per node (every node gets the same keys, so the next one replaces them); this
+                # process runs no engine itself.
+                os.environ.update(node_gpu_env(i, nodes, gpus_per_node, host_gpus))
+                cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
+                                 resources={f"sgl_seat_sim_node_{i}": 1.0})
+            return cluster
+        except Exception as exc:
+            if _RAY_NODE_TIMEOUT not in str(exc) or attempt == attempts or stop.is_set():
+                if cluster is not None:
+                    with contextlib.suppress(Exception):
+                        cluster.shutdown()
+                _stop_descendants()
+                raise
+            sys.stdout.write(f"Ray: a node {_RAY_NODE_TIMEOUT} (attempt {attempt} of {attempts}); starting "
+                             "the cluster again\n")
+            sys.stdout.flush()
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.shutdown()
+            _stop_descendants()
+    raise AssertionError("unreachable")
+
+
 
 def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record: Path, port: int,
           timeout: float) -> int:
@@ -144,20 +199,8 @@ def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record:
 
     cluster: Any = None
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
-            "node_ip_address": "127.0.0.1", "gcs_server_port": port or _free_port(),
-        })
-        host_gpus = host_gpu_count()
-        for i in range(nodes):
-            if stop.is_set():
-                break
-            # Ray reads the node's GPU ids from this process's environment, and the raylet and its workers inherit
-            # it: set per node (every node gets the same keys, so the next one replaces them); this process runs
-            # no engine itself.
-            os.environ.update(node_gpu_env(i, nodes, gpus_per_node, host_gpus))
-            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, node_ip_address="127.0.0.1",
-                             resources={f"sgl_seat_sim_node_{i}": 1.0})
+        cluster = start_nodes(Cluster, nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
+                              port=port, stop=stop)
         if not stop.is_set():
             cluster.wait_for_nodes(timeout=timeout)
             rec.state, rec.gcs_address, rec.processes = "ready", cluster.address, _snapshot(me.pid)
