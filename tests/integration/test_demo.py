@@ -27,7 +27,10 @@ pytestmark = pytest.mark.integration
 SEAT = "demo-it"
 PORT_LO, PORT_HI = port_range((30600, 30699))
 SEAT_PORT_OFFSETS = (0, 2, 5, 10, 12, 15, 16)  # http, sim admin, dist-init, node 1 and its admin, 2 exporters
-DEMO_TIMEOUT_S = 110.0  # `up` ~20-40 s on a small box, 5 s of traffic, the bundle <~10 s, replay, `down`
+#: A guard against a hung demo, not a speed claim: the whole demo takes about a minute on an idle 2-core machine
+#: (`up` 20-40 s, 5 s of traffic, the bundle within 10 s, replay, `down`) and more than two beside the CI tier's
+#: other streams, which is where this test runs.
+DEMO_TIMEOUT_S = 300.0
 
 
 def _ports() -> int:
@@ -93,6 +96,7 @@ def test_demo_quick_captures_and_replays_the_rank3_stall(tmp_path: Path) -> None
             proc.kill()
             proc.wait(10)
     wall = time.monotonic() - t0
+    print(f"demo --quick took {wall:.1f} s (this machine, beside whatever else runs)")
     assert proc.returncode == 0, err[-4000:]
     doc = json.loads(out)  # one JSON document alone on stdout
     assert "[4/6] wait for the watchdog's bundle" in err and "HTML report:" in err  # progress on stderr

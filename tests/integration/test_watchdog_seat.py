@@ -72,6 +72,7 @@ class Seat:
     url: str
     traffic: Traffic
     sidecars_up_at: float
+    traffic_from: float  # when the traffic began (after `up` and the status read: later under load)
     stall_bundle: Path | None = None
 
     def bundles(self) -> list[Path]:
@@ -107,7 +108,8 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
         raise
     traffic = Traffic(f"http://127.0.0.1:{HTTP}", concurrency=8, max_new_tokens=32).start()
     try:
-        yield Seat(home=home, url=f"http://127.0.0.1:{HTTP}", traffic=traffic, sidecars_up_at=sidecars_up_at)
+        yield Seat(home=home, url=f"http://127.0.0.1:{HTTP}", traffic=traffic, sidecars_up_at=sidecars_up_at,
+                   traffic_from=time.time())
     finally:
         traffic.stop(10)
         down = run_cli(["down", SEAT], home, timeout=240)
@@ -139,8 +141,9 @@ def test_healthy_traffic_gives_no_bundle_and_a_quiet_watch_view(seat: Seat) -> N
 
 
 def test_rowfetch_stall_on_rank3_gives_one_bundle_within_10s(seat: Seat) -> None:
-    # a full minute of stack history before the hang
-    time.sleep(max(0.0, seat.sidecars_up_at + 63.0 - time.time()))
+    # a full minute of stack history, and of requests, before the hang (the traffic starts after `up` returns and
+    # the status is read: up to ~20 s after the sidecars on a loaded machine)
+    time.sleep(max(0.0, seat.sidecars_up_at + 63.0 - time.time(), seat.traffic_from + 63.0 - time.time()))
     assert seat.bundles() == []
     r = httpx.post(seat.admin(1), json={"fault": "rowfetch-stall:rank=3"}, timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
@@ -358,7 +361,9 @@ def test_crashed_rank_gives_a_process_exited_bundle_with_the_log_tail(seat: Seat
     # Which sidecar polls first is luck; the verdict must not depend on it (it did with a silent SIGKILL).
     r = httpx.post(seat.admin(1), json={"fault": "error:rank=2"}, timeout=10, trust_env=False)
     assert r.status_code == 200, r.text
-    assert wait_until(lambda: set(seat.bundles()) - before, 15.0), "no bundle after the crash"
+    # No bound is claimed for this path (the stall's 10 s is above): the wait is only long enough for a capture of
+    # four ranks on a loaded CI machine (15 s was not, once), as the real engine's fault tests allow 60 s.
+    assert wait_until(lambda: set(seat.bundles()) - before, 60.0), "no bundle within 60 s of the crash"
     (path,) = sorted(set(seat.bundles()) - before)
     b = read_bundle(path)
     v = b.manifest.verdict
