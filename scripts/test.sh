@@ -40,10 +40,10 @@ marker=(-m "not slow"); [ "$tier" = full ] && marker=()
 # says why the streams are cut this way):
 # - slot A: stream 'sglang', the real SGLang seats (each through a local Ray cluster of its own);
 # - slot B: stream 'ray', the sim seats through local Ray clusters, beside the real ones (two local clusters side by
-#   side share nothing: bench/ray_side_by_side.py holds that to 20 up/down pairs);
+#   side share nothing: bench/ray_side_by_side.py holds that to 20 up/down pairs), then the gate's module;
 # - slot C: ruff and mypy beside the unit and contract tests (two pytest-xdist workers; --dist loadfile keeps a module
 #   on one worker, so a contract module's fixtures are computed once: tests/contract/conftest.py), then stream
-#   'other' (the integration modules without a local Ray cluster).
+#   'other' (the other integration modules without a local Ray cluster).
 # Not four at once: with stream 'other' beside the rest from the start (load average 20 on the 2 cores), SGLang's
 # imports in the contract tests passed their 120 s and 240 s bounds and timing tests of the real seat failed.
 # Each stream runs one module at a time.
