@@ -51,44 +51,38 @@ echo "== pytest ($tier tier): streams 'sglang' and 'ray' beside ruff, mypy, the 
   "'other' (printed when all end)"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
-run_stream() {
-  local t; t=$(now)
-  local src=0
-  SGL_SEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" \
-    tests/integration > "$run/$1.log" 2>&1 || src=$?
-  phase "integration stream '$1'" "$t"
-  echo "$src" > "$run/$1.rc"
+title_of() {
+  case $1 in
+    lint) echo "ruff and mypy" ;;
+    units) echo "unit and contract tests" ;;
+    *) echo "integration stream '$1'" ;;
+  esac
 }
-run_lint() {
-  local t; t=$(now)
-  local src=0
-  { echo "== ruff"; ruff check . && echo "== mypy --strict" && mypy sgl_seat; } > "$run/lint.log" 2>&1 || src=$?
-  phase "ruff and mypy" "$t"
-  echo "$src" > "$run/lint.rc"
+# run_part PART COMMAND...: COMMAND's output to .test-run/PART.log, its exit code to PART.rc, its span to the table.
+run_part() {
+  local part=$1 t src=0; shift; t=$(now)
+  "$@" > "$run/$part.log" 2>&1 || src=$?
+  phase "$(title_of "$part")" "$t"
+  echo "$src" > "$run/$part.rc"
 }
-run_units() {
-  local t; t=$(now)
-  local src=0
+lint() { echo "== ruff"; ruff check . && echo "== mypy --strict" && mypy sgl_seat; }
+units() {
   python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "${marker[@]}" --junitxml="$run/units.xml" \
-    tests/unit tests/contract > "$run/units.log" 2>&1 || src=$?
-  phase "unit and contract tests" "$t"
-  echo "$src" > "$run/units.rc"
+    tests/unit tests/contract
 }
-run_stream sglang & pids+=($!)
-run_stream ray & pids+=($!)
-( run_lint & run_units; wait; run_stream other ) & pids+=($!)
+stream() {
+  SGL_SEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" tests/integration
+}
+run_part sglang stream sglang & pids+=($!)
+run_part ray stream ray & pids+=($!)
+( run_part lint lint & run_part units units; wait; run_part other stream other ) & pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid" || true; done
 rc=0
 for part in lint units sglang ray other; do
   src=$(cat "$run/$part.rc" 2>/dev/null || echo 1)
   # pytest's 5 is "no tests collected": a stream with no module selected is not a failure.
   [ "$src" = 5 ] && src=0
-  case $part in
-    lint) title="ruff and mypy" ;;
-    units) title="unit and contract tests" ;;
-    *) title="integration stream '$part'" ;;
-  esac
-  echo "== $title (exit $src)"
+  echo "== $(title_of "$part") (exit $src)"
   cat "$run/$part.log"
   [ "$src" -gt "$rc" ] && rc=$src
 done

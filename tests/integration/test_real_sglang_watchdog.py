@@ -97,10 +97,6 @@ class Traffic:
         return wait_until(lambda: self.answers >= start + n, timeout, interval=0.2)
 
 
-def _bundles(seat: RealSeat) -> set[Path]:
-    return seat_bundles(seat)
-
-
 def _wait_bundle(seat: RealSeat, before: set[Path], timeout: float) -> tuple[Path, float] | None:
     return wait_for_bundle(seat.home / "bundles" / seat.name, before, timeout)
 
@@ -124,16 +120,12 @@ def _replay(seat: RealSeat, bundle: Path) -> dict[str, Any]:
     return doc
 
 
-def _watch(seat: RealSeat) -> dict[str, Any]:
-    return watch_once(seat)
-
-
 def _unlatched(seat: RealSeat, timeout: float = 90.0) -> None:
     """Every sidecar has let go of the last bundle's latch (progress resumed and detectors quiet)."""
     def free() -> bool:
-        return not any(n.get("latched") for n in _watch(seat)["nodes"])
+        return not any(n.get("latched") for n in watch_once(seat)["nodes"])
 
-    assert wait_until(free, timeout, interval=2.0), f"the sidecars stayed latched: {_watch(seat)}"
+    assert wait_until(free, timeout, interval=2.0), f"the sidecars stayed latched: {watch_once(seat)}"
 
 
 def _same_verdict(replayed: dict[str, Any] | None, live: dict[str, Any]) -> bool:
@@ -148,10 +140,6 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSeat]:
     rs = RealSeat(base / "home", spec, NAME, HTTP_PORT)
     with brought_up(rs):
         yield rs
-
-
-def _scheduler_pids(seat: RealSeat) -> dict[int, int]:
-    return scheduler_pids(seat)
 
 
 def test_an_idle_seat_sleeping_on_idle_gives_no_bundle_over_the_idle_window(seat: RealSeat) -> None:
@@ -194,7 +182,7 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
     beside them, a prompt of over a thousand tokens (a long prefill) for 30 s THEN every request is answered and
     the watchdog writes no bundle and reaches no verdict: the CI sample of the real soak (bench/watchdog_soak.py
     --seat local-sglang, which adds idle gaps and both --sleep-on-idle settings over 30 minutes)."""
-    before = _bundles(seat)
+    before = seat_bundles(seat)
     verdicts: list[Any] = []
     queued = 0.0
     # ~1,500 tokens ("wordN" is ~6 of the tiny model's tokens): long for a 4,096-token context, and it fits
@@ -207,7 +195,7 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
         t_end = time.monotonic() + 30.0
         while time.monotonic() < t_end:
             queued = max(queued, _queued(seat))
-            verdicts += [n["verdict"] for n in _watch(seat)["nodes"] if n.get("verdict")]
+            verdicts += [n["verdict"] for n in watch_once(seat)["nodes"] if n.get("verdict")]
             time.sleep(2.0)
     print(f"burst: {tr.answers} answers, {tr.failures} failures; long prompt {long_tokens} tokens; "
           f"most queued {queued:.0f}")
@@ -215,7 +203,7 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
     assert long_tokens > 1000, long_tokens
     assert queued > 0, "no request ever queued: the burst did not pass the slot cap"
     time.sleep(5.0)  # a bundle the last samples triggered would be complete by now
-    assert _bundles(seat) == before, f"bundles written under healthy load: {sorted(_bundles(seat) - before)}"
+    assert seat_bundles(seat) == before, f"bundles written under healthy load: {sorted(seat_bundles(seat) - before)}"
     assert not verdicts, verdicts
 
 
@@ -224,7 +212,7 @@ def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: Real
     prompt length runs THEN every scheduler process has its ring, whose records of VocabParallelEmbedding.forward
     carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step; and the
     sidecars count them."""
-    pids = _scheduler_pids(seat)
+    pids = scheduler_pids(seat)
     body = {"model": "tiny-llama", "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 8,
             "ignore_eos": True}
     t0 = time.time()
@@ -241,7 +229,7 @@ def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: Real
         # The prefill's gather is the prompt, less what the radix cache already held (nothing: a new prompt).
         assert prompt_tokens in sizes, (prompt_tokens, sizes[:20])
         assert sizes.count(1) >= 6, sizes[:20]  # the decode steps
-    fetches = {rk["rank"]: rk["fetches"] for n in _watch(seat)["nodes"] for rk in n["ranks"]}
+    fetches = {rk["rank"]: rk["fetches"] for n in watch_once(seat)["nodes"] for rk in n["ranks"]}
     assert set(fetches) == set(pids) and all(v > 0 for v in fetches.values()), fetches
 
 
@@ -249,7 +237,7 @@ def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: Rea
     """GIVEN traffic WHEN rank 1's embedding lookup stalls (the probe's rehearsal gate, inside real SGLang)
     THEN a bundle names rank 1 at VocabParallelEmbedding.forward with rank 0 waiting in the all-reduce, complete
     within 10 s of the stall; replay reproduces it; the seat serves again once the stall is cleared."""
-    before = _bundles(seat)
+    before = seat_bundles(seat)
     with Traffic(seat.endpoint) as load:
         assert load.wait_answers(2, 120), "no answers before the fault"
         res = _fault(seat, "probe-stall:rank=1,for_s=60")
@@ -276,7 +264,7 @@ def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: Rea
 def _stopped(seat: RealSeat, what: str) -> tuple[Path, dict[str, Any], float]:
     """Under traffic, SIGSTOP ``what`` (``rank=1``, ``detokenizer``) until a bundle comes (at most 60 s), then
     SIGCONT; the seat must serve again. The bundle, its verdict, and seconds from the SIGSTOP to it."""
-    before = _bundles(seat)
+    before = seat_bundles(seat)
     with Traffic(seat.endpoint) as load:
         assert load.wait_answers(2, 120)
         res = _fault(seat, f"sigstop:{what}")
@@ -319,7 +307,7 @@ def test_sigkill_of_rank_1_is_process_exited_naming_rank_1(seat: RealSeat) -> No
     """GIVEN traffic WHEN rank 1's scheduler is SIGKILLed THEN a bundle says "process exited" naming rank 1
     (SGLang then takes the rest of the seat down by itself); replay reproduces it."""
     seat.remember()
-    before = _bundles(seat)
+    before = seat_bundles(seat)
     with Traffic(seat.endpoint) as load:
         assert load.wait_answers(2, 120)
         res = _fault(seat, "sigkill:rank=1")
