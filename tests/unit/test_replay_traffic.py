@@ -37,6 +37,7 @@ class Seat:
         self.bundle_after = bundle_after
         self.bundles_dir = bundles_dir
         self.delay = delay
+        self.released = threading.Event()  # set at the test's end: a delayed answer stops waiting
 
 
 def _handler(seat: Seat) -> type[BaseHTTPRequestHandler]:
@@ -70,9 +71,7 @@ def _handler(seat: Seat) -> type[BaseHTTPRequestHandler]:
                 doc["created"] = 4e9  # a capture "now" (after the replay started)
                 man.write_text(json.dumps(doc))
             if seat.delay:
-                import time
-
-                time.sleep(seat.delay)
+                seat.released.wait(seat.delay)
             self._send(200, {"choices": [{"text": "ok"}], "usage": {"completion_tokens": 1}})
 
     return H
@@ -80,20 +79,31 @@ def _handler(seat: Seat) -> type[BaseHTTPRequestHandler]:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # the default backlog of 5 drops connections when the replay opens many at once
-    daemon_threads = True
+    # server_close() joins the handler threads: none outlives its test (a late one's traceback landed in the
+    # captured stderr of the next test on the same xdist worker)
+    daemon_threads = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # the replay stopped and closed its connections: what it is meant to do
+        super().handle_error(request, client_address)
 
 
 @pytest.fixture
 def serve() -> Iterator[Any]:
     servers: list[ThreadingHTTPServer] = []
+    seats: list[Seat] = []
 
     def start(seat: Seat) -> str:
         srv = _Server(("127.0.0.1", 0), _handler(seat))
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
+        seats.append(seat)
         return f"http://127.0.0.1:{srv.server_address[1]}"
 
     yield start
+    for seat in seats:
+        seat.released.set()
     for s in servers:
         s.shutdown()
         s.server_close()
