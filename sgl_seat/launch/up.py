@@ -48,6 +48,9 @@ from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.spec import SeatSpec
 
 POLL_INTERVAL = 0.5
+#: The most `up` waits for a local cluster (within --timeout): ~10 s on an idle 2-core machine, but the holder starts
+#: it again when Ray's own 30 s node wait runs out (localcluster.START_ATTEMPTS), which a loaded machine needs.
+LOCAL_CLUSTER_TIMEOUT_S = 240.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,7 +177,8 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
             save_record(rec)
             lc = localcluster.start_local_cluster(
                 seat, nodes=spec.cluster.nodes, gpus_per_node=spec.cluster.gpus_per_node,
-                cpus_per_node=spec.cluster.cpus_per_node + 2, timeout=min(left(), 120.0), record=lc_path)
+                cpus_per_node=spec.cluster.cpus_per_node + 2, timeout=min(left(), LOCAL_CLUSTER_TIMEOUT_S),
+                record=lc_path)
             sess.cluster_pid, sess.cluster_ctime = lc.pid, lc.create_time
             address = lc.gcs_address or ""
             note["detail"] = f"local, {spec.cluster.nodes} simulated nodes at {address} (holder pid {lc.pid})"
