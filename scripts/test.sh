@@ -11,6 +11,11 @@
 # and leave nothing behind. .test-run/ keeps the last run's logs, JUnit XML and table (git ignores it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Setup installs with --no-compile (byte-compiling all of torch costs minutes), so Python compiles each module on
+# first use and keeps it in __pycache__, unless PYTHONDONTWRITEBYTECODE is set, as in this project's CI
+# environment: then every process compiles SGLang, torch and Ray again (SGLang's scheduler import measured 20 s of
+# CPU that way, 9 s with its bytecode kept), in each engine, sizing child, Ray worker and CLI call of the run.
+unset PYTHONDONTWRITEBYTECODE
 tier=CI
 if [ "${1:-}" = --full ]; then tier=full; shift; fi
 run=$PWD/.test-run
