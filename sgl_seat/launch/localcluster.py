@@ -163,21 +163,16 @@ def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_no
                                  resources={f"sgl_seat_sim_node_{i}": 1.0})
             return cluster
         except Exception as exc:
-            if _RAY_NODE_TIMEOUT not in str(exc) or attempt == attempts or stop.is_set():
-                if cluster is not None:
-                    with contextlib.suppress(Exception):
-                        cluster.shutdown()
-                _stop_descendants()
-                raise
-            sys.stdout.write(f"Ray: a node {_RAY_NODE_TIMEOUT} (attempt {attempt} of {attempts}); starting "
-                             "the cluster again\n")
-            sys.stdout.flush()
             if cluster is not None:
                 with contextlib.suppress(Exception):
                     cluster.shutdown()
             _stop_descendants()
+            if _RAY_NODE_TIMEOUT not in str(exc) or attempt == attempts or stop.is_set():
+                raise
+            sys.stdout.write(f"Ray: a node {_RAY_NODE_TIMEOUT} (attempt {attempt} of {attempts}); starting "
+                             "the cluster again\n")
+            sys.stdout.flush()
     raise AssertionError("unreachable")
-
 
 
 def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record: Path, port: int,

@@ -40,6 +40,8 @@ RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_remediation", "test_la
 #: starts only after the unit tests, so it ended last (by about 100 s in the CI tier's durations table) while
 #: ``ray`` ended first; the gate's module (about 70 s under that load) evens them.
 RAY_TAIL = ("test_gate",)
+#: Stream ``ray``'s modules, in the order they run.
+RAY_STREAM = RAY_LOCAL + RAY_TAIL
 #: Real SGLang seats through a local Ray cluster: stream ``sglang``, beside stream ``ray``.
 REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog")
 STREAMS = ("ray", "sglang", "other")
@@ -56,14 +58,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         (keep if _stream_of(item) == stream else drop).append(item)
     if stream == "ray":
-        order = RAY_LOCAL + RAY_TAIL
-        keep.sort(key=lambda it: order.index(it.path.stem))  # stable: a module's own order is kept
+        keep.sort(key=lambda it: RAY_STREAM.index(it.path.stem))  # stable: a module's own order is kept
     items[:] = keep
     config.hook.pytest_deselected(items=drop)
 
 
 def _stream_of(item: pytest.Item) -> str:
     stem = item.path.stem if item.path.parent.name == "integration" else ""
-    if stem in RAY_LOCAL or stem in RAY_TAIL:
+    if stem in RAY_STREAM:
         return "ray"
     return "sglang" if stem in REAL_ENGINE else "other"
