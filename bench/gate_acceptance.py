@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from sgl_seat.gate import GateOptions, Progress, run_gate
-from sgl_seat.gate.report import render_text
+from sgl_seat.gate.report_text import render_text
 from sgl_seat.sim.args import ENV_DRAFT_COST
 from sgl_seat.spec import SeatSpec, builtin_seats_dir, parse_spec
 

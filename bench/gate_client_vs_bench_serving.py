@@ -34,7 +34,7 @@ import httpx
 
 from sgl_seat.gate.client import closed_loop
 from sgl_seat.gate.workloads import prompt_words
-from sgl_seat.sim import tokens
+from sgl_seat.sim.step import tokens
 
 HOST = "127.0.0.1"
 PORTS = range(30760, 30790)

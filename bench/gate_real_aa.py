@@ -73,7 +73,7 @@ def main() -> int:
         rep = json.loads(res.stdout)
     finally:
         cli(["down", NAME], home, timeout=240)
-    from sgl_seat.gate.report import render_text
+    from sgl_seat.gate.report_text import render_text
 
     print("A/A on real SGLang 0.5.23 (CPU engine, tiny model, TP2 on two local nodes, 2 cores): every arm is the same"
           " seat, so every ratio is run-to-run noise")

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO))
 
-from netnsutil import (  # noqa: E402  (the integration tests' cluster: one implementation of it)
+from rigs.netns import (  # noqa: E402  (the integration tests' cluster: one implementation of it)
     NetnsCluster,
     cannot_run,
     seat_bundles,

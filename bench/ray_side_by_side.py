@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Two local Ray clusters side by side: N `up`/`down` pairs on each of two sides at once, each `up` starting its own
-local Ray cluster (``cluster.address: local``: the holder in sgl_seat/launch/localcluster.py), with its own ports
+local Ray cluster (``cluster.address: local``: the holder in sgl_seat/launch/host/localcluster.py), with its own ports
 and its own ``SGL_SEAT_HOME``.
 
 Why: the test command runs the real-engine stream (local Ray clusters of its own) beside the sim seats' stream

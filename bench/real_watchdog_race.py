@@ -178,7 +178,7 @@ def engine_alive(home: Path) -> bool:
 
 
 def bundles(home: Path) -> set[Path]:
-    from sgl_seat.launch.demo import complete_bundles
+    from sgl_seat.forensics.format.store import complete_bundles
 
     return complete_bundles(home / "bundles" / NAME)
 

@@ -120,7 +120,7 @@ def _latched(home: Path, name: str) -> bool:
 
 def _stall_start(bundle: Path, rank: int) -> float | None:
     """The start of ``rank``'s in-flight probed call in the bundle (the stalled one)."""
-    from sgl_seat.forensics.bundle import read_bundle
+    from sgl_seat.forensics.format.bundle import read_bundle
 
     b = read_bundle(bundle)
     starts = [p.start for p in b.probes if p.rank == rank and p.end is None]

@@ -61,9 +61,9 @@ from sgl_seat.forensics import (
     encode_probe_records,
     encode_records,
     encode_stack_samples,
-    layout,
     write_bundle,
 )
+from sgl_seat.forensics.format import layout
 
 RANKS = 8
 T0 = 1_764_000_000.0
@@ -143,14 +143,14 @@ TARGET_MB = 300
 
 def measure(path: Path) -> dict[str, Any]:
     """Runs in a fresh process: each stage timed (wall and CPU), then peak RSS and digests of the results."""
-    from sgl_seat.forensics.analysis import analyse
-    from sgl_seat.forensics.bundle import read_bundle, verify_bundle
-    from sgl_seat.forensics.html import render_html
-    from sgl_seat.forensics.redetect import rerun_detectors
-    from sgl_seat.forensics.replay import ReplayResult
+    from sgl_seat.forensics.format.bundle import read_bundle, verify_bundle
+    from sgl_seat.forensics.replay.analysis import analyse
+    from sgl_seat.forensics.replay.bundle_html import render_html
+    from sgl_seat.forensics.replay.redetect import rerun_detectors
+    from sgl_seat.forensics.replay.replayer import ReplayResult
 
     try:  # what replay_bundle also runs; the baseline predates it
-        from sgl_seat.forensics.redetect import first_warning_before
+        from sgl_seat.forensics.replay.redetect import first_warning_before
     except ImportError:
         first_warning_before = None
 

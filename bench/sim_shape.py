@@ -39,9 +39,9 @@ import httpx
 import psutil
 
 from sgl_seat.plan import Placeholder, build_plan
-from sgl_seat.sim import tokens
 from sgl_seat.sim.args import ENV_STEP_FLOOR_MS as SIM_ENV_STEP_FLOOR_MS
-from sgl_seat.sim.ports import ENV_NODE_PORT
+from sgl_seat.sim.front.ports import ENV_NODE_PORT
+from sgl_seat.sim.step import tokens
 from sgl_seat.spec import load_spec
 
 LEVELS = (1, 8, 32, 64)

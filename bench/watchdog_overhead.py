@@ -42,14 +42,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-# The sim seat rig is a test rig (tests/simrig.py, not in the wheel): import it from the checkout (which also
+# The sim seat rig is a test rig (rigs/simrig.py, not in the wheel): import it from the checkout (which also
 # serves sgl_seat itself on a machine where it is not installed, e.g. the GPU host).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sgl_seat.watchdog import probe
 
 if TYPE_CHECKING:
-    from tests.simrig import SimSeat
+    from rigs.simrig import SimSeat
 
 SIM_TARGET = "sgl_seat.sim.rowfetch:fetch_rows@ids:numel"  # watchdog/probe-targets.yaml, family sim
 #: The field report's gather sizes (rows per fetch): draft off 1..32 running x 1 token, draft on 8 slots x 4 tokens.
@@ -207,7 +207,7 @@ def abba_ratios(off: Sequence[float], on: Sequence[float]) -> list[float]:
 def throughput(seat: SimSeat, work: Path, *, window: float, quads: int, rates: Sequence[float], concurrency: int,
                warmup: float) -> dict[str, Any]:
     """ABBA quads per sampling rate: off, on, on, off (the two "on" windows share one sidecar process)."""
-    from tests.simrig import Traffic
+    from rigs.simrig import Traffic
 
     res: dict[str, Any] = {}
     bdir = work / "bundles-throughput"
@@ -259,7 +259,7 @@ def throughput(seat: SimSeat, work: Path, *, window: float, quads: int, rates: S
 
 
 def latency(seat: SimSeat, work: Path, *, concurrency: int) -> dict[str, Any]:
-    from tests.simrig import Traffic
+    from rigs.simrig import Traffic
 
     bdir = work / "bundles-latency"
     traffic = Traffic(seat.url, concurrency=concurrency, max_new_tokens=32).start()
@@ -345,7 +345,7 @@ def main() -> int:
         return 0
     import psutil
 
-    from tests.simrig import SimSeat, sim_spec
+    from rigs.simrig import SimSeat, sim_spec
 
     work = Path(tempfile.mkdtemp(prefix="sgl-seat-bench-"))
     seat = SimSeat(sim_spec("wd-bench", HTTP_PORT), draft=a.draft == "on", workdir=work)

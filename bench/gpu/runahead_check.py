@@ -41,7 +41,7 @@ def worker(rank: int, step_ms: float, ahead: int, fault_step: int, steps: int, p
     import torch.distributed as dist
 
     from sgl_seat.sim import rowfetch
-    from sgl_seat.sim.device import calibrate_sleep
+    from sgl_seat.sim.step.device import calibrate_sleep
     from sgl_seat.watchdog import probe
 
     dev = torch.device("cuda", 0)

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sgl_seat.cli.cmd_seat import SeatOrDefault, choose_seat
-from sgl_seat.cli.common import console, err_console, print_json
+from sgl_seat.cli.common import SeatOrDefault, console, err_console, print_json
 from sgl_seat.errors import UsageError
 
 if TYPE_CHECKING:
@@ -79,8 +78,9 @@ def gate(
     code, 1, with the message on stderr and no report on stdout; Ctrl-C exits 130.
     """
     from sgl_seat.gate import GateOptions, exit_code, parse_arms, run_gate
-    from sgl_seat.gate.html import render_html
-    from sgl_seat.gate.report import render_text
+    from sgl_seat.gate.report_html import render_html
+    from sgl_seat.gate.report_text import render_text
+    from sgl_seat.launch.seatchoice import choose_seat
     from sgl_seat.spec import load_spec
 
     urls = _urls(url or [])

@@ -20,7 +20,7 @@ def prometheus_config(
     """Print a Prometheus config that scrapes every node's watchdog sidecar (and node 0's SGLang /metrics) of a
     seat that is up, with the shipped alert rules. A Prometheus on another host reaches the sidecars only when
     the seat's spec sets `watchdog.exporter_bind: cluster` (the default, loopback, serves each node only)."""
-    from sgl_seat.launch.record import load_record, resolve_name
+    from sgl_seat.launch.seatrecord.record import load_record, resolve_name
     from sgl_seat.launch.sidecars import prometheus_config_of
 
     cfg = prometheus_config_of(load_record(resolve_name(name)))

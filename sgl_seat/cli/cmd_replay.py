@@ -8,8 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from sgl_seat.cli.cmd_bundle import MaxUnpackedOpt
-from sgl_seat.cli.common import console, print_json
+from sgl_seat.cli.common import MaxUnpackedOpt, console, print_json
 from sgl_seat.errors import BundleError, UsageError
 
 
@@ -49,13 +48,13 @@ def replay(
     """Verify a bundle, re-run the watchdog's detectors and report the hang: which rank lags and where,
     row-fetch latency by gather size, and what the seat was doing. With --traffic, re-send its requests."""
     # The library is imported here, not at module level: other commands do not pay for the forensics.
-    from sgl_seat.forensics.exports import chrome_trace, speedscope
-    from sgl_seat.forensics.html import render_html
-    from sgl_seat.forensics.replay import replay_bundle
-    from sgl_seat.forensics.report import render_report
-    from sgl_seat.forensics.store import resolve_bundle
-    from sgl_seat.forensics.traffic import replay_traffic
-    from sgl_seat.launch.record import bundles_dir_for, recorded_bundle_dirs
+    from sgl_seat.forensics.format.store import resolve_bundle
+    from sgl_seat.forensics.recording.traffic import replay_traffic
+    from sgl_seat.forensics.replay.bundle_html import render_html
+    from sgl_seat.forensics.replay.bundle_text import render_report
+    from sgl_seat.forensics.replay.exports import chrome_trace, speedscope
+    from sgl_seat.forensics.replay.replayer import replay_bundle
+    from sgl_seat.launch.seatrecord.record import bundles_dir_for, recorded_bundle_dirs
 
     if traffic and not target:
         raise UsageError("--traffic needs --target", fix="e.g. --target http://127.0.0.1:30000")

@@ -26,9 +26,10 @@ def watch(
     captured so far. Ctrl-C ends it; the seat and its watchdog keep running."""
     from rich.live import Live
 
-    from sgl_seat.cli.watchview import collect, render
+    from sgl_seat.cli.watchview import render
     from sgl_seat.launch import cluster
-    from sgl_seat.launch.record import load_record, resolve_name
+    from sgl_seat.launch.seatrecord.record import load_record, resolve_name
+    from sgl_seat.launch.watchdoc import collect
 
     # The view's own console: no soft wrap, so tables are fitted to the terminal's width (one line per rank).
     view = Console(highlight=False, markup=False)

@@ -7,7 +7,18 @@ import sys
 import typer
 
 from sgl_seat import __version__
-from sgl_seat.cli import cmd_bundle, cmd_gate, cmd_model, cmd_plan, cmd_prometheus, cmd_replay, cmd_seat, cmd_watch
+from sgl_seat.cli import (
+    cmd_bundle,
+    cmd_demo,
+    cmd_gate,
+    cmd_model,
+    cmd_plan,
+    cmd_prometheus,
+    cmd_replay,
+    cmd_status,
+    cmd_up,
+    cmd_watch,
+)
 from sgl_seat.cli.common import err_console, styled
 from sgl_seat.errors import SeatError
 
@@ -25,8 +36,12 @@ app = typer.Typer(
 
 app.command("plan")(cmd_plan.plan)
 app.command("schema")(cmd_plan.schema)
-for _name, _fn in cmd_seat.COMMANDS.items():
-    app.command(_name)(_fn)
+app.command("up")(cmd_up.up)
+app.command("down")(cmd_up.down)
+app.command("status")(cmd_status.status)
+app.command("logs")(cmd_status.logs)
+app.command("demo")(cmd_demo.demo)
+app.command("fault")(cmd_demo.fault)
 for _name, _fn in cmd_watch.COMMANDS.items():
     app.command(_name)(_fn)
 for _name, _fn in cmd_prometheus.COMMANDS.items():

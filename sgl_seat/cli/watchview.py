@@ -1,14 +1,7 @@
-"""What `sgl-seat watch` shows: every sidecar's snapshot and the seat's bundles, as one plain document.
-
-:func:`collect` reads the seat record, connects to the seat's Ray cluster and asks each sidecar (named
-actors, with timeouts); :func:`render` turns the document into a rich table. Both are library functions;
-the CLI (``cmd_watch``) only loops and prints. It sits beside the CLI because it reads from every layer
-below: the seat's record (``launch``), the sidecars (``watchdog``) and the bundles (``forensics``).
-"""
+"""How `sgl-seat watch` draws the watch document (``sgl_seat.launch.watchdoc``) as one rich table."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rich import box
@@ -18,46 +11,6 @@ from rich.text import Text
 
 from sgl_seat.core.records import RecordError
 from sgl_seat.core.warning import PREHANG_KIND, PreHangWarning
-
-WATCH_SCHEMA_VERSION = 1
-
-
-def collect(name: str, *, timeout: float = 10.0, connected: bool = False,
-            unreachable: str | None = None) -> dict[str, Any]:
-    """One watch document for seat ``name`` (connects to Ray unless ``connected``).
-
-    ``unreachable``: the caller already failed to reach the seat's cluster (this error); the document says so
-    and lists the bundles on disk without waiting on the cluster again.
-    """
-    from sgl_seat.forensics.store import bundles_in
-    from sgl_seat.launch import cluster
-    from sgl_seat.launch.record import bundles_dir_of, load_record
-    from sgl_seat.watchdog.actors import snapshots
-
-    rec = load_record(name)
-    doc: dict[str, Any] = {"schema_version": WATCH_SCHEMA_VERSION, "seat": rec.name, "t": time.time(),
-                           "state": rec.state.value, "endpoint": rec.endpoint, "nodes": [], "error": None}
-    if rec.no_watchdog:
-        doc["error"] = "the seat was started with --no-watchdog: no sidecars"
-    elif not rec.gcs_address:
-        doc["error"] = "the seat has no Ray cluster address (not up?)"
-    elif unreachable is not None:
-        doc["error"] = unreachable
-    else:
-        try:
-            if not connected:
-                cluster.connect(rec.gcs_address, rec.namespace, token_env=rec.token_env, timeout=timeout)
-            doc["nodes"] = snapshots(rec.name, rec.namespace, len(rec.nodes), timeout=timeout)
-        except Exception as exc:
-            doc["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    doc["bundles"] = [b.to_json() for b in bundles_in(bundles_dir_of(rec))]
-    # Healing by policy, as the seat's supervisor writes it into the record (a remediation in progress shows here
-    # as it happens: pending, engines stopped, serving again).
-    from sgl_seat.launch.status import remediation_status
-
-    doc["remediation"] = remediation_status(rec, time.time()) if rec.on_hang != "capture" or rec.remediations \
-        else None
-    return doc
 
 
 def _ms(x: Any) -> str:

@@ -1,7 +1,7 @@
 """What to do after a hang's bundle: the seat's ``watchdog.on_hang`` policy, decided as a pure function.
 
-The supervisor (``sgl_seat.launch.supervisor``) receives the sidecars' verdicts, waits until the bundle is complete
-on disk and then asks :func:`decide`. Nothing here touches Ray, processes, files or the clock: the verdict, the
+The supervisor (``sgl_seat.launch.actors.supervisor``) receives the sidecars' verdicts, waits until the bundle is
+complete on disk and then asks :func:`decide`. Nothing here touches Ray, processes, files or the clock: the verdict, the
 policy, the seat's remediation history and ``now`` are arguments, so every branch is a unit test and the operator
 reads the same reason in ``status`` that the decision was made on.
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from sgl_seat.engines import preflight, probes
+from sgl_seat.engines import preflight, preflight_facts
 from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.spec import SeatSpec
 from sgl_seat.topology import Topology
@@ -217,17 +217,18 @@ class EngineBackend(ABC):
         if Check.GPUS in checks:
             out += preflight.check_gpus(r, gpus, gpu_ids, self.visible_gpus())
         if Check.SOCKET_IFNAME in checks:
-            out += preflight.check_socket_ifnames(r, env, probes.interfaces())
+            out += preflight.check_socket_ifnames(r, env, preflight_facts.interfaces())
         if Check.IB_HCA in checks:
-            out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), probes.ib_devices())
+            out += preflight.check_ib_hca(r, env.get("NCCL_IB_HCA"), preflight_facts.ib_devices())
         if Check.MODEL_PATH in checks:
             model = argv_value(node.command, "--model-path")
             if model is not None:
-                out += preflight.check_model_path(r, model, probes.path_exists(model))
+                out += preflight.check_model_path(r, model, preflight_facts.path_exists(model))
         if Check.ENGRAM_HOST in checks:
             out += preflight.check_engram_host_table(r, env)
         if Check.PORTS in checks:
             ports = self.listen_ports(plan, node)
-            holders = {p: probes.port_holder(p, self.bind_host(node.command, what)) for what, p in ports.items()}
+            holders = {p: preflight_facts.port_holder(p, self.bind_host(node.command, what))
+                       for what, p in ports.items()}
             out += preflight.check_ports_free(r, ports, holders)
         return out

@@ -2,7 +2,7 @@
 
 Most multi-node startup hangs in SGLang's issue tracker are an interface, address or port mistake
 found only after minutes of weight loading (``reference/deploy-anchors.md`` section 4). Each check
-here takes facts gathered on the node (``sgl_seat.engines.probes``) and returns
+here takes facts gathered on the node (``sgl_seat.engines.preflight_facts``) and returns
 :class:`Failure` items that name the node, the check and the fix, so they can be unit-tested
 without a network, a GPU or Ray. The engine backend (:meth:`~sgl_seat.engines.base.EngineBackend.local_checks`)
 gathers the facts and runs the checks that apply to its engine; the node agent calls it.

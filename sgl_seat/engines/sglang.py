@@ -32,10 +32,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from sgl_seat.engines import probes
+from sgl_seat.engines import preflight_facts
 from sgl_seat.engines.base import ENGINE_VENV, ENGINE_VENV_ENV, EngineBackend, PlannedNode, PlannedSeat, argv_value
+from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.engines.preflight import Check, Failure
-from sgl_seat.engines.targets import family_targets
 from sgl_seat.errors import UsageError
 from sgl_seat.spec import SeatSpec
 from sgl_seat.topology import Topology
@@ -151,7 +151,7 @@ class SGLangBackend(EngineBackend):
         return []
 
     def visible_gpus(self) -> list[str] | None:
-        return probes.nvidia_gpus() or []
+        return preflight_facts.nvidia_gpus() or []
 
     def listen_ports(self, plan: PlannedSeat, node: PlannedNode) -> dict[str, int]:
         """As the base, with the node's own ``--port`` (a colocated node listens on another one)."""

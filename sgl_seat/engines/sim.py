@@ -1,7 +1,7 @@
 """The sim engine: Ray's fake GPU ids stand for GPUs, no RDMA or model files, faults allowed.
 
 This is the one module above ``sgl_seat.sim`` that imports it: the sim's own knobs (its environment
-names, its port arithmetic in :mod:`sgl_seat.sim.ports`, its fault parser) are read from the sim, so the
+names, its port arithmetic in :mod:`sgl_seat.sim.front.ports`, its fault parser) are read from the sim, so the
 launcher spells and computes them as the sim does. ``--fault`` values are checked with the sim's parser before
 anything is placed.
 """
@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sgl_seat.engines.base import EngineBackend, PlannedNode, PlannedSeat
+from sgl_seat.engines.family_targets import SIM_FAMILY, family_targets
 from sgl_seat.engines.preflight import Check
-from sgl_seat.engines.targets import SIM_FAMILY, family_targets
-from sgl_seat.sim import ports
 from sgl_seat.sim.args import ENV_ACCEPT_RATE, ENV_FAULTS, ENV_KV_TOKENS, ENV_STEP_FLOOR_MS
 from sgl_seat.sim.faults import parse_fault
-from sgl_seat.sim.ports import ENV_NODE_PORT as NODE_PORT_ENV
+from sgl_seat.sim.front import ports
+from sgl_seat.sim.front.ports import ENV_NODE_PORT as NODE_PORT_ENV
 from sgl_seat.spec import SeatSpec
 
 __all__ = ["NODE_PORT_ENV", "SimBackend"]
@@ -74,10 +74,10 @@ class SimBackend(EngineBackend):
         return ports.ADMIN_HOST if port_name == "sim admin" else super().bind_host(argv, port_name)
 
     def fault_url(self, plan: PlannedSeat, node: PlannedNode) -> str | None:
-        """The sim's loopback admin route (``sgl_seat.sim.admin``: POST arms, DELETE clears)."""
+        """The sim's loopback admin route (``sgl_seat.sim.front.admin``: POST arms, DELETE clears)."""
         port = self.listen_ports(plan, node)["sim admin"]
         return f"http://{self.bind_host(node.command, 'sim admin')}:{port}/sim/faults"
 
     def colocated_env(self, plan: PlannedSeat, node_rank: int) -> dict[str, str] | None:
-        """Simulated nodes on one host: each listens on its own port (:func:`sgl_seat.sim.ports.node_port`)."""
+        """Simulated nodes on one host: each listens on its own port (:func:`sgl_seat.sim.front.ports.node_port`)."""
         return {NODE_PORT_ENV: str(ports.node_port(plan.http_port, node_rank))}

@@ -2,12 +2,12 @@
 
 The live watchdog writes bundles with :func:`encode_bundle` and :func:`write_bundle`; ``replay``
 reads them back with :func:`read_bundle` into the same record types (``sgl_seat.core.records``).
-File names and limits live in :mod:`sgl_seat.forensics.layout`.
+File names and limits live in :mod:`sgl_seat.forensics.format.layout`.
 """
 
-from sgl_seat.forensics import layout
-from sgl_seat.forensics.bundle import Bundle, read_bundle, rotate_bundles, verify_bundle, write_bundle
-from sgl_seat.forensics.codec import (
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.bundle import Bundle, read_bundle, rotate_bundles, verify_bundle, write_bundle
+from sgl_seat.forensics.format.codec import (
     ProbeTable,
     encode_env,
     encode_json,
@@ -17,11 +17,11 @@ from sgl_seat.forensics.codec import (
     encode_stack_samples,
     encode_text,
 )
-from sgl_seat.forensics.encode import encode_bundle
-from sgl_seat.forensics.manifest import BundleVersionError, Manifest
-from sgl_seat.forensics.recorder import RequestRecorder
-from sgl_seat.forensics.redact import Redactor, RequestShape
-from sgl_seat.forensics.scrub import scrub_env, scrub_json, scrub_text
+from sgl_seat.forensics.format.encode import encode_bundle
+from sgl_seat.forensics.format.manifest import BundleVersionError, Manifest
+from sgl_seat.forensics.format.redact import Redactor, RequestShape
+from sgl_seat.forensics.format.scrub import scrub_env, scrub_json, scrub_text
+from sgl_seat.forensics.recording.recorder import RequestRecorder
 
 __all__ = [
     "Bundle",

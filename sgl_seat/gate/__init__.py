@@ -31,7 +31,7 @@ from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.gate.runner import BatteryDir, Progress, run_battery, start_battery
 from sgl_seat.gate.verdict import EXIT_CODES, build_report, exit_code
 from sgl_seat.gate.workloads import load_battery
-from sgl_seat.launch.home import seat_home
+from sgl_seat.launch.seatrecord.home import seat_home
 from sgl_seat.spec import SeatSpec
 
 __all__ = ["EXIT_CODES", "GateOptions", "GateResult", "Progress", "exit_code", "parse_arms", "run_gate"]

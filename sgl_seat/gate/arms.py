@@ -29,7 +29,7 @@ from sgl_seat.errors import UsageError
 from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.launch import teardown
 from sgl_seat.launch import up as seat_up
-from sgl_seat.launch.localcluster import LocalClusterRecord, start_local_cluster, stop_local_cluster
+from sgl_seat.launch.host.localcluster import LocalClusterRecord, start_local_cluster, stop_local_cluster
 from sgl_seat.spec import SeatSpec
 
 __all__ = ["ArmSession", "Arms", "SeatArms", "UrlArms", "arm_spec"]

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sgl_seat.errors import UsageError
-from sgl_seat.forensics.store import bundles_in
-from sgl_seat.gate import scrape
+from sgl_seat.forensics.format.store import bundles_in
+from sgl_seat.gate import engine_counters
 from sgl_seat.gate.arms import Arms, ArmSession
 from sgl_seat.gate.client import closed_loop
 from sgl_seat.gate.design import COLD_CELLS, Slot, cell_names, schedule
@@ -98,9 +98,9 @@ def _bundle_ids(d: Path | None) -> list[str] | None:
 
 
 def _counter_delta(endpoint: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-    before = scrape.counters(endpoint)
+    before = engine_counters.counters(endpoint)
     data = fn()
-    return data, scrape.counters(endpoint).delta(before)
+    return data, engine_counters.counters(endpoint).delta(before)
 
 
 class _SlotRun:
@@ -114,7 +114,7 @@ class _SlotRun:
         self.tag = f"r{slot.rep}-{slot.arm}"
 
     def engine(self) -> dict[str, Any]:
-        info = scrape.engine_info(self.s.endpoint)
+        info = engine_counters.engine_info(self.s.endpoint)
         return {"info": info.to_json(), "up_s": self.s.up_s, "cold": self.s.cold,
                 "bundles_before": _bundle_ids(self.s.bundles_dir)}
 

@@ -4,7 +4,7 @@ Why it reads only the cells on disk: a report can be recomputed at any time (aft
 from the same files, and nothing measured is ever held only in memory.
 
 - Every non-baseline arm (candidate, hybrid, control) is compared with the baseline by paired log-ratios over the
-  repetitions both ran, with a 95 % interval (:mod:`sgl_seat.gate.stats`), and judged by the same gate rows.
+  repetitions both ran, with a 95 % interval (:mod:`sgl_seat.gate.intervals`), and judged by the same gate rows.
 - The control arm is the baseline again: its comparison is the A/A noise floor, reported beside every ratio. A/A
   should never FAIL; if it does, the machine is too noisy for the battery's n.
 - Single-stream is reported with its interval and never gated. Greedy identity is judged against the A/A
@@ -16,7 +16,7 @@ from the same files, and nothing measured is ever held only in memory.
   ``verdict_of`` names the arm.
 - The hangs gate is a rate ratio, not a paired one: hang bundles per hour of serving time (the seconds of the
   traffic cells inside the window the bundles were counted in), candidate over baseline, with the exact interval
-  of :func:`sgl_seat.gate.stats.rate_ratio`, judged by :func:`sgl_seat.gate.stats.judge_rate` against ``1 +
+  of :func:`sgl_seat.gate.intervals.rate_ratio`, judged by :func:`sgl_seat.gate.intervals.judge_rate` against ``1 +
   threshold`` (the rule's threshold is the tolerated excess: 0, the shipped value, is "no higher than the
   baseline's", which is what it meant when the gate compared counts).
 - A pipeline acts on the verdict through :data:`EXIT_CODES` (the CLI's exit status).
@@ -38,8 +38,7 @@ from typing import Any
 
 from sgl_seat import __version__
 from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID, cell_names, schedule
-from sgl_seat.gate.runner import BatteryDir
-from sgl_seat.gate.stats import (
+from sgl_seat.gate.intervals import (
     Interval,
     Outcome,
     band_of,
@@ -49,6 +48,7 @@ from sgl_seat.gate.stats import (
     paired_log_ratio,
     rate_ratio,
 )
+from sgl_seat.gate.runner import BatteryDir
 from sgl_seat.gate.workloads import Battery, GateRule
 
 __all__ = ["DO_NOT_SHIP", "EXIT_CODES", "INCONCLUSIVE", "REPORT_SCHEMA_VERSION", "SHIP", "SYNTHETIC_NOTE",

@@ -1,7 +1,7 @@
 """The driver's side of the node agents: a handle with a timeout on every call, and what their answers mean.
 
-Agents are found by name (``sgl_seat.launch.names``) in the seat's namespace; every call takes and returns
-JSON (``sgl_seat.launch.agent``). :func:`apply_engine_state` folds an agent's engine state into the seat's
+Agents are found by name (``sgl_seat.launch.seatrecord.names``) in the seat's namespace; every call takes and returns
+JSON (``sgl_seat.launch.actors.agent``). :func:`apply_engine_state` folds an agent's engine state into the seat's
 record and :func:`dead_reason` says which node's engine went first when several are dead.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from sgl_seat.deadline import bounded
 from sgl_seat.launch import cluster
-from sgl_seat.launch.names import agent_name, namespace_of
-from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
+from sgl_seat.launch.seatrecord.names import agent_name, namespace_of
+from sgl_seat.launch.seatrecord.record import NodeRecord, RankRecord, SeatRecord
 
 CALL_TIMEOUT = 30.0
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sgl_seat.deadline import bounded
-from sgl_seat.engines import probes
+from sgl_seat.engines import preflight_facts
 from sgl_seat.errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def connect(address: str, namespace: str, *, token_env: str | None = None, timeo
     deadline = time.monotonic() + timeout
     if address != "auto":
         host, port = split_address(address)
-        err = probes.wait_connectable(host, port, deadline, attempt_timeout=2.0, interval=0.5)
+        err = preflight_facts.wait_connectable(host, port, deadline, attempt_timeout=2.0, interval=0.5)
         if err is not None:
             raise ClusterError(f"Ray's GCS at {address} is not reachable ({err}) after {timeout:.0f} s",
                                fix="start the Ray cluster (`ray start --head` on the head node) or fix cluster.address")

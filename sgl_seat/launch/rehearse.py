@@ -25,11 +25,14 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
+
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import ClusterError, EngineError, UsageError
 from sgl_seat.launch import cluster
 from sgl_seat.launch.agentclient import get_agent
-from sgl_seat.launch.record import SeatRecord, load_record
+from sgl_seat.launch.seatrecord.home import host_id
+from sgl_seat.launch.seatrecord.record import SeatRecord, load_record
 from sgl_seat.plan import LaunchPlan
 
 PROBE_STALL = "probe-stall"
@@ -128,8 +131,6 @@ def _call(name: str, node_rank: int, action: dict[str, Any]) -> dict[str, Any]:
 
 def _sim_fault(rec: SeatRecord, plan: LaunchPlan, action: str) -> FaultResult:
     """A sim seat's own faults, through its loopback fault route (the demo's path)."""
-    from sgl_seat.launch.demo import admin, admin_url
-
     res = FaultResult(seat=rec.name, action=action, t=time.time())
     if action == CLEAR:
         for node in plan.nodes:
@@ -147,3 +148,43 @@ def _sim_fault(rec: SeatRecord, plan: LaunchPlan, action: str) -> FaultResult:
     admin("POST", url, {"fault": action})
     res.nodes, res.applied_t = [node_rank], time.time()
     return res
+
+
+def admin_url(rec: SeatRecord, rank: int) -> tuple[str, int]:
+    """(fault route of the sim node that runs ``rank``, that node's rank) from the seat's record.
+
+    The record holds the plan as applied (simulated nodes sharing a host carry their own port); the backend
+    says which ports a node listens on. The route is loopback-only, so the node must run on this host.
+    """
+    if rec.plan is None:
+        raise EngineError(f"seat {rec.name}'s record holds no plan", fix="run `sgl-seat down` and the demo again")
+    plan = LaunchPlan.from_json(rec.plan)
+    node = next((n for n in plan.nodes if any(r.tp_rank == rank for r in n.ranks)), None)
+    if node is None:
+        raise EngineError(f"seat {rec.name}'s plan has no rank {rank}")
+    nrec = next((n for n in rec.nodes if n.node_rank == node.node_rank), None)
+    if nrec is None or nrec.host_id != host_id():
+        raise UsageError(f"rank {rank} runs on node {node.node_rank}, not on this host; the sim's fault route "
+                         "answers on 127.0.0.1 only", fix="run the demo on the built-in local-sim seat")
+    url = backend_for(rec.engine).fault_url(plan, node)
+    if url is None:
+        raise UsageError(f"engine {rec.engine!r} has no fault route", fix="run the demo on a sim seat")
+    return url, node.node_rank
+
+
+def admin(method: str, url: str, body: dict[str, str] | None = None) -> dict[str, Any]:
+    try:
+        r = httpx.request(method, url, json=body, timeout=10.0, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise EngineError(f"sim fault route {url}: {type(exc).__name__}: {exc}",
+                          fix="the sim node did not answer; see `sgl-seat logs --node 1`") from None
+    if r.status_code != 200:
+        raise EngineError(f"sim fault route {url} refused {method}: HTTP {r.status_code} {r.text[:300]}")
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise EngineError(f"sim fault route {url} answered {method} with something other than a JSON object: "
+                          f"{r.text[:200]!r}")
+    return doc

@@ -22,10 +22,10 @@ from pathlib import Path
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import SeatError
 from sgl_seat.launch.cluster import get
-from sgl_seat.launch.record import SeatRecord, bundles_dir_of
+from sgl_seat.launch.seatrecord.record import SeatRecord, bundles_dir_of
 from sgl_seat.watchdog import actors
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode, sidecar_name
-from sgl_seat.watchdog.scrape import ScrapeConfig, scrape_config
+from sgl_seat.watchdog.prometheus.scrape_config import ScrapeConfig, scrape_config
 
 #: The alert rules shipped with sgl-seat, which the generated scrape config loads.
 ALERT_RULES = Path(actors.__file__).resolve().parent / "prometheus" / "alerts.yml"
@@ -57,7 +57,7 @@ def start_sidecars(ctx: SidecarContext) -> SidecarsStarted:
     """Start one sidecar per node, then check that each answers; the outcome says which did not."""
     what = f"{actors.__name__}.start_sidecars"
     try:
-        bounded(what, actors.start_sidecars, ctx, timeout=2 * ctx.timeout + START_GRACE_S)
+        bounded(what, actors.create_sidecar_actors, ctx, timeout=2 * ctx.timeout + START_GRACE_S)
     except Exception as exc:  # the seat is READY: the watchdog failing must not take it down
         return SidecarsStarted(False, f"not started: {_text(exc)}")
     missing = []
@@ -91,7 +91,7 @@ def _text(exc: BaseException) -> str:
 
 def stop_sidecars(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: float = 3.0) -> None:
     """Stop every sidecar (under a deadline); those of the nodes in ``brief`` get ``brief_s`` to answer."""
-    bounded(f"{actors.__name__}.stop_sidecars", actors.stop_sidecars, ctx, brief=brief, brief_s=brief_s,
+    bounded(f"{actors.__name__}.stop_sidecars", actors.remove_sidecar_actors, ctx, brief=brief, brief_s=brief_s,
             timeout=ctx.timeout)
 
 

@@ -23,8 +23,8 @@ from sgl_seat.errors import ClusterError, HomeError, SeatError
 from sgl_seat.launch import cluster, health
 from sgl_seat.launch.agentclient import apply_engine_state, dead_reason, get_agent
 from sgl_seat.launch.cluster import NoAnswer
-from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, record_lock, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, load_record, record_lock, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.teardown import busy, holder_alive
 from sgl_seat.watchdog.actors import snapshots
 

@@ -19,16 +19,24 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sgl_seat.deadline import bounded
-from sgl_seat.engines import probes
+from sgl_seat.engines import preflight_facts
 from sgl_seat.errors import ClusterError, EngineError, HomeError, SeatError, SeatStateError
-from sgl_seat.launch import cluster, localcluster, placement, procs
+from sgl_seat.launch import cluster, placement
+from sgl_seat.launch.actors.supervisor import stop_supervisor
 from sgl_seat.launch.agentclient import get_agent
-from sgl_seat.launch.home import host_id
-from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, record_path, remove_record, save_record
+from sgl_seat.launch.host import localcluster, processgroups
+from sgl_seat.launch.seatrecord.home import host_id
+from sgl_seat.launch.seatrecord.record import (
+    NodeRecord,
+    SeatRecord,
+    load_record,
+    record_path,
+    remove_record,
+    save_record,
+)
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import context_of, stop_sidecars
 from sgl_seat.launch.stages import NullReporter, Reporter, Stages, StageTimes
-from sgl_seat.launch.state import SeatState
-from sgl_seat.launch.supervisor import stop_supervisor
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,7 @@ def same_host(node: NodeRecord) -> bool:
     to the seat, and `down --local` on one of them must stop that host's node alone."""
     if node.host_id is None or node.host_id != host_id():
         return False
-    return node.ip is None or node.ip in probes.local_addresses()
+    return node.ip is None or node.ip in preflight_facts.local_addresses()
 
 
 def _describe(node_rank: int, survivors: Sequence[dict[str, Any]]) -> list[str]:
@@ -75,7 +83,7 @@ def _known(node: NodeRecord) -> list[tuple[int, float]]:
 
 def _local_kill(node: NodeRecord) -> list[str]:
     """Kill a node's engine group from here by recorded pgid/pids (its agent is gone; same host only)."""
-    left = procs.kill_group(node.pgid, (), _known(node), timeout=KILL_GRACE)
+    left = processgroups.kill_group(node.pgid, (), _known(node), timeout=KILL_GRACE)
     return _describe(node.node_rank, [s.to_dict() for s in left])
 
 
@@ -127,7 +135,7 @@ def teardown(rec: SeatRecord, *, connected: bool, owns_ray: bool = True, cluster
     # Final check on this host: nothing of any recorded engine group remains.
     for node in rec.nodes:
         if same_host(node) and (node.pgid or node.processes):
-            still = [procs.info(p) for p in procs.members(node.pgid, (), _known(node))]
+            still = [processgroups.info(p) for p in processgroups.members(node.pgid, (), _known(node))]
             survivors += _describe(node.node_rank, [i.to_dict() for i in still if i is not None])
     return sorted(set(survivors))
 
@@ -237,7 +245,7 @@ def _wait_agents_gone(rec: SeatRecord, nodes: set[int], timeout: float = 10.0) -
     mine = [n for n in rec.nodes if n.node_rank in nodes]
     while time.monotonic() < deadline:
         named = [n.node_rank for n in mine if get_agent(rec.name, n.node_rank) is not None]
-        local = [n for n in mine if same_host(n) and n.agent_pid and procs.find(n.agent_pid) is not None]
+        local = [n for n in mine if same_host(n) and n.agent_pid and processgroups.find(n.agent_pid) is not None]
         if not named and not local:
             return "gone"
         time.sleep(0.1)
@@ -331,7 +339,7 @@ def down_local(name: str) -> LocalDown:
 
         keepers = stop_local_keepers(name, {n.node_rank for n in mine})
         for node in mine:
-            alive = [p.pid for p in procs.members(node.pgid, (), _known(node))]
+            alive = [p.pid for p in processgroups.members(node.pgid, (), _known(node))]
             left = _local_kill(node) if (node.pgid or node.processes) else []
             stopped[node.node_rank] = alive
             survivors += left
@@ -364,12 +372,12 @@ def _try_save(rec: SeatRecord) -> HomeError | None:
 def busy(rec: SeatRecord) -> bool:
     """Is the `up`/`down` process that last wrote the record still running (on this host)?"""
     return (rec.busy_pid is not None and rec.busy_host == host_id() and rec.busy_pid != os.getpid()
-            and procs.find(rec.busy_pid) is not None)
+            and processgroups.find(rec.busy_pid) is not None)
 
 
 def holder_alive(rec: SeatRecord) -> bool:
     lc = local_cluster_info(rec)
-    return lc is not None and procs.find(lc.pid, lc.create_time) is not None
+    return lc is not None and processgroups.find(lc.pid, lc.create_time) is not None
 
 
 def local_cluster_info(rec: SeatRecord) -> localcluster.LocalClusterRecord | None:

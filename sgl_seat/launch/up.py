@@ -14,40 +14,38 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from sgl_seat.core.remediation import Policy
 from sgl_seat.deadline import bounded
 from sgl_seat.engines import EngineBackend, backend_for
-from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
+from sgl_seat.engines.preflight import Failure, preflight_error
 from sgl_seat.errors import EngineError, SeatError, SeatStateError, UsageError
-from sgl_seat.forensics.layout import seat_bundles_dir
-from sgl_seat.launch import cluster, health, localcluster, placement
-from sgl_seat.launch.agent import NodeAgent
+from sgl_seat.forensics.format.layout import seat_bundles_dir
+from sgl_seat.launch import cluster, placement
+from sgl_seat.launch.actors.agent import NodeAgent
+from sgl_seat.launch.actors.supervisor import SupervisorConfig, start_supervisor, supervisor_name
 from sgl_seat.launch.agentclient import (
-    CALL_TIMEOUT,
     AgentClient,
     call_all,
-    dead_reason,
-    failure_text,
     get_agent,
-    refresh_nodes,
 )
-from sgl_seat.launch.home import ensure_writable, host_id, seat_home
-from sgl_seat.launch.names import agent_name, namespace_of, pg_name
-from sgl_seat.launch.record import NodeRecord, SeatRecord, claim_record, remove_record, save_record
+from sgl_seat.launch.bringup import bind_plan, predicted_kv, start_engines
+from sgl_seat.launch.host import localcluster
+from sgl_seat.launch.seatchoice import choose_seat
+from sgl_seat.launch.seatrecord.home import ensure_writable, host_id, seat_home
+from sgl_seat.launch.seatrecord.names import agent_name, namespace_of, pg_name
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, claim_record, remove_record, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import context_of, start_sidecars
 from sgl_seat.launch.stages import WARN, NullReporter, Reporter, Stages, StageTimes
-from sgl_seat.launch.state import SeatState
-from sgl_seat.launch.supervisor import SupervisorConfig, start_supervisor, supervisor_name
 from sgl_seat.launch.teardown import sigint_ignored, teardown
-from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
-from sgl_seat.spec import SeatSpec
+from sgl_seat.plan import LaunchPlan, build_plan
+from sgl_seat.spec import SeatSpec, load_spec
 
-POLL_INTERVAL = 0.5
 #: The most `up` waits for a local cluster (within --timeout): ~10 s on an idle 2-core machine, but the holder starts
 #: it again when Ray's own 30 s node wait runs out (localcluster.START_ATTEMPTS), which a loaded machine needs.
 LOCAL_CLUSTER_TIMEOUT_S = 240.0
@@ -78,13 +76,6 @@ class _Session:
     cluster_ctime: float | None = None
 
 
-def predicted_kv(plan: LaunchPlan) -> int | None:
-    cap = plan.capacity
-    if cap is None:
-        return None
-    return (cap.draft_on if plan.draft else cap.draft_off).kv_pool_tokens
-
-
 def effective_policy(spec: SeatSpec, opts: UpOptions) -> Policy:
     """The on_hang policy the seat is brought up with: the spec's, ``opts.on_hang`` in place of its ``on_hang``.
 
@@ -95,6 +86,31 @@ def effective_policy(spec: SeatSpec, opts: UpOptions) -> Policy:
         raise UsageError(f"--on-hang {policy.on_hang} acts on the watchdog's verdicts, and this `up` starts no "
                          "watchdog", fix="drop --no-watchdog (or set watchdog.enabled: true), or drop --on-hang")
     return policy
+
+
+@dataclass(frozen=True, slots=True)
+class UpRequest:
+    """What `sgl-seat up` is asked for, checked before anything starts: the spec, the options, the policy."""
+
+    spec: SeatSpec
+    opts: UpOptions
+    policy: Policy
+    #: Which seat was taken when the operator named none (None when one was named).
+    note: str | None
+
+
+def prepare(seat: str | None, opts: UpOptions) -> UpRequest:
+    """The seat ``seat`` names (else ./seat.yaml, else local-sim), its spec loaded and ``--on-hang`` checked:
+    a bad spec or policy fails here, before a plan is sized or a cluster touched."""
+    path, note = choose_seat(seat)
+    spec = load_spec(path)
+    return UpRequest(spec, opts, effective_policy(spec, opts), note)
+
+
+def dry_run(req: UpRequest) -> LaunchPlan:
+    """The plan `up` would apply (``--dry-run``): nothing starts."""
+    o = req.opts
+    return build_plan(req.spec, draft=o.draft, slots=o.slots, mem_fraction=o.mem_fraction, faults=o.faults)
 
 
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
@@ -247,70 +263,10 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
                 note["detail"] = f"not started ({exc.message}): hangs are captured, not healed"
 
 
-def bind_plan(plan: LaunchPlan, backend: EngineBackend, rec: SeatRecord, infos: Sequence[dict[str, Any]]
-              ) -> LaunchPlan:
-    """The plan bound to where Ray put each node (``infos``: the agents' ``node_info``): per-host settings follow
-    the host Ray actually chose for each bundle (cluster.hosts), simulated nodes sharing a host get the engine's
-    own-host environment, and node 0's address is filled in. `up` binds its plan so, and the supervisor a plan
-    rebuilt with the draft off."""
-    plan = plan.bind_hosts({i["node_rank"]: (i["ip"], i.get("hostname")) for i in infos})
-    for node, planned in zip(rec.nodes, plan.nodes, strict=True):
-        node.host = planned.host
-    plan = _colocate(plan, backend, rec.nodes)
-    return plan.fill({Placeholder.NODE0_ADDR: infos[0]["ip"]})
 
 
-def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchPlan, backend: EngineBackend,
-                  stages: Stages, left: Callable[[], float]) -> None:
-    """Start every node's engine from the filled ``plan`` and wait until the seat is ready (every rank alive and
-    rank 0's health 200). `up` calls it once its agents have passed preflight, and the seat's supervisor again
-    to restart the engines after a hang (:mod:`sgl_seat.launch.supervisor`), under the agents `up` started."""
-    n = len(plan.nodes)
-    node0 = rec.nodes[0].ip or ""
-    plan_json = json.dumps(plan.to_json())
-    others = list(clients[1:])
-    together = bool(others) and backend.start_nodes_together
-    with stages.stage("engine-node0", "node 0 starts and listens on dist-init"
-                      + (f" (nodes 1..{n - 1} start beside it)" if together else "")) as note:
-        started = clients[0].call("start_engine", plan_json, timeout=min(left(), 60.0))
-        starts = [started]
-        if together:  # each node imports its engine meanwhile; they wait for node 0's dist-init themselves
-            starts += call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
-        refresh_nodes(rec, clients[:1] if not together else clients, timeout=CALL_TIMEOUT)
-        save_record(rec)
-        res = clients[0].call("wait_listening", node0, plan.dist_init_port, left(), timeout=left() + 10.0)
-        if res.get("error"):
-            dead = dead_reason([res]) if "started" in res else None
-            if dead:
-                raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
-            raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
-        note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
-        _niceness_warning(note, starts)
-
-    if others:
-        with stages.stage("dist-init", f"{node0}:{plan.dist_init_port} from nodes 1..{n - 1}"):
-            found = call_all(others, "check_dist_init", lambda c: (node0, plan.dist_init_port, 5.0),
-                              timeout=min(left(), 30.0))
-            failures = [Failure.from_dict(f) for fs in found for f in fs]
-            if failures:
-                raise preflight_error(failures)
-        if not together:
-            with stages.stage("engines", f"nodes 1..{n - 1}") as note:
-                _niceness_warning(note, call_all(others, "start_engine", lambda c: (plan_json,),
-                                                 timeout=min(left(), 60.0)))
-
-    with stages.stage("ready", f"every rank alive and rank 0 {backend.health_path} = 200") as note:
-        url = f"{rec.endpoint}{backend.health_path}"
-        _wait_ready(rec, clients, url, left)
-        note["detail"] = f"{sum(len(nd.ranks) for nd in rec.nodes)} ranks alive; {rec.endpoint}"
 
 
-def _niceness_warning(note: dict[str, str], starts: list[dict[str, Any]]) -> None:
-    """An engine left at Ray's worker niceness serves, but loses the CPU to the rest of its host: say so."""
-    notes = sorted({s["niceness_note"] for s in starts if s.get("niceness_note")})
-    if notes:
-        note["status"] = WARN
-        note["detail"] = "; ".join([note.get("detail", ""), *notes]).lstrip("; ")
 
 
 def _sidecars_stage(rec: SeatRecord, stages: Stages) -> None:
@@ -321,29 +277,6 @@ def _sidecars_stage(rec: SeatRecord, stages: Stages) -> None:
             note["status"] = WARN  # the seat serves; it is just not watched
 
 
-def _colocate(plan: LaunchPlan, backend: EngineBackend, nodes: Sequence[NodeRecord]) -> LaunchPlan:
-    """Give nodes that share a host with a lower node the engine's own-host environment (simulated nodes)."""
-    first: dict[str, int] = {}
-    extra: dict[int, dict[str, str]] = {}
-    failures: list[Failure] = []
-    for n in nodes:
-        host = n.host_id or f"node {n.node_rank}"
-        if host not in first:
-            first[host] = n.node_rank
-            continue
-        env = backend.colocated_env(plan, n.node_rank)
-        failures += check_own_host(n.node_rank, first[host], n.ip or host, env is not None)
-        extra[n.node_rank] = env or {}
-    if failures:
-        raise preflight_error(failures)
-    if not extra:
-        return plan
-    return replace(plan, nodes=tuple(
-        replace(nd, env=tuple(sorted({**nd.env_dict(), **extra[nd.node_rank]}.items())),
-                command=backend.colocated_argv(plan, nd.node_rank, nd.command) or nd.command)
-        if nd.node_rank in extra else nd
-        for nd in plan.nodes
-    ))
 
 
 def endpoint_of(plan: LaunchPlan, node0_ip: str, host: str) -> str:
@@ -372,36 +305,7 @@ def _start_agents(spec: SeatSpec, plan: LaunchPlan, pg: Any) -> list[AgentClient
     return clients
 
 
-def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left: Callable[[], float]) -> None:
-    last = "no answer yet"
-    while True:
-        states = refresh_nodes(rec, clients, timeout=min(max(left(), 1.0), CALL_TIMEOUT))
-        save_record(rec)
-        dead = dead_reason(states)
-        if dead:
-            raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
-        unseen = [r["title"] for st in states for r in st.get("ranks", []) if r["pid"] is None]
-        if unseen:
-            last = f"ranks not running yet: {', '.join(unseen)}"
-        else:
-            code, err = health.probe(url, timeout=min(5.0, max(left(), 0.5)))
-            if code == 200:
-                return
-            last = f"{url}: {err}"
-        if deadline_passed(left):
-            raise EngineError(f"the seat was not READY in time; last check: {last}",
-                              fix="raise --timeout if it was still starting; " + _logs_fix(rec))
-        time.sleep(POLL_INTERVAL)
 
 
-def _logs_fix(rec: SeatRecord) -> str:
-    """Where to read more once `up` has taken the seat down (the record is gone, the logs are not)."""
-    paths = [f"node {n.node_rank}: {n.log_path}" for n in rec.nodes if n.log_path]
-    return "the seat was taken down; its engine logs are kept: " + ("; ".join(paths) or "$SGL_SEAT_HOME/logs")
 
 
-def deadline_passed(left: Callable[[], float]) -> bool:
-    try:
-        return left() <= POLL_INTERVAL
-    except EngineError:
-        return True

@@ -31,7 +31,7 @@ Environment (the first four are written by the planner, through ``sgl_seat.engin
 - ``SGL_SEAT_SIM_DRAFT_COST``: sim-only (no SGLang flag or variable does this): a multiplier in [0, 1] on
   the draft's own costs (its forwards, its extra prefill, its per-request KV look-ahead); default 1, and 0
   is a free draft, the "what if the draft cost nothing" case of ``sgl-seat gate``'s acceptance bench.
-- ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.reqlog`).
+- ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.front.reqlog`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim import ports
-from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS, CostModel
 from sgl_seat.sim.faults import GPU_STALL, parse_faults
-from sgl_seat.sim.ports import ENV_NODE_PORT
+from sgl_seat.sim.front import ports
+from sgl_seat.sim.front.ports import ENV_NODE_PORT
+from sgl_seat.sim.step.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS, CostModel
 
 PROG = "python -m sgl_seat.sim.launch_server"
 
@@ -102,13 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-radix-cache", action="store_true")
     a("--decode-log-interval", type=int, default=40)
     a("--log-level", default="info")
-    a("--log-requests", action="store_true", help="Log requests (see sgl_seat.sim.reqlog).")
+    a("--log-requests", action="store_true", help="Log requests (see sgl_seat.sim.front.reqlog).")
     a("--log-requests-level", type=int, default=2, choices=[0, 1, 2, 3])
     a("--log-requests-format", default="text", choices=["text", "json"])
     a("--log-requests-target", nargs="+", default=None, help="stdout and/or directories.")
     a("--device", default=None, choices=["cpu", "cuda"],
       help="cpu: gloo and host work; cuda: NCCL, one GPU per rank, pinned-table copies and a matmul per step "
-           f"(see sgl_seat.sim.device). Unset: ${ENV_DEVICE} (cpu, cuda or auto: cuda where torch sees a GPU), "
+           f"(see sgl_seat.sim.step.device). Unset: ${ENV_DEVICE} (cpu, cuda or auto: cuda where torch sees a GPU), "
            "else cpu.")
     a("--sim-cuda-graphs", action="store_true", default=None,
       help="--device cuda only: decode steps are captured per batch-size bucket as CUDA graphs and replayed, the "
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-num-draft-tokens", type=int, default=None)
     a("--speculative-adaptive", action="store_true",
       help="Draft steps per batch-size tier (SGLang's defaults or --speculative-adaptive-config); see "
-           "sgl_seat.sim.adaptive.")
+           "sgl_seat.sim.step.adaptive.")
     a("--speculative-adaptive-config", default=None, help="SGLang's adaptive tier JSON.")
     return p
 

@@ -54,7 +54,7 @@ DUMMY_ROUTES: Final[tuple[tuple[str, str], ...]] = (
 )
 METRICS_ROUTE: Final = "/metrics"
 
-# The sim's own admin routes: loopback only, on each node's admin port (sgl_seat.sim.ports). Not SGLang's.
+# The sim's own admin routes: loopback only, on each node's admin port (sgl_seat.sim.front.ports). Not SGLang's.
 SIM_ONLY_ROUTES: Final[tuple[tuple[str, str], ...]] = (
     ("GET", "/sim/faults"),
     ("POST", "/sim/faults"),

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgl_seat.sim import logs, tokens
+from sgl_seat.sim import simlog
+from sgl_seat.sim.step import tokens
 from sgl_seat.sim.wire import Channel, ChannelClosed
 
 
 def run(inp: Channel, out: Channel) -> int:
     texts: dict[str, str] = {}
     sent: dict[str, int] = {}
-    log = logs.get()
+    log = simlog.get()
     while True:
         try:
             msg = inp.recv()

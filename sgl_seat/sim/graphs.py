@@ -3,7 +3,7 @@
 Why: on a real GPU seat SGLang 0.5.23 runs decode, and the draft's verify, by replaying a CUDA graph captured per
 batch-size bucket (``DecodeCudaGraphRunner`` -> ``self.backend.replay(shape_key, forward_batch)``), and the
 Engram host-table read is a kernel inside that graph: no Python frame of its own, no probed call. The sim's eager
-CUDA mode (:mod:`sgl_seat.sim.device`) fetches in ``fetch_rows``, which the probe sees; this mode takes that away
+CUDA mode (:mod:`sgl_seat.sim.step.device`) fetches in ``fetch_rows``, which the probe sees; this mode takes that away
 as SGLang does, so that the watchdog must see the hang from the replay alone.
 
 What it does, per rank:
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from sgl_seat.sim.device import FOREVER_S, CudaRank, spin
+from sgl_seat.sim.step.device import FOREVER_S, CudaRank, spin
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Sequence
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim import args, logs, ports
+from sgl_seat.sim import args, simlog
+from sgl_seat.sim.front import ports
 
 
 class PortInUse(Exception):
@@ -50,7 +51,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 async def _serve(cfg: args.SimConfig, node: object, http_sock: socket.socket, admin_sock: socket.socket) -> int:
-    from sgl_seat.sim.admin import build_admin_app
+    from sgl_seat.sim.front.admin import build_admin_app
     from sgl_seat.sim.node import NodeRuntime, make_server
 
     assert isinstance(node, NodeRuntime)
@@ -58,16 +59,16 @@ async def _serve(cfg: args.SimConfig, node: object, http_sock: socket.socket, ad
     admin = make_server(build_admin_app(node))
     warmup: asyncio.Task[None] | None = None
     if cfg.node_rank == 0:
-        from sgl_seat.sim.frontend import Frontend
-        from sgl_seat.sim.metrics import SimMetrics
-        from sgl_seat.sim.server import build_main_app
+        from sgl_seat.sim.front.frontend import Frontend
+        from sgl_seat.sim.front.metrics import SimMetrics
+        from sgl_seat.sim.front.server import build_main_app
 
         metrics = SimMetrics(model_name=cfg.served_model_name, spec_on=cfg.spec_on) if cfg.enable_metrics else None
         fe = Frontend(cfg, node, metrics)
         main = make_server(build_main_app(fe, cfg))
         warmup = asyncio.create_task(fe.warmup())
     else:
-        from sgl_seat.sim.server import build_dummy_app
+        from sgl_seat.sim.front.server import build_dummy_app
 
         main = make_server(build_dummy_app(cfg))
     node.servers = [main, admin]
@@ -86,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: {args.PROG} [flags as for sglang.launch_server]", file=sys.stderr)
         print(f"{args.PROG}: error: {e}", file=sys.stderr)
         return 2
-    log = logs.configure("", cfg.log_level)
-    log.info(logs.SYNTHETIC_NOTE)
+    log = simlog.configure("", cfg.log_level)
+    log.info(simlog.SYNTHETIC_NOTE)
     if cfg.dist_init_addr is None:
         cfg = dataclasses.replace(cfg, dist_init_addr=f"127.0.0.1:{free_port()}")
     try:

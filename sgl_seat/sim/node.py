@@ -29,9 +29,9 @@ from typing import Any
 
 import uvicorn
 
-from sgl_seat.sim import contract, logs
+from sgl_seat.sim import contract, simlog
 from sgl_seat.sim.args import TORCH_DEFAULT_TIMEOUT_S, SimConfig
-from sgl_seat.sim.procs import Child, kill_process_tree, spawn
+from sgl_seat.sim.proctree import Child, kill_process_tree, spawn
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
 IMPORT_ALLOWANCE_S = 90.0  # children import torch before they can rendezvous
@@ -60,7 +60,7 @@ def make_server(app: Any) -> QuietServer:
 class NodeRuntime:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.log = logs.get()
+        self.log = simlog.get()
         self.children: list[Child] = []
         self.sched: dict[int, Child] = {}
         self.ctl: dict[int, Channel] = {}

@@ -26,7 +26,7 @@ import time
 import torch
 
 from sgl_seat.sim.args import DEFAULT_TABLE_ROWS as DEFAULT_ROWS
-from sgl_seat.sim.device import FOREVER_S, spin
+from sgl_seat.sim.step.device import FOREVER_S, spin
 
 ROW_WIDTH = 7168  # DeepSeek-V3/V4 hidden size
 DTYPE = torch.bfloat16

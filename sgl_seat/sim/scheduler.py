@@ -3,14 +3,14 @@
 Why it is built this way: a real multi-node hang looks like one rank stuck in a host-side operation while
 every other rank waits inside a collective. So every step here does what a TP rank does, for real:
 
-1. rank 0 decides the step (continuous batching in :mod:`sgl_seat.sim.batch`) and broadcasts an 8-int
+1. rank 0 decides the step (continuous batching in :mod:`sgl_seat.sim.step.batch`) and broadcasts an 8-int
    header to all ranks (``torch.distributed.broadcast``, gloo; SGLang broadcasts the requests likewise);
 2. every rank gathers rows of its host table through ``rowfetch.fetch_rows`` (gather size = requests x
    positions per request), where an injected stall waits;
 3. every rank sleeps to the modelled end of the step (wall time is the cost model);
 4. every rank joins an ``all_reduce`` (the MoE/TP reduction), so one late rank holds everyone here.
 
-With ``--device cuda`` (:mod:`sgl_seat.sim.device`) the same steps run on GPUs: NCCL instead of gloo, the
+With ``--device cuda`` (:mod:`sgl_seat.sim.step.device`) the same steps run on GPUs: NCCL instead of gloo, the
 rows copied from a pinned host table to the rank's GPU, a matmul on them, and a device sync after the
 all-reduce; a ``gpu-stall`` fault stalls the fetch on the GPU stream while the host thread runs on.
 
@@ -45,14 +45,15 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore  # torch.distributed's own name for it, without a typed re-export
 
-from sgl_seat.sim import contract, logs, rowfetch, tokens
-from sgl_seat.sim.adaptive import AdaptivePolicy
+from sgl_seat.sim import contract, rowfetch, simlog
 from sgl_seat.sim.args import ENV_PROBE, TORCH_DEFAULT_TIMEOUT_S, SimConfig
-from sgl_seat.sim.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
-from sgl_seat.sim.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
-from sgl_seat.sim.device import CUDA, CudaRank
 from sgl_seat.sim.faults import GPU_STALL, Fault, FaultState, parse_fault
 from sgl_seat.sim.graphs import SimGraphRunner
+from sgl_seat.sim.step import tokens
+from sgl_seat.sim.step.adaptive import AdaptivePolicy
+from sgl_seat.sim.step.batch import DECODE, EXTEND, IDLE, SHUTDOWN, Batcher, Req, StepPlan
+from sgl_seat.sim.step.costmodel import KV_BYTES_PER_TOKEN, SYNTHETIC_AVAILABLE_GB, CostModel, SpecShape
+from sgl_seat.sim.step.device import CUDA, CudaRank
 from sgl_seat.sim.wire import Channel, ChannelClosed, Message
 
 HEADER_LEN = 8  # kind, step_no, n_running, gather, seed, step_us, n_queue, reserved
@@ -86,7 +87,7 @@ def _maybe_install_probe() -> None:
     try:
         importlib.import_module("sgl_seat.watchdog.probe").install_from_env()
     except Exception as e:  # a missing or broken probe must not take the engine down
-        logs.get().warning(f"{ENV_PROBE} is set but the probe could not be installed: {type(e).__name__}: {e}")
+        simlog.get().warning(f"{ENV_PROBE} is set but the probe could not be installed: {type(e).__name__}: {e}")
 
 
 class Scheduler:
@@ -97,7 +98,7 @@ class Scheduler:
         self.ctl = ctl
         self.out = out
         self.parent_pid = parent_pid
-        self.log = logs.get()
+        self.log = simlog.get()
         self.forward_ct = 0
         self.active = False
         self.n_running = 0
@@ -127,7 +128,7 @@ class Scheduler:
         self.table = torch.empty(0)
         self.header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self.red = torch.zeros(8, dtype=torch.float32)
-        self.gpu: CudaRank | None = None  # --device cuda: this rank's GPU (sgl_seat.sim.device)
+        self.gpu: CudaRank | None = None  # --device cuda: this rank's GPU (sgl_seat.sim.step.device)
         self.graphs: SimGraphRunner | None = None  # --sim-cuda-graphs: decode replays CUDA graphs (sim.graphs)
         # A gpu-stall that fell on an eager step (a prefill) in graph mode: it waits for the next replayed graph.
         self._graph_stall: tuple[Fault, float | None] | None = None

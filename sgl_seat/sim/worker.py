@@ -14,7 +14,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     role, payload = argv[0], json.loads(argv[1])
-    from sgl_seat.sim.procs import die_with_parent
+    from sgl_seat.sim.proctree import die_with_parent
 
     die_with_parent(int(payload["parent"]))
     import setproctitle
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     setproctitle.setproctitle(payload["name"])
     faulthandler.enable()
 
-    from sgl_seat.sim import contract, logs
+    from sgl_seat.sim import contract, simlog
     from sgl_seat.sim.args import SimConfig
     from sgl_seat.sim.wire import Channel
 
@@ -31,13 +31,13 @@ def main(argv: list[str]) -> int:
     if role == "scheduler":
         tp_rank = int(cfg.extra["tp_rank"])
         ep_rank = cfg.ep_rank_of(tp_rank)
-        logs.configure(contract.scheduler_prefix(tp_rank, ep_rank, cfg.tp_size, cfg.ep_size), cfg.log_level)
+        simlog.configure(contract.scheduler_prefix(tp_rank, ep_rank, cfg.tp_size, cfg.ep_size), cfg.log_level)
         from sgl_seat.sim import scheduler
 
         out = Channel.from_fd(fds["out"]) if "out" in fds else None
         return scheduler.run(cfg, tp_rank, Channel.from_fd(fds["ctl"]), out, int(payload["parent"]))
     if role == "detokenizer":
-        logs.configure("", cfg.log_level)
+        simlog.configure("", cfg.log_level)
         from sgl_seat.sim import detokenizer
 
         return detokenizer.run(Channel.from_fd(fds["in"]), Channel.from_fd(fds["out"]))

@@ -17,6 +17,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sgl_seat.sizing.ask_sglang import (
+        SGLANG_VERSION,
+        SizingCase,
+        SizingError,
+        installed_version,
+        size_with_sglang,
+        sizing_session,
+    )
     from sgl_seat.sizing.cache import CACHE_ENV
     from sgl_seat.sizing.capacity import (
         SOURCE_MIRROR,
@@ -34,14 +42,6 @@ if TYPE_CHECKING:
         host_table_env,
         layout_problem,
         needs_from_env,
-    )
-    from sgl_seat.sizing.sglang import (
-        SGLANG_VERSION,
-        SizingCase,
-        SizingError,
-        installed_version,
-        size_with_sglang,
-        sizing_session,
     )
 
 #: Each public name and the submodule that defines it.

@@ -1,7 +1,7 @@
 """A seat's KV pool and concurrency ceiling before any weights load, draft on and off: SGLang's own arithmetic.
 
 When SGLang 0.5.23 is installed (the operator's head node usually has it; the test setup installs it), the
-figures come from SGLang's startup sizing code run on CPU in a child process (:mod:`sgl_seat.sizing.sglang`):
+figures come from SGLang's startup sizing code run on CPU in a child process (:mod:`sgl_seat.sizing.ask_sglang`):
 ``ServerArgs`` resolution, ``ModelConfig``, the pool configurator SGLang picks, ``_profile_available_bytes``,
 ``calculate_pool_sizes``, ``resolve_max_num_reqs``. Elsewhere the mirror (:mod:`sgl_seat.sizing.mirror`), held to
 SGLang's code within 1 % by a contract test, computes them. Every report says which source it is.
@@ -33,10 +33,10 @@ from typing import Any, Literal
 
 from sgl_seat.errors import CapacityError, SpecError
 from sgl_seat.sizing import mirror
+from sgl_seat.sizing.ask_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.sizing.cache import CACHE_ENV
 from sgl_seat.sizing.engram import EngramTables, engram_tables
 from sgl_seat.sizing.reconcile import has_report_shape, report_notes
-from sgl_seat.sizing.sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.spec import SeatSpec, spec_location
 
 GIB = 1 << 30

@@ -2,7 +2,7 @@
 
 Why a child: SGLang's imports take seconds and install process-wide state (its published config bags, the
 platform override), so the planner never imports it in its own process. The parent
-(:mod:`sgl_seat.sizing.sglang`) writes one JSON request per line on stdin and reads one JSON answer per line on
+(:mod:`sgl_seat.sizing.ask_sglang`) writes one JSON request per line on stdin and reads one JSON answer per line on
 stdout; nothing else crosses the pipe (no pickle). The child exits at end of input.
 
 What runs is SGLang's code, in the order ``ModelRunner`` runs it, without constructing ``ModelRunner`` (its

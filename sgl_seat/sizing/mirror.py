@@ -1,6 +1,6 @@
 """SGLang 0.5.23's KV pool sizing, re-written for machines without SGLang (the "mirror").
 
-It answers the same question as :mod:`sgl_seat.sizing.sglang` from the same :class:`SizingCase` (node 0's
+It answers the same question as :mod:`sgl_seat.sizing.ask_sglang` from the same :class:`SizingCase` (node 0's
 flags, the planning config, the GPU memory figures) and follows SGLang's code step by step; a contract test
 (``tests/contract/test_sizing_mirror.py``) runs both over a grid and fails above 1 % difference. What it covers,
 each with the SGLang function it follows (``sglang/srt/...``):

@@ -2,8 +2,8 @@
 
 :class:`SidecarActor` wraps a :class:`~sgl_seat.watchdog.sidecar.Sidecar` as a detached, named Ray actor
 (``sgl-seat-<seat>-watchdog<r>`` in the seat's namespace) on the node agent's bundle; every method takes and
-returns JSON strings, so nothing sgl-seat defines is pickled between processes. :func:`start_sidecars` /
-:func:`stop_sidecars` are what `up` and `down` call (through ``sgl_seat.launch.sidecars``) with a typed
+returns JSON strings, so nothing sgl-seat defines is pickled between processes. :func:`create_sidecar_actors` /
+:func:`remove_sidecar_actors` are what `up` and `down` call (through ``sgl_seat.launch.sidecars``) with a typed
 :class:`~sgl_seat.watchdog.config.SidecarContext`; :func:`snapshots` is what `watch` reads. Every Ray call
 has a timeout (``ray.get``'s own, or :func:`sgl_seat.deadline.bounded` for those without one).
 """
@@ -455,7 +455,7 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
     return out
 
 
-def start_sidecars(ctx: SidecarContext) -> None:
+def create_sidecar_actors(ctx: SidecarContext) -> None:
     """`up`: one detached sidecar actor per node on the node agent's bundle. Never fails `up`: a sidecar that
     cannot start is logged and the seat serves without it."""
     import ray
@@ -497,7 +497,7 @@ def start_sidecars(ctx: SidecarContext) -> None:
             log.error("node %d: watchdog sidecar did not answer: %s", node, exc)
 
 
-def stop_sidecars(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: float = 3.0,
+def remove_sidecar_actors(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: float = 3.0,
                   wait_s: float = 15.0) -> None:
     """`down` (before engines are killed): stop each sidecar, then kill its actor.
 

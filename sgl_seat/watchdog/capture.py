@@ -39,8 +39,8 @@ from sgl_seat.core.records import (
 )
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
-from sgl_seat.forensics.bundle import BundleWriteError, failure_reason
-from sgl_seat.forensics.redact import RequestShape
+from sgl_seat.forensics.format.bundle import BundleWriteError, failure_reason
+from sgl_seat.forensics.format.redact import RequestShape
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc, pid_state
 from sgl_seat.watchdog.pyspy import DumpResult, pyspy_dump
@@ -321,8 +321,8 @@ def bundle_id_for(verdict: Verdict | None, t: float) -> str:
 @dataclass(frozen=True, slots=True)
 class CaptureResult:
     """One capture's outcome. On failure ``error`` says why, ``reason`` is its short word
-    (:func:`sgl_seat.forensics.bundle.failure_reason`: disk-full, read-only, ...) and ``incomplete`` what the disk
-    kept ({path, written, missing, reason, marker}; None when the bundle failed before a byte was written)."""
+    (:func:`sgl_seat.forensics.format.bundle.failure_reason`: disk-full, read-only, ...) and ``incomplete`` what the
+    disk kept ({path, written, missing, reason, marker}; None when the bundle failed before a byte was written)."""
 
     path: str | None
     bundle_id: str

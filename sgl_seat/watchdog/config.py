@@ -1,7 +1,7 @@
 """What a sidecar is configured from: the `up` context, one :class:`SidecarConfig` per node, names and ports.
 
 `up` and `down` (``sgl_seat.launch.sidecars``) hand the watchdog a :class:`SidecarContext`: the seat's
-names, the filled plan as JSON and the spec's source. :func:`sgl_seat.watchdog.actors.start_sidecars` turns
+names, the filled plan as JSON and the spec's source. :func:`sgl_seat.watchdog.actors.create_sidecar_actors` turns
 it into one :class:`SidecarConfig` per node (plain data that crosses Ray as JSON). The port arithmetic of
 the sidecars' own exporters and the actor names live here, so `watch` and the tests find them the same way.
 """
@@ -39,7 +39,7 @@ class SidecarNode:
 @dataclass(frozen=True, slots=True)
 class SidecarContext:
     """What a sidecar needs to find the seat: names, the filled plan (JSON), the spec's source and where the seat's
-    bundles go (``bundles_dir``, as `up` resolved it: ``sgl_seat.forensics.layout.seat_bundles_dir``).
+    bundles go (``bundles_dir``, as `up` resolved it: ``sgl_seat.forensics.format.layout.seat_bundles_dir``).
 
     The driver is connected to Ray in the seat's ``namespace`` when the watchdog is handed one; each node's
     sidecar goes on bundle ``node_rank`` of the placement group ``pg_name``, beside that node's agent.
@@ -117,8 +117,8 @@ class SidecarConfig:
 
 #: The exporter of node r listens (on 127.0.0.1 unless exporter_address says otherwise) at the seat's HTTP port
 #: + 15 + r (r < 5; beyond, a free port), clear of the seat's other ports: dist-init (+5 in the shipped profiles)
-#: and the co-located sim nodes' listen and admin ports (``sgl_seat.sim.ports``); tests/unit/test_watchdog_config.py
-#: checks that they never meet.
+#: and the co-located sim nodes' listen and admin ports (``sgl_seat.sim.front.ports``);
+#: tests/unit/test_watchdog_config.py checks that they never meet.
 EXPORTER_PORT_OFFSET = 15
 
 

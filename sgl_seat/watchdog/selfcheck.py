@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from sgl_seat.core.isolation import HeadReach, LinkState, RdmaPort, SelfCheck
-from sgl_seat.engines.probes import local_addresses
+from sgl_seat.engines.preflight_facts import local_addresses
 
 NET_SYSFS = Path("/sys/class/net")
 IB_SYSFS = Path("/sys/class/infiniband")

@@ -4,7 +4,7 @@
 probe rings, scrapes rank 0's ``/metrics``, tails the engine log, runs :func:`detect` every tick and, when
 it fires, asks the seat's capture coordinator (node 0's sidecar, else itself) for one coordinated capture.
 It exports its own Prometheus metrics on 127.0.0.1, or on the node's cluster address where the spec says
-``watchdog.exporter_bind: cluster`` (:mod:`sgl_seat.watchdog.exporter`). Node 0's sidecar
+``watchdog.exporter_bind: cluster`` (:mod:`sgl_seat.watchdog.prometheus.exporter`). Node 0's sidecar
 also follows SGLang's request log (``--log-requests``, which the plan turns on) into a redacting recorder, so
 a bundle carries the request shapes of the last ``history_s`` seconds (``requests.jsonl``) that
 ``replay --traffic`` re-drives.
@@ -35,14 +35,14 @@ from sgl_seat.core.nodeloss import loss_verdict, node_isolated
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import StackSample, Verdict, VerdictKind
 from sgl_seat.core.warning import PreHangWarning, WarningRule, judge, tail_readings
-from sgl_seat.forensics.recorder import RequestRecorder
-from sgl_seat.forensics.requestlog import RequestLogFollower
+from sgl_seat.forensics.recording.recorder import RequestRecorder
+from sgl_seat.forensics.recording.requestlog import RequestLogFollower
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
-from sgl_seat.watchdog.exporter import Exporter
 from sgl_seat.watchdog.peers import CoordinatorUnreachable, Peers, SidecarCore
 from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
+from sgl_seat.watchdog.prometheus.exporter import Exporter
 from sgl_seat.watchdog.rankview import RankView, rank_views, tokens_per_s
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sources import LogTailer, MetricsPoller, ProbeReader

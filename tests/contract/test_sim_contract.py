@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.sim import api, contract
+from sgl_seat.sim import contract
+from sgl_seat.sim.front import api
 
 pytestmark = pytest.mark.contract
 

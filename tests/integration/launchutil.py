@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,9 +28,8 @@ import psutil
 import yaml
 from simutil import port_range
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL_SIM = REPO / "launch" / "seats" / "local-sim.yaml"
-MODEL_CONFIG = REPO / "launch" / "models" / "deepseek-v4-flash"
+from rigs.checkout import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv  # noqa: F401  (the tests import them from here)
+
 PORT_BASE, PORT_TOP = port_range((23000, 23999))
 ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
@@ -106,11 +104,6 @@ def local_sim_spec(directory: Path, name: str, http: int, *, draft: bool = False
     return path
 
 
-def cli_argv() -> list[str]:
-    exe = shutil.which("sgl-seat", path=str(Path(sys.executable).parent))
-    return [exe] if exe else [sys.executable, "-m", "sgl_seat.cli.main"]
-
-
 def cli_env(home: Path) -> dict[str, str]:
     return {**os.environ, **ONE_HOST, "SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
 
@@ -173,7 +166,7 @@ def seat_processes(seat: str, *, prefix: bool = False) -> list[Proc]:
     """Every process on this host of ``seat``'s engines (``prefix``: of every seat whose name starts with ``seat``),
     found across the whole process table:
     the plan gives each node's engine ``SGL_SEAT_NAME=<seat>`` and every process of its tree inherits it; and each
-    engine's own parent, its engine host (``sgl_seat/launch/enginehost.py``, run on the seat's ``.engines``
+    engine's own parent, its engine host (``sgl_seat/launch/host/enginehost.py``, run on the seat's ``.engines``
     directory), which is not under Ray: the engines outlive their node agent's Ray worker."""
     out = []
     for q in psutil.process_iter():

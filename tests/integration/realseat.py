@@ -32,7 +32,7 @@ from launchutil import (
 )
 
 from sgl_seat.engines.base import engine_venv
-from sgl_seat.launch.demo import complete_bundles
+from sgl_seat.forensics.format.store import complete_bundles
 from sgl_seat.spec import WatchdogSpec
 from tests.tiers import by_tier
 

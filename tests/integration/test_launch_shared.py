@@ -46,7 +46,7 @@ from launchutil import (
     write_spec,
 )
 
-from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
+from sgl_seat.launch.host.localcluster import start_local_cluster, stop_local_cluster
 
 pytestmark = pytest.mark.integration
 

@@ -35,7 +35,8 @@ import psutil
 import pytest
 import yaml
 from launchutil import stop_pid
-from netnsutil import (
+
+from rigs.netns import (
     NetnsCluster,
     engine_pids,
     fetch_in,
@@ -47,8 +48,7 @@ from netnsutil import (
     under_traffic,
     watchdog_metric,
 )
-
-from sgl_seat.forensics.bundle import read_bundle
+from sgl_seat.forensics.format.bundle import read_bundle
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ What an operator meets when the head's GCS dies, as measured here:
   its host when one of them dies, the raylet too; node 0's sidecar dies with it, and its keeper (outside Ray)
   takes its place (its exporter's port, sampling: the longest stretch without a new sample is measured and held to
   a few sampling periods) and writes host a's own bundle, node-isolated, "its Ray raylet is gone";
-- the engines of both nodes serve on: each is the child of its engine host (``launch/enginehost.py``), not of
+- the engines of both nodes serve on: each is the child of its engine host (``launch/host/enginehost.py``), not of
   its node agent's Ray worker, which Ray ends with its children; a completion through node 0 still answers;
 - `down` cannot connect to the cluster any more: it stops what this host holds (node 0's keeper, then its engines by
   the record's pids) and names node 1 with its pids; `down --local` on host b stops the rest. Nothing is left.
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from netnsutil import (
+
+from rigs.netns import (
     NetnsCluster,
     complete,
     engine_pids,
@@ -39,8 +40,7 @@ from netnsutil import (
     under_traffic,
     watchdog_metric,
 )
-
-from sgl_seat.forensics.bundle import read_bundle
+from sgl_seat.forensics.format.bundle import read_bundle
 
 # Full tier only (README, "The tests"): the GCS killed, on a two-namespace cluster of this module's own, whose start
 # (host b's `ray start`) can time out under the CI tier's load.

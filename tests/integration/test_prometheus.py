@@ -3,7 +3,7 @@ shipped alert rules: during an injected slow-then-stall of one rank's row fetch,
 before the hang alert, and the dashboard's queries return data from what the sidecars and the sim's SGLang
 ``/metrics`` export.
 
-The seat is the local-sim profile started without Ray (``tests.simrig``: each node as the node agent would start
+The seat is the local-sim profile started without Ray (``rigs.simrig``: each node as the node agent would start
 it, the sidecars in-process, configured from the plan as ``up`` configures them). Prometheus runs from
 ``watchdog/prometheus/scrape-example.yml`` with its targets replaced and 1 s intervals, on 127.0.0.1 only, with
 its own storage directory in the test's temporary directory, as a process this test starts and kills by pid.
@@ -28,12 +28,12 @@ import pytest
 import yaml
 from launchutil import stop_pid
 
+from rigs.simrig import SimSeat, Traffic, sim_spec
 from sgl_seat.core.warning import WarningRule
 from sgl_seat.forensics import read_bundle
-from sgl_seat.forensics.redetect import first_warning_before
+from sgl_seat.forensics.replay.redetect import first_warning_before
 from sgl_seat.watchdog.config import metrics_port_for
 from sgl_seat.watchdog.sidecar import Sidecar
-from tests.simrig import SimSeat, Traffic, sim_spec
 
 # Full tier only (README, "The tests"): a real Prometheus beside a slow-then-stall episode; the rules themselves are
 # checked by promtool in tests/unit/test_prom_assets.py in the CI tier.

@@ -41,7 +41,7 @@ from realseat import (
     write_spec,
 )
 
-from sgl_seat.launch.demo import wait_for_bundle
+from sgl_seat.forensics.format.store import wait_for_bundle
 from sgl_seat.watchdog.probe import ring as probe_ring
 from sgl_seat.watchdog.sources import parse_metrics_text
 

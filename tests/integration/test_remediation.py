@@ -44,7 +44,7 @@ from launchutil import (
     wait_until,
 )
 
-from sgl_seat.sim import ports as sim_ports
+from sgl_seat.sim.front import ports as sim_ports
 from sgl_seat.watchdog.config import metrics_port_for
 
 pytestmark = pytest.mark.integration

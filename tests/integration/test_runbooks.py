@@ -43,7 +43,7 @@ import yaml
 from launchutil import LOCAL_SIM, REPO, Proc, alive, descendants, in_groups, run_cli, seat_processes, wait_until
 from runbookdoc import Block, RunbookError, parse_runbook, rehearsal_order
 
-from sgl_seat.launch.localcluster import start_local_cluster, stop_local_cluster
+from sgl_seat.launch.host.localcluster import start_local_cluster, stop_local_cluster
 
 RUNBOOKS = REPO / "runbooks"
 NAME = "runbook-seat"

@@ -32,7 +32,8 @@ from simutil import (
     wait_http,
 )
 
-from sgl_seat.sim import contract, tokens
+from sgl_seat.sim import contract
+from sgl_seat.sim.step import tokens
 
 pytestmark = pytest.mark.integration
 

@@ -42,19 +42,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from simutil import _free as port_free
 
+from rigs.simrig import SimSeat, sim_spec, wait_healthy
 from sgl_seat.core.detect import PROGRESS_METRICS, RUNNING, detect, one_forward
 from sgl_seat.core.frames import collective_frame, short_name
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint, StackSample
 from sgl_seat.engines.base import engine_venv, parse_kv_tokens
 from sgl_seat.engines.sglang import SGLangBackend
-from sgl_seat.forensics.analysis import classify_thread
+from sgl_seat.forensics.replay.analysis import classify_thread
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
-from sgl_seat.sim import ports as sim_ports
+from sgl_seat.sim.front import ports as sim_ports
 from sgl_seat.spec import WatchdogSpec, load_spec, parse_spec
 from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 from sgl_seat.watchdog.sources import parse_metrics_text
-from tests.simrig import SimSeat, sim_spec, wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -82,26 +82,27 @@ _BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 
 #: The JSON paths sgl-seat reads from each answer ("*" : any element of a list), and who reads them.
 READ_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
-    "GET /v1/models": (("data.0.id", "sgl_seat/forensics/traffic.py"), ("data.0.id", "sgl_seat/gate/arms.py")),
+    "GET /v1/models": (("data.0.id", "sgl_seat/forensics/recording/traffic.py"),
+                       ("data.0.id", "sgl_seat/gate/arms.py")),
     "GET /server_info": (
-        ("max_total_num_tokens", "sgl_seat/gate/scrape.py"),
-        ("internal_states.0.memory_usage.token_capacity", "sgl_seat/gate/scrape.py"),
-        ("internal_states.0.effective_max_running_requests_per_dp", "sgl_seat/gate/scrape.py"),
-        ("version", "sgl_seat/gate/scrape.py"),
+        ("max_total_num_tokens", "sgl_seat/gate/engine_counters.py"),
+        ("internal_states.0.memory_usage.token_capacity", "sgl_seat/gate/engine_counters.py"),
+        ("internal_states.0.effective_max_running_requests_per_dp", "sgl_seat/gate/engine_counters.py"),
+        ("version", "sgl_seat/gate/engine_counters.py"),
     ),
-    "GET /get_server_info": (("max_total_num_tokens", "sgl_seat/gate/scrape.py"),),
-    "POST /generate": (("text", "tests/simrig.py"), ("meta_info.completion_tokens", "tests/simrig.py"),
-                       ("meta_info.prompt_tokens", "sgl_seat/forensics/recorder.py")),
-    "POST /generate stream": (("meta_info.completion_tokens", "tests/simrig.py"),),
+    "GET /get_server_info": (("max_total_num_tokens", "sgl_seat/gate/engine_counters.py"),),
+    "POST /generate": (("text", "rigs/simrig.py"), ("meta_info.completion_tokens", "rigs/simrig.py"),
+                       ("meta_info.prompt_tokens", "sgl_seat/forensics/recording/recorder.py")),
+    "POST /generate stream": (("meta_info.completion_tokens", "rigs/simrig.py"),),
     "POST /v1/completions": (("choices.0.text", "sgl_seat/gate/client.py"),
-                             ("usage.completion_tokens", "tests/simrig.py")),
+                             ("usage.completion_tokens", "rigs/simrig.py")),
     "POST /v1/completions stream": (("choices.*.text", "sgl_seat/gate/client.py"),
                                     ("usage.prompt_tokens", "sgl_seat/gate/client.py"),
                                     ("usage.completion_tokens", "sgl_seat/gate/client.py")),
-    "POST /v1/chat/completions": (("choices.0.message.content", "sgl_seat/launch/demo_traffic.py"),
-                                  ("usage.completion_tokens", "sgl_seat/launch/demo_traffic.py")),
-    "POST /v1/chat/completions stream": (("choices.*.delta.content", "sgl_seat/launch/demo_traffic.py"),
-                                         ("usage.completion_tokens", "sgl_seat/launch/demo_traffic.py")),
+    "POST /v1/chat/completions": (("choices.0.message.content", "sgl_seat/launch/demo/clients.py"),
+                                  ("usage.completion_tokens", "sgl_seat/launch/demo/clients.py")),
+    "POST /v1/chat/completions stream": (("choices.*.delta.content", "sgl_seat/launch/demo/clients.py"),
+                                         ("usage.completion_tokens", "sgl_seat/launch/demo/clients.py")),
 }
 #: Paths sgl-seat reads where present (``or {}``): each must be present in both answers or in neither.
 OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {

@@ -2,7 +2,7 @@
 capture's ``requests.jsonl`` carries the prompts of /generate, /v1/completions and /v1/chat/completions (chat
 text from the OpenAI payload SGLang logs first), with token counts and the shared prefix.
 
-No Ray: the two sim nodes are process groups started by ``tests.simrig`` with the plan's argv and
+No Ray: the two sim nodes are process groups started by ``rigs.simrig`` with the plan's argv and
 environment, the sidecars run in this process (the redacted default path is ``test_watchdog_seat.py``'s).
 Ports 26750-26762 (below Linux's ephemeral range).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.simrig import SimSeat, sim_spec
 from sgl_seat.forensics import read_bundle
 from sgl_seat.plan import REQUEST_LOG_LEVEL_RAW
-from tests.simrig import SimSeat, sim_spec
 
 pytestmark = pytest.mark.integration
 

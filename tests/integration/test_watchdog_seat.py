@@ -52,11 +52,11 @@ from launchutil import (
     wait_until,
 )
 
+from rigs.simrig import SimSeat, Traffic, sim_spec
 from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
-from sgl_seat.forensics.redetect import rerun_detectors
-from sgl_seat.sim import ports as sim_ports
-from tests.simrig import SimSeat, Traffic, sim_spec
+from sgl_seat.forensics.replay.redetect import rerun_detectors
+from sgl_seat.sim.front import ports as sim_ports
 
 pytestmark = pytest.mark.integration
 

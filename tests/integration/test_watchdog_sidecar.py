@@ -25,7 +25,7 @@ import pytest
 
 from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics import read_bundle
-from sgl_seat.forensics.redetect import rerun_detectors
+from sgl_seat.forensics.replay.redetect import rerun_detectors
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.peers import local_peers

@@ -1,4 +1,4 @@
-"""The watchdog soak, CI size: the same code as ``bench/watchdog_soak.py`` on a smaller sample.
+"""The watchdog soak, CI size: the same code as ``bench/watchdog_soak.py`` (``rigs/soak.py``) on a smaller sample.
 
 Why: a watchdog that fires in seconds must show that it does not fire on healthy work and that it catches each
 fault kind fast. One two-node sim seat (draft off; the bench also runs draft on) at the default thresholds:
@@ -14,31 +14,18 @@ Ports 30860-30876 (the bench's own run uses 30800-30856). About 2.5 minutes (150
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import pytest
 
+from rigs import soak
+
 # Full tier only (README, "The tests"): soak-length; its long form is bench/watchdog_soak.py.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_soak.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("watchdog_soak", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["watchdog_soak"] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_soak_no_false_bundles_and_fast_detection(tmp_path: Path) -> None:
-    soak = _bench()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     # Its own ports and seat name (soak-off-30860): the bench's 30-minute run on 30800 can run beside it.
     rep = soak.run_soak(minutes=2.0, faults={"stall": 2, "slow-stall": 1, "crash": 1}, seed=15, workdir=tmp_path,

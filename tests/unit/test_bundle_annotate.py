@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sgl_seat.errors import BundleError
-from sgl_seat.forensics.annotate import annotate
-from sgl_seat.forensics.bundle import read_bundle, verify_bundle, write_bundle
+from sgl_seat.forensics.format.annotate import annotate
+from sgl_seat.forensics.format.bundle import read_bundle, verify_bundle, write_bundle
 from tests.unit.test_bundle_format import SCHEMA, _fields, _files
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -20,8 +20,8 @@ import pytest
 import zstandard
 
 from sgl_seat.errors import BundleError
-from sgl_seat.forensics.archive import pack_bundle, unpack_bundle
-from sgl_seat.forensics.bundle import verify_bundle
+from sgl_seat.forensics.format.archive import pack_bundle, unpack_bundle
+from sgl_seat.forensics.format.bundle import verify_bundle
 from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ class _Spy:
     """Records every capped decompressed stream the unpacker opens, to read how far it decompressed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from sgl_seat.forensics import archive
+        from sgl_seat.forensics.format import archive
 
         self.readers: list[Any] = []
         spy = self

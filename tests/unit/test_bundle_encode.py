@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.forensics import encode_bundle, layout, read_bundle
+from sgl_seat.forensics import encode_bundle, read_bundle
+from sgl_seat.forensics.format import layout
 
 BUNDLES = Path(__file__).resolve().parents[1] / "fixtures" / "bundles"
 

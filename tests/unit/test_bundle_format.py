@@ -33,7 +33,6 @@ from sgl_seat.forensics import (
     encode_records,
     encode_stack_samples,
     encode_text,
-    layout,
     read_bundle,
     rotate_bundles,
     scrub_env,
@@ -42,11 +41,12 @@ from sgl_seat.forensics import (
     verify_bundle,
     write_bundle,
 )
-from sgl_seat.forensics import bundle as bundle_mod
-from sgl_seat.forensics.codec import ProbeTable, decode_probe_records, decode_stack_samples
-from sgl_seat.forensics.manifest import BundleVersionError
-from sgl_seat.forensics.redact import RequestShape
-from sgl_seat.forensics.store import list_bundles
+from sgl_seat.forensics.format import bundle as bundle_mod
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.codec import ProbeTable, decode_probe_records, decode_stack_samples
+from sgl_seat.forensics.format.manifest import BundleVersionError
+from sgl_seat.forensics.format.redact import RequestShape
+from sgl_seat.forensics.format.store import list_bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "bundles"
@@ -329,8 +329,8 @@ def test_request_recorder_redacts_and_bounds() -> None:
     """The seat-side recorder keeps shapes (lengths, prefix groups, max_tokens, sampling), not prompts."""
     import io
 
-    from sgl_seat.forensics.codec import decode_records
-    from sgl_seat.forensics.recorder import RequestRecorder
+    from sgl_seat.forensics.format.codec import decode_records
+    from sgl_seat.forensics.recording.recorder import RequestRecorder
 
     rec = RequestRecorder(salt=b"s", capacity=3, history_s=100)
     system = "system prompt shared by all " * 5

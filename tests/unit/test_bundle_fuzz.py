@@ -54,15 +54,15 @@ from sgl_seat.forensics import (
     encode_records,
     encode_stack_samples,
     encode_text,
-    layout,
     read_bundle,
     write_bundle,
 )
-from sgl_seat.forensics.archive import pack_bundle, unpack_bundle
-from sgl_seat.forensics.codec import decode_probe_records, decode_records, decode_stack_samples, loads_document
-from sgl_seat.forensics.manifest import Manifest
-from sgl_seat.forensics.redact import RequestShape
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.archive import pack_bundle, unpack_bundle
+from sgl_seat.forensics.format.codec import decode_probe_records, decode_records, decode_stack_samples, loads_document
+from sgl_seat.forensics.format.manifest import Manifest
+from sgl_seat.forensics.format.redact import RequestShape
+from sgl_seat.forensics.replay.replayer import replay_bundle
 
 N_FILE, N_RESIGNED, N_MANIFEST, N_TAR, N_CLI = 4000, 2500, 2000, 1400, 100
 

@@ -17,8 +17,8 @@ import pytest
 from sgl_seat.core.records import VerdictKind
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, read_bundle, write_bundle
-from sgl_seat.forensics.merge import merge_bundles
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.format.merge import merge_bundles
+from sgl_seat.forensics.replay.replayer import replay_bundle
 from tests.cli_runner import run_cli
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "stall"

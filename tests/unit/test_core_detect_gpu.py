@@ -14,7 +14,7 @@ import pytest
 from sgl_seat.core import detect as d
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Frame, MetricsPoint, ProbeRecord, StackSample, ThreadStack, VerdictKind
-from sgl_seat.forensics.codec import decode_probe_records, encode_probe_records
+from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.rankview import rank_views
 

@@ -24,7 +24,7 @@ from sgl_seat.core.records import (
     Verdict,
     VerdictKind,
 )
-from sgl_seat.forensics.analysis import classify_thread
+from sgl_seat.forensics.replay.analysis import classify_thread
 from sgl_seat.spec import WatchdogSpec
 
 TH = WatchdogSpec()

@@ -28,10 +28,11 @@ from sgl_seat.core.warning import (
     first_warning,
     tail_readings,
 )
-from sgl_seat.forensics import layout, write_bundle
-from sgl_seat.forensics.codec import encode_probe_records
-from sgl_seat.forensics.replay import replay_bundle
-from sgl_seat.forensics.report import render_report
+from sgl_seat.forensics import write_bundle
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.codec import encode_probe_records
+from sgl_seat.forensics.replay.bundle_text import render_report
+from sgl_seat.forensics.replay.replayer import replay_bundle
 
 GATHERS = (8, 100, 700)  # buckets 8-15, 64-127, 512-1023
 

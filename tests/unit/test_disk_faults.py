@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from sgl_seat.errors import HomeError
-from sgl_seat.forensics import layout
-from sgl_seat.forensics.bundle import verify_bundle
-from sgl_seat.forensics.store import list_bundles
-from sgl_seat.launch.home import ensure_writable
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.bundle import verify_bundle
+from sgl_seat.forensics.format.store import list_bundles
+from sgl_seat.launch.seatrecord.home import ensure_writable
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.sampler import Sampler
@@ -201,7 +201,8 @@ def test_up_on_a_read_only_home_stops_before_any_cluster_work(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN $SGL_SEAT_HOME on a read-only mount WHEN `sgl-seat up` THEN exit 1 with the path and what to do, and
     neither a local cluster was started nor any cluster contacted (both seams stubbed to record calls)."""
-    from sgl_seat.launch import cluster, localcluster, placement
+    from sgl_seat.launch import cluster, placement
+    from sgl_seat.launch.host import localcluster
 
     called: list[str] = []
 
@@ -227,9 +228,9 @@ def test_up_on_a_read_only_home_stops_before_any_cluster_work(
 
 def _recorded_seat_with_a_process(home: Path) -> subprocess.Popen[bytes]:
     """A seat record (no Ray: never connected) whose node 0 engine group is a real process this test started."""
-    from sgl_seat.launch.home import host_id
-    from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
-    from sgl_seat.launch.state import SeatState
+    from sgl_seat.launch.seatrecord.home import host_id
+    from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_record
+    from sgl_seat.launch.seatrecord.state import SeatState
 
     proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
     import psutil

@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from sgl_seat.errors import SeatError
-from sgl_seat.launch.home import host_id
-from sgl_seat.launch.record import NodeRecord, SeatRecord, load_record, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.home import host_id
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, load_record, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.teardown import down_local, same_host, unreachable_line
 
 SEAT = "local-down"

@@ -17,15 +17,15 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import ALERT_RULES, prometheus_config_of
-from sgl_seat.launch.state import SeatState
 from sgl_seat.launch.status import capture_failure_line, capture_failures_of, latched_failure, status_json
 from sgl_seat.spec import WatchdogSpec, builtin_seats_dir
 from sgl_seat.watchdog.config import SidecarConfig, exporter_address, metrics_port_for, scrape_host
-from sgl_seat.watchdog.exporter import Exporter
+from sgl_seat.watchdog.prometheus.exporter import Exporter
+from sgl_seat.watchdog.prometheus.scrape_config import WATCHDOG_JOB, scrape_config
 from sgl_seat.watchdog.sampler import Sampler
-from sgl_seat.watchdog.scrape import WATCHDOG_JOB, scrape_config
 from sgl_seat.watchdog.sidecar import Sidecar
 from tests.cli_runner import run_cli
 

@@ -16,8 +16,8 @@ from sgl_seat.gate import parse_arms
 from sgl_seat.gate import runner as gate_runner
 from sgl_seat.gate.arms import ArmSession, arm_spec
 from sgl_seat.gate.design import Slot, cell_names, schedule
-from sgl_seat.gate.html import PLOT_IDS, render_html
-from sgl_seat.gate.report import render_text
+from sgl_seat.gate.report_html import PLOT_IDS, render_html
+from sgl_seat.gate.report_text import render_text
 from sgl_seat.gate.runner import BatteryDir, run_battery, start_battery
 from sgl_seat.gate.verdict import build_report
 from sgl_seat.gate.workloads import load_battery, prompt_words

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from sgl_seat.gate.design import cell_names, schedule
-from sgl_seat.gate.html import render_html
-from sgl_seat.gate.report import render_text
+from sgl_seat.gate.report_html import render_html
+from sgl_seat.gate.report_text import render_text
 from sgl_seat.gate.runner import BatteryDir, start_battery
 from sgl_seat.gate.verdict import build_report
 from sgl_seat.gate.workloads import load_battery

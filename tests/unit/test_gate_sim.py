@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim.adaptive import AdaptivePolicy
 from sgl_seat.sim.args import ENV_DRAFT_COST, parse
-from sgl_seat.sim.batch import DECODE, Batcher, Req
-from sgl_seat.sim.costmodel import CostModel, SpecShape
+from sgl_seat.sim.step.adaptive import AdaptivePolicy
+from sgl_seat.sim.step.batch import DECODE, Batcher, Req
+from sgl_seat.sim.step.costmodel import CostModel, SpecShape
 
 SPEC = SpecShape("EAGLE", 3, 1, 4, 0.81)
 BASE = ["--model-path", "m", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sgl_seat.gate.stats import (
+from sgl_seat.gate.intervals import (
     Interval,
     Outcome,
     band_of,

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from sgl_seat.core.records import StackSample, ThreadStack
-from sgl_seat.forensics.bundle import read_bundle
+from sgl_seat.forensics.format.bundle import read_bundle
 from sgl_seat.sim.launch_server import free_port
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, stop_keeper, stop_local_keepers

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.engines import backend_for, parse_kv_tokens, probes
+from sgl_seat.engines import backend_for, parse_kv_tokens, preflight_facts
 from sgl_seat.engines.base import argv_value
 from sgl_seat.errors import UsageError
-from sgl_seat.launch.agent import NodeAgent, engine_env, tail_lines
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.names import agent_name, namespace_of, pg_name
+from sgl_seat.launch.actors.agent import NodeAgent, engine_env, tail_lines
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.names import agent_name, namespace_of, pg_name
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.spec import load_spec
 
@@ -61,10 +61,10 @@ def test_sim_agent_runs_only_the_checks_that_apply(plan: LaunchPlan, monkeypatch
         checked.add((host, port))
         return "bound" if port in busy else None
 
-    monkeypatch.setattr(probes, "port_holder", holder)
-    monkeypatch.setattr(probes, "interfaces", lambda: ["lo", "eth0"])
-    monkeypatch.setattr(probes, "ib_devices", lambda: pytest.fail("sim seats do not check HCAs"))
-    monkeypatch.setattr(probes, "path_exists", lambda p: pytest.fail("sim seats do not check the model path"))
+    monkeypatch.setattr(preflight_facts, "port_holder", holder)
+    monkeypatch.setattr(preflight_facts, "interfaces", lambda: ["lo", "eth0"])
+    monkeypatch.setattr(preflight_facts, "ib_devices", lambda: pytest.fail("sim seats do not check HCAs"))
+    monkeypatch.setattr(preflight_facts, "path_exists", lambda p: pytest.fail("sim seats do not check the model path"))
     plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1"})  # as the driver does before preflight
     for r in (0, 1):
         agent = NodeAgent("local-sim", r, "sim")
@@ -97,8 +97,8 @@ def test_a_listener_on_the_engines_address_is_found() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        assert "bound to 127.0.0.1:" in (probes.port_holder(port, "127.0.0.1") or "")
-    assert probes.port_holder(port, "127.0.0.1") is None
+        assert "bound to 127.0.0.1:" in (preflight_facts.port_holder(port, "127.0.0.1") or "")
+    assert preflight_facts.port_holder(port, "127.0.0.1") is None
 
 
 def test_tail_lines(tmp_path: Path) -> None:

@@ -13,10 +13,11 @@ from sgl_seat.engines.base import argv_value
 from sgl_seat.errors import ClusterError, PreflightError
 from sgl_seat.launch import cluster
 from sgl_seat.launch.agentclient import dead_reason
-from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.bringup import _colocate
+from sgl_seat.launch.seatrecord.record import NodeRecord, RankRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.status import hang_of, status_json
-from sgl_seat.launch.up import _colocate, endpoint_of
+from sgl_seat.launch.up import endpoint_of
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
 
@@ -130,7 +131,7 @@ def test_addresses() -> None:
 
 def test_fault_route_comes_from_the_backend() -> None:
     """The sim's run-time fault route is its loopback admin port; real SGLang takes no injected faults."""
-    from sgl_seat.sim import ports
+    from sgl_seat.sim.front import ports
 
     plan = build_plan(load_spec("local-sim"), draft=True)
     node = plan.nodes[0]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.cli.cmd_seat import choose_seat
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.record import SeatRecord, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatchoice import choose_seat
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.record import SeatRecord, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from tests.cli_runner import run_cli
 
 

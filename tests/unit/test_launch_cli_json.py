@@ -13,9 +13,9 @@ import pytest
 
 from sgl_seat.launch import stages, teardown
 from sgl_seat.launch import up as up_mod
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.record import SeatRecord, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.record import SeatRecord, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

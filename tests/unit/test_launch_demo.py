@@ -29,11 +29,13 @@ import pytest
 from sgl_seat.cli.main import main
 from sgl_seat.engines.sim import NODE_PORT_ENV
 from sgl_seat.errors import EngineError, UsageError
-from sgl_seat.launch import demo, demo_traffic
-from sgl_seat.launch.home import HOME_ENV, host_id
-from sgl_seat.launch.record import NodeRecord, SeatRecord
+from sgl_seat.forensics.format.store import wait_for_bundle
+from sgl_seat.launch.demo import clients as demo_traffic
+from sgl_seat.launch.demo import run as demo
+from sgl_seat.launch.seatrecord.home import HOME_ENV, host_id
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.stages import WARN, Stage, StageTimes
-from sgl_seat.launch.state import SeatState
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
 
@@ -285,9 +287,9 @@ def test_wait_for_bundle_sees_only_new_complete_bundles(tmp_path: Path) -> None:
     (old / "manifest.json").write_text("{}")
     (tmp_path / ".tmp-new").mkdir()  # being written
     (tmp_path / "half").mkdir()  # no manifest yet
-    assert demo.wait_for_bundle(tmp_path, {old}, 0.3) is None
+    assert wait_for_bundle(tmp_path, {old}, 0.3) is None
     (tmp_path / "half" / "manifest.json").write_text("{}")
-    found = demo.wait_for_bundle(tmp_path, {old}, 0.3)
+    found = wait_for_bundle(tmp_path, {old}, 0.3)
     assert found is not None and found[0] == tmp_path / "half"
 
 

@@ -13,8 +13,8 @@ import pytest
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import status
 from sgl_seat.launch.cluster import NoAnswer
-from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.record import NodeRecord, RankRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 
 
 class _Agent:

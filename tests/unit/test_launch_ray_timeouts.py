@@ -18,8 +18,8 @@ import pytest
 from sgl_seat import deadline
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import agentclient, cluster, placement, status, teardown
-from sgl_seat.launch.record import NodeRecord, SeatRecord
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 
 LAUNCH = Path(cluster.__file__).parent
 # Ray functions that wait on the GCS with no timeout parameter (``ray.get`` has one and goes through cluster.get).

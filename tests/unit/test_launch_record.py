@@ -10,8 +10,8 @@ import pytest
 from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.core.remediation import Action, Decision, Outcome, Policy, RemediationRecord
 from sgl_seat.errors import SeatStateError, UsageError
-from sgl_seat.launch.home import HOME_ENV, seat_home
-from sgl_seat.launch.record import (
+from sgl_seat.launch.seatrecord.home import HOME_ENV, seat_home
+from sgl_seat.launch.seatrecord.record import (
     NodeRecord,
     RankRecord,
     SeatRecord,
@@ -23,7 +23,7 @@ from sgl_seat.launch.record import (
     resolve_name,
     save_record,
 )
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.state import SeatState
 
 
 @pytest.fixture(autouse=True)

@@ -16,9 +16,9 @@ from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.core.remediation import Action, Decision, Outcome, Policy, RemediationRecord
 from sgl_seat.launch import stages, status
 from sgl_seat.launch import up as up_mod
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.record import NodeRecord, RankRecord, SeatRecord, load_record, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.record import NodeRecord, RankRecord, SeatRecord, load_record, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.spec import load_spec
 from tests.cli_runner import run_cli
 

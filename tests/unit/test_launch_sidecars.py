@@ -21,10 +21,10 @@ from sgl_seat.cli.main import main
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch import sidecars, stages
 from sgl_seat.launch import up as up_mod
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import start_sidecars
-from sgl_seat.launch.state import SeatState
 from sgl_seat.watchdog import actors as watchdog_sidecar
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode
 
@@ -72,10 +72,10 @@ def _answer(ref: str, what: str) -> str:
 
 def test_the_watchdogs_own_start_swallows_a_failure_and_up_still_reports_it(monkeypatch: pytest.MonkeyPatch,
                                                                               caplog: pytest.LogCaptureFixture) -> None:
-    """The real ``sgl_seat.watchdog.actors.start_sidecars`` with a GCS that refuses: it returns None (logs only),
+    """The real ``sgl_seat.watchdog.actors.create_sidecar_actors`` with a GCS that refuses: it returns None (logs only),
     and the launch side finds no sidecar answering."""
     fake_ray(monkeypatch, actors=set())
-    assert watchdog_sidecar.start_sidecars(CTX) is None
+    assert watchdog_sidecar.create_sidecar_actors(CTX) is None
     assert "watchdog sidecars not started" in caplog.text
     got = start_sidecars(CTX)
     assert not got.ok
@@ -84,7 +84,7 @@ def test_the_watchdogs_own_start_swallows_a_failure_and_up_still_reports_it(monk
 
 def test_a_sidecar_that_does_not_answer_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ray(monkeypatch, actors={"sgl-seat-s-watchdog0", "sgl-seat-s-watchdog1"})
-    monkeypatch.setattr(watchdog_sidecar, "start_sidecars", lambda ctx: None)
+    monkeypatch.setattr(watchdog_sidecar, "create_sidecar_actors", lambda ctx: None)
     got = start_sidecars(CTX)
     assert not got.ok and "node 1: sidecar sgl-seat-s-watchdog1 did not answer" in got.detail
     assert "node 0" not in got.detail
@@ -92,7 +92,7 @@ def test_a_sidecar_that_does_not_answer_is_named(monkeypatch: pytest.MonkeyPatch
 
 def test_every_sidecar_answering_is_ok(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ray(monkeypatch, actors={"sgl-seat-s-watchdog0", "sgl-seat-s-watchdog1"})
-    monkeypatch.setattr(watchdog_sidecar, "start_sidecars", lambda ctx: None)
+    monkeypatch.setattr(watchdog_sidecar, "create_sidecar_actors", lambda ctx: None)
     monkeypatch.setattr(sidecars, "get", lambda ref, timeout, what: "{}")
     got = start_sidecars(CTX)
     assert got.ok and got.detail == "running on nodes 0, 1"
@@ -104,17 +104,17 @@ def test_a_start_that_raises_or_hangs_is_not_ok(monkeypatch: pytest.MonkeyPatch)
     def boom(ctx: SidecarContext) -> None:
         raise RuntimeError("py-spy missing")
 
-    monkeypatch.setattr(watchdog_sidecar, "start_sidecars", boom)
+    monkeypatch.setattr(watchdog_sidecar, "create_sidecar_actors", boom)
     got = start_sidecars(CTX)
     assert not got.ok and got.detail == "not started: RuntimeError: py-spy missing"
     release = threading.Event()
-    monkeypatch.setattr(watchdog_sidecar, "start_sidecars", lambda ctx: release.wait())
+    monkeypatch.setattr(watchdog_sidecar, "create_sidecar_actors", lambda ctx: release.wait())
     monkeypatch.setattr(sidecars, "START_GRACE_S", 0.2)
     try:
         got = start_sidecars(dataclasses.replace(CTX, timeout=0.1))
     finally:
         release.set()
-    assert not got.ok and "did not answer sgl_seat.watchdog.actors.start_sidecars within 0 s" in got.detail
+    assert not got.ok and "did not answer sgl_seat.watchdog.actors.create_sidecar_actors within 0 s" in got.detail
 
 
 def test_up_prints_a_sidecar_failure_as_warn(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -123,7 +123,7 @@ def test_up_prints_a_sidecar_failure_as_warn(monkeypatch: pytest.MonkeyPatch, ca
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     fake_ray(monkeypatch, actors=set())
-    monkeypatch.setattr(watchdog_sidecar, "start_sidecars", lambda ctx: None)
+    monkeypatch.setattr(watchdog_sidecar, "create_sidecar_actors", lambda ctx: None)
 
     def fake_up(spec: Any, opts: up_mod.UpOptions, reporter: stages.Reporter) -> tuple[SeatRecord, stages.StageTimes]:
         rec = SeatRecord(name="s", state=SeatState.READY, engine="sim", draft=False, cluster_address="local",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sgl_seat.errors import SeatStateError
-from sgl_seat.launch.state import TRANSITIONS, SeatState, parse_state, transition
+from sgl_seat.launch.seatrecord.state import TRANSITIONS, SeatState, parse_state, transition
 
 
 def test_every_state_has_a_transition_row() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sgl_seat.launch import localcluster as lc
+from sgl_seat.launch.host import localcluster as lc
 
 
 def test_each_node_sees_its_own_gpus_where_the_host_has_one_per_simulated_gpu() -> None:

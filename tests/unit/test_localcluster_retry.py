@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from sgl_seat.launch import localcluster as lc
+from sgl_seat.launch.host import localcluster as lc
 
 RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed "
                "to startup or the GCS has become overloaded.")

@@ -18,9 +18,9 @@ from typing import Any
 from sgl_seat.core.isolation import HeadReach, LinkState, RdmaPort, SelfCheck, checks_from_json, own_side_gone
 from sgl_seat.core.nodeloss import loss_verdict
 from sgl_seat.core.records import VerdictKind
-from sgl_seat.forensics.bundle import read_bundle
-from sgl_seat.forensics.merge import merge_bundles
-from sgl_seat.forensics.redetect import rerun_detectors
+from sgl_seat.forensics.format.bundle import read_bundle
+from sgl_seat.forensics.format.merge import merge_bundles
+from sgl_seat.forensics.replay.redetect import rerun_detectors
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.sampler import Sampler

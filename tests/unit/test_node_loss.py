@@ -16,7 +16,7 @@ import pytest
 from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
 from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.forensics import encode_bundle, read_bundle, write_bundle
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.replay.replayer import replay_bundle
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.capture import assemble
 

@@ -14,8 +14,8 @@ import yaml
 
 from sgl_seat.engines.preflight import check_host_interfaces
 from sgl_seat.errors import PlanError, SpecError
-from sgl_seat.launch.record import NodeRecord, SeatRecord
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.status import status_json
 from sgl_seat.plan import PIN_AMOUNT, LaunchPlan, build_plan, render_text
 from sgl_seat.spec import SeatSpec, builtin_seats_dir, parse_spec

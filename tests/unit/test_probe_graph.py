@@ -26,8 +26,8 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint, ProbeRecord, VerdictKind
-from sgl_seat.forensics.analysis import rowfetch_buckets
-from sgl_seat.forensics.codec import decode_probe_records, encode_probe_records
+from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
+from sgl_seat.forensics.replay.analysis import rowfetch_buckets
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog import probe
 from sgl_seat.watchdog.probe import graph, ring

@@ -21,7 +21,7 @@ import yaml
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.sim import contract
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.exporter import RANK_STATES, Exporter
+from sgl_seat.watchdog.prometheus.exporter import RANK_STATES, Exporter
 from sgl_seat.watchdog.rankview import RankView
 
 ROOT = Path(__file__).resolve().parents[2]

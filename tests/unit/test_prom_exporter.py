@@ -15,7 +15,7 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.core.warning import PreHangWarning, TailReading
 from sgl_seat.watchdog.config import SidecarConfig
-from sgl_seat.watchdog.exporter import RANK_STATES, Exporter
+from sgl_seat.watchdog.prometheus.exporter import RANK_STATES, Exporter
 from sgl_seat.watchdog.rankview import RankView
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sidecar import Sidecar

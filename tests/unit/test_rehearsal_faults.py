@@ -19,9 +19,9 @@ import pytest
 from sgl_seat.engines import backend_for
 from sgl_seat.engines import sglang as sglang_backend
 from sgl_seat.errors import PlanError, UsageError
-from sgl_seat.launch.agent import NodeAgent
-from sgl_seat.launch.home import HOME_ENV
+from sgl_seat.launch.actors.agent import NodeAgent
 from sgl_seat.launch.rehearse import DETOKENIZER_TITLE, _signal_target
+from sgl_seat.launch.seatrecord.home import HOME_ENV
 from sgl_seat.plan import PROBE_ENV_TARGETS, LaunchPlan, NodePlan, build_plan
 from sgl_seat.spec import SeatSpec, load_spec
 from sgl_seat.watchdog.probe import fault as probe_fault

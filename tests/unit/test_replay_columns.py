@@ -36,8 +36,9 @@ from sgl_seat.core.records import (
 )
 from sgl_seat.core.stats import gather_bucket, percentile
 from sgl_seat.errors import BundleError
-from sgl_seat.forensics import analysis, codec
-from sgl_seat.forensics.codec import decode_probe_records, decode_stack_samples, dumps_line, encode_probe_records
+from sgl_seat.forensics.format import codec
+from sgl_seat.forensics.format.codec import decode_probe_records, decode_stack_samples, dumps_line, encode_probe_records
+from sgl_seat.forensics.replay import analysis
 from sgl_seat.spec import WatchdogSpec
 
 T0 = 1_800_000_000.0
@@ -523,7 +524,7 @@ def test_reading_a_bundle_leaves_the_garbage_collector_as_it_found_it(tmp_path: 
     import shutil
     from pathlib import Path
 
-    from sgl_seat.forensics.bundle import read_bundle
+    from sgl_seat.forensics.format.bundle import read_bundle
 
     src = next(p for p in sorted((Path(__file__).parent.parent / "fixtures" / "bundles").iterdir()) if p.is_dir())
     bad = Path(shutil.copytree(src, tmp_path / src.name))
@@ -539,7 +540,7 @@ def test_reading_a_bundle_leaves_the_garbage_collector_as_it_found_it(tmp_path: 
     try:
         (gc.enable if enabled else gc.disable)()
         with pytest.MonkeyPatch.context() as m:
-            m.setattr("sgl_seat.forensics.bundle.decode_probe_records", spy)
+            m.setattr("sgl_seat.forensics.format.bundle.decode_probe_records", spy)
             assert len(read_bundle(src).probes) > 0 and gc.isenabled() is enabled
             with pytest.raises(BundleError):
                 read_bundle(bad)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sgl_seat.forensics import read_bundle
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.replay.replayer import replay_bundle
 from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_a_draft_off_seats_zero_accept_length_is_no_figure() -> None:
     from dataclasses import replace
 
     from sgl_seat.core.records import MetricsPoint
-    from sgl_seat.forensics.analysis import activity
+    from sgl_seat.forensics.replay.analysis import activity
 
     b = read_bundle(GOLDEN / "stall")
     trig = b.manifest.trigger_t

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from sgl_seat.cli.main import main
-from sgl_seat.forensics.exports import chrome_trace, speedscope
-from sgl_seat.forensics.html import render_html
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.replay.bundle_html import render_html
+from sgl_seat.forensics.replay.exports import chrome_trace, speedscope
+from sgl_seat.forensics.replay.replayer import replay_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "bundles"

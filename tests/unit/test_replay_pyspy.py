@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 
 from sgl_seat.core.records import EngineProcess, Frame, ProbeRecord, StackSample, ThreadStack
-from sgl_seat.forensics import encode_probe_records, encode_records, encode_stack_samples, layout, write_bundle
-from sgl_seat.forensics.analysis import classify_thread
-from sgl_seat.forensics.exports import chrome_trace, speedscope
-from sgl_seat.forensics.html import render_html
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics import encode_probe_records, encode_records, encode_stack_samples, write_bundle
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.replay.analysis import classify_thread
+from sgl_seat.forensics.replay.bundle_html import render_html
+from sgl_seat.forensics.replay.exports import chrome_trace, speedscope
+from sgl_seat.forensics.replay.replayer import replay_bundle
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 LIBPY = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"

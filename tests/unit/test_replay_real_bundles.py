@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.forensics.html import render_html
-from sgl_seat.forensics.replay import replay_bundle
+from sgl_seat.forensics.replay.bundle_html import render_html
+from sgl_seat.forensics.replay.replayer import replay_bundle
 
 GOLDEN = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "bundles"
 #: case -> (kind, rank, node) the live watchdog named

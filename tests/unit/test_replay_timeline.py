@@ -16,8 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from sgl_seat.core.records import Frame, StackSample, ThreadStack
-from sgl_seat.forensics import analysis
-from sgl_seat.forensics.analysis import RankState, classify_thread
+from sgl_seat.forensics.replay import analysis
+from sgl_seat.forensics.replay.analysis import RankState, classify_thread
 
 T0 = 1_800_000_000.0
 

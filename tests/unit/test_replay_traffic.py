@@ -21,7 +21,7 @@ import pytest
 from sgl_seat.cli.main import main
 from sgl_seat.errors import UsageError
 from sgl_seat.forensics import read_bundle
-from sgl_seat.forensics.traffic import replay_traffic, synth_prompt
+from sgl_seat.forensics.recording.traffic import replay_traffic, synth_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL = ROOT / "tests" / "fixtures" / "bundles" / "stall"
@@ -195,8 +195,8 @@ def _seat_with_bundles_dir(tmp_path: Path, name: str) -> Path:
     """Record seat ``name`` (READY) whose spec sets ``bundles.dir``; return that directory."""
     import yaml
 
-    from sgl_seat.launch.record import SeatRecord, save_record
-    from sgl_seat.launch.state import SeatState
+    from sgl_seat.launch.seatrecord.record import SeatRecord, save_record
+    from sgl_seat.launch.seatrecord.state import SeatState
     from sgl_seat.spec import load_spec
 
     src = Path(load_spec("local-sim").source or "")

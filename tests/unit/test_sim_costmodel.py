@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_seat.sim.costmodel import DEFAULT_ACCEPT_RATE, CostModel, SpecShape, accepted_drafts
+from sgl_seat.sim.step.costmodel import DEFAULT_ACCEPT_RATE, CostModel, SpecShape, accepted_drafts
 
 SPEC = SpecShape(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, accept_rate=DEFAULT_ACCEPT_RATE)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from sgl_seat.errors import UsageError
-from sgl_seat.sim import args, device, rowfetch
+from sgl_seat.sim import args, rowfetch
 from sgl_seat.sim.faults import GPU_STALL, FaultState, parse_fault
+from sgl_seat.sim.step import device
 
 ARGV = ["--model-path", "m", "--tp-size", "2", "--nnodes", "2", "--node-rank", "1",
         "--dist-init-addr", "127.0.0.1:38001"]

@@ -10,8 +10,8 @@ import pytest
 
 from sgl_seat.errors import UsageError
 from sgl_seat.sim.args import ENV_PREFILL_MS, parse
-from sgl_seat.sim.costmodel import CostModel
 from sgl_seat.sim.faults import SLOW, SLOW_STALL, Fault, FaultState, parse_fault
+from sgl_seat.sim.step.costmodel import CostModel
 
 
 def test_slow_factor_parses_and_round_trips() -> None:
@@ -75,7 +75,7 @@ def test_prefill_knob_reaches_the_cost_model() -> None:
 
 
 def _first_token(prompt_h: int | None) -> list[int]:
-    from sgl_seat.sim.batch import Batcher, Req
+    from sgl_seat.sim.step.batch import Batcher, Req
 
     b = Batcher(capacity=10_000, max_running=4, cost=CostModel())
     b.add(Req(rid="r1", input_ids=list(range(300, 340)), max_new_tokens=2, prompt_h=prompt_h))
@@ -87,7 +87,7 @@ def _first_token(prompt_h: int | None) -> list[int]:
 def test_a_prompt_hash_computed_ahead_gives_the_same_tokens() -> None:
     """GIVEN the scheduler hashed a long prompt beside the forward (Req.prompt_h) WHEN the prefill completes
     THEN the first token is the one the hash computed at completion gives; a different hash would change it."""
-    from sgl_seat.sim import tokens
+    from sgl_seat.sim.step import tokens
 
     ahead = tokens.context_hash(list(range(300, 340)))
     assert _first_token(ahead) == _first_token(None)

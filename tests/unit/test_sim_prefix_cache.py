@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sgl_seat.sim.batch import DECODE, EXTEND, Batcher, Req
-from sgl_seat.sim.costmodel import CostModel, SpecShape
-from sgl_seat.sim.radix import KVPool, RadixCache
+from sgl_seat.sim.step.batch import DECODE, EXTEND, Batcher, Req
+from sgl_seat.sim.step.costmodel import CostModel, SpecShape
+from sgl_seat.sim.step.radix import KVPool, RadixCache
 
 
 def test_match_insert_split() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sgl_seat.sim import tokens
-from sgl_seat.sim.batch import Batcher, Req
-from sgl_seat.sim.costmodel import CostModel, SpecShape
+from sgl_seat.sim.step import tokens
+from sgl_seat.sim.step.batch import Batcher, Req
+from sgl_seat.sim.step.costmodel import CostModel, SpecShape
 
 
 def test_vocabulary_words_round_trip() -> None:

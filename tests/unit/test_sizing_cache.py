@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sgl_seat.sizing import SGLANG_VERSION, SizingCase
+from sgl_seat.sizing import ask_sglang as sizing_sglang
 from sgl_seat.sizing import cache as sizing_cache
-from sgl_seat.sizing import sglang as sizing_sglang
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sgl_seat.core.records import Frame, RecordError, StackSample, ThreadStack
-from sgl_seat.forensics.codec import decode_stack_samples, encode_stack_samples
+from sgl_seat.forensics.format.codec import decode_stack_samples, encode_stack_samples
 from sgl_seat.watchdog import sampler as sampler_mod
 from sgl_seat.watchdog.procfind import EngineProc
 from sgl_seat.watchdog.pyspy import DumpResult

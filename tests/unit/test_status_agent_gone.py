@@ -3,8 +3,8 @@ engines serving): the reason says what the node's watchdog sees of its engines, 
 
 from __future__ import annotations
 
-from sgl_seat.launch.record import NodeRecord, SeatRecord
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
+from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.status import agent_gone
 
 

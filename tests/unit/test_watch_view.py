@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from sgl_seat.cli.watchview import render
-from sgl_seat.launch.home import HOME_ENV
-from sgl_seat.launch.record import NodeRecord, SeatRecord, save_record
-from sgl_seat.launch.state import SeatState
+from sgl_seat.launch.seatrecord.home import HOME_ENV
+from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_record
+from sgl_seat.launch.seatrecord.state import SeatState
 from tests.cli_runner import run_cli
 
 DOC = {

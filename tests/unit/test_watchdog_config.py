@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from sgl_seat.plan import Placeholder, build_plan
-from sgl_seat.sim import ports as sim_ports
+from sgl_seat.sim.front import ports as sim_ports
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.config import SidecarConfig, metrics_port_for, rank0_metrics_url, sidecar_name
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from sgl_seat.core.records import MetricsPoint
-from sgl_seat.forensics.codec import encode_records
+from sgl_seat.forensics.format.codec import encode_records
 from sgl_seat.watchdog.sources import parse_metrics_text
 
 TEXT = """\

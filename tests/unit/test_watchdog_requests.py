@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.forensics import layout, read_bundle
-from sgl_seat.forensics.recorder import RequestRecorder
-from sgl_seat.forensics.requestlog import MAX_LINE_BYTES, RequestLogFollower, parse_line
+from sgl_seat.forensics import read_bundle
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.recording.recorder import RequestRecorder
+from sgl_seat.forensics.recording.requestlog import MAX_LINE_BYTES, RequestLogFollower, parse_line
 from sgl_seat.plan import REQUEST_LOG_LEVEL, REQUEST_LOG_LEVEL_RAW, Placeholder, build_plan
-from sgl_seat.sim import reqlog
+from sgl_seat.sim.front import reqlog
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.capture import assemble
 
@@ -192,7 +193,7 @@ def test_level_1_events_become_redacted_shapes_with_the_engines_counts() -> None
 
 
 def test_cache_hits_share_one_prefix_group_so_a_replay_recreates_them() -> None:
-    from sgl_seat.forensics.traffic import synth_prompt
+    from sgl_seat.forensics.recording.traffic import synth_prompt
 
     rec = RequestRecorder(history_s=1e9)
     t0 = 1_800_000_000.0

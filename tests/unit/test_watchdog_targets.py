@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.engines.targets import family_targets
+from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.watchdog import probe
 
 
