@@ -32,8 +32,8 @@ def styled(style: str, head: str, rest: str = "") -> Text:
 def print_json(doc: Any) -> None:
     """JSON on stdout, nothing else (so ``--json`` output pipes into jq)."""
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    # Out at once: a Ray driver whose cluster is dying can be ended by Ray's own core worker without Python's exit
-    # (CI: `down --json` with a node's raylet killed exited 1 with nothing on its piped stdout).
+    # Out at once: a Ray driver whose cluster is dying can be ended by Ray's own core worker without Python's exit,
+    # and a buffered document would then never reach a piped stdout (`down --json` with a node's raylet killed).
     sys.stdout.flush()
 
 

@@ -117,7 +117,7 @@ def errors_to_stderr() -> None:
     """Send the cluster's error messages that Ray's driver prints (a node marked dead, say) to stderr.
 
     Why: a driver prints them from a thread of its own, to stdout, whatever ``log_to_driver`` says; under `--json`
-    stdout must carry the JSON alone (in CI, `down --json` after a raylet was killed began with "(raylet) The node
+    stdout must carry the JSON alone (`down --json` after a raylet was killed would begin with "(raylet) The node
     with node id ... has been marked dead"). Ray looks the printer up by name at each message, so it is wrapped here
     (once per process) to mark every message an error stream's.
     """

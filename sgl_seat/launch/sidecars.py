@@ -55,7 +55,7 @@ def context_of(rec: SeatRecord) -> SidecarContext:
 
 def start_sidecars(ctx: SidecarContext) -> SidecarsStarted:
     """Start one sidecar per node, then check that each answers; the outcome says which did not."""
-    what = f"{actors.__name__}.start_sidecars"
+    what = f"{actors.__name__}.create_sidecar_actors"
     try:
         bounded(what, actors.create_sidecar_actors, ctx, timeout=2 * ctx.timeout + START_GRACE_S)
     except Exception as exc:  # the seat is READY: the watchdog failing must not take it down
@@ -91,7 +91,7 @@ def _text(exc: BaseException) -> str:
 
 def stop_sidecars(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: float = 3.0) -> None:
     """Stop every sidecar (under a deadline); those of the nodes in ``brief`` get ``brief_s`` to answer."""
-    bounded(f"{actors.__name__}.stop_sidecars", actors.remove_sidecar_actors, ctx, brief=brief, brief_s=brief_s,
+    bounded(f"{actors.__name__}.remove_sidecar_actors", actors.remove_sidecar_actors, ctx, brief=brief, brief_s=brief_s,
             timeout=ctx.timeout)
 
 

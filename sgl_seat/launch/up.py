@@ -151,8 +151,8 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         interrupted.set()
         raise KeyboardInterrupt
 
-    # Ctrl-C is remembered, not only raised: raised inside a Ray call it can be swallowed there (a CI run saw
-    # `up` reach READY after a SIGINT sent during its dist-init stage).
+    # Ctrl-C is remembered, not only raised: raised inside a Ray call it can be swallowed there, and `up` would go
+    # on to READY after a SIGINT sent during its dist-init stage.
     previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
         else None
     try:

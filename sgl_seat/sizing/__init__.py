@@ -51,8 +51,8 @@ _HOME: dict[str, str] = {
     "plan_capacity": "capacity", "refuse_if_unbootable": "capacity", "speculative_flags": "capacity",
     "HostReaders": "engram", "NodeNeeds": "engram", "check_node": "engram", "host_table_env": "engram",
     "layout_problem": "engram", "needs_from_env": "engram",
-    "SGLANG_VERSION": "sglang", "SizingCase": "sglang", "SizingError": "sglang", "installed_version": "sglang",
-    "size_with_sglang": "sglang", "sizing_session": "sglang",
+    "SGLANG_VERSION": "ask_sglang", "SizingCase": "ask_sglang", "SizingError": "ask_sglang",
+    "installed_version": "ask_sglang", "size_with_sglang": "ask_sglang", "sizing_session": "ask_sglang",
 }
 
 __all__ = [

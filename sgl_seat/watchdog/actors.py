@@ -503,8 +503,7 @@ def remove_sidecar_actors(ctx: SidecarContext, *, brief: Collection[int] = (), b
 
     The sidecars of the nodes in ``brief`` (whose agent Ray no longer knows: a killed agent on a well node, or a
     node whose raylet is gone) get ``brief_s`` to answer, the others ``wait_s``: a sidecar that died with its raylet
-    cannot answer, and waiting out the full stop for it broke `down`'s bound with a node unreachable (20.6 s in CI,
-    15 s of it here)."""
+    cannot answer, and waiting out the full stop for it would break `down`'s bound with a node unreachable."""
     import ray
 
     handles: list[tuple[int, Any]] = []

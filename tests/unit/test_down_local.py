@@ -31,7 +31,7 @@ def _engine() -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     """A stand-in engine group: a shell in its own session with a child, as an engine with its schedulers."""
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
     p = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 10  # the shell forks its sleep a moment after it starts (CI saw the shell alone)
+    deadline = time.monotonic() + 10  # the shell forks its sleep a moment after it starts
     while len(_members(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     return proc, {"pid": proc.pid, "create_time": p.create_time(), "ppid": os.getpid(), "pgid": proc.pid,
@@ -92,8 +92,8 @@ def test_down_local_stops_this_hosts_node_only_and_keeps_the_record(tmp_path: Pa
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 9)
             p.wait(timeout=10)
-    # A SIGKILLed member is gone once the kernel has run it to its end: a moment later under load (CI saw the sleep
-    # of node 1's group still listed just after its shell was reaped).
+    # A SIGKILLed member is gone once the kernel has run it to its end: under load, a moment after its shell was
+    # reaped, the sleep of node 1's group can still be listed.
     deadline = time.monotonic() + 10
     while _members(there.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
