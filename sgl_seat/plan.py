@@ -2,8 +2,9 @@
 
 ``build_plan`` is pure: it reads the spec (and the model's config.json for capacity) and returns a
 frozen plan that prints to stable text and JSON. Nothing here touches Ray or starts a process;
-``sgl_seat.launch`` applies a plan. What differs between engines (module, environment, probe targets,
-faults) comes from the engine's backend (``sgl_seat.engines``); nothing here compares engine names.
+``sgl_seat.launch`` applies a plan. What differs between engines (module, flags, environment, probe targets,
+faults, refusals) comes from the engine's backend (``sgl_seat.engines``) in one answer per plan
+(:class:`~sgl_seat.engines.EngineFacts`); nothing here compares engine names or asks the backend again.
 Values only known at apply time (node 0's address, the node's Python) are typed placeholders that
 :meth:`LaunchPlan.fill` replaces. About 430 lines: the plan's types, its builder and its text/JSON
 rendering belong together (the golden files pin all three at once).
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from sgl_seat.engines import EngineBackend, backend_for
+from sgl_seat.engines import EngineFacts, backend_for
 from sgl_seat.engines.base import ENGINE_VENV
 from sgl_seat.errors import PlanError
 from sgl_seat.sizing import (
@@ -278,7 +279,7 @@ def _fmt_float(x: float) -> str:
     return format(x, "g")
 
 
-def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, slots: int,
+def engine_argv(spec: SeatSpec, topo: Topology, engine: EngineFacts, *, node_rank: int, draft: bool, slots: int,
                 mem_fraction: float) -> list[str]:
     """The flags after ``-m <module>``; only flags that exist in SGLang 0.5.23 (tests parse them)."""
     argv = [
@@ -299,7 +300,7 @@ def engine_argv(spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, 
     ]
     if draft:
         argv += speculative_flags(spec)
-    return argv + backend_for(spec.engine).engine_flags(spec) + request_log_argv(spec, node_rank)
+    return argv + list(engine.flags) + request_log_argv(spec, node_rank)
 
 
 #: ``--log-requests-level`` for the watchdog's request log: 1 keeps metadata, sampling parameters and token
@@ -341,15 +342,15 @@ def probe_dir(seat: str, node_rank: int) -> str:
     return f"/dev/shm/sgl-seat-{seat}/node{node_rank}"  # noqa: S108
 
 
-def _probe_env(spec: SeatSpec, backend: EngineBackend, cap: CapacityReport | None, node_rank: int,
+def _probe_env(spec: SeatSpec, engine: EngineFacts, cap: CapacityReport | None, node_rank: int,
                env: dict[str, str]) -> None:
     """Add the watchdog probe's environment for one node (nothing when the engine has no targets)."""
-    targets = backend.probe_targets(spec.model.architecture or (cap.model if cap is not None else None))
+    targets = engine.probe_targets(spec.model.architecture or (cap.model if cap is not None else None))
     if not spec.watchdog.enabled or not targets:
         return
     env[PROBE_ENV_TARGETS] = ",".join(targets)
     env[PROBE_ENV_DIR] = probe_dir(spec.name, node_rank)
-    if not backend.loads_probe_itself:
+    if not engine.loads_probe_itself:
         boot = Placeholder.WATCHDOG_BOOT.value
         env["PYTHONPATH"] = f"{boot}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else boot
 
@@ -377,7 +378,6 @@ def build_plan(
 ) -> LaunchPlan:
     """Pure: spec (+ overrides) -> LaunchPlan. Refuses a configuration that cannot boot."""
     topo = topology_of(spec)
-    backend = backend_for(spec.engine)
     use_draft = spec.draft.enabled if draft is None else draft
     mf = spec.memory_fraction if mem_fraction is None else mem_fraction
     if not 0.05 < mf < 1.0:
@@ -387,18 +387,16 @@ def build_plan(
     if min(slots_off, slots_on) < 1:
         raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
     chosen = slots_on if use_draft else slots_off
-    faults = backend.validate_faults(faults, rehearsal=spec.rehearsal)
-    cannot_draft = backend.draft_problem(spec)
-    if use_draft and cannot_draft:
-        raise PlanError(f"--draft on is refused for seat {spec.name!r}: {cannot_draft}",
-                        fix="bring it up with the draft off (--draft off); the sim seat (local-sim) rehearses the"
-                            " draft-on path", **spec_location(spec, "draft.enabled"))
+    # The one question to the engine's backend: everything engine-specific about this seat, or its refusal
+    # (faults it does not take, a draft it cannot run).
+    engine = backend_for(spec.engine).describe(spec, topo, draft=use_draft, faults=faults)
 
     # Capacity is sized on node 0's own command line for each draft state (SGLang's sizing reads it).
-    argv0 = {d: engine_argv(spec, topo, node_rank=0, draft=d, slots=slots_on if d else slots_off, mem_fraction=mf)
+    argv0 = {d: engine_argv(spec, topo, engine, node_rank=0, draft=d, slots=slots_on if d else slots_off,
+                            mem_fraction=mf)
              for d in (False, True)}
     # An engine that does not size from GPU memory says where capacity comes from instead; no GPU figure.
-    cap_note = backend.capacity_note(spec)
+    cap_note = engine.capacity_note
     cap = None if cap_note else plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf,
                                               argv_off=argv0[False], argv_on=argv0[True])
     engram_env = _engram_env(spec, topo, cap)
@@ -412,30 +410,29 @@ def build_plan(
             warnings.append("model.config is not set: KV pool and slot ceiling are not predicted")
     elif not cap.draft_off.predicted:
         warnings.append(f"KV pool and slot ceiling are not predicted: {cap.draft_off.problem}")
-    warnings += backend.plan_warnings(spec, topo)
+    warnings += engine.warnings
 
     sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
     nodes = []
     for r in range(topo.nnodes):
-        argv = engine_argv(spec, topo, node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
+        argv = engine_argv(spec, topo, engine, node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
         env = dict(spec.network.env)
         if spec.network.node_env:
             env.update(spec.network.node_env[r])
         env[SEAT_ENV_NAME] = spec.name
         env.update(engram_env)
-        _probe_env(spec, backend, cap, r, env)
-        env.update(backend.node_env(spec, kv_pool_tokens=sel.kv_pool_tokens if sel is not None else None,
-                                    faults=faults))
+        _probe_env(spec, engine, cap, r, env)
+        env.update(engine.node_env(sel.kv_pool_tokens if sel is not None else None))
         nodes.append(
             NodePlan(
                 node_rank=r,
                 ranks=tuple(topo.ranks_on(r)),
-                command=(spec.python, "-m", backend.module, *argv),
+                command=(spec.python, "-m", engine.module, *argv),
                 env=tuple(sorted(env.items())),
                 serves_http=r == 0,
             )
         )
-    if faults and backend.faults_need_probe and not any(PROBE_ENV_TARGETS in n.env_dict() for n in nodes):
+    if engine.faults and engine.faults_need_probe and not any(PROBE_ENV_TARGETS in n.env_dict() for n in nodes):
         raise PlanError(f"--fault needs the watchdog's probe inside the engine, and seat {spec.name!r} has none",
                         fix="set watchdog.enabled: true and model.architecture (or model.config) to a family "
                             "in watchdog/probe-targets.yaml")
@@ -461,7 +458,7 @@ def build_plan(
         warnings=tuple(warnings),
         hosts=hosts,
         capacity_note=cap_note,
-        rehearsal=spec.rehearsal or backend.synthetic,
+        rehearsal=spec.rehearsal or engine.synthetic,
     )
 
 

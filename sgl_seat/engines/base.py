@@ -7,6 +7,9 @@ to run, the engine's own environment and plan warnings, which functions the watc
 the engine loads the probe itself, which ``--fault`` values are accepted, which preflight checks apply
 and where each listening port is bound, and how the actual KV pool is read from the startup log.
 
+The plan asks one question, :meth:`EngineBackend.describe`, and builds from the :class:`EngineFacts` it gets
+back; the other methods are the hooks ``describe`` reads, or what launch asks a node at apply time.
+
 The plan and the node agent hand in the plan's nodes through the narrow :class:`PlannedSeat` and
 :class:`PlannedNode` protocols (``sgl_seat.plan`` sits above this package and is never imported here).
 """
@@ -18,12 +21,15 @@ import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from sgl_seat.engines import preflight, preflight_facts
+from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.engines.preflight import Check, Failure
-from sgl_seat.spec import SeatSpec
+from sgl_seat.errors import PlanError
+from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import Topology
 
 # SGLang 0.5.23 memory_pool.py: "KV Cache is allocated. dtype: ..., #tokens: N, ..."; the name may carry a
@@ -88,6 +94,53 @@ class PlannedSeat(Protocol):
     def nodes(self) -> Sequence[PlannedNode]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """Everything engine-specific about one seat that its plan needs (:meth:`EngineBackend.describe`).
+
+    Two inputs are known only once capacity is sized, and sizing needs :attr:`flags` first: the model's family
+    (from its config.json) and the predicted KV pool. For those this value carries a table
+    (:attr:`probe_family`, :attr:`kv_pool_env`) that :meth:`probe_targets` and :meth:`node_env` read, so the plan
+    never goes back to the backend.
+    """
+
+    #: ``python -m <module>`` starts one node of the engine.
+    module: str
+    #: The engine's own flags, after the plan's on every node's command line, with the draft on or off.
+    flags: tuple[str, ...]
+    #: The engine's own environment on every node, on top of the spec's (sorted pairs).
+    env: tuple[tuple[str, str], ...]
+    #: The variable that carries the plan's predicted KV pool to every node (``None``: the engine sizes its own).
+    kv_pool_env: str | None
+    #: Things in the spec the operator should know about for this engine.
+    warnings: tuple[str, ...]
+    #: Where capacity comes from when it is not sized from GPU memory (``None``: the sizing code decides).
+    capacity_note: str | None
+    #: The ``--fault`` values, validated and normalised.
+    faults: tuple[str, ...]
+    #: True when injected faults run inside the watchdog's probe (faults on a seat with no probe are refused).
+    faults_need_probe: bool
+    #: The family whose functions the probe times whatever the model is (``None``: the model's own family).
+    probe_family: str | None
+    #: True when the engine installs the probe itself (no ``sitecustomize`` loader on its ``PYTHONPATH``).
+    loads_probe_itself: bool
+    #: True when the engine's answers and figures are synthetic (a stand-in, not a model).
+    synthetic: bool
+
+    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
+        """The functions the watchdog's probe times (``module:function@arg``) for a model of ``model_family``;
+        () for none."""
+        family = self.probe_family or model_family
+        return family_targets(family) if family else ()
+
+    def node_env(self, kv_pool_tokens: int | None) -> dict[str, str]:
+        """:attr:`env`, with the predicted KV pool of the chosen draft state where the engine takes it."""
+        env = dict(self.env)
+        if self.kv_pool_env is not None and kv_pool_tokens is not None:
+            env[self.kv_pool_env] = str(kv_pool_tokens)
+        return env
+
+
 class EngineBackend(ABC):
     """One engine family. Instances are stateless; get one with :func:`sgl_seat.engines.backend_for`."""
 
@@ -110,21 +163,46 @@ class EngineBackend(ABC):
     #: True when injected faults run inside the watchdog's probe (a plan with faults and no probe targets is
     #: refused); the sim fires its own.
     faults_need_probe: ClassVar[bool] = False
+    #: The family (``watchdog/probe-targets.yaml``) whose functions the probe times whatever the model is;
+    #: ``None``: the model's own architecture, when known.
+    probe_family: ClassVar[str | None] = None
+    #: The environment variable through which every node gets the plan's predicted KV pool (``None``: the
+    #: engine sizes its own pool).
+    kv_pool_env: ClassVar[str | None] = None
 
     # -- the plan ----------------------------------------------------------------------------------
+
+    def describe(self, spec: SeatSpec, topo: Topology, *, draft: bool, faults: Sequence[str]) -> EngineFacts:
+        """Everything engine-specific about ``spec``'s seat, in one answer; raises what this engine refuses.
+
+        ``faults`` are the ``--fault`` values as given (a UsageError when this engine does not take them);
+        ``draft`` the chosen draft state (a PlanError when this engine cannot run the draft for ``spec``).
+        """
+        valid = self.validate_faults(faults, rehearsal=spec.rehearsal)
+        cannot_draft = self.draft_problem(spec)
+        if draft and cannot_draft:
+            raise PlanError(f"--draft on is refused for seat {spec.name!r}: {cannot_draft}",
+                            fix="bring it up with the draft off (--draft off); the sim seat (local-sim) rehearses"
+                                " the draft-on path", **spec_location(spec, "draft.enabled"))
+        return EngineFacts(
+            module=self.module,
+            flags=tuple(self.engine_flags(spec)),
+            env=tuple(sorted(self.node_env(spec, faults=valid).items())),
+            kv_pool_env=self.kv_pool_env,
+            warnings=tuple(self.plan_warnings(spec, topo)),
+            capacity_note=self.capacity_note(spec),
+            faults=valid,
+            faults_need_probe=self.faults_need_probe,
+            probe_family=self.probe_family,
+            loads_probe_itself=self.loads_probe_itself,
+            synthetic=self.synthetic,
+        )
 
     @abstractmethod
     def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
         """Check ``--fault`` values; return them normalised or raise a UsageError.
 
         ``rehearsal`` is the spec's ``rehearsal`` mark: a real engine takes faults on a rehearsal seat only.
-        """
-
-    @abstractmethod
-    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
-        """The functions the watchdog's probe times on this engine (``module:function@arg``); () for none.
-
-        ``model_family`` is the model's architecture (from its config.json) when capacity knows it.
         """
 
     def engine_flags(self, spec: SeatSpec) -> list[str]:
@@ -139,11 +217,11 @@ class EngineBackend(ABC):
         """Where capacity comes from when it is not sized from GPU memory (``None``: the sizing code decides)."""
         return None
 
-    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+    def node_env(self, spec: SeatSpec, *, faults: Sequence[str]) -> dict[str, str]:
         """Environment of the engine's own every node gets on top of the spec's (none for real SGLang).
 
-        ``kv_pool_tokens`` is the predicted KV pool of the chosen draft state, when predicted; ``faults``
-        the validated ``--fault`` values.
+        ``faults`` are the validated ``--fault`` values; the predicted KV pool is added by the plan under
+        :attr:`kv_pool_env`.
         """
         return {}
 

@@ -34,7 +34,6 @@ from typing import ClassVar
 
 from sgl_seat.engines import preflight_facts
 from sgl_seat.engines.base import ENGINE_VENV, ENGINE_VENV_ENV, EngineBackend, PlannedNode, PlannedSeat, argv_value
-from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.errors import UsageError
 from sgl_seat.spec import SeatSpec
@@ -97,9 +96,6 @@ class SGLangBackend(EngineBackend):
                                  "probe-stall:rank=1,after_calls=20,for_s=30") from None
         return tuple(out)
 
-    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
-        return family_targets(model_family) if model_family else ()
-
     def engine_flags(self, spec: SeatSpec) -> list[str]:
         if spec.device != "cpu":
             return []
@@ -116,7 +112,7 @@ class SGLangBackend(EngineBackend):
         return (f"KV pool set by --max-total-tokens {spec.cpu.max_total_tokens:,} tokens (SGLang's CPU engine:"
                 " no GPU memory to size from; the engine's own 'KV Cache is allocated' line is the actual)")
 
-    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
+    def node_env(self, spec: SeatSpec, *, faults: Sequence[str]) -> dict[str, str]:
         env = self._rehearsal_env(spec, faults)
         if spec.device != "cpu":
             return env

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sgl_seat.engines.base import EngineBackend, PlannedNode, PlannedSeat
-from sgl_seat.engines.family_targets import SIM_FAMILY, family_targets
+from sgl_seat.engines.family_targets import SIM_FAMILY
 from sgl_seat.engines.preflight import Check
 from sgl_seat.sim.args import ENV_ACCEPT_RATE, ENV_FAULTS, ENV_KV_TOKENS, ENV_STEP_FLOOR_MS
 from sgl_seat.sim.faults import parse_fault
@@ -35,6 +35,10 @@ class SimBackend(EngineBackend):
     loads_probe_itself: ClassVar[bool] = True
     kv_actual_source: ClassVar[str] = "synthetic: the sim echoes the plan's prediction, nothing is measured"
     synthetic: ClassVar[bool] = True
+    #: The sim's own row fetch, whatever model the spec names (it runs none).
+    probe_family: ClassVar[str | None] = SIM_FAMILY
+    #: The sim serves the pool the plan predicts (SGLang would size it from the GPU and the model).
+    kv_pool_env: ClassVar[str | None] = ENV_KV_TOKENS
 
     def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
         # The sim is a stand-in engine: every sim seat is a rehearsal, marked or not.
@@ -42,14 +46,10 @@ class SimBackend(EngineBackend):
             parse_fault(f)  # a UsageError naming what is wrong and how to write it
         return tuple(faults)
 
-    def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
-        return family_targets(SIM_FAMILY)
-
-    def node_env(self, spec: SeatSpec, *, kv_pool_tokens: int | None, faults: Sequence[str]) -> dict[str, str]:
-        """What SGLang would derive from the GPU and the model (KV pool, acceptance, step floor) and the faults."""
+    def node_env(self, spec: SeatSpec, *, faults: Sequence[str]) -> dict[str, str]:
+        """What SGLang would derive from the model (acceptance, step floor) and the faults; the KV pool it would
+        derive from the GPU is the plan's prediction, under :attr:`kv_pool_env`."""
         env: dict[str, str] = {}
-        if kv_pool_tokens is not None:
-            env[ENV_KV_TOKENS] = str(kv_pool_tokens)
         sim = spec.sim
         if sim is not None:
             env[ENV_ACCEPT_RATE] = format(sim.accept_rate, "g")
