@@ -18,7 +18,8 @@ torch is imported only here and only when GPU timing starts (it is never importe
 timer in use is the writer's ``_GPU`` (:mod:`.writer` holds the state the hot path reads); this module sets it.
 
 Why a module of its own: the GPU timer (events, streams, graph-capture hooks, the reader thread) is most of
-the probe's code and none of the ring writer's hot path when no GPU is in use.
+the probe's code and none of the ring writer's hot path when no GPU is in use. The replay timers
+(:mod:`.graph`) build on its reader loop (:class:`ReaderLoop`) and event pool (:class:`EventTimer`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,117 @@ PREFILL_EVENTS = 1024  # events made when GPU timing starts (GpuTimer.prefill): 
 FastPath = tuple[list[int], Callable[[Any], Any], Any, int, Any]
 
 
+class ReaderLoop:
+    """A timer's reader thread: :meth:`poll` every ``poll_s`` while work is queued, every ``idle_poll_s`` while not.
+
+    One loop for the three timers that resolve CUDA events off the hot path (:class:`GpuTimer` here, and graph.py's
+    ``ReplayTimer`` and ``NativeReplayTimer``): they differ in what they queue and how a poll resolves it, not in
+    how their reader runs, and a fix to one copy of the loop would not reach the others. A subclass gives
+    :meth:`poll` (publish what completed; how many stay unresolved), :meth:`_busy` (work queued before a poll),
+    :meth:`_unresolved` (after it) and :attr:`thread_name`; :meth:`stop` ends the loop (a subclass that holds
+    more, the C writer's share, gives it back after calling this one).
+    """
+
+    #: The reader thread's name (what a thread listing or a stack dump of the engine shows); each timer sets its own.
+    thread_name: str
+
+    def __init__(self, poll_s: float, clock: Callable[[], float], thread_init: Callable[[], None] | None) -> None:
+        self.poll_s = poll_s
+        #: How long the reader sleeps while nothing is queued (a call seen late is still timed from its own start).
+        self.idle_poll_s = max(poll_s, 0.2)
+        self._clock = clock
+        self._thread_init = thread_init
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def poll(self, now: float | None = None) -> int:
+        """Publish what completed since the last poll; returns how much is still unresolved."""
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
+        """Whether work is queued now, before a poll."""
+        raise NotImplementedError
+
+    def _unresolved(self, polled: int) -> int:
+        """What is still queued after a poll that returned ``polled`` (0 where it raised)."""
+        return polled
+
+    def start(self) -> None:
+        """Start the reader thread (once)."""
+        if self._thread is None:
+            self._thread = reader_thread(self._run, self.thread_name, self._stop)
+
+    def _run(self) -> None:
+        if self._thread_init is not None:
+            with contextlib.suppress(Exception):
+                self._thread_init()  # relaxed capture mode: a query here must not invalidate a capture elsewhere
+        wait = self.poll_s
+        while not self._stop.wait(wait):
+            # Work queued since the last poll (it left none unresolved, or it left some): keep the short period.
+            # Testing the queue *after* the poll instead would back off whenever a poll resolves everything, as it
+            # does on a fast stream, and the event pool would drain between polls (measured: +7-10 us a call).
+            busy = self._busy()
+            polled = 0
+            with contextlib.suppress(Exception):  # never raise into the engine
+                polled = self.poll()
+            wait = self.poll_s if busy or self._unresolved(polled) else self.idle_poll_s
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class EventTimer(ReaderLoop):
+    """The Python timers' share (:class:`GpuTimer`, graph.py's ``ReplayTimer``): events from ``event_factory``,
+    pooled; ``record(event, key)`` (``event.record()`` by default), ``query(event)`` (``event.query()`` by default)
+    and ``event_time(event)`` (optional: the wall time it completed); the ring's GPU side area at ``gpu_off`` for
+    ``nslots`` slots, also the bound on unresolved work. ``_queued`` is the subclass's count of unresolved work,
+    which its poll recounts.
+    """
+
+    def __init__(self, event_factory: Callable[[], Any], *, gpu_off: int, nslots: int, poll_s: float,
+                 clock: Callable[[], float], record: Callable[[Any, Any], Any] | None,
+                 query: Callable[[Any], bool] | None, thread_init: Callable[[], None] | None,
+                 event_time: Callable[[Any], float | None] | None) -> None:
+        super().__init__(poll_s, clock, thread_init)
+        self._factory = event_factory
+        self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
+        self._query: Callable[[Any], bool] = query if query is not None else _query_method
+        self._event_time = event_time
+        self._gpu_word = gpu_off // 8  # first double of the side area, in 8-byte words
+        self._base = HEADER_BYTES // SLOT_BYTES
+        self._limit = nslots
+        self._free: list[Any] = []
+        self._queued = 0
+        self.errors = 0
+
+    def _busy(self) -> bool:
+        return self._queued > 0
+
+    def _unresolved(self, polled: int) -> int:
+        return self._queued  # the poll's recount, or the count as it was where the poll raised
+
+    def prefill(self, n: int) -> None:
+        """Make ``n`` events now, off the hot path. Why: an empty pool makes the hot path create its event
+        (``torch.cuda.Event()`` and a first record: 6-12 us on the H200 hosts measured), and the pool only refills
+        as the reader resolves calls; a fast caller (tens of thousands of calls a second) between two polls drains
+        a cold pool. Measured on the eager path around the sim's CUDA fetch with a cold pool: +4-10 us per call
+        instead of ~2 us."""
+        for _ in range(max(0, n)):
+            self._free.append(self._factory())
+
+
+def _no_stream() -> Any:
+    return None
+
+
+def _record_method(ev: Any, key: Any) -> Any:
+    return ev.record()
+
+
+def _query_method(ev: Any) -> bool:
+    return bool(ev.query())
+
+
 class _Stream:
     """One stream's unresolved calls: groups closed by an event, and the calls since its last event."""
 
@@ -78,7 +190,7 @@ class _Stream:
         self.seen: float | None = None  # when the reader saw this stream's last probed work complete
 
 
-class GpuTimer:
+class GpuTimer(EventTimer):
     """Records one CUDA event after wrapped calls, on the current stream, and resolves them off the hot path.
 
     Why one event, not a pair around the call: recording an event from Python costs 0.8-2 us on the H200 hosts
@@ -108,8 +220,11 @@ class GpuTimer:
     whether all work on the stream completed (None: not known); ``capturing()`` whether a CUDA graph is being
     captured (an event recorded then would belong to the graph). The hot path (:meth:`end`) takes a pooled event,
     records it and queues it: no synchronisation, no query, no allocation once the pool is warm. :meth:`poll`
-    (the reader thread, or a test directly) resolves each stream's queue.
+    (the reader thread, or a test directly) resolves each stream's queue; the reader thread is
+    :class:`ReaderLoop`'s.
     """
+
+    thread_name = "sgl-seat-probe-gpu"
 
     def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
                  nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
@@ -117,28 +232,14 @@ class GpuTimer:
                  query: Callable[[Any], bool] | None = None, stream_idle: Callable[[Any], bool | None] | None = None,
                  thread_init: Callable[[], None] | None = None, coalesce_us: float = 0.0,
                  event_time: Callable[[Any], float | None] | None = None) -> None:
-        self._factory = event_factory
-        self._event_time = event_time
+        super().__init__(event_factory, gpu_off=gpu_off, nslots=nslots, poll_s=poll_s, clock=clock, record=record,
+                         query=query, thread_init=thread_init, event_time=event_time)
         self._stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
-        self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
-        self._query: Callable[[Any], bool] = query if query is not None else _query_method
         self._stream_idle = stream_idle
         self._capturing = capturing
-        self._thread_init = thread_init
         self._coalesce_ns = int(max(0.0, coalesce_us) * 1000)
-        self._gpu_word = gpu_off // 8  # first double of the side area, in 8-byte words
-        self._base = HEADER_BYTES // SLOT_BYTES
-        self._limit = nslots
-        self.poll_s = poll_s
-        #: How long the reader sleeps while nothing is queued (a call seen late is still timed from its own start).
-        self.idle_poll_s = max(poll_s, 0.2)
-        self._clock = clock
-        self._free: list[Any] = []
         self._streams: dict[Any, _Stream] = {}
-        self._queued = 0  # calls queued and not yet resolved, all streams (the hot path's bound)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.errors = 0
+        # _queued (EventTimer's) counts the calls queued and not yet resolved, all streams: the hot path's bound.
         self.queries = 0  # event and stream queries the reader made (the bench reports it)
         self.recorded = 0  # events recorded (calls - recorded: calls that rode on a later event)
         self._nat: Any = None  # the C writer, while it takes this timer's hot path (see _fast)
@@ -337,36 +438,12 @@ class GpuTimer:
                 if q[b + _W_CALL] == c:
                     q[b + _W_GPU] = GPU_NONE
 
-    def prefill(self, n: int) -> None:
-        """Make ``n`` events now, off the hot path. Why: an empty pool makes the hot path create its event
-        (``torch.cuda.Event()`` and a first record: 6-12 us on the H200 hosts measured), and the pool only refills
-        as the reader resolves calls; a fast caller (tens of thousands of calls a second) between two polls drains
-        a cold pool. Measured around the sim's CUDA fetch with a cold pool: +4-10 us per call instead of ~2 us."""
-        for _ in range(max(0, n)):
-            self._free.append(self._factory())
-
-    def start(self) -> None:
-        """Start the reader thread (once)."""
-        if self._thread is None:
-            self._thread = reader_thread(self._run, "sgl-seat-probe-gpu", self._stop)
-
-    def _run(self) -> None:
-        if self._thread_init is not None:
-            with contextlib.suppress(Exception):
-                self._thread_init()
-        wait = self.poll_s
-        while not self._stop.wait(wait):
-            # Calls queued since the last poll (it left none unresolved, or it left some): keep the short period.
-            # Testing the queue *after* the poll instead would back off whenever a poll resolves everything, as it
-            # does on a fast stream, and the event pool would drain between polls (measured: +7-10 us a call).
-            nat = self._nat
-            busy = self._queued > 0 or (nat is not None and nat.gpu_pending() > 0)
-            with contextlib.suppress(Exception):  # never raise into the engine
-                self.poll()
-            wait = self.poll_s if busy or self._queued else self.idle_poll_s
+    def _busy(self) -> bool:
+        nat = self._nat
+        return self._queued > 0 or (nat is not None and nat.gpu_pending() > 0)
 
     def stop(self) -> None:
-        self._stop.set()
+        super().stop()
         if self._nat is not None:
             self._drain()
             self._nat.gpu_clear(self)  # the wrapper goes back to end(), which a stopped timer still serves
@@ -374,18 +451,6 @@ class GpuTimer:
 
 
 _perf_ns = time.perf_counter_ns
-
-
-def _no_stream() -> Any:
-    return None
-
-
-def _record_method(ev: Any, key: Any) -> Any:
-    return ev.record()
-
-
-def _query_method(ev: Any) -> bool:
-    return bool(ev.query())
 
 
 # While a CUDA graph is captured through torch's CUDAGraph (torch.cuda.graph, make_graphed_callables, SGLang's

@@ -65,7 +65,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import writer
-from .guard import reader_thread, warn_once
+from .gpu import EventTimer, ReaderLoop, _no_stream
+from .guard import warn_once
 from .ring import (
     _END_BITS,
     _END_MASK,
@@ -153,7 +154,7 @@ class _Replay:
         return p.seen if p is not None and p.state == _SEEN_DONE else None
 
 
-class ReplayTimer:
+class ReplayTimer(EventTimer):
     """CUDA events around each replay on its stream, resolved into the ring by :meth:`poll`.
 
     ``event_factory`` makes one event; ``stream_key()`` names the current stream; ``record(event, key)`` records
@@ -163,7 +164,10 @@ class ReplayTimer:
     event after every replay; a start event before it only where the previous timed replay on its stream was already
     seen done by the reader (or none is queued there), else its start is bounded by that replay's end (the module
     doc says why that is safe for the in-flight rule); ``start_events`` ``"always"``: a start event every replay.
+    The reader thread is :class:`.gpu.ReaderLoop`'s.
     """
+
+    thread_name = "sgl-seat-probe-graph"
 
     def __init__(self, event_factory: Callable[[], Any], capturing: Callable[[], bool], *, gpu_off: int,
                  nslots: int, poll_s: float = 0.02, clock: Callable[[], float] = time.time,
@@ -171,28 +175,14 @@ class ReplayTimer:
                  query: Callable[[Any], bool] | None = None, thread_init: Callable[[], None] | None = None,
                  event_time: Callable[[Any], float | None] | None = None,
                  start_events: str = START_SHARED) -> None:
-        self._factory = event_factory
+        super().__init__(event_factory, gpu_off=gpu_off, nslots=nslots, poll_s=poll_s, clock=clock, record=record,
+                         query=query, thread_init=thread_init, event_time=event_time)
         self.capturing = capturing
         self.stream_key: Callable[[], Any] = stream_key if stream_key is not None else _no_stream
-        self._record: Callable[[Any, Any], Any] = record if record is not None else _record_method
-        self._query: Callable[[Any], bool] = query if query is not None else _query_method
-        self._event_time = event_time
-        self._thread_init = thread_init
-        self._gpu_word = gpu_off // 8
-        self._base = HEADER_BYTES // SLOT_BYTES
-        self._limit = nslots
-        self.poll_s = poll_s
-        self.idle_poll_s = max(poll_s, 0.2)
-        self._clock = clock
-        self._free: list[Any] = []
         # Per stream, replays in launch order.
         self._streams: dict[Any, collections.deque[_Replay]] = {}
-        self._queued = 0
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
         self.start_events_mode = start_events_mode(start_events)
         self._always = self.start_events_mode == START_ALWAYS
-        self.errors = 0
         self.recorded = 0  # replays timed (their end event recorded and queued)
         self.start_events = 0  # start events recorded
         self.start_shared = 0  # replays whose start is bounded by the previous replay's end (no start event)
@@ -315,43 +305,8 @@ class ReplayTimer:
             d[g + 1] = max(end, d[g])
         q[b + _W_GPU] = state
 
-    def prefill(self, n: int) -> None:
-        """Make ``n`` events now, off the hot path (a cold pool makes the replay create its events)."""
-        for _ in range(max(0, n)):
-            self._free.append(self._factory())
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = reader_thread(self._run, "sgl-seat-probe-graph", self._stop)
-
-    def _run(self) -> None:
-        if self._thread_init is not None:
-            with contextlib.suppress(Exception):
-                self._thread_init()  # relaxed capture mode: a query here must not invalidate a capture elsewhere
-        wait = self.poll_s
-        while not self._stop.wait(wait):
-            busy = self._queued > 0
-            with contextlib.suppress(Exception):
-                self.poll()
-            wait = self.poll_s if busy or self._queued else self.idle_poll_s
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def _no_stream() -> Any:
-    return None
-
-
-def _record_method(ev: Any, key: Any) -> Any:
-    return ev.record()
-
-
-def _query_method(ev: Any) -> bool:
-    return bool(ev.query())
-
-
-class NativeReplayTimer:
+class NativeReplayTimer(ReaderLoop):
     """:class:`ReplayTimer`'s job done by the C writer (``probe_native.c``, "CUDA graph replays"): the C
     ``GraphWrapper`` records the events itself (an end event after every replay, a start event before it where
     ReplayTimer would record one; ``start_events`` ``"always"``: every replay) and queues them; :meth:`poll` (its
@@ -362,23 +317,20 @@ class NativeReplayTimer:
     this one: the bench's Python arm). ``nat`` is the loaded C module; the addresses are the CUDA runtime's
     ``cudaEventRecord``, ``cudaEventQuery``, ``cudaEventCreateWithFlags`` and ``cudaStreamIsCapturing`` (0: no
     per-stream capture test), or a test's stand-ins; the stream is ``key_fn(key_arg)`` (``key_arg()`` first where
-    callable), ``captures[0]`` the graph captures in progress (the capture hooks' count).
+    callable), ``captures[0]`` the graph captures in progress (the capture hooks' count). The reader thread is
+    :class:`.gpu.ReaderLoop`'s.
     """
 
     native = True
+    thread_name = "sgl-seat-probe-graph"
 
     def __init__(self, nat: Any, captures: list[int], key_fn: Callable[[Any], Any], key_arg: Any, *, record: int,
                  query: int, create: int, capturing: int = 0, nslots: int, prefill: int = 0, poll_s: float = 0.02,
                  clock: Callable[[], float] = time.time, thread_init: Callable[[], None] | None = None,
                  start_events: str = START_SHARED) -> None:
+        super().__init__(poll_s, clock, thread_init)
         self._nat = nat
         self.start_events_mode = start_events_mode(start_events)
-        self.poll_s = poll_s
-        self.idle_poll_s = max(poll_s, 0.2)
-        self._clock = clock
-        self._thread_init = thread_init
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
         self.prefilled = int(nat.graph_setup(self, captures, key_fn, key_arg, record, query, create, capturing,
                                              nslots, prefill, self.start_events_mode == START_ALWAYS))
 
@@ -417,24 +369,11 @@ class NativeReplayTimer:
         """Publish what completed since the last poll; returns how many replays are still unresolved."""
         return int(self._nat.graph_poll(self._clock() if now is None else now))
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = reader_thread(self._run, "sgl-seat-probe-graph", self._stop)
-
-    def _run(self) -> None:
-        if self._thread_init is not None:
-            with contextlib.suppress(Exception):
-                self._thread_init()  # relaxed capture mode: a query here must not invalidate a capture elsewhere
-        wait = self.poll_s
-        while not self._stop.wait(wait):
-            busy = self._stats()["queued"] > 0
-            left = 0
-            with contextlib.suppress(Exception):
-                left = self.poll()
-            wait = self.poll_s if busy or left else self.idle_poll_s
+    def _busy(self) -> bool:
+        return self._stats()["queued"] > 0
 
     def stop(self) -> None:
-        self._stop.set()
+        super().stop()
         self._nat.graph_clear(self)  # the C wrapper records no more events for this timer
 
 

@@ -109,34 +109,183 @@ static PyObject *clear_ring(PyObject *mod, PyObject *unused) {
 
 static PyObject *next_call(PyObject *mod, PyObject *unused) { return PyLong_FromUnsignedLongLong(take_call()); }
 
+/* ---- What both wrapper types share -------------------------------------------------------------------------
+ *
+ * Wrapper (eager calls) and GraphWrapper (CUDA graph replays) time one call into one ring slot the same way: the
+ * ring made on the first call, a call number and its slot, the slot opened before the call and its end stored
+ * after it, the wrapped callable bound as a method, its attributes kept for functools.update_wrapper. Each type
+ * starts with a ProbeWrapper (its first member, so a pointer to either is one to its ProbeWrapper) and uses the
+ * functions below; what differs is the gather size (pw_arg's argument read as a size or a shape key) and the timer
+ * asked around the call. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *fn;
-    PyObject *kw;      /* the sized argument's name, or None */
-    PyObject *globals; /* writer.py's module dict */
+    PyObject *kw;      /* the sized argument's (or shape key's) name, or None */
+    PyObject *globals; /* the module dict read each call: writer.py's (_GPU) or graph.py's (_TIMER, _DECIDED) */
     PyObject *ensure;  /* writer._ensure_ring */
     PyObject *dict;    /* functools.update_wrapper's attributes */
     Py_ssize_t pos;
     int tidx;
+} ProbeWrapper;
+
+/* Whether there is a ring to write, made on the first call (writer._ensure_ring) where there is none yet; 0: the
+ * call runs untimed. */
+static inline int pw_ring(ProbeWrapper *w) {
+    if (ring_words != NULL) return 1;
+    PyObject *ok = PyObject_CallNoArgs(w->ensure);
+    int yes = ok != NULL && PyObject_IsTrue(ok) == 1;
+    Py_XDECREF(ok);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return yes && ring_words != NULL;
+}
+
+/* The argument at position pos, else the keyword kw (borrowed); NULL: the call has neither. */
+static inline PyObject *pw_arg(ProbeWrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (w->pos >= 0 && w->pos < nargs) return args[w->pos];
+    if (kwnames == NULL || w->kw == Py_None) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == w->kw || PyUnicode_Compare(name, w->kw) == 0) return args[nargs + i];
+    }
+    return NULL;
+}
+
+/* One call's slot: the ring it was taken in, its call number, its first word and the lap its end is tagged with. */
+typedef struct {
+    int64_t *words;
+    int64_t *slot;
+    uint64_t c, b, lap;
+} pw_call;
+
+static inline pw_call pw_take(void) {
+    pw_call k;
+    k.words = ring_words;
+    k.c = take_call();
+    k.b = ((k.c & ring_mask) + ring_header_slots) << 3; /* the slot's first word */
+    k.slot = k.words + k.b;
+    k.lap = ((k.c >> ring_shift) & LAP_MASK) << END_BITS;
+    return k;
+}
+
+/* The slot opened (ring.py's writer protocol): started now, end 0 while the call is in flight. */
+static inline void pw_open(const pw_call *k, int64_t gs, int64_t tword, int64_t gpu_state) {
+    int64_t *slot = k->slot;
+    __atomic_store_n(&slot[0], (int64_t)(2 * k->c + 1), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    slot[1] = (int64_t)k->c;
+    slot[2] = now_ns();
+    slot[W_END] = 0;
+    slot[4] = gs;
+    slot[5] = (int64_t)PyThread_get_thread_ident();
+    slot[6] = tword;
+    slot[W_GPU] = gpu_state;
+    __atomic_store_n(&slot[0], (int64_t)(2 * k->c + 2), __ATOMIC_RELEASE);
+}
+
+/* The call untimed on the GPU (its timer could not queue it), where its ring is still the one written. */
+static inline void pw_untimed(const pw_call *k) {
+    if (ring_words == k->words) k->words[k->b + W_GPU] = GPU_NONE;
+}
+
+/* The blind end store with the call's lap (ring.py's module doc); a ring replaced meanwhile is not written. */
+static inline void pw_close(const pw_call *k) {
+    if (ring_words == k->words)
+        __atomic_store_n(&k->slot[W_END], (int64_t)(k->lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
+}
+
+/* timer.name(b, c), or timer.name(lead, b, c) where lead is given: a Python timer's end() or after(). */
+static PyObject *pw_call_timer(PyObject *timer, PyObject *name, PyObject *lead, uint64_t b, uint64_t c) {
+    PyObject *r = NULL;
+    PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c);
+    if (pb != NULL && pc != NULL) {
+        PyObject *argv[4] = {timer, lead, pb, pc};
+        if (lead == NULL) {
+            argv[1] = pb;
+            argv[2] = pc;
+        }
+        r = PyObject_VectorcallMethod(name, argv, lead == NULL ? 3 : 4, NULL);
+    }
+    Py_XDECREF(pb);
+    Py_XDECREF(pc);
+    return r;
+}
+
+/* A new wrapper of either type with the shared fields set (new references); the caller sets its own. */
+static ProbeWrapper *pw_new(PyTypeObject *type, vectorcallfunc call, PyObject *fn, PyObject *kw, PyObject *globals,
+                            PyObject *ensure, Py_ssize_t pos, int tidx) {
+    ProbeWrapper *w = (ProbeWrapper *)type->tp_alloc(type, 0);
+    if (w == NULL) return NULL;
+    w->vectorcall = call;
+    w->fn = Py_NewRef(fn);
+    w->kw = Py_NewRef(kw);
+    w->globals = Py_NewRef(globals);
+    w->ensure = Py_NewRef(ensure);
+    w->dict = NULL;
+    w->pos = pos;
+    w->tidx = tidx;
+    return w;
+}
+
+static int pw_traverse(ProbeWrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->fn);
+    Py_VISIT(w->kw);
+    Py_VISIT(w->globals);
+    Py_VISIT(w->ensure);
+    Py_VISIT(w->dict);
+    return 0;
+}
+
+static int pw_clear(ProbeWrapper *w) {
+    Py_CLEAR(w->fn);
+    Py_CLEAR(w->kw);
+    Py_CLEAR(w->globals);
+    Py_CLEAR(w->ensure);
+    Py_CLEAR(w->dict);
+    return 0;
+}
+
+static void pw_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    Py_TYPE(self)->tp_clear(self); /* the type's own clear: the shared fields and its own */
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* A method wrapped on its class is bound like the function it replaces. */
+static PyObject *pw_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *pw_fn(ProbeWrapper *w, void *closure) { return Py_NewRef(w->fn); }
+
+static PyGetSetDef pw_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"probed_function", (getter)pw_fn, NULL, "the wrapped callable", NULL},
+    {NULL},
+};
+
+/* The slots both types fill alike, set before PyType_Ready (each type object names only what is its own). */
+static int pw_type_ready(PyTypeObject *type) {
+    type->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
+    type->tp_dealloc = pw_dealloc;
+    type->tp_call = PyVectorcall_Call;
+    type->tp_vectorcall_offset = offsetof(ProbeWrapper, vectorcall);
+    type->tp_descr_get = pw_descr_get;
+    type->tp_dictoffset = offsetof(ProbeWrapper, dict);
+    type->tp_getset = pw_getset;
+    return PyType_Ready(type);
+}
+
+typedef struct {
+    ProbeWrapper base;
     int mode;
 } Wrapper;
 
 static int64_t gather_size(Wrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *obj = NULL;
     if (w->mode == 0) return -1;
-    if (w->pos >= 0 && w->pos < nargs) {
-        obj = args[w->pos];
-    } else if (kwnames != NULL && w->kw != Py_None) {
-        Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-            if (name == w->kw || PyUnicode_Compare(name, w->kw) == 0) {
-                obj = args[nargs + i];
-                break;
-            }
-        }
-    }
+    PyObject *obj = pw_arg(&w->base, args, nargs, kwnames);
     if (obj == NULL) return -1;
     int64_t gs = -1;
     if (w->mode == 1) {
@@ -495,36 +644,18 @@ static PyObject *gpu_set_queued(PyObject *mod, PyObject *n) {
 
 static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Wrapper *w = (Wrapper *)self;
-    if (ring_words == NULL) {
-        PyObject *ok = PyObject_CallNoArgs(w->ensure);
-        int yes = ok != NULL && PyObject_IsTrue(ok) == 1;
-        Py_XDECREF(ok);
-        if (PyErr_Occurred()) PyErr_Clear();
-        if (!yes || ring_words == NULL) return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
-    }
+    if (!pw_ring(&w->base)) return PyObject_Vectorcall(w->base.fn, args, nargsf, kwnames);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int64_t gs = gather_size(w, args, nargs, kwnames);
     /* writer._GPU, read each call like the Python wrapper's LOAD_GLOBAL (the event timer starts and stops). */
-    PyObject *g = PyDict_GetItemWithError(w->globals, str_gpu);
+    PyObject *g = PyDict_GetItemWithError(w->base.globals, str_gpu);
     if (g == NULL && PyErr_Occurred()) PyErr_Clear();
     if (g == Py_None) g = NULL;
     Py_XINCREF(g);
-    int64_t *words = ring_words;
-    uint64_t c = take_call();
-    uint64_t b = ((c & ring_mask) + ring_header_slots) << 3; /* the slot's first word */
-    int64_t *slot = words + b;
-    uint64_t lap = ((c >> ring_shift) & LAP_MASK) << END_BITS;
-    __atomic_store_n(&slot[0], (int64_t)(2 * c + 1), __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    slot[1] = (int64_t)c;
-    slot[2] = now_ns();
-    slot[W_END] = 0;
-    slot[4] = gs;
-    slot[5] = (int64_t)PyThread_get_thread_ident();
-    slot[6] = w->tidx;
-    slot[W_GPU] = g == NULL ? GPU_NONE : GPU_QUEUED;
-    __atomic_store_n(&slot[0], (int64_t)(2 * c + 2), __ATOMIC_RELEASE);
-    PyObject *res = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    pw_call k = pw_take();
+    uint64_t b = k.b, c = k.c;
+    pw_open(&k, gs, w->base.tidx, g == NULL ? GPU_NONE : GPU_QUEUED);
+    PyObject *res = PyObject_Vectorcall(w->base.fn, args, nargsf, kwnames);
     if (g != NULL) {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
@@ -537,26 +668,17 @@ static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_
         }
         if (done < 0) PyErr_Clear();
         if (done <= 0) {
-            PyObject *r = NULL;
-            PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c);
-            if (pb != NULL && pc != NULL) {
-                PyObject *argv[3] = {g, pb, pc};
-                r = PyObject_VectorcallMethod(str_end, argv, 3, NULL);
-            }
-            Py_XDECREF(pb);
-            Py_XDECREF(pc);
+            PyObject *r = pw_call_timer(g, str_end, NULL, b, c);
             if (r == NULL) {
                 PyErr_Clear();
-                if (ring_words == words) words[b + W_GPU] = GPU_NONE; /* untimed on the GPU, as end() does */
+                pw_untimed(&k); /* as end() does */
             }
             Py_XDECREF(r);
         }
         PyErr_Restore(et, ev, tb);
         Py_DECREF(g);
     }
-    /* blind end store with the call's lap (ring.py's module doc); a ring replaced meanwhile is not written */
-    if (ring_words == words)
-        __atomic_store_n(&slot[W_END], (int64_t)(lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
+    pw_close(&k);
     return res;
 }
 
@@ -576,73 +698,20 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "kw must be a str or None");
         return NULL;
     }
-    Wrapper *w = (Wrapper *)type->tp_alloc(type, 0);
+    Wrapper *w = (Wrapper *)pw_new(type, wrapper_vectorcall, fn, kw, globals, ensure, pos, tidx);
     if (w == NULL) return NULL;
-    w->vectorcall = wrapper_vectorcall;
-    w->fn = Py_NewRef(fn);
-    w->kw = Py_NewRef(kw);
-    w->globals = Py_NewRef(globals);
-    w->ensure = Py_NewRef(ensure);
-    w->dict = NULL;
-    w->pos = pos;
-    w->tidx = tidx;
     w->mode = mode;
     return (PyObject *)w;
 }
-
-static int wrapper_traverse(Wrapper *w, visitproc visit, void *arg) {
-    Py_VISIT(w->fn);
-    Py_VISIT(w->kw);
-    Py_VISIT(w->globals);
-    Py_VISIT(w->ensure);
-    Py_VISIT(w->dict);
-    return 0;
-}
-
-static int wrapper_clear(Wrapper *w) {
-    Py_CLEAR(w->fn);
-    Py_CLEAR(w->kw);
-    Py_CLEAR(w->globals);
-    Py_CLEAR(w->ensure);
-    Py_CLEAR(w->dict);
-    return 0;
-}
-
-static void wrapper_dealloc(Wrapper *w) {
-    PyObject_GC_UnTrack(w);
-    wrapper_clear(w);
-    Py_TYPE(w)->tp_free((PyObject *)w);
-}
-
-/* A method wrapped on its class is bound like the function it replaces. */
-static PyObject *wrapper_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
-    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
-    return PyMethod_New(self, obj);
-}
-
-static PyObject *wrapper_fn(Wrapper *w, void *closure) { return Py_NewRef(w->fn); }
-
-static PyGetSetDef wrapper_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {"probed_function", (getter)wrapper_fn, NULL, "the wrapped callable", NULL},
-    {NULL},
-};
 
 static PyTypeObject WrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "probe_native.Wrapper",
     .tp_basicsize = sizeof(Wrapper),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "A callable that times each call into the probe ring (see the module source).",
     .tp_new = wrapper_new,
-    .tp_dealloc = (destructor)wrapper_dealloc,
-    .tp_traverse = (traverseproc)wrapper_traverse,
-    .tp_clear = (inquiry)wrapper_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
-    .tp_descr_get = wrapper_descr_get,
-    .tp_dictoffset = offsetof(Wrapper, dict),
-    .tp_getset = wrapper_getset,
+    .tp_traverse = (traverseproc)pw_traverse,
+    .tp_clear = (inquiry)pw_clear,
 };
 
 /* ---- CUDA graph replays (graph.py) ------------------------------------------------------------------------
@@ -1138,18 +1207,10 @@ static PyObject *graph_after(PyObject *mod, PyObject *args) {
 }
 
 typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *fn;
-    PyObject *kw;      /* the shape key's parameter name */
-    PyObject *globals; /* graph.py's module dict (_TIMER, _DECIDED) */
-    PyObject *ensure;  /* writer._ensure_ring */
+    ProbeWrapper base; /* kw: the shape key's parameter name; globals: graph.py's module dict */
     PyObject *decide;  /* graph._decide */
-    PyObject *dict;
     PyObject *owner;   /* a weak reference to the last owner (a backend) whose runner width is cached */
     int64_t width;
-    Py_ssize_t pos;
-    int tidx;
 } GraphWrapper;
 
 static int64_t gw_int(PyObject *v) { /* an int that is not a bool, else -1 */
@@ -1161,20 +1222,8 @@ static int64_t gw_int(PyObject *v) { /* an int that is not a bool, else -1 */
 
 /* graph.replay_shape: (token count, shape key); *key -1 where the key has no integer size (gs then -1 too). */
 static int64_t gw_shape(GraphWrapper *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int64_t *key) {
-    PyObject *obj = NULL;
     *key = -1;
-    if (w->pos < nargs) {
-        obj = args[w->pos];
-    } else if (kwnames != NULL) {
-        Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-            if (name == w->kw || PyUnicode_Compare(name, w->kw) == 0) {
-                obj = args[nargs + i];
-                break;
-            }
-        }
-    }
+    PyObject *obj = pw_arg(&w->base, args, nargs, kwnames);
     if (obj == NULL) return -1;
     int64_t size;
     if (PyLong_Check(obj) && !PyBool_Check(obj)) {
@@ -1233,19 +1282,13 @@ static int64_t gw_shape(GraphWrapper *w, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     GraphWrapper *w = (GraphWrapper *)self;
-    if (ring_words == NULL) {
-        PyObject *ok = PyObject_CallNoArgs(w->ensure);
-        int yes = ok != NULL && PyObject_IsTrue(ok) == 1;
-        Py_XDECREF(ok);
-        if (PyErr_Occurred()) PyErr_Clear();
-        if (!yes || ring_words == NULL) return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
-    }
+    if (!pw_ring(&w->base)) return PyObject_Vectorcall(w->base.fn, args, nargsf, kwnames);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     /* graph._TIMER once graph._DECIDED, else graph._decide() (the first replay decides) */
     PyObject *timer = NULL;
-    PyObject *decided = PyDict_GetItemWithError(w->globals, str_decided);
+    PyObject *decided = PyDict_GetItemWithError(w->base.globals, str_decided);
     if (decided == Py_True) {
-        timer = PyDict_GetItemWithError(w->globals, str_timer);
+        timer = PyDict_GetItemWithError(w->base.globals, str_timer);
         Py_XINCREF(timer);
     } else if (!PyErr_Occurred()) {
         timer = PyObject_CallNoArgs(w->decide);
@@ -1254,15 +1297,13 @@ static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args,
     if (timer == Py_None) Py_CLEAR(timer);
     int64_t key;
     int64_t gs = gw_shape(w, args, nargs, kwnames, &key);
-    int64_t tword = key < 0 ? w->tidx
-                            : (int64_t)((uint64_t)w->tidx | (1ULL << 16) |
+    int tidx = w->base.tidx;
+    int64_t tword = key < 0 ? tidx
+                            : (int64_t)((uint64_t)tidx | (1ULL << 16) |
                                         ((uint64_t)(key > 0x7FFFFFFF ? 0x7FFFFFFF : key) << 32));
     if (key < 0) gs = -1;
-    int64_t *words = ring_words;
-    uint64_t c = take_call();
-    uint64_t b = ((c & ring_mask) + ring_header_slots) << 3;
-    int64_t *slot = words + b;
-    uint64_t lap = ((c >> ring_shift) & LAP_MASK) << END_BITS;
+    pw_call k = pw_take();
+    uint64_t b = k.b, c = k.c;
     void *stream = NULL, *ev0 = NULL;
     uint64_t prev = 0;
     PyObject *started = NULL; /* a Python timer's before() */
@@ -1276,17 +1317,8 @@ static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args,
             if (started == Py_None) Py_CLEAR(started);
         }
     }
-    __atomic_store_n(&slot[0], (int64_t)(2 * c + 1), __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    slot[1] = (int64_t)c;
-    slot[2] = now_ns();
-    slot[W_END] = 0;
-    slot[4] = gs;
-    slot[5] = (int64_t)PyThread_get_thread_ident();
-    slot[6] = tword;
-    slot[W_GPU] = native || started != NULL ? GPU_QUEUED : GPU_NONE;
-    __atomic_store_n(&slot[0], (int64_t)(2 * c + 2), __ATOMIC_RELEASE);
-    PyObject *res = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    pw_open(&k, gs, tword, native || started != NULL ? GPU_QUEUED : GPU_NONE);
+    PyObject *res = PyObject_Vectorcall(w->base.fn, args, nargsf, kwnames);
     if (native || started != NULL) {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
@@ -1294,24 +1326,17 @@ static PyObject *graph_wrapper_vectorcall(PyObject *self, PyObject *const *args,
         if (native) {
             ok = gt_after(stream, ev0, prev, b, c);
         } else {
-            PyObject *pb = PyLong_FromUnsignedLongLong(b), *pc = PyLong_FromUnsignedLongLong(c), *r = NULL;
-            if (pb != NULL && pc != NULL) {
-                PyObject *argv[4] = {timer, started, pb, pc};
-                r = PyObject_VectorcallMethod(str_after, argv, 4, NULL);
-            }
+            PyObject *r = pw_call_timer(timer, str_after, started, b, c);
             ok = r != NULL && PyObject_IsTrue(r) == 1;
             Py_XDECREF(r);
-            Py_XDECREF(pb);
-            Py_XDECREF(pc);
             PyErr_Clear();
         }
-        if (!ok && ring_words == words) words[b + W_GPU] = GPU_NONE;
+        if (!ok) pw_untimed(&k);
         PyErr_Restore(et, ev, tb);
     }
     Py_XDECREF(started);
     Py_XDECREF(timer);
-    if (ring_words == words)
-        __atomic_store_n(&slot[W_END], (int64_t)(lap | ((uint64_t)now_ns() & END_MASK)), __ATOMIC_RELEASE);
+    pw_close(&k);
     return res;
 }
 
@@ -1327,73 +1352,34 @@ static PyObject *graph_wrapper_new(PyTypeObject *type, PyObject *args, PyObject 
         PyErr_SetString(PyExc_TypeError, "fn, ensure_ring and decide must be callable, pos >= 0");
         return NULL;
     }
-    GraphWrapper *w = (GraphWrapper *)type->tp_alloc(type, 0);
+    GraphWrapper *w = (GraphWrapper *)pw_new(type, graph_wrapper_vectorcall, fn, kw, globals, ensure, pos, tidx);
     if (w == NULL) return NULL;
-    w->vectorcall = graph_wrapper_vectorcall;
-    w->fn = Py_NewRef(fn);
-    w->kw = Py_NewRef(kw);
-    w->globals = Py_NewRef(globals);
-    w->ensure = Py_NewRef(ensure);
     w->decide = Py_NewRef(decide);
-    w->dict = NULL;
     w->owner = NULL;
     w->width = 1;
-    w->pos = pos;
-    w->tidx = tidx;
     return (PyObject *)w;
 }
 
 static int graph_wrapper_traverse(GraphWrapper *w, visitproc visit, void *arg) {
-    Py_VISIT(w->fn);
-    Py_VISIT(w->kw);
-    Py_VISIT(w->globals);
-    Py_VISIT(w->ensure);
     Py_VISIT(w->decide);
-    Py_VISIT(w->dict);
     Py_VISIT(w->owner);
-    return 0;
+    return pw_traverse(&w->base, visit, arg);
 }
 
 static int graph_wrapper_clear(GraphWrapper *w) {
-    Py_CLEAR(w->fn);
-    Py_CLEAR(w->kw);
-    Py_CLEAR(w->globals);
-    Py_CLEAR(w->ensure);
     Py_CLEAR(w->decide);
-    Py_CLEAR(w->dict);
     Py_CLEAR(w->owner);
-    return 0;
+    return pw_clear(&w->base);
 }
-
-static void graph_wrapper_dealloc(GraphWrapper *w) {
-    PyObject_GC_UnTrack(w);
-    graph_wrapper_clear(w);
-    Py_TYPE(w)->tp_free((PyObject *)w);
-}
-
-static PyObject *graph_wrapper_fn(GraphWrapper *w, void *closure) { return Py_NewRef(w->fn); }
-
-static PyGetSetDef graph_wrapper_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {"probed_function", (getter)graph_wrapper_fn, NULL, "the wrapped callable", NULL},
-    {NULL},
-};
 
 static PyTypeObject GraphWrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "probe_native.GraphWrapper",
     .tp_basicsize = sizeof(GraphWrapper),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "A callable that times each CUDA graph replay into the probe ring (see the module source).",
     .tp_new = graph_wrapper_new,
-    .tp_dealloc = (destructor)graph_wrapper_dealloc,
     .tp_traverse = (traverseproc)graph_wrapper_traverse,
     .tp_clear = (inquiry)graph_wrapper_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(GraphWrapper, vectorcall),
-    .tp_descr_get = wrapper_descr_get,
-    .tp_dictoffset = offsetof(GraphWrapper, dict),
-    .tp_getset = graph_wrapper_getset,
 };
 
 static PyMethodDef module_methods[] = {
@@ -1424,7 +1410,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "probe_native", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit_probe_native(void) {
-    if (PyType_Ready(&WrapperType) < 0) return NULL;
+    if (pw_type_ready(&WrapperType) < 0) return NULL;
     str_numel = PyUnicode_InternFromString("numel");
     str_shape = PyUnicode_InternFromString("shape");
     str_gpu = PyUnicode_InternFromString("_GPU");
@@ -1444,7 +1430,7 @@ PyMODINIT_FUNC PyInit_probe_native(void) {
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
-    if (PyType_Ready(&GraphWrapperType) < 0) return NULL;
+    if (pw_type_ready(&GraphWrapperType) < 0) return NULL;
     str_timer = PyUnicode_InternFromString("_TIMER");
     str_decided = PyUnicode_InternFromString("_DECIDED");
     str_size = PyUnicode_InternFromString("size");
