@@ -24,7 +24,7 @@ CALLER = textwrap.dedent("""
     import json, os, signal, sys
     from pathlib import Path
     import psutil
-    from sgl_seat.launch import procs
+    from sgl_seat.launch.host import processgroups
     work = Path(sys.argv[1])
     env = {**os.environ, "SGL_SEAT_NAME": "hosted-test"}
     eng = processgroups.spawn_hosted(["sh", "-c", "sleep 300 & wait"], env, work / "node0.log", work / "host")
