@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -95,6 +96,17 @@ def _end(*procs: subprocess.Popen[bytes]) -> None:
         p.wait(timeout=10)
 
 
+def _raylet_killed(raylet: subprocess.Popen[bytes], directory: Path) -> dict[str, Any]:
+    """Kill the stand-in raylet; the keeper's result.json once it captured."""
+    raylet.kill()
+    raylet.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while not (directory / RESULT).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    res: dict[str, Any] = json.loads((directory / RESULT).read_text())
+    return res
+
+
 def _gone(w: Watched, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while w.alive() and time.monotonic() < deadline:
@@ -120,12 +132,7 @@ def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_thi
         spool = SampleSpool(tmp_path / "k")
         for x in spooled:
             spool.append(x)
-        raylet.kill()
-        raylet.wait(timeout=10)
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "k" / RESULT).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        res = json.loads((tmp_path / "k" / RESULT).read_text())
+        res = _raylet_killed(raylet, tmp_path / "k")
         assert res["schema_version"] == KEEPER_SCHEMA_VERSION
         manifest = json.loads((Path(res["path"]) / "manifest.json").read_text())
         v = manifest["verdict"]
@@ -266,12 +273,7 @@ def test_a_spool_of_another_version_is_not_the_keepers_history_but_it_still_capt
     try:
         SampleSpool(tmp_path / "k").append(_spooled(time.time() - 1.0))
         (tmp_path / "k" / HEADER).write_text(json.dumps({"schema_version": 2}))
-        raylet.kill()
-        raylet.wait(timeout=10)
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "k" / RESULT).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        res = json.loads((tmp_path / "k" / RESULT).read_text())
+        res = _raylet_killed(raylet, tmp_path / "k")
         assert res["path"] and res["error"] is None, res
         assert 4242 not in {x.pid for x in read_bundle(Path(res["path"])).stacks}  # the spooled sample's pid
         assert _gone(keeper, 30)  # no engine of its node: it stops watching
