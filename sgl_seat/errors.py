@@ -7,6 +7,9 @@ Anything else escaping is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class SeatError(Exception):
     """Base of every user-facing error. ``fix`` says what to change; ``exit_code`` is the CLI's."""
@@ -96,3 +99,28 @@ class ArchiveLimitError(BundleError):
 
 class HomeError(SeatError):
     """``$SGL_SEAT_HOME`` (seat records, logs, bundles) cannot be written: read-only, full, or not permitted."""
+
+
+class FormatVersionError(SeatError):
+    """A file of sgl-seat's own (a spool, a status or config file) whose ``schema_version`` this sgl-seat does not
+    read: written by another sgl-seat version (one installed under a running seat), or not by sgl-seat at all.
+
+    ``schema_version`` is the format's major, an integer: a change that older readers still read (a new optional
+    key) keeps it, and a reader refuses any other value rather than guess at a layout it does not know.
+    """
+
+    def __init__(self, path: str, found: object, reads: int, *, fix: str) -> None:
+        super().__init__(f"{path}: schema_version {found!r} is not one this sgl-seat reads (it reads {reads}; a file "
+                         "without schema_version is 1)", fix=fix)
+        self.path = path
+        self.found = found
+        self.reads = reads
+
+    @classmethod
+    def check(cls, path: object, doc: Mapping[str, Any], reads: int, *, fix: str) -> None:
+        """Refuse ``doc`` (a file's JSON object) unless its ``schema_version`` is ``reads``. A file without one was
+        written before its format carried one (by the release before, e.g. for a seat brought up before an
+        upgrade): it is version 1."""
+        found = doc.get("schema_version", 1)
+        if type(found) is not int or found != reads:  # not isinstance: JSON's true would pass as 1
+            raise cls(str(path), found, reads, fix=fix)

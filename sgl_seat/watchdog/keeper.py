@@ -21,6 +21,12 @@ when), and:
 
 It never signals a process; everything it reads is this node's. Run: ``python -m sgl_seat.watchdog.keeper DIR``,
 with ``DIR/keeper.json`` written by :func:`start_keeper`.
+
+Its directory: ``keeper.json`` (``{"schema_version": 1, "config": SidecarConfig, "raylet": {"pid", "create_time"},
+"sidecar": {...}}``), ``pid`` (the keeper's pid, a bare integer), ``stop``, ``keeper.log``, the sidecar's spool
+(:mod:`sgl_seat.watchdog.spool`) and, once it captured, ``result.json`` (``{"schema_version": 1, ...}``: the
+capture's result, ``path`` or ``error``, for the operator). ``schema_version`` is :data:`KEEPER_SCHEMA_VERSION`; a
+``keeper.json`` of another version is refused (FormatVersionError), one without it (the release before) is version 1.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import psutil
 from sgl_seat.core.isolation import SelfCheck
 from sgl_seat.core.nodeloss import node_isolated
 from sgl_seat.core.records import StackSample
+from sgl_seat.errors import FormatVersionError
 from sgl_seat.watchdog import capture as cap
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
@@ -55,6 +62,7 @@ from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sidecar import Sidecar
 from sgl_seat.watchdog.sources import LogTailer, ProbeReader
 from sgl_seat.watchdog.spool import CURRENT as SPOOL_CURRENT
+from sgl_seat.watchdog.spool import HEADER as SPOOL_HEADER
 from sgl_seat.watchdog.spool import PREVIOUS as SPOOL_PREVIOUS
 from sgl_seat.watchdog.spool import SampleSpool
 
@@ -65,7 +73,11 @@ POLL_S = 0.1
 STOP = "stop"
 CONFIG = "keeper.json"
 RESULT = "result.json"
+#: A bare integer, not a versioned document: it has no layout to change, and a ``down --local`` of either release
+#: must read the pid of the other's keeper to stop it (it checks the pid's command line names the directory).
 PID = "pid"
+#: The layout of CONFIG and RESULT; only a change that older readers cannot read bumps it.
+KEEPER_SCHEMA_VERSION = 1
 #: Seconds with no engine process of its node alive after which a keeper that took over stops watching (the seat was
 #: taken down by pid, or its engines died and were captured).
 ENGINES_GONE_S = 5.0
@@ -107,7 +119,8 @@ def start_keeper(cfg: SidecarConfig, directory: Path, *, raylet: Watched, sideca
     directory.mkdir(parents=True, exist_ok=True)
     for name in (STOP, PID):
         (directory / name).unlink(missing_ok=True)
-    (directory / CONFIG).write_text(json.dumps({"config": json.loads(cfg.to_json()), "raylet": raylet.to_json(),
+    (directory / CONFIG).write_text(json.dumps({"schema_version": KEEPER_SCHEMA_VERSION,
+                                                "config": json.loads(cfg.to_json()), "raylet": raylet.to_json(),
                                                 "sidecar": sidecar.to_json()}))
     with (directory / "keeper.log").open("ab") as out:
         first = subprocess.Popen([sys.executable, "-m", "sgl_seat.watchdog.keeper", "--detach", str(directory)],
@@ -133,6 +146,19 @@ def stop_keeper(keeper: Watched | None, directory: Path, timeout: float = 5.0) -
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def read_config(directory: Path) -> dict[str, Any]:
+    """``directory/keeper.json`` as written by :func:`start_keeper`; FormatVersionError for another version."""
+    path = directory / CONFIG
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    FormatVersionError.check(path, doc, KEEPER_SCHEMA_VERSION,
+                             fix="the sidecar that wrote it runs another sgl-seat version than this one (sgl-seat "
+                                 "changed under a running seat): stop that keeper with the sgl-seat that started it, "
+                                 "or by the pid in its directory, and bring the seat up again with one version")
+    return doc
+
+
 def keeper_dir(seat: str, node: int, sidecar_pid: int) -> Path:
     """Where the sidecar of ``node`` (its pid) keeps its keeper's files (the config, the pid, the log)."""
     return Path(tempfile.gettempdir()) / f"sgl-seat-keeper-{seat}-{node}-{sidecar_pid}"
@@ -144,13 +170,16 @@ def stop_local_keepers(seat: str, nodes: set[int], timeout: float = 5.0) -> list
     stopped = []
     for d in sorted(Path(tempfile.gettempdir()).glob(f"sgl-seat-keeper-{seat}-*")):
         try:
-            cfg = json.loads((d / CONFIG).read_text())["config"]
+            cfg = read_config(d)["config"]
             if cfg.get("seat") != seat or int(cfg["node"]) not in nodes:
                 continue
             pid = int((d / PID).read_text())
             if str(d) not in psutil.Process(pid).cmdline():
                 continue  # not this directory's keeper (a reused pid)
             w = Watched.of(pid)
+        except FormatVersionError as exc:
+            log.warning("a keeper left running: %s", exc)  # not signalled by what this sgl-seat cannot read
+            continue
         except (OSError, ValueError, KeyError, TypeError, psutil.Error):
             continue  # gone already (a keeper that captured removes its config)
         stop_keeper(w, d, timeout)
@@ -209,7 +238,7 @@ def take_over(cfg: SidecarConfig, history: Sequence[StackSample] = (), *,
 
 
 def run(directory: Path) -> int:
-    doc = json.loads((directory / CONFIG).read_text())
+    doc = read_config(directory)
     cfg = SidecarConfig.from_json(json.dumps(doc["config"]))
     raylet = Watched(int(doc["raylet"]["pid"]), float(doc["raylet"]["create_time"]))
     sidecar = Watched(int(doc["sidecar"]["pid"]), float(doc["sidecar"]["create_time"]))
@@ -232,8 +261,11 @@ def run(directory: Path) -> int:
     log.warning("node %d keeper: %s; watching in the sidecar's place, and capturing this node alone", cfg.node, why)
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: term.set())
-    spool = SampleSpool(directory)
-    history = spool.read(since=now - cfg.watchdog.history_s)
+    try:
+        history = SampleSpool(directory).read(since=now - cfg.watchdog.history_s)
+    except FormatVersionError as exc:  # its history begins at the takeover: the capture matters more than it
+        log.warning("node %d keeper: the sidecar's samples are not read: %s", cfg.node, exc)
+        history = []
     core = take_over(cfg, history)
     log.warning("node %d keeper: watching (exporter %s:%s), %d of the sidecar's samples as its history (the last "
                 "%.1f s before the raylet went)", cfg.node, core.exporter.addr, core.exporter.port, len(history),
@@ -244,7 +276,7 @@ def run(directory: Path) -> int:
         # when); its stack dumps run beside the new sampler's, as every sidecar's capture runs beside its sampling.
         res = capture_alone(cfg, sampler, why, now, samples=core.sampler.samples())
         faulthandler.cancel_dump_traceback_later()
-        (directory / RESULT).write_text(json.dumps(res))
+        (directory / RESULT).write_text(json.dumps({"schema_version": KEEPER_SCHEMA_VERSION, **res}))
         log.warning("node %d keeper: %s", cfg.node, res.get("path") or res.get("error"))
         gone_since: float | None = None
         while not term.is_set() and not (directory / STOP).exists():
@@ -260,7 +292,7 @@ def run(directory: Path) -> int:
     finally:
         core.stop()
         # The seat's plan and its stacks: not left in a temporary directory (result.json and keeper.log stay).
-        for name in (CONFIG, SPOOL_CURRENT, SPOOL_PREVIOUS):
+        for name in (CONFIG, SPOOL_HEADER, SPOOL_CURRENT, SPOOL_PREVIOUS):
             (directory / name).unlink(missing_ok=True)
     return 0
 
@@ -281,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
             (directory / f".{PID}").write_text(str(pid))
             os.replace(directory / f".{PID}", directory / PID)
             os._exit(0)
-    return run(directory)
+    try:
+        return run(directory)
+    except FormatVersionError as exc:  # its words, not a traceback, in keeper.log
+        log.error("%s", exc)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,15 +17,29 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 
 from sgl_seat.core.records import StackSample, ThreadStack
+from sgl_seat.errors import FormatVersionError
 from sgl_seat.forensics.format.bundle import read_bundle
 from sgl_seat.sim.launch_server import free_port
 from sgl_seat.watchdog.config import SidecarConfig
-from sgl_seat.watchdog.keeper import RESULT, Watched, keeper_dir, start_keeper, stop_keeper, stop_local_keepers
-from sgl_seat.watchdog.spool import SampleSpool
+from sgl_seat.watchdog.keeper import (
+    CONFIG,
+    KEEPER_SCHEMA_VERSION,
+    RESULT,
+    Watched,
+    keeper_dir,
+    main,
+    read_config,
+    start_keeper,
+    stop_keeper,
+    stop_local_keepers,
+)
+from sgl_seat.watchdog.spool import HEADER, SampleSpool
 
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 
@@ -82,6 +96,17 @@ def _end(*procs: subprocess.Popen[bytes]) -> None:
         p.wait(timeout=10)
 
 
+def _raylet_killed(raylet: subprocess.Popen[bytes], directory: Path) -> dict[str, Any]:
+    """Kill the stand-in raylet; the keeper's result.json once it captured."""
+    raylet.kill()
+    raylet.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while not (directory / RESULT).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    res: dict[str, Any] = json.loads((directory / RESULT).read_text())
+    return res
+
+
 def _gone(w: Watched, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while w.alive() and time.monotonic() < deadline:
@@ -107,12 +132,8 @@ def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_thi
         spool = SampleSpool(tmp_path / "k")
         for x in spooled:
             spool.append(x)
-        raylet.kill()
-        raylet.wait(timeout=10)
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "k" / RESULT).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        res = json.loads((tmp_path / "k" / RESULT).read_text())
+        res = _raylet_killed(raylet, tmp_path / "k")
+        assert res["schema_version"] == KEEPER_SCHEMA_VERSION
         manifest = json.loads((Path(res["path"]) / "manifest.json").read_text())
         v = manifest["verdict"]
         assert (v["kind"], v["node"], v["node_ranks"]) == ("node-isolated", 1, [2, 3])
@@ -180,3 +201,86 @@ def test_down_local_stops_this_hosts_keepers_of_the_seat_only(tmp_path: Path) ->
     finally:
         _end(raylet, sidecar)
         stop_keeper(keeper, d)
+
+
+# -- the keeper's files carry schema_version (KEEPER_SCHEMA_VERSION) ---------------------------------------------------
+
+def _config(d: Path, **version: object) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = SidecarConfig(seat="keeper-version-seat", node=1, nnodes=2, thresholds={}, bundle_dir=str(d / "b"))
+    (d / CONFIG).write_text(json.dumps({**version, "config": json.loads(cfg.to_json()),
+                                        "raylet": {"pid": 1, "create_time": 0.0},
+                                        "sidecar": {"pid": 1, "create_time": 0.0}}))
+
+
+def test_start_keeper_writes_the_configs_version(tmp_path: Path) -> None:
+    raylet, sidecar = _stand_in(), _stand_in()
+    keeper = start_keeper(_cfg(tmp_path), tmp_path / "k", raylet=Watched.of(raylet.pid),
+                          sidecar=Watched.of(sidecar.pid))
+    try:
+        assert KEEPER_SCHEMA_VERSION == 1
+        assert json.loads((tmp_path / "k" / CONFIG).read_text())["schema_version"] == KEEPER_SCHEMA_VERSION
+    finally:
+        stop_keeper(keeper, tmp_path / "k")
+        _end(raylet, sidecar)
+
+
+def test_a_config_of_this_version_or_of_the_release_before_is_read(tmp_path: Path) -> None:
+    _config(tmp_path / "now", schema_version=1)
+    _config(tmp_path / "before")  # no schema_version: version 1
+    assert read_config(tmp_path / "now")["config"]["seat"] == "keeper-version-seat"
+    assert read_config(tmp_path / "before")["config"]["seat"] == "keeper-version-seat"
+
+
+@pytest.mark.parametrize("version", [2, "1", True])
+def test_a_config_of_another_version_is_refused_in_words(tmp_path: Path, version: object) -> None:
+    _config(tmp_path, schema_version=version)
+    with pytest.raises(FormatVersionError) as err:
+        read_config(tmp_path)
+    text = str(err.value)
+    assert f"{tmp_path / CONFIG}: schema_version {version!r} is not one this sgl-seat reads (it reads 1;" in text
+    assert "fix: " in text and "one version" in text
+
+
+def test_a_keeper_given_a_config_of_another_version_says_so_and_exits(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    _config(tmp_path, schema_version=2)
+    assert main([str(tmp_path)]) == 2
+    assert f"{tmp_path / CONFIG}: schema_version 2 is not one this sgl-seat reads" in caplog.text
+
+
+def test_down_local_leaves_a_keeper_whose_config_it_cannot_read_and_says_so(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Never a signal on the word of a file of another version: the stand-in (its command line names its
+    directory, as a keeper's does) is left alone, and the warning names the file."""
+    d = keeper_dir("keeper-version-seat", 1, os.getpid())
+    _config(d, schema_version=2)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(d)])
+    try:
+        (d / "pid").write_text(str(stand_in.pid))
+        assert stop_local_keepers("keeper-version-seat", {1}) == []
+        assert stand_in.poll() is None
+        assert f"{d / CONFIG}: schema_version 2 is not one this sgl-seat reads" in caplog.text
+    finally:
+        _end(stand_in)
+        stop_keeper(None, d)
+
+
+def test_a_spool_of_another_version_is_not_the_keepers_history_but_it_still_captures(tmp_path: Path) -> None:
+    raylet, sidecar = _stand_in(), _stand_in()
+    keeper = start_keeper(_cfg(tmp_path, metrics_port=free_port()), tmp_path / "k", raylet=Watched.of(raylet.pid),
+                          sidecar=Watched.of(sidecar.pid))
+    try:
+        SampleSpool(tmp_path / "k").append(_spooled(time.time() - 1.0))
+        (tmp_path / "k" / HEADER).write_text(json.dumps({"schema_version": 2}))
+        res = _raylet_killed(raylet, tmp_path / "k")
+        assert res["path"] and res["error"] is None, res
+        assert 4242 not in {x.pid for x in read_bundle(Path(res["path"])).stacks}  # the spooled sample's pid
+        assert _gone(keeper, 30)  # no engine of its node: it stops watching
+        log_text = (tmp_path / "k" / "keeper.log").read_text()
+        assert "the sidecar's samples are not read" in log_text
+        assert f"{tmp_path / 'k' / HEADER}: schema_version 2 is not one this sgl-seat reads" in log_text
+        assert not (tmp_path / "k" / HEADER).exists()  # removed with the spool
+    finally:
+        _end(raylet, sidecar)
+        stop_keeper(keeper, tmp_path / "k")

@@ -4,10 +4,14 @@ without stopping the sampler that feeds it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from sgl_seat.core.records import StackSample, ThreadStack
-from sgl_seat.watchdog.spool import CURRENT, PREVIOUS, SampleSpool
+from sgl_seat.errors import FormatVersionError
+from sgl_seat.watchdog.spool import CURRENT, HEADER, PREVIOUS, SPOOL_SCHEMA_VERSION, SampleSpool
 
 
 def _sample(t: float, pid: int = 7) -> StackSample:
@@ -71,3 +75,34 @@ def test_the_sidecar_spools_every_sample_its_sampler_takes(tmp_path: Path) -> No
     sampler.add_samples(taken)  # what the sampler's loop does with each dump: into its ring, then the hook
     assert SampleSpool(tmp_path).read() == taken
     assert sc.exporter.registry.get_sample_value("sgl_seat_watchdog_samples_total", {"node": "1"}) == 2.0
+
+
+def test_the_first_append_writes_the_spools_version_and_its_lines_stay_samples(tmp_path: Path) -> None:
+    spool = SampleSpool(tmp_path, max_bytes=1)  # every append rotates: the header is not a sample file
+    spool.append(_sample(1.0))
+    spool.append(_sample(2.0))
+    assert json.loads((tmp_path / HEADER).read_text()) == {"schema_version": SPOOL_SCHEMA_VERSION}
+    assert SPOOL_SCHEMA_VERSION == 1
+    assert StackSample.from_json(json.loads((tmp_path / CURRENT).read_text())) == _sample(2.0)
+    assert [s.t for s in spool.read()] == [1.0, 2.0]
+
+
+def test_a_spool_without_a_header_is_version_1_and_read(tmp_path: Path) -> None:
+    """The release before wrote no header: a keeper of this one reads such a spool."""
+    spool = SampleSpool(tmp_path)
+    spool.append(_sample(1.0))
+    (tmp_path / HEADER).unlink()
+    assert [s.t for s in SampleSpool(tmp_path).read()] == [1.0]
+
+
+@pytest.mark.parametrize(("header", "found"), [('{"schema_version": 2}', "2"), ('{"schema_version": "1"}', "'1'"),
+                                               ('{"schema_version": true}', "True"), ("[1]", "'[1]'")])
+def test_a_spool_of_another_version_is_refused_in_words(tmp_path: Path, header: str, found: str) -> None:
+    spool = SampleSpool(tmp_path)
+    spool.append(_sample(1.0))
+    (tmp_path / HEADER).write_text(header)
+    with pytest.raises(FormatVersionError) as err:
+        spool.read()
+    text = str(err.value)
+    assert f"{tmp_path / HEADER}: schema_version {found} is not one this sgl-seat reads (it reads 1;" in text
+    assert "fix: " in text and "one sgl-seat version" in text

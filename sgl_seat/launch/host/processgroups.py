@@ -24,6 +24,8 @@ from typing import IO, Any
 
 import psutil
 
+from sgl_seat.errors import FormatVersionError
+
 
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
@@ -179,6 +181,22 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subpro
 #: The exit status of an engine whose parent (its :mod:`~sgl_seat.launch.host.enginehost`) was gone before it could
 #: write one: the engine is gone, how it ended is not known.
 EXIT_UNKNOWN = 1 << 16
+#: What to do about an engine host's status file of another version: its host came from another install than the
+#: reader's (the two run the same install's code unless sgl-seat changed on disk under a running node agent).
+_HOST_VERSION_FIX = ("the engine host that wrote it runs another sgl-seat version than this node agent (sgl-seat "
+                     "changed under a running seat): take the seat down and bring it up again with one sgl-seat "
+                     "version on every node")
+
+
+def _host_status(path: Path) -> Any:
+    """An engine host's status file (:data:`~sgl_seat.launch.host.enginehost.STARTED` or ``EXIT``) as JSON, refused
+    (FormatVersionError) unless of its ``HOST_SCHEMA_VERSION`` (none: version 1, an older release's host)."""
+    from sgl_seat.launch.host.enginehost import HOST_SCHEMA_VERSION
+
+    doc = json.loads(path.read_text())
+    if isinstance(doc, dict):
+        FormatVersionError.check(path, doc, HOST_SCHEMA_VERSION, fix=_HOST_VERSION_FIX)
+    return doc
 
 
 class HostedEngine:
@@ -201,7 +219,7 @@ class HostedEngine:
         from sgl_seat.launch.host.enginehost import EXIT
 
         try:
-            self.returncode = int(json.loads((self.directory / EXIT).read_text())["returncode"])
+            self.returncode = int(_host_status(self.directory / EXIT)["returncode"])
             return self.returncode
         except FileNotFoundError:
             pass
@@ -229,7 +247,7 @@ def spawn_hosted(argv: Sequence[str], env: Mapping[str, str], log_path: Path, di
     """Start ``argv`` as :func:`spawn` does (its own session, stdout+stderr to ``log_path``), but as the child of
     an :mod:`~sgl_seat.launch.host.enginehost`, not of the caller: a Ray worker that exits kills its own children, and
     the engine must outlive its node agent's worker (a raylet killed, a GCS gone). Raises OSError when the engine
-    could not be started (the host's words)."""
+    could not be started (the host's words), FormatVersionError when the host's answer is of another version."""
     from sgl_seat.launch.host import enginehost
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +257,7 @@ def spawn_hosted(argv: Sequence[str], env: Mapping[str, str], log_path: Path, di
     spec = directory / enginehost.SPEC
     fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"argv": list(argv), "env": dict(env)}, fh)
+        json.dump({"schema_version": enginehost.HOST_SCHEMA_VERSION, "argv": list(argv), "env": dict(env)}, fh)
     log: IO[bytes]
     with log_path.open("wb") as log:
         first = subprocess.Popen(
@@ -252,7 +270,7 @@ def spawn_hosted(argv: Sequence[str], env: Mapping[str, str], log_path: Path, di
         first.kill()
         first.wait()
     try:
-        started = json.loads((directory / enginehost.STARTED).read_text())
+        started = _host_status(directory / enginehost.STARTED)
     except (OSError, ValueError) as exc:
         raise OSError(f"the engine's host did not start it within {timeout:.0f} s ({exc})") from None
     if "error" in started:
