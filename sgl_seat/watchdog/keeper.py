@@ -2,7 +2,7 @@
 
 Why: the sidecar is a Ray actor, and a Ray worker exits as soon as its raylet is gone, so a node whose raylet was
 killed wrote no bundle of its own (issue 24: "there is no partial bundle from host b"), and its sampling stopped
-while its engines, outside Ray (``launch/enginehost.py``), served on. The keeper runs in a session of its own
+while its engines, outside Ray (``launch/host/enginehost.py``), served on. The keeper runs in a session of its own
 (``start_new_session``), so it outlives the raylet and its workers. It watches the raylet's pid (with its create
 time) and the sidecar's; it keeps the node's engine process table (which engines are still alive, which went
 when), and:

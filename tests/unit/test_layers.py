@@ -296,8 +296,8 @@ def check(pkg_dir: Path, package: str, root: Path) -> str | None:
 
 def test_no_import_circle_anywhere() -> None:
     """Why: a circle works only as long as nobody moves an import out of ``TYPE_CHECKING`` or reorders a module,
-    and it hides which module is the lower one (``launch/up`` -> ``supervisor`` -> ``up`` was one: the supervisor
-    now takes what it restarts engines with from ``launch/bringup``, below both)."""
+    and it hides which module is the lower one (the supervisor restarts engines with ``launch/bringup``, which
+    sits below both it and ``launch/up``, so neither imports the other)."""
     files, edges = import_graph(PKG, "sgl_seat")
     assert len(files) > 100 and len(edges) > 300, "the walk found too few modules or imports in sgl_seat/"
     problem = check(PKG, "sgl_seat", ROOT)
