@@ -10,10 +10,10 @@ from sgl_seat import __version__
 from sgl_seat.cli import (
     cmd_bundle,
     cmd_demo,
+    cmd_engine,
     cmd_gate,
     cmd_model,
     cmd_plan,
-    cmd_prometheus,
     cmd_replay,
     cmd_status,
     cmd_up,
@@ -44,12 +44,11 @@ app.command("demo")(cmd_demo.demo)
 app.command("fault")(cmd_demo.fault)
 for _name, _fn in cmd_watch.COMMANDS.items():
     app.command(_name)(_fn)
-for _name, _fn in cmd_prometheus.COMMANDS.items():
-    app.command(_name)(_fn)
 app.command("replay")(cmd_replay.replay)
 app.command("gate")(cmd_gate.gate)
 app.add_typer(cmd_bundle.app, name="bundle")
 app.add_typer(cmd_model.app, name="model")
+app.add_typer(cmd_engine.app, name="engine")
 
 
 @app.callback(invoke_without_command=True)
