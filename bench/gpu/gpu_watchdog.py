@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sgl_seat.forensics import read_bundle  # noqa: E402
+from sgl_seat.netports import free_block  # noqa: E402
 from sgl_seat.spec import WatchdogSpec  # noqa: E402
 from sgl_seat.watchdog.config import SidecarConfig  # noqa: E402
 from sgl_seat.watchdog.peers import local_peers  # noqa: E402
@@ -205,18 +205,10 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
 
 def _free_port(span: int = 3) -> int:
     """The first free run of ``span`` ports in 31000-31999 (below Linux's ephemeral range)."""
-    for p in range(31000, 32000 - span, span):
-        ok = True
-        for q in range(p, p + span):
-            with socket.socket() as s:
-                try:
-                    s.bind((HOST, q))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return p
-    raise RuntimeError("no free port")
+    p = free_block(range(31000, 32000 - span, span), range(span), host=HOST, reuse=False)
+    if p is None:
+        raise RuntimeError("no free port")
+    return p
 
 
 DRAFT_ARGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
