@@ -465,7 +465,7 @@ def _traffic_main(args: str) -> int:
     while not done.wait(0.5):
         pass
     t.stop(30)
-    print(json.dumps({"completed": t.completed, "errors": t.errors, "tokens": t.tokens}), flush=True)
+    print(json.dumps({"completed": t.ok, "errors": t.failed, "tokens": t.tokens}), flush=True)
     return 0
 
 
