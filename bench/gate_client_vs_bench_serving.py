@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import httpx
 
 from sgl_seat.gate.client import closed_loop
 from sgl_seat.gate.workloads import prompt_words
+from sgl_seat.netports import free_block
 from sgl_seat.sim.step import tokens
 
 HOST = "127.0.0.1"
@@ -41,17 +41,11 @@ PORTS = range(30760, 30790)
 
 
 def _free_port() -> int:
-    for p in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, p))
-                s2 = socket.socket()
-                s2.bind((HOST, p + 2))
-                s2.close()
-                return p
-            except OSError:
-                continue
-    raise SystemExit("no free port in 30760-30789")
+    """The first port p of PORTS with p and p + 2 (the sim's admin port) free."""
+    p = free_block(PORTS, (0, 2), host=HOST, reuse=False)
+    if p is None:
+        raise SystemExit("no free port in 30760-30789")
+    return p
 
 
 def _tokenizer(d: Path) -> Path:

@@ -27,7 +27,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = {True: (24400, 24405), False: (24440, 24445)}
@@ -59,41 +60,11 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
-class Clients:
+def _clients(endpoint: str, n: int, *, max_tokens: int = 32, prompt: str = "a short request") -> Load:
     """``n`` threads sending completions until stopped (answers and failures counted)."""
-
-    def __init__(self, endpoint: str, n: int, *, max_tokens: int = 32, prompt: str = "a short request") -> None:
-        self.endpoint, self.n, self.max_tokens, self.prompt = endpoint, n, max_tokens, prompt
-        self.stop = threading.Event()
-        self.answers = self.failures = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
-
-    def _run(self, i: int) -> None:
-        k = 0
-        with httpx.Client(timeout=180.0, trust_env=False) as c:
-            while not self.stop.is_set():
-                k += 1
-                body = {"model": "tiny-llama", "prompt": f"{self.prompt} {i}.{k}", "max_tokens": self.max_tokens,
-                        "ignore_eos": True}
-                try:
-                    ok = c.post(f"{self.endpoint}/v1/completions", json=body).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.answers += 1
-                else:
-                    self.failures += 1
-                    time.sleep(0.5)
-
-    def start(self) -> Clients:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=200)
+    return Load(posting(endpoint, "/v1/completions", lambda i, k: request_body(
+        "/v1/completions", f"{prompt} {i}.{k}", model="tiny-llama", max_tokens=max_tokens,
+        sampling={"ignore_eos": True})), concurrency=n, timeout=180.0).start()
 
 
 def _cli(args: list[str], home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -160,20 +131,16 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
                 continue
             if kind == "idle":
                 time.sleep(rng.uniform(10, 40))
-            elif kind == "traffic":
-                c = Clients(endpoint, 2).start()
-                time.sleep(rng.uniform(20, 40))
-                c.close()
-            elif kind == "burst":
-                c = Clients(endpoint, 16).start()
-                time.sleep(rng.uniform(10, 20))
-                c.close()
+            elif kind in ("traffic", "burst"):  # 2 clients for 20-40 s, or 16 for 10-20 s
+                c = _clients(endpoint, 2 if kind == "traffic" else 16)
+                time.sleep(rng.uniform(20, 40) if kind == "traffic" else rng.uniform(10, 20))
+                c.stop(200)
             elif kind == "long":
                 # Long prompts back to back beside the 2 clients for 10-20 s: ~1,500 tokens each ("wordN" is ~6 of
                 # the tiny model's tokens; 700 words were 4,089 tokens, past its 4,096-token context with the
                 # output, and were refused with HTTP 400, so no long prefill ran): a fresh prompt each time, so
                 # the radix cache cannot shorten its prefill.
-                c = Clients(endpoint, 2).start()
+                c = _clients(endpoint, 2)
                 t_end = time.monotonic() + rng.uniform(10, 20)
                 k = 0
                 while time.monotonic() < t_end:
@@ -188,7 +155,7 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
                             rep.notes.append(f"{name}: a long prompt got HTTP {r.status_code}: {r.text[:200]}")
                     except httpx.HTTPError as exc:
                         rep.notes.append(f"{name}: a long prompt failed: {exc}")
-                c.close()
+                c.stop(200)
             rep.healthy_s += time.time() - t0
             rep.episodes[kind] = rep.episodes.get(kind, 0) + 1
             log(f"{name}: {kind} done ({time.time() - t0:.0f} s)")
@@ -207,7 +174,7 @@ def _fault(name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakRe
     rank = rng.choice((0, 1))
     after = rng.randint(5, 60)
     before = _bundles(home, name)
-    c = Clients(endpoint, 2).start()
+    c = _clients(endpoint, 2)
     t0 = time.time()
     rec: dict[str, Any] = {"rank": rank, "after_calls": after}
     try:
@@ -244,7 +211,7 @@ def _fault(name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakRe
         deadline = time.time() + 120
         while time.time() < deadline and _latched(home, name):
             time.sleep(2)
-        c.close()
+        c.stop(200)
         windows.append((t0, time.time()))
         rep.faults.append(rec)
         log(f"{name}: fault {rec}")

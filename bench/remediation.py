@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 REPO = Path(__file__).resolve().parents[1]
 SEATS = REPO / "launch" / "seats"
@@ -80,27 +81,11 @@ def write_spec(seat: str, work: Path, policy: str, stalls: int) -> Path:
     return out
 
 
-class Traffic(threading.Thread):
-    """Two clients with long answers (so the stalled step is a decode step, which the draft shapes)."""
-
-    def __init__(self, url: str, tokens: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.tokens = url, tokens
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        def one() -> None:
-            while not self.stop.is_set():
-                body = {"text": "bench", "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True}}
-                try:
-                    httpx.post(f"{self.url}/generate", json=body, timeout=600, trust_env=False)
-                except httpx.HTTPError:
-                    time.sleep(0.5)
-
-        ts = [threading.Thread(target=one, daemon=True) for _ in range(2)]
-        for t in ts:
-            t.start()
-        self.stop.wait()
+def traffic(url: str, tokens: int) -> Load:
+    """Two clients with long answers (so the stalled step is a decode step, which the draft shapes); an answer of any
+    status is taken, a transport error pauses the client."""
+    body = request_body("/generate", "bench", max_tokens=tokens, sampling={"ignore_eos": True})
+    return Load(posting(url, "/generate", lambda i, n: body, check=False), concurrency=2, timeout=600.0)
 
 
 @dataclass
@@ -255,8 +240,7 @@ def main() -> int:
         ups.append(time.time() - tu)
         if (s := engine_start_s(home, name)) is not None:
             starts.append(s)
-        tr = Traffic(url, 512 if a.seat == "local-sim" else 32)
-        tr.start()
+        tr = traffic(url, 512 if a.seat == "local-sim" else 32).start()
         try:
             time.sleep(8.0)  # past the first prefills
             for _ in range(min(per_seat, a.stalls - len(stalls))):
@@ -270,7 +254,7 @@ def main() -> int:
                       file=sys.stderr, flush=True)
                 time.sleep(3.0)
         finally:
-            tr.stop.set()
+            tr.halt()
             down = cli(["down", name], home, timeout=300)
             if down.returncode != 0:
                 print(down.stdout, down.stderr, file=sys.stderr)

@@ -26,7 +26,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 import httpx
 import psutil
 
+from sgl_seat.netports import free_block, random_starts
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sim.args import ENV_STEP_FLOOR_MS as SIM_ENV_STEP_FLOOR_MS
 from sgl_seat.sim.front.ports import ENV_NODE_PORT
@@ -48,23 +48,12 @@ LEVELS = (1, 8, 32, 64)
 HOST = "127.0.0.1"
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def _ports(n: int, taken: set[int]) -> int:
-    for _ in range(1000):
-        p = random.randint(32000, 32999 - n)
-        span = set(range(p, p + n))
-        if not span & taken and all(_free(q) for q in span):
-            taken |= span
-            return p
-    raise SystemExit("no free ports in 32000-32999")
+    p = free_block(random_starts(32000, 32999 - n, tries=1000), range(n), avoid=taken, host=HOST, reuse=False)
+    if p is None:
+        raise SystemExit("no free ports in 32000-32999")
+    taken |= set(range(p, p + n))
+    return p
 
 
 def _set(argv: list[str], flag: str, value: str) -> list[str]:

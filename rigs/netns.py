@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import psutil
 import yaml
 
 from rigs.checkout import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 SCRIPT = REPO / "scripts" / "netns-cluster.sh"
 TOKEN_ENV = "SGL_SEAT_TEST_RAY_TOKEN"
@@ -177,23 +177,14 @@ def seat_spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None, htt
     return path
 
 
-def traffic(url: str, stop: threading.Event) -> None:
-    """Completions in a loop (direct, never through a proxy) so that the ranks run collectives across the hosts."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps({"model": "sim-dsv41", "prompt": "hello " * 20, "max_tokens": 32}).encode()
-    while not stop.is_set():
-        try:
-            req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            opener.open(req, timeout=5).read()
-        except OSError:
-            stop.wait(0.2)
+def _completion(max_tokens: int) -> dict[str, Any]:
+    return request_body("/v1/completions", "hello " * 20, model="sim-dsv41", max_tokens=max_tokens)
 
 
 def complete(url: str, timeout: float = 20.0) -> dict[str, Any]:
     """One completion from the seat at ``url`` (direct, never through a proxy), its JSON answer."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps({"model": "sim-dsv41", "prompt": "hello " * 20, "max_tokens": 8}).encode()
+    body = json.dumps(_completion(8)).encode()
     req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     doc: dict[str, Any] = json.loads(opener.open(req, timeout=timeout).read())
     return doc
@@ -212,17 +203,16 @@ def seat_bundles(root: Path) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def under_traffic(cl: NetnsCluster, host0: str, http_port: int = 31210) -> Iterator[None]:
-    """Four clients of node 0's host (ranks run collectives across the hosts), 3 s before the body runs."""
-    stop_ev = threading.Event()
-    pumps = [threading.Thread(target=traffic, args=(f"http://{cl.addr_of(host0)}:{http_port}", stop_ev), daemon=True)
-             for _ in range(4)]
-    for t in pumps:
-        t.start()
+    """Four clients of node 0's host sending completions in a loop (direct, never through a proxy) so that the ranks
+    run collectives across the hosts, 3 s before the body runs; halted after it."""
+    url = f"http://{cl.addr_of(host0)}:{http_port}"
+    load = Load(posting(url, "/v1/completions", lambda i, n: _completion(32)), concurrency=4, pause_s=0.2,
+                timeout=5.0, name="netns-traffic").start()
     try:
         time.sleep(3.0)  # traffic flowing across the hosts first
         yield
     finally:
-        stop_ev.set()
+        load.halt()
 
 
 def fetch_in(ns: str, url: str, timeout: float = 10.0) -> str:

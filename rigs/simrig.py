@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.sim.front import ports as sim_ports
 from sgl_seat.spec import SeatSpec, load_spec, parse_spec
@@ -229,95 +230,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class Traffic:
-    """``concurrency`` client threads sending requests back to back until stopped.
+class Traffic(Load):
+    """``concurrency`` client threads sending requests back to back until stopped (the library's load generator).
 
     ``/generate`` by default; ``openai=True`` sends ``/v1/completions`` (with ``sampling`` as its top-level
     fields, e.g. temperature). ``prefix_share`` of the prompts start with ``prefix`` (a shared system prompt:
-    the radix cache's hits), and ``stream_share`` of the requests stream.
+    the radix cache's hits), and ``stream_share`` of the requests stream. ``ok``, ``failed`` and ``tokens`` count.
     """
 
     def __init__(self, url: str, *, concurrency: int = 8, max_new_tokens: int = 64, prompt_words: int = 40,
                  openai: bool = False, prefix: str = "", prefix_share: float = 0.0,
                  sampling: dict[str, Any] | None = None, stream_share: float = 0.0, seed: int = 0) -> None:
-        self.url = url
-        self.concurrency = concurrency
-        self.max_new_tokens = max_new_tokens
-        self.prompt_words = prompt_words
-        self.openai = openai
-        self.prefix = prefix
-        self.prefix_share = prefix_share
+        self.url, self.openai, self.max_new_tokens, self.prompt_words = url, openai, max_new_tokens, prompt_words
+        self.prefix, self.prefix_share, self.stream_share = prefix, prefix_share, stream_share
         self.sampling = dict(sampling or {})
-        self.stream_share = stream_share
-        self.seed = seed
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self.completed = 0
-        self.tokens = 0
-        self.errors = 0
-        self.events: list[tuple[float, int]] = []  # (finish time, completion tokens)
+        self._rngs = [random.Random(seed * 1000 + i) for i in range(concurrency)]  # traffic shape, not a secret
+        route = "/v1/completions" if openai else "/generate"
+        super().__init__(posting(url, route, self._body, tokens=True), concurrency=concurrency,
+                         failures=(httpx.HTTPError, KeyError, ValueError, TypeError), pause_s=0.2, timeout=120.0,
+                         name="traffic")
 
-    def _request(self, c: httpx.Client, i: int, n: int, rng: random.Random) -> int:
+    def _body(self, i: int, n: int) -> dict[str, Any]:
+        """Worker ``i``'s ``n``-th request (its own random stream: the same seed sends the same shapes)."""
+        rng = self._rngs[i]
         words = " ".join(f"w{i}x{n}y{k}" for k in range(self.prompt_words))
         prompt = (self.prefix + words) if self.prefix and rng.random() < self.prefix_share else words
         stream = rng.random() < self.stream_share
         if not self.openai:
-            body: dict[str, Any] = {"text": prompt, "stream": stream, "sampling_params": {
-                "max_new_tokens": self.max_new_tokens, "ignore_eos": True, **self.sampling}}
-            route = "/generate"
-        else:
-            body = {"model": "default", "prompt": prompt, "max_tokens": self.max_new_tokens, "stream": stream,
-                    "ignore_eos": True, **self.sampling}
-            if stream:
-                body["stream_options"] = {"include_usage": True}
-            route = "/v1/completions"
-        if not stream:
-            r = c.post(f"{self.url}{route}", json=body)
-            r.raise_for_status()
-            doc = r.json()
-            return int(doc["usage"]["completion_tokens"] if self.openai else doc["meta_info"]["completion_tokens"])
-        last: dict[str, Any] = {}
-        with c.stream("POST", f"{self.url}{route}", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    last = json.loads(line[6:])
-        return int(last["usage"]["completion_tokens"] if self.openai else last["meta_info"]["completion_tokens"])
-
-    def _run(self, i: int) -> None:
-        n = 0
-        rng = random.Random(self.seed * 1000 + i)  # traffic shape, not a secret
-        with httpx.Client(timeout=120.0, trust_env=False) as c:
-            while not self._stop.is_set():
-                n += 1
-                try:
-                    toks = self._request(c, i, n, rng)
-                    with self._lock:
-                        self.completed += 1
-                        self.tokens += toks
-                        self.events.append((time.time(), toks))
-                except (httpx.HTTPError, KeyError, ValueError, TypeError):
-                    with self._lock:
-                        self.errors += 1
-                    if self._stop.wait(0.2):
-                        return
-
-    def start(self) -> Traffic:
-        for i in range(self.concurrency):
-            t = threading.Thread(target=self._run, args=(i,), name=f"traffic-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout)
-
-    def tokens_between(self, t0: float, t1: float) -> int:
-        with self._lock:
-            return sum(k for t, k in self.events if t0 <= t < t1)
+            return request_body("/generate", prompt, max_tokens=self.max_new_tokens, stream=stream,
+                                sampling={"ignore_eos": True, **self.sampling})
+        body = request_body("/v1/completions", prompt, max_tokens=self.max_new_tokens, stream=stream,
+                            sampling={"ignore_eos": True, **self.sampling})
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rigs.simrig import SimSeat, Traffic, sim_spec
 from sgl_seat.core.records import VerdictKind
+from sgl_seat.procstate import pid_state
 from sgl_seat.sim.args import ENV_PREFILL_MS
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.sidecar import Sidecar
@@ -464,7 +465,7 @@ def _traffic_main(args: str) -> int:
     while not done.wait(0.5):
         pass
     t.stop(30)
-    print(json.dumps({"completed": t.completed, "errors": t.errors, "tokens": t.tokens}), flush=True)
+    print(json.dumps({"completed": t.ok, "errors": t.failed, "tokens": t.tokens}), flush=True)
     return 0
 
 
@@ -483,13 +484,8 @@ def _native_count(path: str | None) -> tuple[int, int] | None:
 
 def _watch_pid(pid: int, out: list[float], stop: threading.Event) -> None:
     """Poll ``pid`` every 10 ms; record when it dies (gone or a zombie): the crash's engine-side time."""
-    path = Path(f"/proc/{pid}/stat")
     while not stop.is_set():
-        try:
-            state = path.read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = "X"
-        if state in ("Z", "X"):
+        if pid_state(pid) in (None, "Z", "X"):
             out.append(time.time())
             return
         time.sleep(0.01)

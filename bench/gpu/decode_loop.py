@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -86,15 +85,10 @@ def rank_main(a: argparse.Namespace) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(a: argparse.Namespace) -> dict[str, Any]:
     from watchdog_overhead import abba_ratios, mean_ci95
 
+    from sgl_seat.netports import any_free_port
     from sgl_seat.watchdog.procfind import EngineProc
     from sgl_seat.watchdog.sampler import Sampler
 
@@ -103,7 +97,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     counter = work / "counts.bin"
     counter.write_bytes(b"\0" * 8 * max(world, 8))
-    port = _free_port()
+    port = any_free_port()
     procs: list[subprocess.Popen[bytes]] = []
     out: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": a.gpus_per_node, "gather": a.gather,
                            "layers": a.layers, "window_s": a.window, "quads": a.quads}

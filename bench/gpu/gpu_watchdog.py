@@ -41,11 +41,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import timeit
 from pathlib import Path
@@ -57,6 +55,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sgl_seat.forensics import read_bundle  # noqa: E402
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body  # noqa: E402
+from sgl_seat.netports import free_block  # noqa: E402
 from sgl_seat.spec import WatchdogSpec  # noqa: E402
 from sgl_seat.watchdog.config import SidecarConfig  # noqa: E402
 from sgl_seat.watchdog.peers import local_peers  # noqa: E402
@@ -205,18 +205,10 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
 
 def _free_port(span: int = 3) -> int:
     """The first free run of ``span`` ports in 31000-31999 (below Linux's ephemeral range)."""
-    for p in range(31000, 32000 - span, span):
-        ok = True
-        for q in range(p, p + span):
-            with socket.socket() as s:
-                try:
-                    s.bind((HOST, q))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return p
-    raise RuntimeError("no free port")
+    p = free_block(range(31000, 32000 - span, span), range(span), host=HOST, reuse=False)
+    if p is None:
+        raise RuntimeError("no free port")
+    return p
 
 
 DRAFT_ARGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -241,9 +233,7 @@ class Seat:
         self.bundles = tmp / "bundles"
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.sidecars: dict[int, Sidecar] = {}
-        self.stop_traffic = threading.Event()
-        self.traffic_threads: list[threading.Thread] = []
-        self.completed = 0
+        self.load: Load | None = None
 
     def rank_node(self, rank: int) -> int:
         return rank // self.gpn
@@ -299,22 +289,14 @@ class Seat:
                            f"{(self.tmp / f'node{node}.log').read_text()[-3000:]}")
 
     def traffic(self, clients: int = 8) -> None:
-        def one() -> None:
-            with httpx.Client(timeout=600) as c:
-                while not self.stop_traffic.is_set():
-                    try:
-                        r = c.post(f"http://{HOST}:{self.p0}/generate",
-                                   json={"text": "the quick brown fox " * 20,
-                                         "sampling_params": {"max_new_tokens": 128, "ignore_eos": True}})
-                        if r.status_code == 200:
-                            self.completed += 1
-                    except httpx.HTTPError:
-                        time.sleep(0.2)
+        body = request_body("/generate", "the quick brown fox " * 20, max_tokens=128, sampling={"ignore_eos": True})
+        self.load = Load(posting(f"http://{HOST}:{self.p0}", "/generate", lambda i, n: body), concurrency=clients,
+                         pause_s=0.2, timeout=600.0).start()
 
-        for _ in range(clients):
-            t = threading.Thread(target=one, daemon=True)
-            t.start()
-            self.traffic_threads.append(t)
+    @property
+    def completed(self) -> int:
+        """Requests answered with a 2xx status so far."""
+        return self.load.ok if self.load is not None else 0
 
     def inject(self, fault: str, node: int) -> float:
         port = self.ports[node] + 2
@@ -332,7 +314,8 @@ class Seat:
         return None
 
     def stop(self) -> None:
-        self.stop_traffic.set()
+        if self.load is not None:
+            self.load.halt()
         for s in self.sidecars.values():
             with contextlib.suppress(Exception):
                 s.stop()

@@ -18,12 +18,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,24 +113,12 @@ def main() -> int:
         print(json.dumps({"status": res["status_state"], "ranks": ranks}, indent=1), flush=True)
         endpoint = next((ln.split("endpoint: ", 1)[1].strip() for ln in res["up"]["stdout_tail"].splitlines()
                          if "endpoint: " in ln), f"http://127.0.0.1:{a.port}")
-        stop = threading.Event()
-        sent = [0, 0]
+        from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
-        def client() -> None:
-            with httpx.Client(timeout=30.0) as c:
-                while not stop.is_set():
-                    try:
-                        r = c.post(f"{endpoint}/generate", json={"text": "hello seat",
-                                                                  "sampling_params": {"max_new_tokens": 64}})
-                        sent[0 if r.status_code == 200 else 1] += 1
-                    except httpx.HTTPError:
-                        sent[1] += 1
-                        time.sleep(0.2)
-
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+        body = request_body("/generate", "hello seat", max_tokens=64)
+        load = Load(posting(endpoint, "/generate", lambda i, n: body), concurrency=8, pause_s=0.2, timeout=30.0)
         t0 = time.monotonic()
-        for th in threads:
-            th.start()
+        load.start()
         bundles = home / "bundles"
         found: Path | None = None
         while time.monotonic() - t0 < a.bundle_wait_s and found is None:
@@ -140,8 +126,8 @@ def main() -> int:
             cands = sorted(p for p in bundles.rglob("manifest.json")) if bundles.exists() else []
             found = cands[0].parent if cands else None
         res["traffic_to_bundle_s"] = round(time.monotonic() - t0, 2) if found else None
-        stop.set()
-        res["requests_ok_failed"] = list(sent)
+        load.halt()
+        res["requests_ok_failed"] = [load.ok, load.failed]
         if found is not None:
             time.sleep(2.0)  # let the capture finish writing
             from sgl_seat.forensics import read_bundle

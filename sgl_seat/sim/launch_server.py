@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from sgl_seat.errors import UsageError
+from sgl_seat.netports import any_free_port
 from sgl_seat.sim import args, simlog
 from sgl_seat.sim.front import ports
 
@@ -42,12 +43,6 @@ def bind(host: str, port: int, what: str) -> socket.socket:
         raise PortInUse(f"cannot bind the {what} to {host}:{port}: {e.strerror or e}") from None
     sock.set_inheritable(False)
     return sock
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 async def _serve(cfg: args.SimConfig, node: object, http_sock: socket.socket, admin_sock: socket.socket) -> int:
@@ -90,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = simlog.configure("", cfg.log_level)
     log.info(simlog.SYNTHETIC_NOTE)
     if cfg.dist_init_addr is None:
-        cfg = dataclasses.replace(cfg, dist_init_addr=f"127.0.0.1:{free_port()}")
+        cfg = dataclasses.replace(cfg, dist_init_addr=f"127.0.0.1:{any_free_port()}")
     try:
         http_sock = bind(cfg.host, cfg.node_port, "HTTP server" if cfg.node_rank == 0 else "health server")
         admin_sock = bind(ports.ADMIN_HOST, cfg.admin_port, "sim admin server")

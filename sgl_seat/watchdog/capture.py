@@ -41,8 +41,9 @@ from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.format.bundle import BundleWriteError, failure_reason
 from sgl_seat.forensics.format.redact import RequestShape
+from sgl_seat.procstate import pid_state
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog.procfind import EngineProc, pid_state
+from sgl_seat.watchdog.procfind import EngineProc
 from sgl_seat.watchdog.pyspy import DumpResult, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")

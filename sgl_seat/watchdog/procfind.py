@@ -1,4 +1,4 @@
-"""Finding a node's engine processes: by command line and ``sglang::`` title, and their state in ``/proc``.
+"""Finding a node's engine processes: by command line and ``sglang::`` title (their state: :mod:`sgl_seat.procstate`).
 
 The main process is ``python -m sglang.launch_server`` (or the sim's ``sgl_seat.sim.launch_server``, or
 ``sglang serve``); its ``sglang::scheduler_TP<r>...`` and ``sglang::detokenizer`` descendants are found by
@@ -118,25 +118,3 @@ def find_engine_processes(*, node_rank: int | None = None, port: int | None = No
                 continue
     return sorted(out.values(), key=lambda e: (e.kind != "main", e.rank if e.rank is not None else 1 << 20, e.pid))
 
-
-def proc_state(pid: int) -> str | None:
-    """The one-letter state from /proc/PID/status (``T`` stopped, ``t`` tracing stop), None if gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("State:"):
-                    return line.split()[1]
-    except OSError:
-        return None
-    return None
-
-
-def pid_state(pid: int) -> str | None:
-    """The state letter from /proc/PID/stat (one read, no parsing of names), None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read(512)
-    except OSError:
-        return None
-    end = data.rfind(b")")
-    return data[end + 2:end + 3].decode("ascii", "replace") if end > 0 else None

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from sgl_seat.core.records import Frame, ThreadStack
-from sgl_seat.watchdog.procfind import proc_state
+from sgl_seat.procstate import pid_state
 
 log = logging.getLogger("sgl_seat.watchdog")
 
@@ -52,7 +52,7 @@ def _thread_states(pid: int) -> list[str]:
         return []
     out = []
     for tid in tids:
-        st = proc_state(int(tid)) if tid.isdigit() else None
+        st = pid_state(int(tid)) if tid.isdigit() else None
         if st:
             out.append(st)
     return out
@@ -68,7 +68,7 @@ def ensure_not_stopped(pid: int, *, was_stopped: bool, settle_s: float = 0.2) ->
         return False
     deadline = time.monotonic() + settle_s
     while True:
-        states = _thread_states(pid) or [s for s in [proc_state(pid)] if s]
+        states = _thread_states(pid) or [s for s in [pid_state(pid)] if s]
         if not states:
             return False
         if "T" in states:
@@ -140,7 +140,7 @@ def pyspy_dump(pid: int, *, exe: str, native: bool = False, timeout_s: float = 2
     """One ``py-spy dump --json`` of ``pid`` under a hard timeout. Never raises for target trouble."""
     argv = [exe, "dump", "--json", "--pid", str(pid)]
     argv.append("--native" if native else "--nonblocking")
-    was_stopped = proc_state(pid) in ("T", "t")
+    was_stopped = pid_state(pid) in ("T", "t")
     t0 = time.monotonic()
     timed_out = False
     try:

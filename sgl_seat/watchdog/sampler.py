@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from sgl_seat.core.records import EngineProcess, StackSample
-from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes, pid_state
+from sgl_seat.procstate import pid_state
+from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
 from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")

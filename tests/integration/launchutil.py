@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,25 +25,15 @@ from typing import Any
 
 import psutil
 import yaml
-from simutil import port_range
 
 from rigs.checkout import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv  # noqa: F401  (the tests import them from here)
+from sgl_seat.netports import free_block, port_range
 
 PORT_BASE, PORT_TOP = port_range((23000, 23999))
 ONE_HOST = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 _taken: set[int] = set()
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))  # where the test seats bind (network.host), never every interface
-        except OSError:
-            return False
-    return True
 
 
 def ports(slot: int) -> tuple[int, int]:
@@ -54,13 +43,13 @@ def ports(slot: int) -> tuple[int, int]:
     hold one of its ports for a while; a block whose ports are all free right now is chosen (the
     seat uses http, http+2, +5, +10, +12), and never twice in one test session.
     """
-    for base in range(PORT_BASE + 20 * slot, PORT_TOP - 18, 20):
-        if base in _taken:
-            continue
-        if all(_free(base + off) for off in (0, 2, 5, 10, 12)):
-            _taken.add(base)
-            return base, base + 5
-    raise RuntimeError(f"no free port block in {PORT_BASE}-{PORT_TOP} from slot {slot}")
+    # 127.0.0.1: where the test seats bind (network.host), never every interface.
+    base = free_block((b for b in range(PORT_BASE + 20 * slot, PORT_TOP - 18, 20) if b not in _taken),
+                      (0, 2, 5, 10, 12))
+    if base is None:
+        raise RuntimeError(f"no free port block in {PORT_BASE}-{PORT_TOP} from slot {slot}")
+    _taken.add(base)
+    return base, base + 5
 
 
 def write_spec(directory: Path, name: str, *, address: str, slot: int, nodes: int = 2,

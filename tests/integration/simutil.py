@@ -13,9 +13,7 @@ import contextlib
 import functools
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,17 +25,7 @@ from typing import Any
 import httpx
 import psutil
 
-PORTS_ENV = "SGL_SEAT_TEST_PORTS"
-
-
-def port_range(default: tuple[int, int]) -> tuple[int, int]:
-    """``$SGL_SEAT_TEST_PORTS`` (``LO-HI``) if set, else ``default``."""
-    raw = os.environ.get(PORTS_ENV)
-    if not raw:
-        return default
-    lo, _, hi = raw.partition("-")
-    return int(lo), int(hi)
-
+from sgl_seat.netports import free_block, port_range, random_starts
 
 # Below 32768, Linux's ephemeral range: beside the other integration stream, Ray's processes take ephemeral ports
 # at random, and 32768-32999 of the old range could be taken between our free-port check and the sim's bind.
@@ -51,26 +39,12 @@ hdelete = functools.partial(httpx.delete, trust_env=False)
 hstream = functools.partial(httpx.stream, trust_env=False)
 
 
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port(*, span: int = 1, avoid: set[int] | None = None) -> int:
     """A port p in our range with p..p+span-1 all free (a sim node needs p and p + 2)."""
-    avoid = avoid or set()
-    for _ in range(500):
-        p = random.randint(PORT_LO, PORT_HI - span)
-        if any(q in avoid for q in range(p, p + span)):
-            continue
-        if all(_free(q) for q in range(p, p + span)):
-            return p
-    raise RuntimeError(f"no free port in {PORT_LO}-{PORT_HI}")
+    p = free_block(random_starts(PORT_LO, PORT_HI - span), range(span), avoid=avoid or set(), host=HOST)
+    if p is None:
+        raise RuntimeError(f"no free port in {PORT_LO}-{PORT_HI}")
+    return p
 
 
 def sim_env(**extra: str) -> dict[str, str]:

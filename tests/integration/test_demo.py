@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 from launchutil import LOCAL_SIM, Proc, alive, cli_argv, cli_env, descendants, in_groups, run_cli, seat_processes
-from simutil import _free, port_range
 
 from sgl_seat.forensics import verify_bundle
+from sgl_seat.netports import free_block, port_range
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,10 @@ DEMO_TIMEOUT_S = 300.0
 
 
 def _ports() -> int:
-    for base in range(PORT_LO + 20, PORT_HI - 18, 20):  # PORT_LO's block is left for runs by hand
-        if all(_free(base + off) for off in SEAT_PORT_OFFSETS):
-            return base
-    raise RuntimeError(f"no free port block in {PORT_LO}-{PORT_HI}")
+    base = free_block(range(PORT_LO + 20, PORT_HI - 18, 20), SEAT_PORT_OFFSETS)  # PORT_LO's block: for runs by hand
+    if base is None:
+        raise RuntimeError(f"no free port block in {PORT_LO}-{PORT_HI}")
+    return base
 
 
 def _seat_file(tmp: Path) -> Path:

@@ -16,7 +16,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -47,6 +46,7 @@ from launchutil import (
 )
 
 from sgl_seat.launch.host.localcluster import start_local_cluster, stop_local_cluster
+from sgl_seat.netports import held
 
 pytestmark = pytest.mark.integration
 
@@ -186,9 +186,7 @@ def test_port_in_use_fails_preflight_naming_node_and_port(shared: Shared, clean:
     home = tmp_path / "home"
     spec = write_spec(tmp_path, "lt-port", address=shared.address, slot=3)
     http = yaml.safe_load(spec.read_text())["network"]["http_port"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", http))
-        s.listen(1)
+    with held(http, listen=True):
         up = run_cli(["up", "--seat", str(spec), "--timeout", "120"], home, timeout=180)
     assert up.returncode != 0
     assert "preflight failed" in up.stderr, up.stderr

@@ -20,7 +20,6 @@ the seat recovers (SIGCONT, the stall cleared) and the sidecars unlatch once pro
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +41,7 @@ from realseat import (
 )
 
 from sgl_seat.forensics.format.store import wait_for_bundle
+from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 from sgl_seat.watchdog.probe import ring as probe_ring
 from sgl_seat.watchdog.sources import parse_metrics_text
 
@@ -54,47 +54,11 @@ BUNDLE_WITHIN_S = 10.0
 EMBEDDING = "VocabParallelEmbedding.forward"
 
 
-class Traffic:
-    """Completions in the background (``n`` at a time) until stopped; counts answers and failures."""
-
-    def __init__(self, endpoint: str, *, n: int = 2, max_tokens: int = 48) -> None:
-        self.endpoint, self.max_tokens = endpoint, max_tokens
-        self.stop = threading.Event()
-        self.answers = 0
-        self.failures = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
-
-    def _run(self, i: int) -> None:
-        k = 0
-        with httpx.Client(timeout=120.0, trust_env=False) as c:
-            while not self.stop.is_set():
-                k += 1
-                body = {"model": "tiny-llama", "prompt": f"client {i} request {k}: tell the seat a story",
-                        "max_tokens": self.max_tokens, "ignore_eos": True}
-                try:
-                    r = c.post(f"{self.endpoint}/v1/completions", json=body)
-                    ok = r.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.answers += 1
-                else:
-                    self.failures += 1
-                    time.sleep(0.5)
-
-    def __enter__(self) -> Traffic:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=130)
-
-    def wait_answers(self, n: int, timeout: float) -> bool:
-        start = self.answers
-        return wait_until(lambda: self.answers >= start + n, timeout, interval=0.2)
+def _traffic(endpoint: str, *, n: int = 2, max_tokens: int = 48) -> Load:
+    """Completions in the background (``n`` at a time) until the ``with`` block ends; counts answers and failures."""
+    return Load(posting(endpoint, "/v1/completions", lambda i, k: request_body(
+        "/v1/completions", f"client {i} request {k}: tell the seat a story", model="tiny-llama", max_tokens=max_tokens,
+        sampling={"ignore_eos": True})), concurrency=n, timeout=120.0)
 
 
 def _wait_bundle(seat: RealSeat, before: set[Path], timeout: float) -> tuple[Path, float] | None:
@@ -187,8 +151,8 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
     queued = 0.0
     # ~1,500 tokens ("wordN" is ~6 of the tiny model's tokens): long for a 4,096-token context, and it fits
     long_body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(250)), "max_tokens": 16}
-    with Traffic(seat.endpoint, n=16, max_tokens=32) as tr:
-        assert tr.wait_answers(1, 120.0), "the burst got no answer"
+    with _traffic(seat.endpoint, n=16, max_tokens=32) as tr:
+        assert tr.wait_ok(1, 120.0), "the burst got no answer"
         r = httpx.post(f"{seat.endpoint}/v1/completions", json=long_body, timeout=180.0, trust_env=False)
         assert r.status_code == 200, r.text
         long_tokens = r.json()["usage"]["prompt_tokens"]
@@ -197,9 +161,9 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
             queued = max(queued, _queued(seat))
             verdicts += [n["verdict"] for n in watch_once(seat)["nodes"] if n.get("verdict")]
             time.sleep(2.0)
-    print(f"burst: {tr.answers} answers, {tr.failures} failures; long prompt {long_tokens} tokens; "
+    print(f"burst: {tr.ok} answers, {tr.failed} failures; long prompt {long_tokens} tokens; "
           f"most queued {queued:.0f}")
-    assert tr.failures == 0 and tr.answers >= 16, (tr.answers, tr.failures)
+    assert tr.failed == 0 and tr.ok >= 16, (tr.ok, tr.failed)
     assert long_tokens > 1000, long_tokens
     assert queued > 0, "no request ever queued: the burst did not pass the slot cap"
     time.sleep(5.0)  # a bundle the last samples triggered would be complete by now
@@ -238,8 +202,8 @@ def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: Rea
     THEN a bundle names rank 1 at VocabParallelEmbedding.forward with rank 0 waiting in the all-reduce, complete
     within 10 s of the stall; replay reproduces it; the seat serves again once the stall is cleared."""
     before = seat_bundles(seat)
-    with Traffic(seat.endpoint) as load:
-        assert load.wait_answers(2, 120), "no answers before the fault"
+    with _traffic(seat.endpoint) as load:
+        assert load.wait_ok(2, 120), "no answers before the fault"
         res = _fault(seat, "probe-stall:rank=1,for_s=60")
         got = _wait_bundle(seat, before, 60)
         cleared = _fault(seat, "clear")
@@ -254,7 +218,7 @@ def test_a_probe_stall_on_rank_1_is_named_at_the_embedding_within_10_s(seat: Rea
         assert 0 in v["waiting_ranks"], v
         assert took <= BUNDLE_WITHIN_S, f"bundle {took:.1f} s after the stall (bound {BUNDLE_WITHIN_S} s)"
         assert cleared["fault_id"]
-        assert load.wait_answers(3, 120), "the seat did not serve again after the stall was cleared"
+        assert load.wait_ok(3, 120), "the seat did not serve again after the stall was cleared"
     rep = _replay(seat, bundle)
     assert _same_verdict(rep["verdict"], v), (rep["verdict"], v)
     assert rep["rowfetch"], "replay shows no row-fetch table"
@@ -265,8 +229,8 @@ def _stopped(seat: RealSeat, what: str) -> tuple[Path, dict[str, Any], float]:
     """Under traffic, SIGSTOP ``what`` (``rank=1``, ``detokenizer``) until a bundle comes (at most 60 s), then
     SIGCONT; the seat must serve again. The bundle, its verdict, and seconds from the SIGSTOP to it."""
     before = seat_bundles(seat)
-    with Traffic(seat.endpoint) as load:
-        assert load.wait_answers(2, 120)
+    with _traffic(seat.endpoint) as load:
+        assert load.wait_ok(2, 120)
         res = _fault(seat, f"sigstop:{what}")
         try:
             got = _wait_bundle(seat, before, 60)
@@ -277,7 +241,7 @@ def _stopped(seat: RealSeat, what: str) -> tuple[Path, dict[str, Any], float]:
         m = _manifest(bundle)
         took = m["created"] - res["applied_t"]
         print(f"SIGSTOP {what} -> bundle {bundle.name} in {took:.2f} s: {m['verdict']}")
-        assert load.wait_answers(3, 120), "the seat did not serve again after SIGCONT"
+        assert load.wait_ok(3, 120), "the seat did not serve again after SIGCONT"
     return bundle, m["verdict"], took
 
 
@@ -308,8 +272,8 @@ def test_sigkill_of_rank_1_is_process_exited_naming_rank_1(seat: RealSeat) -> No
     (SGLang then takes the rest of the seat down by itself); replay reproduces it."""
     seat.remember()
     before = seat_bundles(seat)
-    with Traffic(seat.endpoint) as load:
-        assert load.wait_answers(2, 120)
+    with _traffic(seat.endpoint) as load:
+        assert load.wait_ok(2, 120)
         res = _fault(seat, "sigkill:rank=1")
         got = _wait_bundle(seat, before, 60)
     assert got is not None, "no bundle within 60 s of SIGKILL"

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from launchutil import LOCAL_SIM, REPO, Proc, alive, descendants, in_groups, run
 from runbookdoc import Block, RunbookError, parse_runbook, rehearsal_order
 
 from sgl_seat.launch.host.localcluster import start_local_cluster, stop_local_cluster
+from sgl_seat.netports import free_block
 
 RUNBOOKS = REPO / "runbooks"
 NAME = "runbook-seat"
@@ -147,22 +147,13 @@ def _spec(path: Path, address: str) -> Path:
     return path
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tmp = tmp_path_factory.mktemp("runbooks")
     home, work = tmp / "home", tmp / "work"
     work.mkdir()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    port = next((p for p in GCS_PORTS if _free(p)), 0)
+    port = free_block(GCS_PORTS, reuse=False) or 0
     rec = start_local_cluster(NAME, nodes=2, gpus_per_node=2, cpus_per_node=3, timeout=180,
                               record=tmp / "cluster.json", port=port)
     assert rec.gcs_address

@@ -8,7 +8,6 @@ tears the tree down the way SGLang does.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import httpx
 import psutil
 import pytest
 from simutil import HOST, SimNode, free_port, hdelete, hget, hpost, sim_env, wait_http
+
+from sgl_seat.netports import held
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +77,7 @@ def test_unreachable_dist_init_times_out_within_dist_timeout(tmp_path: Path) -> 
 
 def test_port_in_use_fails_fast_before_starting_anything(tmp_path: Path) -> None:
     port = free_port(span=3)
-    holder = socket.socket()
-    holder.bind((HOST, port))
-    holder.listen()
-    try:
+    with held(port, HOST, listen=True):
         t0 = time.monotonic()
         res = _run(["--model-path", "m", "--host", HOST, "--port", str(port)], timeout=30)
         assert res.returncode == 1
@@ -87,8 +85,6 @@ def test_port_in_use_fails_fast_before_starting_anything(tmp_path: Path) -> None
         assert f"cannot bind the HTTP server to {HOST}:{port}" in res.stderr
         assert "the port is in use" in res.stderr
         assert "Traceback" not in res.stderr
-    finally:
-        holder.close()
 
 
 # --- one small live seat for the HTTP checks --------------------------------------------------------------------

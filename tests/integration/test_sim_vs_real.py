@@ -40,7 +40,6 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from simutil import _free as port_free
 
 from rigs.simrig import SimSeat, sim_spec, wait_healthy
 from sgl_seat.core.detect import PROGRESS_METRICS, RUNNING, detect, one_forward
@@ -50,6 +49,7 @@ from sgl_seat.core.records import MetricsPoint, StackSample
 from sgl_seat.engines.base import engine_venv, parse_kv_tokens
 from sgl_seat.engines.sglang import SGLangBackend
 from sgl_seat.forensics.replay.analysis import classify_thread
+from sgl_seat.netports import free_block
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.sim.front import ports as sim_ports
 from sgl_seat.spec import WatchdogSpec, load_spec, parse_spec
@@ -91,11 +91,12 @@ READ_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
         ("version", "sgl_seat/gate/engine_counters.py"),
     ),
     "GET /get_server_info": (("max_total_num_tokens", "sgl_seat/gate/engine_counters.py"),),
-    "POST /generate": (("text", "rigs/simrig.py"), ("meta_info.completion_tokens", "rigs/simrig.py"),
+    "POST /generate": (("text", "sgl_seat/forensics/recording/loadgen.py"),
+                       ("meta_info.completion_tokens", "sgl_seat/forensics/recording/loadgen.py"),
                        ("meta_info.prompt_tokens", "sgl_seat/forensics/recording/recorder.py")),
-    "POST /generate stream": (("meta_info.completion_tokens", "rigs/simrig.py"),),
+    "POST /generate stream": (("meta_info.completion_tokens", "sgl_seat/forensics/recording/loadgen.py"),),
     "POST /v1/completions": (("choices.0.text", "sgl_seat/gate/client.py"),
-                             ("usage.completion_tokens", "rigs/simrig.py")),
+                             ("usage.completion_tokens", "sgl_seat/forensics/recording/loadgen.py")),
     "POST /v1/completions stream": (("choices.*.text", "sgl_seat/gate/client.py"),
                                     ("usage.prompt_tokens", "sgl_seat/gate/client.py"),
                                     ("usage.completion_tokens", "sgl_seat/gate/client.py")),
@@ -139,12 +140,11 @@ def _in_ci() -> bool:
 
 
 def _pick_block(bases: tuple[int, ...], offsets: tuple[int, ...], taken: set[int]) -> int:
-    for b in bases:
-        ports = {b + o for o in offsets}
-        if not ports & taken and all(port_free(p) for p in ports):
-            taken.update(ports)
-            return b
-    raise RuntimeError(f"no free port block among {bases} (offsets {offsets}) in 24500-24599")
+    b = free_block(bases, offsets, avoid=taken)
+    if b is None:
+        raise RuntimeError(f"no free port block among {bases} (offsets {offsets}) in 24500-24599")
+    taken.update(b + o for o in offsets)
+    return b
 
 
 def _tree(root: int) -> list[psutil.Process]:

@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sgl_seat.procstate import pid_state
 from sgl_seat.watchdog import boot_dir, probe
-from sgl_seat.watchdog.procfind import EngineProc, proc_state
+from sgl_seat.watchdog.procfind import EngineProc
 from sgl_seat.watchdog.pyspy import capture_stacks, ensure_not_stopped, find_pyspy, pyspy_dump
 from sgl_seat.watchdog.sampler import Sampler
 
@@ -81,7 +82,7 @@ def test_samples_a_real_program(spawn) -> None:  # type: ignore[no-untyped-def]
         out = sampler.sample_once()
         assert len(out) == 1 and out[0].rank == 3 and out[0].node == 1 and out[0].error is None
     assert sampler.samples_taken == 3 and len(sampler.samples()) == 3
-    assert proc_state(p.pid) in ("S", "R")
+    assert pid_state(p.pid) in ("S", "R")
 
 
 def test_native_capture_leaves_the_target_running(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +93,7 @@ def test_native_capture_leaves_the_target_running(spawn) -> None:  # type: ignor
     if nat.error is None:  # native unwinding is best effort; when it works it has native frames
         assert any(f.native for t in nat.threads for f in t.frames)
     time.sleep(0.1)
-    assert proc_state(p.pid) in ("S", "R")
+    assert pid_state(p.pid) in ("S", "R")
 
 
 def test_target_exits_mid_sampling(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -147,7 +148,7 @@ def test_hung_pyspy_is_killed_and_a_stopped_target_resumed(spawn, tmp_path: Path
     assert res.timed_out and time.monotonic() - t0 < 6
     assert res.resumed
     time.sleep(0.1)
-    assert proc_state(p.pid) in ("S", "R")
+    assert pid_state(p.pid) in ("S", "R")
     # and nothing of the fake py-spy is left behind (its `sleep` child included: the whole session is killed)
     time.sleep(0.2)
     left = [q for q in psutil.process_iter(["cmdline"]) if (q.info["cmdline"] or [])[:2] == ["sleep", "30"]
@@ -160,10 +161,10 @@ def test_a_target_stopped_before_us_stays_stopped(spawn) -> None:  # type: ignor
     os.kill(p.pid, signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 3
-        while proc_state(p.pid) != "T" and time.monotonic() < deadline:
+        while pid_state(p.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ensure_not_stopped(p.pid, was_stopped=True) is False
-        assert proc_state(p.pid) == "T"
+        assert pid_state(p.pid) == "T"
     finally:
         os.kill(p.pid, signal.SIGCONT)
 

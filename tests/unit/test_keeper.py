@@ -25,7 +25,7 @@ import pytest
 from sgl_seat.core.records import StackSample, ThreadStack
 from sgl_seat.errors import FormatVersionError
 from sgl_seat.forensics.format.bundle import read_bundle
-from sgl_seat.sim.launch_server import free_port
+from sgl_seat.netports import any_free_port
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.keeper import (
     CONFIG,
@@ -117,7 +117,7 @@ def _gone(w: Watched, timeout: float = 60.0) -> bool:
 def test_the_raylet_gone_the_keeper_watches_in_the_sidecars_place_and_writes_this_nodes_bundle(
         tmp_path: Path) -> None:
     raylet, sidecar = _stand_in(), _stand_in()
-    eport, mport = free_port(), free_port()
+    eport, mport = any_free_port(), any_free_port()
     engine = _engine(eport)
     keeper = start_keeper(_cfg(tmp_path, engine_port=eport, metrics_port=mport), tmp_path / "k",
                           raylet=Watched.of(raylet.pid), sidecar=Watched.of(sidecar.pid))

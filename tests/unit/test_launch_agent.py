@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from sgl_seat.errors import UsageError
 from sgl_seat.launch.actors.agent import NodeAgent, engine_env, tail_lines
 from sgl_seat.launch.seatrecord.home import HOME_ENV
 from sgl_seat.launch.seatrecord.names import agent_name, namespace_of, pg_name
+from sgl_seat.netports import held
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.spec import load_spec
 
@@ -93,10 +93,7 @@ def test_ports_are_checked_on_the_address_the_engine_binds(plan: LaunchPlan) -> 
 
 
 def test_a_listener_on_the_engines_address_is_found() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        port = s.getsockname()[1]
+    with held(listen=True) as port:
         assert "bound to 127.0.0.1:" in (preflight_facts.port_holder(port, "127.0.0.1") or "")
     assert preflight_facts.port_holder(port, "127.0.0.1") is None
 

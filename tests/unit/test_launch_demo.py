@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from sgl_seat.launch.seatrecord.home import HOME_ENV, host_id
 from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord
 from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.stages import WARN, Stage, StageTimes
+from sgl_seat.netports import held
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
 
@@ -134,10 +134,9 @@ def test_bad_answers_are_one_engine_error(server: str, path: str, needle: str) -
 def test_timeout_and_refused_connection_are_engine_errors(server: str) -> None:
     with pytest.raises(EngineError, match="ReadTimeout"):
         demo_traffic.ask(f"{server}/slow", "m", "q", timeout=0.3)
-    with socket.socket() as held:  # bound, never listening: connections to it are refused
-        held.bind(("127.0.0.1", 0))
-        with pytest.raises(EngineError, match="ConnectError"):
-            demo_traffic.ask(f"http://127.0.0.1:{held.getsockname()[1]}", "m", "q", timeout=5)
+    # bound, never listening: connections to it are refused
+    with held() as port, pytest.raises(EngineError, match="ConnectError"):
+        demo_traffic.ask(f"http://127.0.0.1:{port}", "m", "q", timeout=5)
 
 
 def _fake_seat(monkeypatch: pytest.MonkeyPatch, server: str, path: str, tmp_path: Path,

@@ -2,7 +2,7 @@
 
 The layers, low to high (ARCHITECTURE.md describes them):
 
-    L0  errors, deadline, niceness (and the package root's ``__version__``)
+    L0  errors, deadline, niceness, netports, procstate (and the package root's ``__version__``)
     L1  core (records, observation, frames, detectors), spec, topology
     L2  sizing (the KV pool and slot ceiling), engines (the engine backends: everything engine-specific)
     L3  plan
@@ -13,7 +13,7 @@ The layers, low to high (ARCHITECTURE.md describes them):
     L8  cli
 
 ``sgl_seat.sim`` is the stand-in engine process, apart from the stack: it imports only ``errors``,
-``topology`` and its own modules, and only ``sgl_seat.engines.sim`` (the sim's backend) imports it.
+``topology``, ``netports`` and its own modules, and only ``sgl_seat.engines.sim`` (the sim's backend) imports it.
 
 Every import is checked: module level, inside functions, under ``TYPE_CHECKING``, relative ones, and
 ``importlib.import_module`` / ``__import__`` of a literal name. A violation names the file, the line and
@@ -38,7 +38,7 @@ PKG = ROOT / "sgl_seat"
 
 #: Layer of each top-level name under ``sgl_seat`` (a module or a package). ``""`` is the package root.
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "deadline": 0, "niceness": 0,
+    "": 0, "errors": 0, "deadline": 0, "niceness": 0, "netports": 0, "procstate": 0,
     "core": 1, "spec": 1, "topology": 1,
     "sizing": 2, "engines": 2,
     "plan": 3,
@@ -53,8 +53,9 @@ LAYER_NAMES = {0: "errors", 1: "core/spec/topology", 2: "sizing/engines", 3: "pl
 DIRECTION = " < ".join(f"L{n} {name}" for n, name in sorted(LAYER_NAMES.items()))
 
 SIM = "sim"
-#: What the sim may import besides its own modules.
-SIM_MAY_IMPORT = {"", "errors", "topology"}
+#: What the sim may import besides its own modules. ``netports`` (standard library only): the sim picks its
+#: rendezvous port as the tests, the benches and the local cluster pick theirs, from the one helper.
+SIM_MAY_IMPORT = {"", "errors", "topology", "netports"}
 #: The only module outside the sim that may import it.
 SIM_BACKEND = "sgl_seat.engines.sim"
 
@@ -144,7 +145,7 @@ def violations(label: str, module: str, source: str, *, is_package: bool = False
         if mine == SIM:
             if theirs != SIM and theirs not in SIM_MAY_IMPORT:
                 out.append(f"{where}: the sim (the stand-in engine process) imports only sgl_seat.errors, "
-                           "sgl_seat.topology and its own modules")
+                           "sgl_seat.topology, sgl_seat.netports and its own modules")
             continue
         if theirs == SIM:
             if module != SIM_BACKEND:

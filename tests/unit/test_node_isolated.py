@@ -9,7 +9,6 @@ the Ray heartbeats.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from sgl_seat.core.records import VerdictKind
 from sgl_seat.forensics.format.bundle import read_bundle
 from sgl_seat.forensics.format.merge import merge_bundles
 from sgl_seat.forensics.replay.redetect import rerun_detectors
+from sgl_seat.netports import held
 from sgl_seat.watchdog import selfcheck
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.sampler import Sampler
@@ -110,10 +110,7 @@ def test_the_seat_interfaces_come_from_the_plan_else_the_nodes_address() -> None
 
 
 def test_reaching_the_head() -> None:
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port = srv.getsockname()[1]
+    with held(listen=True) as port:
         ok = selfcheck.reach_head(f"127.0.0.1:{port}")
     assert ok.reachable and ok.local
     gone = selfcheck.reach_head(f"127.0.0.1:{port}")  # closed now: refused at once

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from sgl_seat.cli.watchview import render
 from sgl_seat.launch.seatrecord.home import HOME_ENV
 from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_record
 from sgl_seat.launch.seatrecord.state import SeatState
+from sgl_seat.netports import any_free_port
 from tests.cli_runner import run_cli
 
 DOC = {
@@ -71,9 +71,7 @@ def test_watch_json_keeps_stdout_for_json_and_warns_on_stderr(tmp_path: Path, mo
     """A seat whose Ray cluster is gone: `watch --once --json` prints one JSON document on stdout and the
     warning, as plain styled text (no literal rich markup), on stderr."""
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
-    with socket.socket() as s:  # a loopback port nobody listens on once closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = any_free_port()  # a loopback port nobody listens on once closed
     save_record(SeatRecord(name="w", state=SeatState.READY, engine="sim", draft=True, cluster_address="local",
                            namespace="sgl-seat-w", pg_name="sgl-seat-w-pg", gcs_address=f"127.0.0.1:{port}",
                            nodes=[NodeRecord(node_rank=0, agent="a0", ranks=[])]))

@@ -30,13 +30,16 @@ import httpx
 from sgl_seat.errors import UsageError
 from sgl_seat.forensics.format.redact import RequestShape
 from sgl_seat.forensics.format.store import bundles_in
+from sgl_seat.forensics.recording.loadgen import ROUTES, request_body
 
 __all__ = ["TrafficResult", "replay_traffic", "synth_prompt"]
 
 #: Words that are a single token (with their leading space) in GPT-2/Llama/DeepSeek-style vocabularies.
 _WORDS = ("the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "was", "with", "as", "at", "by", "be",
           "this", "are", "or", "from", "an", "but", "not", "all", "can", "one", "has", "more", "time", "will")
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
+#: The recorded sampling fields a replayed request carries.
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "seed", "ignore_eos",
+             "repetition_penalty")
 
 
 def _words(seed: str, n: int) -> list[str]:
@@ -84,19 +87,6 @@ class TrafficResult:
                 "watched": self.watched, "new_bundles": self.new_bundles, "reproduced": self.reproduced}
 
 
-def _body(route: str, shape: RequestShape, prompt: str, model: str) -> dict[str, Any]:
-    sampling = {k: v for k, v in shape.sampling.items() if k in
-                ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "seed",
-                 "ignore_eos", "repetition_penalty")}
-    mx = shape.max_tokens or 128
-    if route == "/generate":
-        return {"text": prompt, "sampling_params": {"max_new_tokens": mx, **sampling}, "stream": shape.stream}
-    if route == "/v1/chat/completions":
-        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": mx,
-                "stream": shape.stream, **sampling}
-    return {"model": model, "prompt": prompt, "max_tokens": mx, "stream": shape.stream, **sampling}
-
-
 def _check_target(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -140,7 +130,9 @@ async def _drive(shapes: list[RequestShape], res: TrafficResult, *, base: str, s
                     return
                 res.sent += 1
                 try:
-                    body = _body(route, s, synth_prompt(s, i), model)
+                    body = request_body(route, synth_prompt(s, i), max_tokens=s.max_tokens or 128, model=model,
+                                        stream=s.stream, sampling={k: v for k, v in s.sampling.items()
+                                                                   if k in _SAMPLING})
                     timeout = httpx.Timeout(min(request_timeout_s, left))
                     async with client.stream("POST", route, json=body, timeout=timeout) as r:
                         async for _ in r.aiter_bytes():

@@ -32,6 +32,7 @@ from sgl_seat.launch.host import processgroups
 from sgl_seat.launch.seatrecord.home import host_id, logs_dir, seat_home
 from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
+from sgl_seat.procstate import state_name
 from sgl_seat.watchdog import boot_dir
 
 LOG_SCAN_BYTES = 4 << 20
@@ -247,7 +248,7 @@ class NodeAgent:
                 lost.append(f"{r.process_title} (pid {seen[0]})")
             ranks.append({"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "title": r.process_title,
                           "pid": seen[0] if seen else None, "alive": alive,
-                          "state": processgroups.state_of(seen[0]) if alive and seen else ("gone" if seen else None)})
+                          "state": state_name(seen[0]) if alive and seen else ("gone" if seen else None)})
         reason = None
         gone = f"scheduler process gone: {', '.join(lost)}" if lost else ""
         if rc is not None:

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ import psutil
 from sgl_seat.errors import ClusterError
 from sgl_seat.launch.host import processgroups
 from sgl_seat.launch.seatrecord.home import clusters_dir, read_json, write_json_atomic
+from sgl_seat.netports import any_free_port
 from sgl_seat.niceness import RAY_WORKER_NICENESS_ENV
 
 CLUSTER_SCHEMA_VERSION = 1
@@ -78,12 +78,6 @@ def load_cluster_record(path: Path) -> LocalClusterRecord | None:
     except (OSError, ValueError):
         return None
     return LocalClusterRecord.from_dict(doc) if isinstance(doc, dict) else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: The sim's device environment (``sgl_seat.sim.args``); spelled here: launch/ does not import the sim.
@@ -149,7 +143,7 @@ def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_no
         try:
             cluster = cluster_cls(initialize_head=True, head_node_args={
                 "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
-                "node_ip_address": "127.0.0.1", "gcs_server_port": port or _free_port(),
+                "node_ip_address": "127.0.0.1", "gcs_server_port": port or any_free_port(),
             })
             host_gpus = host_gpu_count()
             for i in range(nodes):

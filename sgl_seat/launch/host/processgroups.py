@@ -65,14 +65,6 @@ def is_alive(p: psutil.Process) -> bool:
         return False
 
 
-def state_of(pid: int) -> str | None:
-    """The OS's state of ``pid`` (psutil's names: running, sleeping, disk-sleep, stopped, zombie), if it exists."""
-    try:
-        return str(psutil.Process(pid).status())
-    except (psutil.Error, OSError):
-        return None
-
-
 def pgid_of(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
