@@ -268,7 +268,7 @@ def test_down_local_leaves_a_keeper_whose_config_it_cannot_read_and_says_so(tmp_
 
 def test_a_spool_of_another_version_is_not_the_keepers_history_but_it_still_captures(tmp_path: Path) -> None:
     raylet, sidecar = _stand_in(), _stand_in()
-    keeper = start_keeper(_cfg(tmp_path, metrics_port=free_port()), tmp_path / "k", raylet=Watched.of(raylet.pid),
+    keeper = start_keeper(_cfg(tmp_path, metrics_port=any_free_port()), tmp_path / "k", raylet=Watched.of(raylet.pid),
                           sidecar=Watched.of(sidecar.pid))
     try:
         SampleSpool(tmp_path / "k").append(_spooled(time.time() - 1.0))
