@@ -261,10 +261,9 @@ def running(tag: str) -> Iterator[NetnsCluster]:
     why = cannot_run()
     if why:
         pytest.skip(why)
-    # Measured in CI: a `ray start` timed out during its own startup ("The current node timed out during startup":
-    # Ray's fixed 30 s) while the other streams loaded both cores, in the full tier twice in a row. The script
-    # removes what it made; the cluster is this test's scaffolding, not what it checks: up to three tries, each
-    # under its own prefix.
+    # A `ray start` can time out during its own startup ("The current node timed out during startup": Ray's fixed
+    # 30 s) while other work loads both cores. The script removes what it made; the cluster is the caller's
+    # scaffolding, not what it checks: up to three tries, each under its own prefix.
     for attempt in range(3):
         prefix = f"{tag if attempt == 0 else tag[0] + str(attempt)}{os.getpid() % 100000}"
         try:

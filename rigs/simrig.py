@@ -5,9 +5,9 @@ environment, so the probe loads exactly as on a real seat), drives ``/generate``
 injects faults through the sim's loopback admin route, and builds :class:`Sidecar` cores wired to each
 other in-process. Everything it starts it stops, by process group. Synthetic figures only.
 
-A test rig, so it lives under ``tests/`` (not in the wheel): tests import it as ``rigs.simrig`` (pytest runs
-from the checkout's root); ``bench/watchdog_overhead.py`` and ``tests/fixtures/make_bundles.py`` put the
-checkout on ``sys.path`` first.
+A rig the tests and the benches share, so it lives in ``rigs/`` (not in the wheel): tests import it as
+``rigs.simrig`` (pytest runs from the checkout's root); the bench scripts and ``tests/fixtures/make_bundles.py``
+put the checkout on ``sys.path`` first.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ _taken: set[int] = set()
 def ports(slot: int) -> tuple[int, int]:
     """(http_port, dist_init_port) for test slot ``slot``: a free block of 20 from PORT_BASE + 20*slot on.
 
-    Our range lies inside Linux's ephemeral range, so Ray's workers and any outgoing connection can
-    hold one of its ports for a while; a block whose ports are all free right now is chosen (the
+    Our range lies below Linux's ephemeral range, but Ray's workers and the other streams' seats bind ports of
+    their own in it and can hold one for a while; a block whose ports are all free right now is chosen (the
     seat uses http, http+2, +5, +10, +12), and never twice in one test session.
     """
     # 127.0.0.1: where the test seats bind (network.host), never every interface.
