@@ -79,6 +79,11 @@ def test_a_load_counts_answers_and_tokens_and_stops(server: str) -> None:
                         tokens=True), concurrency=3, name="t-load")
     with load:
         assert load.answered.wait(10) and load.wait_ok(6, 10)
+        # Every worker has sent its first request (under load one thread can start after the others' six answers).
+        deadline = time.monotonic() + 10
+        while not {"w0.1", "w1.1", "w2.1"} <= {b["text"] for _, b in list(_Handler.seen)} \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert sorted(t.name for t in threading.enumerate() if t.name.startswith("t-load-")) == [
             "t-load-0", "t-load-1", "t-load-2"]
     assert not [t for t in threading.enumerate() if t.name.startswith("t-load-")]
