@@ -154,11 +154,26 @@ def pip_fetch(t: PackTarget, wheels: Path, say: Callable[[str], None]) -> None:
           "--python-version", t.python, "--implementation", "cp", "-d", str(wheels), "-r", str(reqs)])
 
 
+def checkout_wheel(wheels: Path, say: Callable[[str], None]) -> Path:
+    """sgl-seat itself as a wheel, built from the checkout this code runs from (``pip wheel --no-deps``)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").is_file():
+        raise UsageError("this target carries sgl-seat itself, built from a checkout, and this sgl-seat is installed "
+                         "from a wheel", fix="run `sgl-seat engine pack` from a checkout of sgl-seat")
+    for old in wheels.glob("sgl_seat-*.whl"):
+        old.unlink()
+    say(f"building sgl-seat's own wheel from {root}")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
+          str(root)])
+    (built,) = wheels.glob("sgl_seat-*.whl")
+    return built
+
+
 def pip_layout(t: PackTarget, wheels: Path, site: Path) -> None:
     plat = [a for p in t.platforms for a in ("--platform", p)]
-    wanted = {p.split("==")[0].lower().replace("-", "_") for p in t.pins}
+    wanted = {p.split("==")[0].lower().replace("-", "_") for p in t.pins} | ({"sgl_seat"} if t.from_checkout else set())
     files = sorted(w for w in wheels.glob("*.whl") if w.name.split("-")[0].lower() in wanted)
-    if len(files) != len(t.pins):
+    if len(files) != len(wanted):
         raise UsageError(f"{len(files)} wheels found in {wheels} for {len(t.pins)} pins",
                          fix="remove the wheel cache directory and pack again")
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--only-binary=:all:", *plat,
@@ -190,6 +205,8 @@ def pack(t: PackTarget, out: Path, *, cache: Path, part_bytes: int | None = None
     t0 = time.monotonic()
     wheels = cache / t.name
     pip_fetch(t, wheels, say)
+    if t.from_checkout:
+        checkout_wheel(wheels, say)
     seconds["fetch"] = time.monotonic() - t0
     if out.exists():
         shutil.rmtree(out)

@@ -36,6 +36,8 @@ class PackTarget:
     #: What the host must set besides the package on PYTHONPATH (``{site}`` is the unpacked site directory).
     env: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: Built from this checkout (``pip wheel --no-deps``) and carried beside the pins: sgl-seat itself.
+    from_checkout: bool = False
 
 
 def _manylinux(glibc_minor_max: int) -> tuple[str, ...]:
@@ -104,6 +106,57 @@ TARGETS: dict[str, PackTarget] = {
         ),
     ),
 }
+
+
+#: What sgl-seat needs on the GPU host, whole, so the package also serves alone (numpy is the image's). What it shares
+#: with the engine package is pinned at the same version there, so the two can stand on one path in either order.
+_SHARED = ("annotated-types", "jsonschema", "jsonschema-specifications", "orjson", "py-spy", "pydantic",
+           "pydantic-core", "referencing", "rpds-py", "sniffio", "typing-extensions", "typing-inspection")
+SEAT_PY312_PINS = (*(p for p in SGLANG_0_5_17_PINS if p.split("==")[0] in _SHARED),
+    "ray==2.60.0", "psutil==7.2.2", "pyyaml==6.0.4", "typer==0.29.2", "click==8.5.1", "shellingham==1.5.4",
+    "httpx==0.29.0", "httpcore==1.0.9", "h11==0.16.0", "anyio==4.16.0", "idna==3.20", "certifi==2026.10.19.post1",
+    "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2", "pygments==2.21.0", "prometheus-client==0.26.0",
+    "zstandard==0.25.0", "filelock==4.3.2", "msgpack==1.2.4", "packaging==26.4", "protobuf==7.36.2",
+    "requests==2.34.2", "urllib3==2.8.0", "charset-normalizer==3.5.3", "attrs==26.1.0",
+)
+
+#: Ray's parts a seat never runs: it drives Python workers only, with the dashboard off.
+SEAT_TRIM = (
+    TrimRule("ray/jars", "Ray's Java workers: a seat's workers are Python"),
+    TrimRule("ray/dashboard/client", "the dashboard's web front end: a seat runs Ray with the dashboard off"),
+    TrimRule("ray/rllib", "a Ray library a seat never imports"),
+    TrimRule("ray/serve", "a Ray library a seat never imports"),
+    TrimRule("ray/data", "a Ray library a seat never imports"),
+    TrimRule("ray/llm", "a Ray library a seat never imports"),
+)
+
+#: Imports sgl-seat's CLI and probe, then starts a one-CPU local Ray (loopback, no dashboard) and runs a task on it:
+#: the raylet and GCS binaries the package carries run on the host.
+SEAT_CHECK = """
+import json, sys, time
+import ray, sgl_seat, psutil, httpx, typer, zstandard
+from sgl_seat.cli.main import app
+from sgl_seat.watchdog.probe import ring
+t = time.monotonic()
+ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+answer = ray.get(ray.remote(lambda: 42).remote(), timeout=120)
+ray.shutdown()
+print(json.dumps({"python": sys.version.split()[0], "ray": ray.__version__, "sgl_seat": sgl_seat.__version__,
+                  "psutil": psutil.__version__, "ray_task": answer, "ray_s": round(time.monotonic() - t, 1)}))
+"""
+
+TARGETS["h200-seat-py312"] = PackTarget(
+    name="h200-seat-py312",
+    description="sgl-seat and Ray for the same H200 image (Python 3.12), beside the engine package on the path",
+    python="3.12",
+    platforms=_manylinux(39),
+    pins=SEAT_PY312_PINS,
+    trim=SEAT_TRIM,
+    check=SEAT_CHECK,
+    env={"PYTHONPATH": "{site}", "PATH": "{site}/bin:$PATH"},
+    notes=("what it shares with the engine package is the same version there: the two can share one PYTHONPATH",),
+    from_checkout=True,
+)
 
 
 def target(name: str) -> PackTarget:

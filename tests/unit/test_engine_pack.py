@@ -141,3 +141,32 @@ def test_the_host_step_refuses_a_damaged_or_foreign_package(tmp_path: Path, monk
     assert said in out["error"], out
     if damage != "check":
         assert not (tmp_path / "host" / "site").exists()  # nothing unpacked from a package that failed its checks
+
+
+def test_the_seat_package_shares_the_engine_packages_versions_and_carries_sgl_seat() -> None:
+    seat = TARGETS["h200-seat-py312"]
+    engine = {p.split("==")[0]: p for p in H200.pins}
+    shared = [p for p in seat.pins if p.split("==")[0] in engine]
+    assert len(shared) >= 10 and all(engine[p.split("==")[0]] == p for p in shared), shared
+    assert any(p.startswith("ray==") for p in seat.pins) and seat.from_checkout and not H200.from_checkout
+    assert len(seat.pins) == len({p.split("==")[0] for p in seat.pins})
+    assert "ray.init(" in seat.check and "import sglang" in H200.check
+
+
+def test_a_target_built_from_the_checkout_lays_out_its_own_wheel(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seat's target carries sgl-seat itself: its wheel is built from this checkout and counted with the pins."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(pack, "_run", lambda argv: seen.append(argv))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("a-1-py3-none-any.whl", "sgl_seat-0.1.0-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    t = PackTarget(name="unit", description="", python="3.12", platforms=("linux_x86_64",), pins=("a==1",),
+                   from_checkout=True)
+    pack.pip_layout(t, wheels, tmp_path / "site")
+    assert sorted(Path(a).name for a in seen[-1] if a.endswith(".whl")) == ["a-1-py3-none-any.whl",
+                                                                           "sgl_seat-0.1.0-py3-none-any.whl"]
+    (wheels / "sgl_seat-0.1.0-py3-none-any.whl").unlink()
+    with pytest.raises(UsageError, match="1 wheels found"):
+        pack.pip_layout(t, wheels, tmp_path / "site")
