@@ -29,7 +29,8 @@ def targets(json_out: JsonOpt = False) -> None:
 @app.command("pack")
 def pack(
     target: Annotated[str, typer.Option("--target", "-t", help="The target image (`sgl-seat engine targets`).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the package (made empty first).")]
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the package: a new one, or an earlier "
+                                      "package's (replaced).")]
     = Path("engine-package"),
     cache: Annotated[Path | None, typer.Option("--cache", help="Where fetched wheels are kept between packs "
                                                "(default ~/.cache/sgl-seat/engine-wheels).")] = None,

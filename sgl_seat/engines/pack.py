@@ -201,6 +201,9 @@ def strip_debug(site: Path, patterns: Iterable[str]) -> list[str]:
 def pack(t: PackTarget, out: Path, *, cache: Path, part_bytes: int | None = None,
          say: Callable[[str], None] = lambda s: None) -> PackResult:
     """Build the target's package under ``out`` (made empty first) and return what it holds."""
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise UsageError(f"{out} is not empty and holds no engine package: pack will not empty it",
+                         fix="name a new directory with --out, or an earlier package's to replace it")
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     wheels = cache / t.name

@@ -170,3 +170,16 @@ def test_a_target_built_from_the_checkout_lays_out_its_own_wheel(tmp_path: Path,
     (wheels / "sgl_seat-0.1.0-py3-none-any.whl").unlink()
     with pytest.raises(UsageError, match="1 wheels found"):
         pack.pip_layout(t, wheels, tmp_path / "site")
+
+
+def test_pack_never_empties_a_directory_that_is_not_a_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_registry(monkeypatch)
+    keep = tmp_path / "work"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty and holds no engine package"):
+        pack.pack(_target(tmp_path, CHECK), keep, cache=tmp_path / "cache")
+    assert (keep / "notes.txt").read_text() == "mine"
+    pack.pack(_target(tmp_path, CHECK), tmp_path / "pkg", cache=tmp_path / "cache")
+    pack.pack(_target(tmp_path, CHECK), tmp_path / "pkg", cache=tmp_path / "cache")  # an earlier package: replaced
+    assert (tmp_path / "pkg" / pack.MANIFEST).is_file()
