@@ -30,7 +30,7 @@ class LayoutError(Exception):
     pass
 
 
-def _sha256(path: str) -> str:
+def sha256_of(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -63,11 +63,11 @@ def assemble(package: str, doc: dict[str, object], dest: str) -> str:
                 p = os.path.join(package, part["name"])
                 if not os.path.isfile(p):
                     raise LayoutError(f"part {part['name']} is missing from {package}")
-                if _sha256(p) != part["sha256"]:
+                if sha256_of(p) != part["sha256"]:
                     raise LayoutError(f"part {part['name']}: sha256 differs from the manifest (damaged in transit)")
                 with open(p, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
-    if os.path.getsize(path) != archive["size"] or _sha256(path) != archive["sha256"]:
+    if os.path.getsize(path) != archive["size"] or sha256_of(path) != archive["sha256"]:
         raise LayoutError(f"{archive['name']}: size or sha256 differs from the manifest")
     return path
 
@@ -89,7 +89,7 @@ def unpack(archive: str, dest: str, files: dict[str, dict[str, object]]) -> int:
     total = 0
     for rel, ent in files.items():
         p = os.path.join(site, rel)
-        if not os.path.isfile(p) or os.path.getsize(p) != ent["size"] or _sha256(p) != ent["sha256"]:
+        if not os.path.isfile(p) or os.path.getsize(p) != ent["size"] or sha256_of(p) != ent["sha256"]:
             raise LayoutError(f"site/{rel}: missing or not the file the manifest names")
         total += int(str(ent["size"]))
     return total

@@ -58,14 +58,6 @@ class PackResult:
         return doc
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def matches(site: Path, rule: TrimRule) -> list[Path]:
     """Every file under ``site`` the rule takes out (a matched directory takes its whole tree)."""
     out: list[Path] = []
@@ -84,11 +76,10 @@ def trim(site: Path, rules: Iterable[TrimRule]) -> list[LeftOut]:
             raise UsageError(f"trim rule {rule.pattern!r} matches nothing under {site}",
                              fix="the pinned wheels changed: update the target's trim rules in engines/packtargets.py")
         out.append(LeftOut(rule.pattern, rule.reason, len(found), sum(f.stat().st_size for f in found)))
-        for p in sorted(site.glob(rule.pattern)):
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+        for f in found:
+            f.unlink()
+        for d in sorted((p for p in site.glob(rule.pattern) if p.is_dir()), reverse=True):
+            shutil.rmtree(d)  # the directories a rule named, emptied above
     return out
 
 
@@ -99,7 +90,7 @@ def file_table(site: Path) -> dict[str, dict[str, Any]]:
         if f.is_symlink():
             raise UsageError(f"{f} is a symbolic link: the package carries plain files only")
         if f.is_file():
-            table[f.relative_to(site).as_posix()] = {"sha256": sha256_of(f), "size": f.stat().st_size}
+            table[f.relative_to(site).as_posix()] = {"sha256": hostlayout.sha256_of(str(f)), "size": f.stat().st_size}
     return table
 
 
@@ -232,7 +223,7 @@ def pack(t: PackTarget, out: Path, *, cache: Path, part_bytes: int | None = None
     write_archive(work, archive)
     seconds["compress"] = time.monotonic() - t0
     shutil.rmtree(work)
-    size, digest = archive.stat().st_size, sha256_of(archive)
+    size, digest = archive.stat().st_size, hostlayout.sha256_of(str(archive))
     parts = split(archive, part_bytes) if part_bytes else []
     manifest = {
         "schema_version": MANIFEST_SCHEMA_VERSION, "kind": "sgl-seat-engine-package", "target": t.name,
