@@ -59,7 +59,7 @@ def up(
     if req.note:
         err_console.print(req.note)
     if dry_run:
-        p = seat_up.dry_run(req)
+        p = seat_up.plan_of(req.spec, req.opts)
         if json_out:
             print_json(p.to_json())
         else:

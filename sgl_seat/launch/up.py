@@ -107,10 +107,9 @@ def prepare(seat: str | None, opts: UpOptions) -> UpRequest:
     return UpRequest(spec, opts, effective_policy(spec, opts), note)
 
 
-def dry_run(req: UpRequest) -> LaunchPlan:
-    """The plan `up` would apply (``--dry-run``): nothing starts."""
-    o = req.opts
-    return build_plan(req.spec, draft=o.draft, slots=o.slots, mem_fraction=o.mem_fraction, faults=o.faults)
+def plan_of(spec: SeatSpec, opts: UpOptions) -> LaunchPlan:
+    """The plan `up` applies for ``opts`` (``--dry-run`` prints it and starts nothing)."""
+    return build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
 
 
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
@@ -120,7 +119,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     ensure_writable()
     backend = backend_for(spec.engine)
     policy = effective_policy(spec, opts)
-    plan = build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
+    plan = plan_of(spec, opts)
     stages = Stages(reporter or NullReporter())
     deadline = time.monotonic() + opts.timeout
     interrupted = threading.Event()  # set by the SIGINT handler below; left() checks it
