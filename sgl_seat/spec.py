@@ -148,12 +148,15 @@ class DraftSpec(_Strict):
     """The speculative draft (MTP/EAGLE head) and the slot count it can afford."""
 
     enabled: bool = False
-    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"] = "EAGLE"
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] = "EAGLE"
     steps: int = Field(default=3, ge=1, le=16)
     topk: int = Field(default=1, ge=1, le=16)
     draft_tokens: int = Field(default=4, ge=2, le=64)
     slots: int = Field(default=8, ge=1, le=4096, description="--max-running-requests with the draft on.")
     model_path: str | None = Field(default=None, description="Separate draft checkpoint (EAGLE3, STANDALONE).")
+    config: str | None = Field(
+        default=None, description="The draft checkpoint's config.json for planning (relative to this file): its "
+        "layers join the KV cell and, with dummy weights, its parameters the weights. Default: model_path's.")
     extra_weights_gb: float = Field(
         default=2.0, ge=0, le=512, description="Draft weights per GPU in GiB, when config.json does not say."
     )
@@ -164,7 +167,8 @@ class DraftSpec(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> DraftSpec:
-        if self.topk == 1 and self.draft_tokens != self.steps + 1:
+        # NGRAM takes no steps or topk: its draft tokens are a BFS over a suffix index (default 12 there).
+        if self.algorithm != "NGRAM" and self.topk == 1 and self.draft_tokens != self.steps + 1:
             raise ValueError(
                 f"with topk 1 SGLang forces draft_tokens = steps + 1 = {self.steps + 1}, got {self.draft_tokens}"
             )
@@ -325,6 +329,35 @@ class CpuEngineSpec(_Strict):
         "at ~100 % in its poll loop (off: the spin, which the watchdog must not take for a hang).")
 
 
+class GpuEngineSpec(_Strict):
+    """Flags a GPU seat's engine needs on its image (``device: cuda``), and the two memory facts its plan uses.
+
+    On the H200 image with SGLang 0.5.17 (``../shared/reference/sglang-gpu.md``): ``attention_backend: triton``
+    (Hopper's default, fa3, loads a 1 GB kernel the lean engine package leaves out) and ``sampling_backend:
+    pytorch`` (flashinfer's JIT headers are left out too). ``cuda_context_gb`` / ``runtime_reserve_gb`` replace the
+    plan's approximations where they were measured on the node (``sgl-seat engine gpu-facts``).
+    """
+
+    attention_backend: Literal["triton", "fa3", "flashinfer"] | None = Field(
+        default=None, description="--attention-backend (default: SGLang's choice for the GPU).")
+    sampling_backend: Literal["pytorch", "flashinfer"] | None = Field(
+        default=None, description="--sampling-backend (default: SGLang's choice).")
+    load_format: Literal["auto", "dummy", "safetensors"] = Field(
+        default="auto", description="--load-format: dummy fills random weights (a model made from a config); "
+        "the plan then counts the config's parameters as the weights.")
+    cuda_graph_max_bs: int | None = Field(
+        default=None, ge=1, le=4096, description="--cuda-graph-max-bs-decode: the largest decode batch captured.")
+    disable_prefill_cuda_graph: bool = Field(
+        default=False, description="--disable-prefill-cuda-graph: no prefill graphs captured at start (they took "
+        "74 s of an 8B-shaped model's start on the H200).")
+    cuda_context_gb: float | None = Field(
+        default=None, ge=0, le=64, description="GPU memory a process holds before the weights load, measured on the "
+        "node (`sgl-seat engine gpu-facts`); default: the plan's approximation, 1 GiB.")
+    runtime_reserve_gb: float | None = Field(
+        default=None, ge=0, le=64, description="GPU memory resident after load that is neither weights nor KV; "
+        "default: the plan's approximation, 2 GiB (NCCL buffers of a multi-GPU seat).")
+
+
 class SeatSpec(_Strict):
     """A whole seat. ``source`` is where it was loaded from (not part of the YAML)."""
 
@@ -335,6 +368,7 @@ class SeatSpec(_Strict):
     device: Literal["cuda", "cpu"] = Field(
         default="cuda", description="cuda: GPU nodes; cpu: SGLang's CPU engine (rehearsals; engine: sglang only).")
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec)
+    gpu: GpuEngineSpec = Field(default_factory=GpuEngineSpec)
     model: ModelSpec
     cluster: ClusterSpec
     parallel: ParallelSpec
@@ -376,6 +410,17 @@ class SeatSpec(_Strict):
         if self.model.config is None:
             return None
         raw = Path(self.model.config).expanduser()
+        if not raw.is_absolute() and self.source:
+            raw = Path(self.source).parent / raw
+        return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
+
+    def draft_config_path(self) -> Path | None:
+        """The draft checkpoint's planning config.json: ``draft.config``, else ``draft.model_path``'s where that is
+        a path on this machine (not a placeholder filled on the node); None for a draft without a checkpoint."""
+        given = self.draft.config or self.draft.model_path
+        if given is None or "${" in given:
+            return None
+        raw = Path(given).expanduser()
         if not raw.is_absolute() and self.source:
             raw = Path(self.source).parent / raw
         return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw

@@ -5,7 +5,8 @@
 ``PACKAGE_DIR`` holds what `sgl-seat engine pack` wrote (``engine-package.json``, the archive or its parts, this
 file). Every part's and the archive's sha256 are checked before anything is unpacked; the archive is unpacked under
 ``DEST/site`` with tarfile's ``data`` filter (no links out, no devices, no absolute paths); every file's sha256 and
-size are checked against the manifest; ``DEST/env.sh`` says what to export; then the target's check runs under
+size are checked against the manifest; ``DEST/env.sh`` says what to export and ``DEST/bin/python`` runs the image's
+Python with it (so ``DEST`` serves as a seat's engine environment); then the target's check runs under
 ``PYTHON`` (the image's) with the package first on its path, before anything starts: it must see CUDA and import
 SGLang. Exit 0 when all of that held, else 1 with the reason on stderr. It imports nothing of sgl-seat: the host
 has only the package and its own Python.
@@ -112,6 +113,26 @@ def write_env(env: dict[str, str], dest: str) -> str:
     return path
 
 
+def write_python(env: dict[str, str], dest: str, python: str) -> str:
+    """``DEST/bin/python``: the image's interpreter with the package on its paths, so that ``DEST`` stands where a seat
+    expects an engine environment (``${engine_venv}/bin/python``, ``SGL_SEAT_ENGINE_VENV=DEST``). What the caller
+    already has on ``PYTHONPATH`` stays first (the seat's probe boot directory must precede every other
+    ``sitecustomize``); the package still precedes the image's own site-packages, which is what shadowing needs."""
+    os.makedirs(os.path.join(dest, "bin"), exist_ok=True)
+    path = os.path.join(dest, "bin", "python")
+    lines = ["#!/bin/sh", "# the image's Python with the engine package on its paths (written by hostlayout.py)"]
+    for k, v in env.items():
+        if k == "PYTHONPATH":
+            lines.append(f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{v}"')
+        else:
+            lines.append(f'export {k}="{v}"')
+    lines.append(f'exec "{python}" "$@"')
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    os.chmod(path, 0o755)  # noqa: S103 (an interpreter wrapper: every user of the host runs it)
+    return path
+
+
 def run_check(doc: dict[str, object], env: dict[str, str], python: str, timeout: float = 600.0) -> dict[str, object]:
     full = dict(os.environ)
     for k, v in env.items():
@@ -149,6 +170,7 @@ def main(argv: list[str]) -> int:
             os.unlink(archive)  # the joined copy; the parts stay where they came
         env = environment(doc, dest)
         report["env_file"] = write_env(env, dest)
+        report["python"] = write_python(env, dest, python)
         report["layout_s"] = round(time.monotonic() - t0, 1)
         if "--no-check" not in argv:
             t0 = time.monotonic()

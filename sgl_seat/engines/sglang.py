@@ -61,6 +61,24 @@ CPU_DRAFT_REFUSED = (
 )
 
 
+def gpu_flags(spec: SeatSpec) -> list[str]:
+    """The ``gpu:`` block's flags, each one SGLang 0.5.17 and 0.5.23 both take (``tests/contract`` parses the
+    plan's lines with each version's own parser)."""
+    g = spec.gpu
+    out: list[str] = []
+    if g.attention_backend:
+        out += ["--attention-backend", g.attention_backend]
+    if g.sampling_backend:
+        out += ["--sampling-backend", g.sampling_backend]
+    if g.load_format != "auto":
+        out += ["--load-format", g.load_format]
+    if g.cuda_graph_max_bs is not None:
+        out += ["--cuda-graph-max-bs-decode", str(g.cuda_graph_max_bs)]
+    if g.disable_prefill_cuda_graph:
+        out.append("--disable-prefill-cuda-graph")
+    return out
+
+
 def _is_cpu(argv: Sequence[str]) -> bool:
     return argv_value(argv, "--device") == "cpu"
 
@@ -98,7 +116,7 @@ class SGLangBackend(EngineBackend):
 
     def engine_flags(self, spec: SeatSpec) -> list[str]:
         if spec.device != "cpu":
-            return []
+            return gpu_flags(spec)
         return ["--device", "cpu", "--attention-backend", "torch_native", "--load-format", spec.cpu.load_format,
                 "--max-total-tokens", str(spec.cpu.max_total_tokens),
                 *(["--sleep-on-idle"] if spec.cpu.sleep_on_idle else [])]

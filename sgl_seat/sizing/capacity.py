@@ -138,6 +138,11 @@ def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
         return int(spec.model.weights_gb * GIB)
     index = config_path.parent / "model.safetensors.index.json"
     if not index.is_file():
+        if spec.gpu.load_format == "dummy" and spec.device == "cuda":
+            try:  # random weights made by the engine: exactly the parameters the config describes
+                return mirror.dense_param_bytes(read_planning_config(config_path))
+            except mirror.MirrorUnsupported:
+                return None
         return None
     try:
         return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
@@ -189,6 +194,8 @@ def speculative_flags(spec: SeatSpec) -> list[str]:
     """The draft's SGLang flags, as node 0's command line and the sizing run both carry them (one source)."""
     d = spec.draft
     argv = ["--speculative-algorithm", d.algorithm]
+    if d.algorithm == "NGRAM":  # no draft model, no steps or topk: draft tokens from its suffix index
+        return [*argv, "--speculative-num-draft-tokens", str(d.draft_tokens)]
     if d.model_path:
         argv += ["--speculative-draft-model-path", d.model_path]
     argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
@@ -196,9 +203,10 @@ def speculative_flags(spec: SeatSpec) -> list[str]:
     return [*argv, "--speculative-adaptive"] if d.adaptive else argv
 
 
-def for_sizing(argv: Sequence[str], model_dir: Path) -> list[str]:
-    """Node 0's flags as the sizing run takes them: ``--model-path`` is the planning config's directory, and
-    the request-log flags (placeholders, no bearing on sizing) are left out."""
+def for_sizing(argv: Sequence[str], model_dir: Path, draft_dir: Path | None = None) -> list[str]:
+    """Node 0's flags as the sizing run takes them: ``--model-path`` is the planning config's directory (and
+    ``--speculative-draft-model-path`` the draft's, where there is one), and the request-log flags (placeholders,
+    no bearing on sizing) are left out."""
     out: list[str] = []
     items = [str(a) for a in argv]
     i = 0
@@ -215,6 +223,10 @@ def for_sizing(argv: Sequence[str], model_dir: Path) -> list[str]:
             continue
         if flag == "--model-path" and i + 1 < len(items):
             out += [flag, str(model_dir)]
+            i += 2
+            continue
+        if flag == "--speculative-draft-model-path" and draft_dir is not None and i + 1 < len(items):
+            out += [flag, str(draft_dir)]
             i += 2
             continue
         out.append(flag)
@@ -235,14 +247,25 @@ class MemoryBudget:
     draft_weights_bytes: int
 
 
-def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement, draft: bool) -> MemoryBudget:
+def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement, draft: bool,
+                  draft_cfg: Mapping[str, Any] | None = None) -> MemoryBudget:
+    """``gpu.cuda_context_gb`` / ``gpu.runtime_reserve_gb`` where the spec gives them (measured on the node),
+    else the approximations above; the draft's weights are its config's parameters with dummy weights, else
+    ``draft.extra_weights_gb``."""
     tp = spec.parallel.tp
     gpu = int(spec.cluster.gpu_memory_gb * GIB)
-    pre = gpu - CUDA_CONTEXT_BYTES
+    ctx = CUDA_CONTEXT_BYTES if spec.gpu.cuda_context_gb is None else int(spec.gpu.cuda_context_gb * GIB)
+    reserve = RUNTIME_RESERVE_BYTES if spec.gpu.runtime_reserve_gb is None else int(spec.gpu.runtime_reserve_gb * GIB)
+    pre = gpu - ctx
     weights = max(weights_total // tp - engram.gpu_bytes_moved_per_rank(tp), 0)
-    draft_weights = int(spec.draft.extra_weights_gb * GIB) if draft else 0
+    draft_weights = 0
+    if draft and spec.draft.algorithm != "NGRAM":
+        if draft_cfg is not None and spec.gpu.load_format == "dummy":
+            draft_weights = mirror.dense_param_bytes(draft_cfg) // tp
+        else:
+            draft_weights = int(spec.draft.extra_weights_gb * GIB)
     return MemoryBudget(gpu_memory_bytes=gpu, pre_load_bytes=pre,
-                        free_after_load_bytes=pre - weights - draft_weights - RUNTIME_RESERVE_BYTES,
+                        free_after_load_bytes=pre - weights - draft_weights - reserve,
                         weights_bytes=weights, draft_weights_bytes=draft_weights)
 
 
@@ -293,9 +316,10 @@ def _capacity(draft: bool, slots: int, budget: MemoryBudget, got: Mapping[str, A
     )
 
 
-def _mirror_answer(cfg: Mapping[str, Any], case: SizingCase) -> dict[str, Any]:
-    kw = {"gpu_memory_bytes": case.gpu_memory_bytes, "pre_load_bytes": case.pre_load_bytes,
-          "free_after_load_bytes": case.free_after_load_bytes}
+def _mirror_answer(cfg: Mapping[str, Any], case: SizingCase,
+                   draft_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    kw: dict[str, Any] = {"gpu_memory_bytes": case.gpu_memory_bytes, "pre_load_bytes": case.pre_load_bytes,
+                          "free_after_load_bytes": case.free_after_load_bytes, "draft_cfg": draft_cfg}
     out: dict[str, Any]
     try:
         res = mirror.size_case(cfg, case.argv, **kw)
@@ -358,14 +382,17 @@ def plan_capacity(
     cleanup: list[Path] = []
     try:
         model_dir = _model_dir(cfg_path, cleanup)
+        draft_path = spec.draft_config_path()
+        draft_cfg = read_planning_config(draft_path) if draft_path is not None else None
+        draft_dir = _model_dir(draft_path, cleanup) if draft_path is not None else None
         states = [(False, slots_off, argv_off), (True, slots_on, argv_on)]
         budgets, cases = [], []
         for draft, slots, argv in states:
-            budget = memory_budget(spec, weights_total=total, engram=engram, draft=draft)
+            budget = memory_budget(spec, weights_total=total, engram=engram, draft=draft, draft_cfg=draft_cfg)
             flags = argv if argv is not None else sizing_argv(spec, draft=draft, slots=slots, mem_fraction=mem_fraction)
             budgets.append(budget)
             cases.append(SizingCase(
-                case_id=f"draft-{'on' if draft else 'off'}", argv=tuple(for_sizing(flags, model_dir)),
+                case_id=f"draft-{'on' if draft else 'off'}", argv=tuple(for_sizing(flags, model_dir, draft_dir)),
                 gpu_memory_bytes=budget.gpu_memory_bytes, pre_load_bytes=budget.pre_load_bytes,
                 free_after_load_bytes=budget.free_after_load_bytes, search_slots=True,
             ))
@@ -386,9 +413,9 @@ def plan_capacity(
                                         fix=f"install SGLang {SGLANG_VERSION} (scripts/install-sglang-parser.sh) "
                                             f"or set {SIZING_ENV}=mirror") from None
                 notes.append(f"SGLang's sizing could not run ({exc}); figures from the mirror")
-                answers = [_mirror_answer(cfg, c) for c in cases]
+                answers = [_mirror_answer(cfg, c, draft_cfg) for c in cases]
         else:
-            answers = [_mirror_answer(cfg, c) for c in cases]
+            answers = [_mirror_answer(cfg, c, draft_cfg) for c in cases]
     finally:
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)

@@ -367,8 +367,53 @@ def _dsv4_pool(d: _Dsv4, available: int) -> tuple[int, int | None, int]:
     return full_tokens, swa, int(fixed)
 
 
-def _default_cell(cfg: Mapping[str, Any], flags: LaunchFlags) -> tuple[int, str]:
-    """``DefaultPoolConfigurator._compute_cell_size`` (+ the EAGLE/MTP draft layers), and the attention kind."""
+#: Dense Llama-family architectures whose parameters :func:`dense_param_bytes` counts (dummy weights are exactly them).
+DENSE_LLAMA_ARCHS = ("LlamaForCausalLM", "LlamaForCausalLMEagle")
+
+
+def dense_param_bytes(cfg: Mapping[str, Any]) -> int:
+    """The bytes of a dense Llama-family checkpoint's parameters, as SGLang's model classes declare them.
+
+    Why: a model made from a config and served with ``--load-format dummy`` has no files to read a size from; its
+    weights on the GPU are exactly the parameters its class allocates (``llama.py``; ``llama_eagle.py``'s head: the
+    first layer without its input norm, the ``fc`` projection of 2 x hidden with bias, no final norm). Other
+    architectures raise :class:`MirrorUnsupported`.
+    """
+    arch = str((cfg.get("architectures") or [""])[0])
+    if arch not in DENSE_LLAMA_ARCHS or cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise MirrorUnsupported(f"{arch or 'this architecture'}: parameters of dummy weights are counted for "
+                                f"{', '.join(DENSE_LLAMA_ARCHS)} without biases only")
+    h, inter, layers = int(cfg["hidden_size"]), int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or h // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    vocab = int(cfg["vocab_size"])
+    attn = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q and o; k and v
+    per_layer = attn + 3 * h * inter + 2 * h  # gate, up, down; two norms
+    embed = vocab * h
+    head = 0 if cfg.get("tie_word_embeddings") else vocab * h
+    if arch == "LlamaForCausalLMEagle":
+        params = embed + layers * per_layer - h + 2 * h * h + h + head
+    else:
+        params = embed + layers * per_layer + h + head
+    return params * _DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2)
+
+
+def _kv_layer_bytes(cfg: Mapping[str, Any], tp: int, kv_size: int) -> int:
+    """One layer's K and V per token on one rank (MHA)."""
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    return max(1, kv_heads // tp) * 2 * head_dim * kv_size
+
+
+def _default_cell(cfg: Mapping[str, Any], flags: LaunchFlags,
+                  draft_cfg: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    """``DefaultPoolConfigurator._compute_cell_size`` (+ the EAGLE/MTP draft layers), and the attention kind.
+
+    A draft with a checkpoint of its own (``draft_cfg``: an EAGLE head, a STANDALONE model) gets its own KV pool of
+    the same token count (the engine logs "KV Cache is allocated" once per pool, the same ``#tokens``), so its layers
+    join the cell as its own config shapes them."""
     arch = (cfg.get("architectures") or [""])[0]
     layers = int(cfg["num_hidden_layers"])
     dtype = flags.kv_cache_dtype
@@ -395,7 +440,11 @@ def _default_cell(cfg: Mapping[str, Any], flags: LaunchFlags) -> tuple[int, str]
         cell = n * (head_dim + v_head_dim) * layers * kv_size
         kind = "MHA"
     alg = (flags.speculative_algorithm or "").upper()
-    if alg in ("EAGLE", "NEXTN", "STANDALONE"):
+    if alg in ("EAGLE", "STANDALONE") and draft_cfg is not None and not mla:
+        cell += _kv_layer_bytes(draft_cfg, flags.tp_size, kv_size) * int(draft_cfg["num_hidden_layers"])
+    elif alg == "NGRAM":
+        pass  # no draft model: no draft KV
+    elif alg in ("EAGLE", "NEXTN", "STANDALONE"):
         draft_layers = int(cfg.get("num_nextn_predict_layers") or 0)
         if draft_layers <= 0:
             raise MirrorUnsupported("an EAGLE draft with its own checkpoint is not mirrored (MTP drafts are)")
@@ -407,7 +456,7 @@ def _default_cell(cfg: Mapping[str, Any], flags: LaunchFlags) -> tuple[int, str]
 
 def size_case(
     cfg: Mapping[str, Any], argv: Sequence[str], *, gpu_memory_bytes: int, pre_load_bytes: int,
-    free_after_load_bytes: int,
+    free_after_load_bytes: int, draft_cfg: Mapping[str, Any] | None = None,
 ) -> MirrorResult:
     """One case, SGLang's order: resolve, profile, configurator, token constraints, max running requests."""
     flags = parse_flags(argv)
@@ -450,7 +499,7 @@ def size_case(
         resolved.update(kv_cache_dtype="fp8_e4m3", swa_full_tokens_ratio=None if swa_mode == "cap" else d.swa_ratio,
                         sliding_window_size=d.window)
     else:
-        cell, kind = _default_cell(cfg, flags)
+        cell, kind = _default_cell(cfg, flags, draft_cfg)
         tokens = available // cell // page * page
         swa, fixed, per_token = None, 0, float(cell)
         name, swa_mode = "DefaultPoolConfigurator", None
@@ -498,7 +547,7 @@ def bisect_max(fits: Callable[[int], bool], limit: int) -> int:
 
 def max_slots_that_fit(
     cfg: Mapping[str, Any], argv: Sequence[str], *, gpu_memory_bytes: int, pre_load_bytes: int,
-    free_after_load_bytes: int, limit: int = 4096,
+    free_after_load_bytes: int, limit: int = 4096, draft_cfg: Mapping[str, Any] | None = None,
 ) -> int:
     """Largest ``--max-running-requests`` that sizes without error and is not reduced (the child's search)."""
 
@@ -506,7 +555,7 @@ def max_slots_that_fit(
         try:
             got = size_case(cfg, with_flag(argv, "--max-running-requests", str(slots)),
                             gpu_memory_bytes=gpu_memory_bytes, pre_load_bytes=pre_load_bytes,
-                            free_after_load_bytes=free_after_load_bytes)
+                            free_after_load_bytes=free_after_load_bytes, draft_cfg=draft_cfg)
         except (SglangWouldRefuse, MirrorUnsupported):
             return False
         return got.max_running_requests == slots

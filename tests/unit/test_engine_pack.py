@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,6 +107,14 @@ def test_pack_writes_a_manifest_of_every_file_and_parts_the_host_joins(tmp_path:
     assert not (dest / "site" / "big").exists()
     env = (dest / "env.sh").read_text()
     assert f'export PYTHONPATH="{(dest / "site").resolve()}"' in env
+    # DEST/bin/python stands in for an engine environment's interpreter: the package importable, a caller's
+    # PYTHONPATH (the seat's probe boot directory) still first.
+    first = tmp_path / "boot"
+    first.mkdir()
+    out = subprocess.run([str(dest / "bin" / "python"), "-c", "import a, sys; print(a.VALUE, sys.path[1])"],
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(first)}, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["42", str(first)]
 
 
 def test_the_host_step_runs_the_targets_check_and_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

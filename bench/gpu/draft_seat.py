@@ -1,0 +1,312 @@
+"""`sgl-seat up --seat h200-1` with the draft off and on, on real SGLang 0.5.17 on one H200, through Ray.
+
+What it does per arm (off, eagle, standalone, ngram), each through the product's own commands: ``plan --json``
+(the KV pool and slot ceiling the plan predicts), ``up`` (local Ray cluster, placement group, node agent, the engine
+from the offline engine package, the watchdog sidecar with the probe loaded through the plan's boot path),
+``status --json`` (READY, the scheduler's pid and title), one streamed answer, the engine's own pool and slot cap
+(``/get_server_info``: ``max_total_num_tokens``, ``max_running_requests``; and its "KV Cache is allocated" log
+line) beside the plan's, the probe's records by target and gather size; with ``--stall`` (a draft arm) a rehearsal
+stall of the probed graph replay during draft-on decode under load (``sgl-seat fault probe-stall:...``), the bundle
+it gives (seconds from the fault, the rank and target it names, the gather buckets), ``replay --json`` and
+``replay --html``; then ``down`` and a check that no engine process is left.
+
+THE MODEL IS RANDOM WEIGHTS (``--load-format dummy``): an 8B-shaped Llama (hidden 4096, 32 layers, 8 KV heads,
+vocabulary 1024) and random drafts (a 1-layer EAGLE head; a 4-layer STANDALONE draft of the same width). Say so
+wherever a figure from here is shown.
+
+The memory inputs of the plan are measured here, not fitted: the GPU's total memory and what a fresh CUDA process
+holds (``torch.cuda.mem_get_info`` in the engine's interpreter) go into ``cluster.gpu_memory_gb`` and
+``gpu.cuda_context_gb`` of the arm's spec copy; nothing is taken from the boot the plan is compared with.
+
+    python bench/gpu/draft_seat.py --engine-venv ENG --out DIR [--home DIR] [--stall] ARM [ARM ...]
+
+Run by the image's Python with the seat package and this checkout on PYTHONPATH (docs/gpu-validation.md has the
+device call). Writes DIR/draft_seat.json and, per arm, the raw outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PORT = 31300
+ARMS: dict[str, dict[str, Any]] = {
+    "off": {"enabled": False},
+    "eagle": {"enabled": True, "algorithm": "EAGLE", "model": "llama-8b-shape-eagle"},
+    "standalone": {"enabled": True, "algorithm": "STANDALONE", "model": "llama-8b-shape-4layers"},
+    "ngram": {"enabled": True, "algorithm": "NGRAM", "draft_tokens": 12},
+}
+MODELS = ("llama-8b-shape", "llama-8b-shape-eagle", "llama-8b-shape-4layers")
+KV_LINE = re.compile(r"KV Cache is allocated\. dtype: \S+, #tokens: (\d+)")
+
+
+def cli(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", *args], env=env, capture_output=True,
+                           text=True, timeout=timeout, check=False, cwd=str(REPO))
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = 124, str(exc.stdout or ""), f"timed out after {timeout} s"
+    return {"args": args, "rc": rc, "stdout": out, "stderr": err[-4000:], "s": round(time.monotonic() - t0, 1)}
+
+
+def as_json(res: dict[str, Any]) -> Any:
+    try:
+        return json.loads(res["stdout"])
+    except (ValueError, TypeError):
+        return None
+
+
+def gpu_facts(engine_python: str) -> dict[str, Any]:
+    """Total memory and what a fresh CUDA process holds, in the engine's own interpreter (its torch)."""
+    code = ("import json, torch; free, total = torch.cuda.mem_get_info(0); "
+            "print(json.dumps({'total_bytes': total, 'free_bytes': free, 'device': torch.cuda.get_device_name(0), "
+            "'torch': torch.__version__}))")
+    out = subprocess.run([engine_python, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    doc["context_bytes"] = doc["total_bytes"] - doc["free_bytes"]
+    return doc
+
+
+def write_spec(arm: str, facts: dict[str, Any], dest: Path) -> Path:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / "h200-1.yaml").read_text())
+    models = REPO / "launch" / "models"
+    doc["name"] = f"h200-1-{arm}"
+    doc["model"]["config"] = str(models / "llama-8b-shape")
+    doc["cluster"]["gpu_memory_gb"] = facts["total_bytes"] / (1 << 30)
+    doc["gpu"]["cuda_context_gb"] = facts["context_bytes"] / (1 << 30)
+    a = ARMS[arm]
+    d = doc["draft"]
+    d["config"] = str(models / Path(d["config"]).name)
+    d["enabled"] = a["enabled"]
+    if a.get("algorithm"):
+        d["algorithm"] = a["algorithm"]
+    if a.get("model"):
+        d["model_path"] = "${engine_venv}/models/" + a["model"]
+        d["config"] = str(models / a["model"])
+    elif a.get("algorithm") == "NGRAM":
+        d.pop("model_path", None)
+        d.pop("config", None)
+        d["draft_tokens"] = a["draft_tokens"]
+    path = dest / f"h200-1-{arm}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def stream_once(prompt: str, max_tokens: int = 32, timeout: float = 120) -> dict[str, Any]:
+    body = json.dumps({"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    chunks, first = 0, None
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for line in resp:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                chunks += 1
+                first = first or time.monotonic() - t0
+    return {"chunks": chunks, "first_chunk_s": round(first or -1, 3), "s": round(time.monotonic() - t0, 3)}
+
+
+def get_json(path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+class Load:
+    """Closed-loop streamed clients until stopped; counts answers and failures."""
+
+    def __init__(self, clients: int, max_tokens: int = 128) -> None:
+        self.stop = threading.Event()
+        self.ok = self.failed = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i, max_tokens), daemon=True) for i in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i: int, max_tokens: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                stream_once(f"client {i} request {n}: the seat decodes", max_tokens, timeout=180)
+                with self.lock:
+                    self.ok += 1
+            except Exception:
+                with self.lock:
+                    self.failed += 1
+                time.sleep(0.5)
+
+    def close(self) -> dict[str, int]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=200)
+        return {"ok": self.ok, "failed": self.failed}
+
+
+def engine_processes() -> list[dict[str, Any]]:
+    """Every process that is SGLang's (title ``sglang::...`` or ``-m sglang.launch_server``)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cmd.startswith("sglang::") or "sglang.launch_server" in cmd:
+            out.append({"pid": int(d.name), "cmd": cmd[:200]})
+    return out
+
+
+def bundles_of(home: Path, seat: str) -> set[Path]:
+    root = home / "bundles" / seat
+    return {p for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+
+
+def wait_bundle(home: Path, seat: str, before: set[Path], timeout: float) -> Path | None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for p in sorted(bundles_of(home, seat) - before):
+            if (p / "manifest.json").is_file():
+                return p
+        time.sleep(0.2)
+    return None
+
+
+def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[str, str], out: Path) -> dict[str, Any]:
+    d = out / arm
+    d.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(arm, facts, d)
+    seat = f"h200-1-{arm}"
+    draft = "on" if ARMS[arm]["enabled"] else "off"
+    res: dict[str, Any] = {"arm": arm, "seat": seat, "draft": draft, "spec": spec.read_text()}
+    plan = cli(["plan", "--seat", str(spec), "--draft", draft, "--json"], env, 300)
+    (d / "plan.json").write_text(plan["stdout"] or plan["stderr"])
+    pdoc = as_json(plan) or {}
+    cap = (pdoc.get("capacity") or {}).get(f"draft_{draft}") or {}
+    res["plan"] = {"rc": plan["rc"], "kv_pool_tokens": cap.get("kv_pool_tokens"),
+                   "max_running_requests": cap.get("max_running_requests"),
+                   "source": (pdoc.get("capacity") or {}).get("source"), "error": plan["stderr"][-600:]}
+    up = cli(["up", "--seat", str(spec), "--draft", draft, "--timeout", str(ns.up_timeout)], env, ns.up_timeout + 60)
+    (d / "up.txt").write_text(up["stdout"] + "\n--- stderr\n" + up["stderr"])
+    res["up"] = {"rc": up["rc"], "s": up["s"]}
+    try:
+        if up["rc"] != 0:
+            res["up"]["tail"] = (up["stdout"] + up["stderr"])[-2500:]
+            return res
+        st = cli(["status", seat, "--json"], env, 120)
+        (d / "status.json").write_text(st["stdout"] or st["stderr"])
+        sdoc = as_json(st) or {}
+        res["status"] = {"rc": st["rc"], "state": sdoc.get("state"),
+                         "ranks": [{k: r.get(k) for k in ("pid", "title", "rank", "node")}
+                                   for n in sdoc.get("nodes", []) for r in n.get("ranks", [])]}
+        res["stream"] = stream_once("the quick brown fox")
+        info = get_json("/get_server_info")
+        (d / "server_info.json").write_text(json.dumps(info, indent=1))
+        real_pool = info.get("max_total_num_tokens")
+        real_slots = info.get("max_running_requests")
+        if real_pool is None or real_slots is None:  # 0.5.17 keeps them per scheduler
+            internal = (info.get("internal_states") or [{}])[0]
+            real_pool = real_pool or internal.get("max_total_num_tokens")
+            real_slots = real_slots or internal.get("max_running_requests")
+        logs = cli(["logs", seat, "--lines", "100000"], env, 120)
+        (d / "engine.log").write_text(logs["stdout"])
+        kv_lines = [int(m.group(1)) for m in KV_LINE.finditer(logs["stdout"])]
+        res["real"] = {"kv_pool_tokens": real_pool, "max_running_requests": real_slots, "kv_log_tokens": kv_lines,
+                       "avail_mem_lines": [ln.strip()[-160:] for ln in logs["stdout"].splitlines()
+                                           if "avail mem" in ln][:6]}
+        pp, rp = res["plan"]["kv_pool_tokens"], real_pool
+        if isinstance(pp, int) and isinstance(rp, int) and rp:
+            res["pool_plan_over_real"] = round(pp / rp, 5)
+        res["slots_equal"] = res["plan"]["max_running_requests"] == real_slots
+        load = Load(ns.clients)
+        time.sleep(ns.load_s)
+        watch = cli(["watch", seat, "--json", "--once"], env, 60)
+        (d / "watch.json").write_text(watch["stdout"] or watch["stderr"])
+        if ns.stall and draft == "on":
+            before = bundles_of(ns.home, seat)
+            t0 = time.monotonic()
+            fault = cli(["fault", f"probe-stall:rank=0,target=FullCudaGraphBackend.replay,after_calls=40,for_s="
+                         f"{ns.stall_s}", "--name", seat, "--json"], env, 90)
+            res["fault"] = {"rc": fault["rc"], "out": fault["stdout"][-800:], "err": fault["stderr"][-800:]}
+            bundle = wait_bundle(ns.home, seat, before, ns.stall_s + 30)
+            res["bundle_after_fault_s"] = round(time.monotonic() - t0, 2) if bundle else None
+            if bundle is not None:
+                time.sleep(3)  # the bundle's other files land after its manifest
+                man = json.loads((bundle / "manifest.json").read_text())
+                res["bundle"] = {"path": str(bundle), "verdict": man.get("verdict"), "trigger": man.get("trigger")}
+                rep = cli(["replay", str(bundle), "--json", "--html", str(d / "report.html")], env, 300)
+                (d / "replay.json").write_text(rep["stdout"] or rep["stderr"])
+                res["replay"] = {"rc": rep["rc"], "doc": as_json(rep)}
+                subprocess.run(["tar", "-C", str(bundle.parent), "-czf", str(d / "bundle.tgz"), bundle.name],
+                               check=False, timeout=120)
+        res["load"] = load.close()
+    finally:
+        down = cli(["down", seat], env, 300)
+        (d / "down.txt").write_text(down["stdout"] + "\n--- stderr\n" + down["stderr"])
+        time.sleep(2)
+        res["down"] = {"rc": down["rc"], "s": down["s"], "engine_processes_left": engine_processes()}
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("arms", nargs="+", choices=sorted(ARMS))
+    ap.add_argument("--engine-venv", required=True, help="the laid-out engine package (hostlayout.py DEST)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--home", type=Path, default=Path("/tmp/sgl-seat-home"))
+    ap.add_argument("--stall", action="store_true", help="a probe stall during draft-on decode, in draft arms")
+    ap.add_argument("--stall-s", type=float, default=20.0)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--load-s", type=float, default=10.0)
+    ap.add_argument("--up-timeout", type=float, default=420.0)
+    ns = ap.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
+    eng = Path(ns.engine_venv).resolve()
+    env = dict(os.environ, SGL_SEAT_HOME=str(ns.home), SGL_SEAT_ENGINE_VENV=str(eng),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1")
+    report: dict[str, Any] = {"model": "RANDOM WEIGHTS (--load-format dummy): 8B-shaped Llama, hidden 4096, 32 "
+                              "layers, vocabulary 1024; drafts random too", "arms": []}
+    facts = gpu_facts(str(eng / "bin" / "python"))
+    report["gpu_facts"] = facts
+    for m in MODELS:
+        if not (eng / "models" / m / "config.json").is_file():
+            made = cli(["model", "tiny", str(eng / "models" / m), "--config", str(REPO / "launch" / "models" / m)],
+                       env, 300)
+            if made["rc"] != 0:
+                report["model_error"] = made
+    for arm in ns.arms:
+        t0 = time.monotonic()
+        res = run_arm(arm, ns, facts, env, ns.out)
+        res["arm_s"] = round(time.monotonic() - t0, 1)
+        report["arms"].append(res)
+        (ns.out / "draft_seat.json").write_text(json.dumps(report, indent=1, default=str))
+        print(json.dumps({k: res.get(k) for k in ("arm", "plan", "up", "real", "pool_plan_over_real", "slots_equal",
+                                                   "stream", "bundle_after_fault_s", "down")}, default=str),
+              flush=True)
+    print("\nplan vs real (RANDOM-WEIGHTS 8B-shaped Llama, one H200, SGLang 0.5.17):")
+    print(f"{'arm':<11} {'plan pool':>11} {'real pool':>11} {'plan/real':>9} {'plan slots':>10} {'real slots':>10}")
+    for r in report["arms"]:
+        real = r.get("real") or {}
+        print(f"{r['arm']:<11} {r['plan'].get('kv_pool_tokens')!s:>11} {real.get('kv_pool_tokens')!s:>11} "
+              f"{r.get('pool_plan_over_real')!s:>9} {r['plan'].get('max_running_requests')!s:>10} "
+              f"{real.get('max_running_requests')!s:>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
