@@ -8,7 +8,9 @@ plan is built, node 0's environment (``SGL_SEAT_PROBE`` with the DeepSeek-V4 fam
 the probe's ``sitecustomize`` first) fills a fresh interpreter that imports SGLang's backend modules; each replay
 target must then be the probe's graph wrapper, and one replay of a ``FullCudaGraphBackend`` built around a stand-in
 graph (no GPU in CI: its ``replay()`` only counts) with a real SGLang ``ShapeKey`` and a runner that captured 4
-tokens per request must land in the ring as a graph replay of 8 x 4 = 32 tokens, shape key 8.
+tokens per request must land in the ring as a graph replay of 8 x 4 = 32 tokens, shape key 8. The LlamaForCausalLM
+family's ``link`` targets (each backend's constructor gives the backend its runner, which SGLang 0.5.17's do not keep)
+are checked the same way on the local-sglang seat's plan.
 """
 
 from __future__ import annotations
@@ -93,3 +95,70 @@ def test_graph_replay_targets_are_wrapped_when_sglang_imports_them(tmp_path: Pat
     # graph replay of the runner's 4 tokens per request x ShapeKey.size 8.
     assert out["call"] == "returned 'logits'" and out["graph_replays"] == 1, out
     assert out["records"] == [[FULL, 32, 8, True]], out["records"]
+
+
+FULL_INIT = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend:FullCudaGraphBackend.__init__"
+BREAKABLE_INIT = ("sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend:"
+                  "BreakableCudaGraphBackend.__init__")
+
+LINK_CHILD = r"""
+import json, sys, types
+from sgl_seat.sizing.child import _install_stubs
+stubs = _install_stubs()
+probe = sys.modules.get("sgl_seat.watchdog.probe") or sys.modules.get("sgl_seat_probe")
+import sglang.srt.model_executor.runner_backend.full_cuda_graph_backend as full_mod
+from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import BreakableCudaGraphBackend
+from sglang.srt.model_executor.runner.shape_key import ShapeKey
+
+class StandInGraph:
+    def replay(self):
+        pass
+
+full_mod.get_parallel = lambda: types.SimpleNamespace(tp_group=None)  # __init__ asks a running engine's TP group
+runner = types.SimpleNamespace(captured_req_width=4, ragged_verify_mode=False, device_module=None)
+try:
+    backend = FullCudaGraphBackend(runner)    # SGLang's own constructor, through the link
+    made = "kept" if backend._cuda_graph_runner is runner else "other runner"
+    key = ShapeKey(size=3)
+    backend._graphs = {key: StandInGraph()}
+    backend._outputs = {key: "logits"}
+    call = repr(backend.replay(key, None))
+except Exception as exc:
+    made = call = f"{type(exc).__name__}: {exc}"
+ring = probe.ring_file()
+recs = [(r.target, r.gather_size, r.graph_key, r.end is not None) for r in probe.read_ring(ring)] if ring else []
+print(json.dumps({"stubs": stubs, "installed": probe.installed(),
+                  "links": {"full": getattr(FullCudaGraphBackend.__init__, "__sgl_seat_probe__", None),
+                            "breakable": getattr(BreakableCudaGraphBackend.__init__, "__sgl_seat_probe__", None)},
+                  "made": made, "call": call, "records": recs}))
+"""
+
+
+def test_the_llama_familys_links_wrap_sglangs_backend_constructors(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LlamaForCausalLM family (the H200's GPU engine runs SGLang 0.5.17, whose backends drop their runner) links
+    each backend's constructor argument as its runner. On the installed 0.5.23, through the same boot path: both
+    constructors are the probe's link, SGLang's own ``FullCudaGraphBackend.__init__`` still runs and keeps its runner
+    (the link changes nothing there), and a replay of 3 requests x 4 tokens lands in the ring as 12 tokens."""
+    require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    plan = build_plan(load_spec("local-sglang"))
+    env = dict(plan.nodes[0].env_dict())
+    targets = env["SGL_SEAT_PROBE"].split(",")
+    links = [t for t in targets if t.endswith(":link")]
+    assert {t.split("@")[0] for t in links} == {FULL_INIT, BREAKABLE_INIT}, targets
+    assert {t.split("@")[0] for t in targets if t.endswith(":graph")} == {FULL, BREAKABLE}, targets
+    env["PYTHONPATH"] = env["PYTHONPATH"].replace(Placeholder.WATCHDOG_BOOT.value, boot_dir())
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+    child_env.update({"SGL_SEAT_PROBE": env["SGL_SEAT_PROBE"], "SGL_SEAT_PROBE_DIR": str(tmp_path / "rings")})
+    child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
+    proc = subprocess.run([sys.executable, "-c", LINK_CHILD], env=child_env, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(out["installed"][t] == "installed" for t in links), out["installed"]
+    assert out["links"] == {"full": FULL_INIT, "breakable": BREAKABLE_INIT}, out["links"]
+    assert out["made"] == "kept" and out["call"] == "'logits'", out
+    assert out["records"] == [[FULL, 12, 3, True]], out["records"]
+    assert "runner not linked" not in proc.stderr, proc.stderr[-3000:]

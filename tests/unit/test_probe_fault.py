@@ -622,3 +622,85 @@ def test_the_stalled_call_is_in_flight_in_the_ring(rehearsal: Path) -> None:
     done = [r for r in probe.read_ring(path) if r.target == target]
     assert [r.gather_size for r in done] == [1, 64] and all(r.end is not None for r in done)
     assert done[1].duration(time.time()) >= 0.99 and out["took"] >= 0.99
+
+
+# --- graph replays ---------------------------------------------------------------------------------------------
+
+GRAPH = """
+    class ShapeKey:
+        def __init__(self, size):
+            self.size = size
+
+    class Runner:
+        captured_req_width = 4   # a verify graph: 4 draft tokens per request
+        ragged_verify_mode = False
+
+    class FullCudaGraphBackend:  # SGLang 0.5.17's: __init__ does not keep its runner
+        def __init__(self, cuda_graph_runner, *, enable_memory_saver=False):
+            self.replays = 0
+
+        def replay(self, shape_key, static_forward_batch, **kwargs):
+            self.replays += 1
+            return "out"
+"""
+
+
+def _graph_module() -> types.ModuleType:
+    mod = _module(GRAPH)
+    targets = [f"{mod.__name__}:FullCudaGraphBackend.__init__@cuda_graph_runner:link",
+               f"{mod.__name__}:FullCudaGraphBackend.replay@shape_key:graph"]
+    state = probe.install(targets)
+    assert all(state[t] == "installed" for t in targets), state
+    return mod
+
+
+def test_a_graph_replay_stalls_in_flight_and_a_link_is_not_gated(rehearsal: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN rank 0 replaying a verify graph (link + graph targets) WHEN the control file arms
+    ``probe-stall:rank=0,target=FullCudaGraphBackend.replay,after_calls=2,for_s=...`` THEN the third replay after
+    arming stalls before the graph is launched, and while it stalls the ring holds that replay in flight: a graph
+    replay of 3 requests x 4 tokens on the stalled thread. Backends made meanwhile (their constructor is a link:
+    never gated) neither count nor stall."""
+    monkeypatch.setenv(probe.ENV_RANK, "0")
+    mod = _graph_module()
+    init = mod.FullCudaGraphBackend.__dict__["__init__"]
+    assert init.__wrapped__.__code__.co_name == "__init__", "a link has no gate inside"
+    b = mod.FullCudaGraphBackend(mod.Runner())
+    b.replay(mod.ShapeKey(1), None)  # the ring exists
+    fault.write_control(rehearsal, "probe-stall:rank=0,target=FullCudaGraphBackend.replay,after_calls=2,for_s=0.8",
+                        fault_id="graph")
+    _after_a_check()
+    assert _timed(b.replay, mod.ShapeKey(3), None) < FAST_S  # arms the fault: call 1 of 2
+    mod.FullCudaGraphBackend(mod.Runner())
+    assert _timed(b.replay, mod.ShapeKey(3), None) < FAST_S  # call 2 of 2
+    assert b.replays == 3
+    th, out = _stall_in_thread(b.replay, mod.ShapeKey(3), None)
+    _wait_stalling("graph")
+    time.sleep(0.2)
+    assert b.replays == 3, "the stall comes before the graph is launched"
+    path = probe.ring_file()
+    assert path is not None
+    target = f"{mod.__name__}:FullCudaGraphBackend.replay"
+    infl = [r for r in probe.read_ring(path) if r.end is None]
+    assert len(infl) == 1 and infl[0].target == target and infl[0].thread == th.ident, infl
+    assert infl[0].graph_replay and infl[0].graph_key == 3 and infl[0].gather_size == 12
+    assert infl[0].rank == 0 and infl[0].duration(time.time()) >= 0.2
+    th.join(5)
+    assert b.replays == 4 and out["took"] >= 0.79
+    recs = [r for r in probe.read_ring(path) if r.target == target]
+    assert [r.gather_size for r in recs] == [4, 12, 12, 12] and all(r.end is not None for r in recs)
+    assert [(h["id"], h["call"], h["gather"]) for h in fault.state()["history"]] == [("graph", 4, 12)]
+
+
+def test_gather_ge_on_a_graph_replay_reads_its_token_count(rehearsal: Path) -> None:
+    """A graph target's gather is the replay's token count, as the ring records it: 3 requests x 4 draft tokens
+    reach gather_ge=12 where 2 requests (8 tokens) do not, though the shape key itself is never 12."""
+    mod = _graph_module()
+    b = mod.FullCudaGraphBackend(cuda_graph_runner=mod.Runner())
+    fault.write_control(rehearsal, f"probe-stall:target=FullCudaGraphBackend.replay,gather_ge=12,for_s={STALL_S}",
+                        fault_id="ge")
+    _after_a_check()
+    times = [_timed(b.replay, mod.ShapeKey(n), None) for n in (2, 2, 3, 3)]
+    assert times[0] < FAST_S and times[1] < FAST_S and times[3] < FAST_S, times
+    assert times[2] >= STALL_S - 0.01, times
+    assert [(h["id"], h["gather"]) for h in fault.state()["history"]] == [("ge", 12)]

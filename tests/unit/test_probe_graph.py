@@ -30,7 +30,7 @@ from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_r
 from sgl_seat.forensics.replay.analysis import rowfetch_buckets
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.probe import graph, ring
+from sgl_seat.watchdog.probe import graph, guard, ring
 from tests.unit.conftest import probe_writer
 from tests.unit.test_watchdog_probe_gpu import FakeEvent, FakeGpu
 
@@ -639,6 +639,141 @@ def test_ragged_verify_counts_tokens_in_the_key_itself() -> None:
     assert graph.replay_shape(object(), 5) == (5, 5)
     with pytest.raises(TypeError):
         graph.replay_shape(plain, "bs8")
+
+
+# --- links: a backend that does not keep its runner (SGLang 0.5.17) ---------------------------------------------
+
+#: SGLang 0.5.17's FullCudaGraphBackend.__init__ takes the runner and drops it; "Kept" is 0.5.23's, which keeps it.
+LINK_SRC = """
+    class Runner:
+        def __init__(self, width):
+            self.captured_req_width = width
+            self.ragged_verify_mode = False
+
+    class FullCudaGraphBackend:
+        def __init__(self, cuda_graph_runner, *, enable_memory_saver=False):
+            self._graphs = {}
+            self.made_with = cuda_graph_runner.captured_req_width
+
+        def replay(self, shape_key, static_forward_batch, **kwargs):
+            return "out"
+
+    class Kept(FullCudaGraphBackend):
+        def __init__(self, cuda_graph_runner, *, enable_memory_saver=False):
+            self._cuda_graph_runner = cuda_graph_runner
+
+    class Slotted:
+        __slots__ = ("made",)
+        def __init__(self, cuda_graph_runner):
+            self.made = True
+
+    class Failing:
+        def __init__(self, cuda_graph_runner):
+            raise RuntimeError("no TP group")
+"""
+
+
+def _link_module(name: str, targets: list[str]) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    exec(compile(textwrap.dedent(LINK_SRC), f"<{name}>", "exec"), mod.__dict__)
+    sys.modules[name] = mod
+    full = [f"{name}:{t}" for t in targets]
+    state = probe.install(full)
+    assert all(state[t] == "installed" for t in full), state
+    return mod
+
+
+LINK = "FullCudaGraphBackend.__init__@cuda_graph_runner:link"
+REPLAY = "FullCudaGraphBackend.replay@shape_key:graph"
+
+
+@pytest.fixture
+def host_only(ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Replays timed on the host only (no CUDA events): what a link changes is the record's size."""
+    monkeypatch.setenv(graph.ENV_GRAPH, "0")
+    monkeypatch.setattr(guard, "_WARNED", set())
+    return ring_dir
+
+
+def test_a_link_gives_a_backend_its_runner_so_a_verify_replay_counts_its_tokens(path: str, host_only: Path) -> None:
+    """GIVEN a backend whose __init__ drops its runner (SGLang 0.5.17) and a runner that captured 4 draft tokens per
+    request WHEN the link and the replay are installed and 3 requests replay THEN the record holds 12 tokens, with
+    the runner passed by position or by name; the constructor itself writes no record."""
+    mod = _link_module("fake_link_a", [LINK, REPLAY])
+    runner = mod.Runner(4)
+    b = mod.FullCudaGraphBackend(runner)
+    assert b._cuda_graph_runner is runner and b.made_with == 4
+    assert b.replay(ShapeKey(3), None) == "out"
+    by_name = mod.FullCudaGraphBackend(cuda_graph_runner=mod.Runner(2), enable_memory_saver=True)
+    by_name.replay(ShapeKey(3), None)
+    assert [(r.gather_size, r.graph_key, r.target) for r in _records()] == [
+        (12, 3, "fake_link_a:FullCudaGraphBackend.replay"), (6, 3, "fake_link_a:FullCudaGraphBackend.replay")]
+
+
+def test_without_the_link_the_same_replay_counts_requests(path: str, host_only: Path) -> None:
+    mod = _link_module("fake_link_b", [REPLAY])
+    b = mod.FullCudaGraphBackend(mod.Runner(4))
+    assert not hasattr(b, "_cuda_graph_runner")
+    b.replay(ShapeKey(3), None)
+    assert [(r.gather_size, r.graph_key) for r in _records()] == [(3, 3)]
+
+
+def test_a_link_leaves_a_runner_the_backend_kept(path: str, host_only: Path) -> None:
+    """SGLang 0.5.23's backends keep their runner: the link changes nothing there (nor where one was set before)."""
+    mod = _link_module("fake_link_c", [LINK, REPLAY, "Kept.__init__@cuda_graph_runner:link"])
+    own = mod.Runner(2)
+    kept = mod.Kept(own)
+    assert kept._cuda_graph_runner is own
+    kept.replay(ShapeKey(3), None)
+    (rec,) = _records()
+    assert rec.gather_size == 6
+    preset = object.__new__(mod.FullCudaGraphBackend)
+    preset._cuda_graph_runner = own
+    mod.FullCudaGraphBackend.__init__(preset, mod.Runner(4))
+    assert preset._cuda_graph_runner is own
+
+
+def test_a_link_is_installed_once_and_wraps_the_constructor_itself(path: str, host_only: Path) -> None:
+    mod = _link_module("fake_link_d", [LINK])
+    init = mod.FullCudaGraphBackend.__dict__["__init__"]
+    assert init.__sgl_seat_probe__ == "fake_link_d:FullCudaGraphBackend.__init__"
+    assert probe.install([f"fake_link_d:{LINK}"])[f"fake_link_d:{LINK}"] == "installed"
+    probe.installer._wrap_in(mod, probe.parse_target(f"fake_link_d:{LINK}"))  # installed again by hand: no-op
+    assert mod.FullCudaGraphBackend.__dict__["__init__"] is init
+    assert init.__wrapped__.__qualname__ == "FullCudaGraphBackend.__init__" and not hasattr(
+        init.__wrapped__, "__sgl_seat_probe__")
+    import inspect
+
+    assert list(inspect.signature(init).parameters) == ["self", "cuda_graph_runner", "enable_memory_saver"]
+
+
+def test_a_link_never_raises_into_the_engine(path: str, host_only: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GIVEN an instance that refuses the attribute, or a link naming a parameter the constructor does not have
+    WHEN the constructor runs THEN it returns as it would have, the failure warned about once per target (and the
+    link makes no ring: it is no probe record); a constructor's own exception is its own and propagates unchanged."""
+    n = "fake_link_e"
+    mod = _link_module(n, ["Slotted.__init__@cuda_graph_runner:link", "FullCudaGraphBackend.__init__@runner:link",
+                           "Kept.__init__@runner:link", "Failing.__init__@cuda_graph_runner:link"])
+    for _ in range(2):
+        assert mod.Slotted(mod.Runner(4)).made
+        assert not hasattr(mod.FullCudaGraphBackend(mod.Runner(4)), "_cuda_graph_runner")
+        assert mod.Kept(mod.Runner(4))._cuda_graph_runner.captured_req_width == 4
+    with pytest.raises(TypeError):
+        mod.Slotted.__init__()  # no instance: the original's own TypeError, as without the probe
+    with pytest.raises(RuntimeError, match="no TP group"):
+        mod.Failing(mod.Runner(4))
+    err = capsys.readouterr().err
+    assert err.count(f"{n}:Slotted.__init__@cuda_graph_runner:link: runner not linked") == 1, err
+    assert err.count(f"{n}:FullCudaGraphBackend.__init__@runner:link: runner not linked") == 1, err
+    assert "Kept.__init__" not in err, "a backend that kept its runner needs no argument looked up"
+    assert probe.ring_file() is None
+
+
+def test_a_link_needs_the_runners_parameter() -> None:
+    with pytest.raises(ValueError, match="names the runner's parameter"):
+        probe.parse_target("m:Backend.__init__@:link")
+    t = probe.parse_target("m:Backend.__init__@1:link")
+    assert t.runner_link and not t.graph_replay and t.size_arg == 1
 
 
 def test_the_target_word_carries_the_graph_flag_and_key() -> None:

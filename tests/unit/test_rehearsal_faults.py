@@ -18,6 +18,7 @@ import pytest
 
 from sgl_seat.engines import backend_for
 from sgl_seat.engines import sglang as sglang_backend
+from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.errors import PlanError, UsageError
 from sgl_seat.launch.actors.agent import NodeAgent
 from sgl_seat.launch.rehearse import DETOKENIZER_TITLE, _signal_target
@@ -39,8 +40,10 @@ def test_the_rehearsal_profile_probes_the_embedding_lookup_and_carries_the_gate(
     assert plan.rehearsal
     for n in plan.nodes:
         env = n.env_dict()
-        assert env[PROBE_ENV_TARGETS] == \
-            "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward@input_:numel"
+        targets = env[PROBE_ENV_TARGETS].split(",")
+        assert targets[0] == "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward@input_:numel"
+        # the graph backends' links and replays (the GPU engine's; on the CPU engine they are never called)
+        assert targets == list(family_targets("LlamaForCausalLM")) and len(targets) == 5
         assert env[probe_fault.ENV_REHEARSAL] == "1"
         assert probe_fault.parse_probe_fault(env[probe_fault.ENV_FAULTS]) == probe_fault.parse_probe_fault(FAULT)
     back = LaunchPlan.from_json(json.loads(json.dumps(plan.to_json())))

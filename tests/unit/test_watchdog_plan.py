@@ -54,7 +54,7 @@ def test_watchdog_off_means_no_probe() -> None:
 
 def test_shipped_targets_parse() -> None:
     assert targets_file() is not None
-    for fam in ("sim", "DeepseekV4ForCausalLM"):
+    for fam in ("sim", "DeepseekV4ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM"):
         for t in family_targets(fam):
             probe.parse_target(t)
     assert family_targets("NoSuchArch") == ()

@@ -1,4 +1,4 @@
-"""The shipped SGLang probe targets name functions and parameters that exist in the installed sglang 0.5.23.
+"""The shipped SGLang probe targets name functions and parameters that exist in the installed sglang (0.5.23).
 
 Read from source with ``ast`` (importing sglang's Engram layer needs GPU-side packages); skipped when sglang
 is not installed (the contract suite's environment has it).
@@ -45,8 +45,21 @@ def _find(path: Path, qualname: str) -> ast.AST | None:
     return node
 
 
-@pytest.mark.parametrize("target", family_targets("DeepseekV4ForCausalLM"))
-def test_engram_target_exists_with_its_size_parameter(target: str) -> None:
+#: The SGLang families of ``watchdog/probe-targets.yaml`` (every one but the sim's), each target checked once.
+SGLANG_TARGETS = sorted({t for fam in ("DeepseekV4ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM")
+                         for t in family_targets(fam)})
+
+
+def test_every_sglang_family_has_targets() -> None:
+    """An empty family (a renamed key) would leave the check below with nothing to check."""
+    for fam in ("DeepseekV4ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM"):
+        assert family_targets(fam), fam
+    assert any(probe.parse_target(t).runner_link for t in SGLANG_TARGETS)
+
+
+@pytest.mark.parametrize("target", SGLANG_TARGETS)
+def test_sglang_target_exists_with_its_size_parameter(target: str) -> None:
+    """Its function exists and so does the parameter it names (the gather, a graph's shape key, a link's runner)."""
     t = probe.parse_target(target)
     path = _source_of(t.module)
     if path is None:

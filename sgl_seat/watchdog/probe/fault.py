@@ -14,10 +14,15 @@ Fault grammar (``KIND:key=value,...``, every key optional, all the triggers give
 - ``after_calls`` (int >= 0): the call after N calls of probed targets of this process counted since the fault
   was armed (0: the next call);
 - ``gather_ge`` (int >= 0): the call's gather size (sized as the probe sizes it, the target's ``@arg:mode``) is
-  at least K;
+  at least K; for a graph-replay target (``@shape_key:graph``), the replay's token count as the ring records it
+  (:func:`.graph.replay_shape`: the shape key's size times the runner's tokens per request);
 - ``for_s`` (float > 0): how long the stall lasts; omitted: until cleared (a file-armed fault) or until the
   process dies (a launch-time one);
 - ``target`` (text): a substring of the target's name (``module:qualname``); omitted: any probed target.
+
+Graph-replay targets are gated like the others: a stalled replay is in flight in the ring on the host (its record
+written before the replay, its end after the stall), and the replay itself is only launched after it. ``link``
+targets (a backend's constructor, :data:`.targets.LINK_MODE`) are not gated and not counted by ``after_calls``.
 
 Where faults come from, only when ``SGL_SEAT_PROBE_REHEARSAL=1`` (:data:`ENV_REHEARSAL`; any other value, or
 unset, is production: the installer adds no gate at all, so the production hot path is untouched):
@@ -63,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ring, writer
+from .graph import replay_shape
 from .guard import check_private_dir, warn_once
 from .targets import TargetSpec, _size_position
 
@@ -334,9 +340,13 @@ def _tick(now: float, call: int | None = None) -> None:
 
 
 def _sizer(fn: Callable[..., Any], spec: TargetSpec) -> Callable[[tuple[Any, ...], dict[str, Any]], int]:
-    """The call's gather size as the probe computes it (the target's ``@arg:mode``); -1 when it has none."""
+    """The call's gather size as the probe computes it (the target's ``@arg:mode``; a graph replay's token count,
+    which needs the backend, ``args[0]``, for its runner's width); -1 when it has none."""
     pos, kw = _size_position(fn, spec)
     mode = spec.mode
+    graph_replay = spec.graph_replay
+    if graph_replay and spec.size_arg is None:  # the replay wrapper's default key: the argument after self
+        pos, kw = 1, "shape_key"
 
     def size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         if pos < 0:
@@ -348,6 +358,8 @@ def _sizer(fn: Callable[..., Any], spec: TargetSpec) -> Callable[[tuple[Any, ...
                 obj = kwargs[kw]
             else:
                 return -1
+            if graph_replay:
+                return replay_shape(args[0] if args else None, obj)[0]
             if mode == "numel":
                 return int(obj.numel())
             if mode == "len":

@@ -88,7 +88,7 @@ from .ring import (
     HEADER_BYTES,
     SLOT_BYTES,
 )
-from .targets import GRAPH_MODE, TargetSpec
+from .targets import GRAPH_MODE, TargetSpec, _size_position
 
 ENV_GRAPH = "SGL_SEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
 ENV_GRAPH_TIMING = "SGL_SEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
@@ -98,7 +98,7 @@ ENV_GRAPH_START_EVENTS = "SGL_SEAT_PROBE_GRAPH_START_EVENTS"
 START_SHARED, START_ALWAYS = "shared", "always"
 __all__ = ["ENV_GRAPH", "ENV_GRAPH_START_EVENTS", "ENV_GRAPH_TIMING", "GRAPH_MODE", "START_ALWAYS", "START_SHARED",
            "NativeReplayTimer", "ReplayTimer", "disable_graph", "enable_graph", "enable_graph_native", "graph_path",
-           "make_graph_wrapper", "replay_shape", "replay_timer", "start_events_mode"]
+           "make_graph_wrapper", "make_runner_link", "replay_shape", "replay_timer", "start_events_mode"]
 PREFILL_PAIRS = 256
 
 
@@ -118,7 +118,8 @@ def replay_shape(owner: Any, key: Any) -> tuple[int, int]:
 
     ``key`` is SGLang's ``ShapeKey`` (``runner/shape_key.py``: ``size`` counts requests for ordinary decode and
     tokens for prefill and ragged verify) or a plain int. Where the backend knows its runner
-    (``self._cuda_graph_runner``, set in each backend's ``__init__``) and that runner captured per request, not
+    (``self._cuda_graph_runner``: set in each backend's ``__init__`` by SGLang 0.5.23, by a ``link`` target,
+    :func:`make_runner_link`, on 0.5.17) and that runner captured per request, not
     ragged (``ragged_verify_mode`` false), the graph holds ``size x captured_req_width`` tokens: the draft's tokens
     per request in verify, 1 in plain decode (``decode_cuda_graph_runner.py``: ``padded_num_tokens = bs *
     self.captured_req_width``). Raises TypeError where the key has no integer size.
@@ -132,6 +133,42 @@ def replay_shape(owner: Any, key: Any) -> tuple[int, int]:
         w = getattr(runner, "captured_req_width", 1)
         width = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 1
     return size * width, size
+
+
+def make_runner_link(fn: Callable[..., Any], spec: TargetSpec) -> Callable[..., Any]:
+    """Wrap a graph backend's constructor ``fn(self, cuda_graph_runner, ...)`` (a ``link`` target) so that, after it
+    returns, ``self._cuda_graph_runner`` is the argument ``spec.size_arg`` where the instance has none.
+
+    Why: :func:`replay_shape` reads the runner there, and SGLang 0.5.17's ``FullCudaGraphBackend`` and
+    ``BreakableCudaGraphBackend`` do not keep it (0.5.23's do: there the link leaves the instance as it is). Runs
+    once per backend made, so plain Python is enough. No ring slot, no timing, no rehearsal gate: a constructor must
+    never stall. A failure of the link itself (no such argument, an instance that refuses the attribute) is warned
+    about once and the constructor's result returned; an exception of the constructor is its own and propagates.
+    """
+    pos, name = _size_position(fn, spec)
+    label = spec.raw
+
+    @functools.wraps(fn)
+    def runner_link(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        try:
+            owner = args[0]
+            if getattr(owner, "_cuda_graph_runner", None) is None:
+                if 0 <= pos < len(args):
+                    runner = args[pos]
+                elif name is not None and name in kwargs:
+                    runner = kwargs[name]
+                else:
+                    raise LookupError(f"no argument {spec.size_arg!r} in this call")
+                if runner is not None:
+                    owner._cuda_graph_runner = runner
+        except Exception as exc:
+            warn_once(f"link:{label}", f"{label}: runner not linked, graph replays count requests "
+                                       f"({type(exc).__name__}: {exc})")
+        return out
+
+    runner_link.__sgl_seat_probe__ = spec.name  # type: ignore[attr-defined]
+    return runner_link
 
 
 _PENDING, _SEEN_DONE, _DROPPED = 0, 1, 2  # a _Replay's state

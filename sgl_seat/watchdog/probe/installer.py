@@ -5,7 +5,8 @@ a static or class method) by :func:`.writer.make_wrapper`'s wrapper in the modul
 module is not imported yet waits in ``_PENDING``; an import hook (:class:`_ProbeFinder`, first on
 ``sys.meta_path``) wraps it when that module has executed, before anyone else can fetch the function from it.
 Installing is idempotent per target, and never raises into the engine (a target that cannot be wrapped is
-warned about once and left as it is).
+warned about once and left as it is). A ``link`` target (:data:`.targets.LINK_MODE`) is not probed at all: its
+constructor gets :func:`.graph.make_runner_link`, which only gives the backend its runner.
 
 In a rehearsal seat (``SGL_SEAT_PROBE_REHEARSAL=1``, see :mod:`.fault`) each target is first put behind the
 rehearsal gate, inside the probe's wrapper (``probe_wrapper(gate(fn))``), so that a stall the gate makes is a call
@@ -26,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from . import fault
-from .graph import make_graph_wrapper
+from .graph import make_graph_wrapper, make_runner_link
 from .guard import warn_once
 from .targets import TargetSpec, parse_target
 from .writer import make_wrapper
@@ -48,7 +49,10 @@ def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
 
 def _probed(fn: Any, spec: TargetSpec) -> Any:
     """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target); a
-    graph-replay target (mode ``graph``) gets the replay wrapper and its CUDA events (:mod:`.graph`)."""
+    graph-replay target (mode ``graph``) gets the replay wrapper and its CUDA events (:mod:`.graph`); a ``link``
+    target (a graph backend's constructor) only the runner link, never the gate: nothing of it is timed or stalled."""
+    if spec.runner_link:
+        return make_runner_link(fn, spec)
     inner = fault.gate(fn, spec) if fault.enabled() else fn
     return make_graph_wrapper(inner, spec) if spec.graph_replay else make_wrapper(inner, spec)
 

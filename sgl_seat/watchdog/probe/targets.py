@@ -8,8 +8,17 @@ Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
 
 ``arg`` is a parameter name or a 0-based position (``self`` counts); ``mode`` is ``len`` (default),
 ``numel`` (``obj.numel()``), ``dim0`` (``obj.shape[0]``) or ``none``; or ``graph``: the target replays a captured
-CUDA graph and ``arg`` is its shape key (``FullCudaGraphBackend.replay@shape_key:graph``, see :mod:`.graph`).
+CUDA graph and ``arg`` is its shape key (``FullCudaGraphBackend.replay@shape_key:graph``, see :mod:`.graph`);
+or ``link``: the target is a graph backend's constructor and ``arg`` names its runner
+(``FullCudaGraphBackend.__init__@cuda_graph_runner:link``, see :func:`.graph.make_runner_link`).
 Without ``@``, the first parameter named ``ids``, ``indices``, ``hash_ids`` or ``input_ids`` is measured with ``len``.
+
+Why ``link``: a graph replay's token count needs the backend's runner (``self._cuda_graph_runner``, whose
+``captured_req_width`` is the draft's tokens per request in a verify graph). SGLang 0.5.23's backends keep it;
+0.5.17's (``FullCudaGraphBackend``, ``BreakableCudaGraphBackend``) take it in ``__init__`` and drop it, so every
+replay would count requests, not tokens. A link target sets ``self._cuda_graph_runner`` to that argument after the
+constructor returns, only where the instance has none: on 0.5.23 it changes nothing. It writes no ring slot, is
+never timed nor put behind the rehearsal gate, and never raises into the engine.
 
 Why a module of its own: parsing a target and finding its sized parameter are pure (no ring, no import of the
 target), shared by the writer (which sizes each call) and the installer (which finds the target).
@@ -27,6 +36,9 @@ _SIZE_PARAMS = ("ids", "indices", "hash_ids", "input_ids")
 _MODES = ("len", "numel", "dim0", "none")
 #: The mode of a graph-replay target (its wrapper is :func:`.graph.make_graph_wrapper`, not the writer's).
 GRAPH_MODE = "graph"
+#: The mode of a backend constructor whose named argument becomes ``self._cuda_graph_runner`` where it is missing
+#: (its wrapper is :func:`.graph.make_runner_link`: no ring slot, no timing, no rehearsal gate).
+LINK_MODE = "link"
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,11 @@ class TargetSpec:
         """The target replays a captured CUDA graph (mode ``graph``)."""
         return self.mode == GRAPH_MODE
 
+    @property
+    def runner_link(self) -> bool:
+        """The target is a graph backend's constructor whose argument ``size_arg`` is linked as its runner."""
+        return self.mode == LINK_MODE
+
 
 def parse_target(raw: str) -> TargetSpec:
     """Parse one target; ValueError with the reason when it is malformed."""
@@ -66,8 +83,9 @@ def parse_target(raw: str) -> TargetSpec:
     if size:
         arg, _, m = size.partition(":")
         if m:
-            if m not in (*_MODES, GRAPH_MODE):
-                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of {(*_MODES, GRAPH_MODE)}")
+            if m not in (*_MODES, GRAPH_MODE, LINK_MODE):
+                raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of "
+                                 f"{(*_MODES, GRAPH_MODE, LINK_MODE)}")
             mode = m
         if arg.isdigit():
             size_arg = int(arg)
@@ -77,6 +95,8 @@ def parse_target(raw: str) -> TargetSpec:
             raise ValueError(f"probe target {raw!r}: {arg!r} is neither a parameter name nor a position")
     elif at:
         mode = "none"  # "target@": time it, no gather size
+    if mode == LINK_MODE and size_arg is None:
+        raise ValueError(f"probe target {raw!r}: a link names the runner's parameter (@cuda_graph_runner:link)")
     return TargetSpec(raw=text, module=module, qualname=qual, size_arg=size_arg, mode=mode)
 
 
