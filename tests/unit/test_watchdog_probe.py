@@ -342,3 +342,15 @@ def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> No
     assert [(r.target.split(":")[1], r.gather_size) for r in recs] == [
         ("gather", 2), ("gather", 3), ("varargs", -1), ("shadow", 1)] + ([("gather", -1)] if native else [])
     assert all(r.end is not None for r in recs)
+
+
+def test_a_process_title_names_its_tp_rank_and_a_tp1_scheduler_is_rank_0() -> None:
+    """The rehearsal gate's rank= trigger reads the rank from the title; at TP1 SGLang (0.5.17 on the H200) names
+    its one scheduler without a TP suffix, and a probe-stall:rank=0 aimed at it never fired."""
+    from sgl_seat.watchdog.probe.writer import rank_of_title
+
+    assert rank_of_title("sglang::scheduler_TP3_EP3") == 3
+    assert rank_of_title("sglang::scheduler_TP1") == 1
+    assert rank_of_title("sglang::scheduler") == 0
+    assert rank_of_title("sglang::detokenizer") == -1
+    assert rank_of_title("python3 -m sglang.launch_server") == -1

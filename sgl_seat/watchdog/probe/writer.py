@@ -52,6 +52,7 @@ ENV_RANK = "SGL_SEAT_RANK"
 ENV_NODE = "SGL_SEAT_NODE_RANK"
 
 _TITLE_RANK = re.compile(r"_TP(\d+)(?:_|$)")
+_TP1_SCHEDULER = "sglang::scheduler"
 
 # Writer state: module globals so the hot path reads them with LOAD_GLOBAL (cheap); rebound on
 # ring creation and reset in a forked child (which must not write its parent's ring).
@@ -86,8 +87,16 @@ def _own_rank() -> int:
             title = fh.read().split(b"\0", 1)[0].decode("utf-8", "replace")
     except OSError:
         return -1
+    return rank_of_title(title)
+
+
+def rank_of_title(title: str) -> int:
+    """The TP rank a process title names (``sglang::scheduler_TP1``, ``..._TP3_EP3``), -1 where none."""
     m = _TITLE_RANK.search(title)
-    return int(m.group(1)) if m else -1
+    if m:
+        return int(m.group(1))
+    # One scheduler with no TP suffix (SGLang names it plain ``sglang::scheduler`` at TP1): it is rank 0.
+    return 0 if title.strip() == _TP1_SCHEDULER else -1
 
 
 def _own_node() -> int:
