@@ -72,6 +72,7 @@ fi
 python -c "import sgl_seat, ray, torch" || { echo "setup: install failed" >&2; exit 1; }
 if [ $want_test = 1 ]; then
   bash scripts/install-sglang-parser.sh
+  bash scripts/install-sglang-0517-parser.sh
 fi
 if [ -n "$eng_pid" ]; then
   eng_rc=0; wait "$eng_pid" || eng_rc=$?

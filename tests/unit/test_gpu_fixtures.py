@@ -95,3 +95,34 @@ def test_the_real_schedulers_stack_is_the_overlap_loop() -> None:
     dump = (FIX / "draft-standalone" / "pyspy-scheduler.txt").read_text()
     assert "sglang::scheduler" in dump and '"MainThread"' in dump
     assert "Scheduler.event_loop_overlap" in dump  # 0.5.17 always runs the overlap scheduler with the draft
+
+
+#: A bundle the seat's own watchdog wrote on the H200 (bench/gpu/draft_seat.py --stall eagle, 2026-12-04): real SGLang
+#: 0.5.17, the 8B-shaped Llama with RANDOM WEIGHTS and a random 1-layer EAGLE head, 16 streamed clients, a rehearsal
+#: stall of the probed graph replay on rank 0 (`probe-stall:rank=0,target=FullCudaGraphBackend.replay`) during
+#: draft-on decode. Packed by `sgl-seat bundle pack` (prompts redacted, as the seat records them).
+GPU_BUNDLE = FIX / "bundle-eagle-graph-stall.tar.zst"
+
+
+def test_the_real_draft_on_bundle_replays_to_its_live_verdict_with_the_verify_gathers() -> None:
+    """GIVEN the H200 bundle WHEN replayed offline THEN the detectors re-run on its records name rank 0 stalled in the
+    graph replay, as the live watchdog did, the stalled replay counted as the verify's tokens (16 requests x 4 draft
+    tokens = 64: the runner link of SGLang 0.5.17's backend) and its bucket marked as graph replays, and the HTML
+    report shows the gather-size buckets."""
+    from sgl_seat.forensics.replay.bundle_html import render_html
+    from sgl_seat.forensics.replay.replayer import replay_bundle
+
+    res = replay_bundle(GPU_BUNDLE)
+    doc = res.to_json()
+    assert doc["verdict_matches"] and doc["live_verdict_matches"], doc["comparison"]
+    assert (doc["verdict"]["kind"], doc["verdict"]["rank"], doc["verdict"]["node"]) == ("row-fetch stall", 0, 0)
+    assert "FullCudaGraphBackend.replay" in doc["verdict"]["frame"]
+    assert any("graph replay, 64 tokens, shape key 16" in e for e in doc["verdict"]["evidence"])
+    rf = doc["rowfetch"]
+    worst = rf["worst_bucket"]
+    assert (worst["gather_size_min"], worst["gather_size_max"], worst["graph"]) == (64, 127, True)
+    assert worst["max_ms"] > 3000  # the stall, past the 3 s threshold
+    # Decode and verify gathers of many sizes were recorded before it: batches times the draft's tokens.
+    assert len([b for b in rf["buckets"] if b["count"]]) >= 5
+    html = render_html(res)
+    assert "gather size" in html and "gather 64" in html

@@ -1,0 +1,135 @@
+"""The H200 seat's command lines parse with SGLang 0.5.17's own argument parser: the version that seat runs.
+
+The GPU seat (``launch/seats/h200-1.yaml``) runs SGLang 0.5.17, the newest release whose kernels are built for the
+H200 image's torch; every other contract here is 0.5.23's. 0.5.17's parser (``ServerArgs.add_cli_args``) runs in
+a child process: the CPU engine's interpreter (``.venv-sglang``) with 0.5.17's Python first on its path
+(``scripts/install-sglang-0517-parser.sh``). Only the parse runs: 0.5.17's ``from_cli_args`` resolves the device
+and refuses a machine without an accelerator. A flag 0.5.17 does not know, a value of the wrong type or outside its
+choices fails here, not on the GPU host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sgl_seat.engines import ENGINE_MODULES
+from sgl_seat.engines.base import engine_venv
+from sgl_seat.plan import Placeholder, build_plan
+from sgl_seat.spec import load_spec
+from tests.contract.conftest import require
+
+pytestmark = [pytest.mark.contract]
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = Path(os.environ.get("SGL_SEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
+ENGINE = Path(engine_venv())
+ENGINE_PYTHON = ENGINE / "bin" / "python"
+#: Parses each argv list of stdin's JSON with 0.5.17's parser; one JSON answer: the version and, per list, the
+#: namespace or argparse's error.
+_CHILD = r"""
+import argparse, contextlib, io, json, sys
+import sglang
+from sglang.srt.server_args import ServerArgs
+out = {"version": sglang.__version__, "file": sglang.__file__, "parsed": []}
+for argv in json.load(sys.stdin):
+    p = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(p)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = p.parse_args(argv)
+        out["parsed"].append({"ok": True, "ns": {k: v for k, v in vars(ns).items()
+                                                 if isinstance(v, (str, int, float, bool, type(None), list))}})
+    except SystemExit:
+        out["parsed"].append({"ok": False, "error": err.getvalue().strip().splitlines()[-1:]})
+print(json.dumps(out))
+"""
+
+
+def _parse_0517(argvs: list[list[str]]) -> dict[str, Any]:
+    require(OVERLAY.joinpath("sglang", "srt", "server_args.py").is_file() and ENGINE_PYTHON.is_file(),
+            "SGLang 0.5.17's parser is not installed (scripts/install-sglang-0517-parser.sh; .venv-sglang)")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(OVERLAY), "HOME": os.environ.get("HOME", "/root"),
+           "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "LD_LIBRARY_PATH": str(ENGINE / "lib" / "sgl-seat-stub")}
+    res = subprocess.run([str(ENGINE_PYTHON), "-c", _CHILD], input=json.dumps(argvs), env=env, capture_output=True,
+                         text=True, timeout=240, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["version"] == "0.5.17" and doc["file"].startswith(str(OVERLAY)), doc
+    return doc
+
+
+def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
+    """h200-1 with the draft off and each draft it can run (EAGLE head, STANDALONE draft, NGRAM)."""
+    import yaml
+
+    base = yaml.safe_load((REPO / "launch" / "seats" / "h200-1.yaml").read_text())
+    models = REPO / "launch" / "models"
+    drafts = {"off": None, "eagle": {"algorithm": "EAGLE"},
+              "standalone": {"algorithm": "STANDALONE", "model_path": "${engine_venv}/models/llama-8b-shape-4layers",
+                             "config": str(models / "llama-8b-shape-4layers")},
+              "ngram": {"algorithm": "NGRAM", "draft_tokens": 12, "model_path": None, "config": None}}
+    out = []
+    for arm, change in drafts.items():
+        doc = json.loads(json.dumps(base))
+        doc["model"]["config"] = str(models / "llama-8b-shape")
+        doc["draft"]["config"] = str(models / "llama-8b-shape-eagle")
+        doc["draft"].update({k: v for k, v in (change or {}).items()})
+        doc["draft"] = {k: v for k, v in doc["draft"].items() if v is not None}
+        path = tmp_path / f"h200-1-{arm}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        spec = load_spec(str(path))
+        plan = build_plan(spec, draft=change is not None).fill(
+            {Placeholder.NODE0_ADDR: "10.1.2.3", Placeholder.AGENT_PYTHON: "python3", Placeholder.ENGINE_VENV: "/eng",
+             Placeholder.REQUEST_LOG_DIR: "/logs", Placeholder.WATCHDOG_BOOT: "/boot"})
+        out.append((arm, spec, plan))
+    return out
+
+
+def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")  # the lines are the point; sizing is held elsewhere
+    plans = _h200_plans(tmp_path)
+    argvs = []
+    for _, spec, plan in plans:
+        (node,) = plan.nodes
+        assert node.command[1:3] == ("-m", ENGINE_MODULES[spec.engine])
+        argvs.append(list(node.command[3:]))
+    doc = _parse_0517(argvs)
+    for (arm, spec, plan), got in zip(plans, doc["parsed"], strict=True):
+        assert got["ok"], f"{arm}: SGLang 0.5.17 refuses the plan's line: {got['error']}"
+        ns = got["ns"]
+        assert (ns["tp_size"], ns["nnodes"], ns["port"], ns["host"]) == (1, 1, spec.network.http_port, "127.0.0.1")
+        assert ns["mem_fraction_static"] == pytest.approx(plan.mem_fraction)
+        assert ns["max_running_requests"] == plan.slots
+        assert (ns["attention_backend"], ns["sampling_backend"], ns["load_format"]) == ("triton", "pytorch", "dummy")
+        assert ns["cuda_graph_max_bs_decode"] == spec.gpu.cuda_graph_max_bs
+        assert ns["disable_prefill_cuda_graph"] is True
+        assert ns["enable_metrics"] is True and ns["log_requests_target"] == ["/logs"]
+        if arm == "off":
+            assert ns["speculative_algorithm"] is None
+            continue
+        assert ns["speculative_algorithm"] == spec.draft.algorithm
+        assert ns["speculative_num_draft_tokens"] == spec.draft.draft_tokens
+        if arm == "ngram":
+            assert ns["speculative_draft_model_path"] is None
+        else:
+            assert ns["speculative_draft_model_path"] == spec.draft.model_path.replace("${engine_venv}", "/eng")
+            assert (ns["speculative_num_steps"], ns["speculative_eagle_topk"]) == (spec.draft.steps, 1)
+
+
+def test_sglang_0517s_parser_really_refuses_what_it_does_not_know() -> None:
+    """The child is 0.5.17's parser, not a permissive stand-in: a flag only 0.5.23 has, an invented one and a
+    backend outside 0.5.17's choices are refused."""
+    doc = _parse_0517([["--model-path", "/m", "--enable-hicache"],
+                       ["--model-path", "/m", "--speculative-disable-by-batch-size", "8"],
+                       ["--model-path", "/m", "--attention-backend", "no-such-backend"],
+                       ["--model-path", "/m", "--cuda-graph-max-bs-decode", "8"]])
+    assert [p["ok"] for p in doc["parsed"]] == [False, False, False, True]
