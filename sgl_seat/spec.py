@@ -335,7 +335,8 @@ class GpuEngineSpec(_Strict):
     On the H200 image with SGLang 0.5.17 (``../shared/reference/sglang-gpu.md``): ``attention_backend: triton``
     (Hopper's default, fa3, loads a 1 GB kernel the lean engine package leaves out) and ``sampling_backend:
     pytorch`` (flashinfer's JIT headers are left out too). ``cuda_context_gb`` / ``runtime_reserve_gb`` replace the
-    plan's approximations where they were measured on the node (``sgl-seat engine gpu-facts``).
+    plan's approximations where they were measured on the node (``bench/gpu/draft_seat.py`` measures them with the
+    engine's own torch: total memory, and what a fresh CUDA process holds).
     """
 
     attention_backend: Literal["triton", "fa3", "flashinfer"] | None = Field(
@@ -352,7 +353,7 @@ class GpuEngineSpec(_Strict):
         "74 s of an 8B-shaped model's start on the H200).")
     cuda_context_gb: float | None = Field(
         default=None, ge=0, le=64, description="GPU memory a process holds before the weights load, measured on the "
-        "node (`sgl-seat engine gpu-facts`); default: the plan's approximation, 1 GiB.")
+        "node (a fresh CUDA process's total minus free memory); default: the plan's approximation, 1 GiB.")
     runtime_reserve_gb: float | None = Field(
         default=None, ge=0, le=64, description="GPU memory resident after load that is neither weights nor KV; "
         "default: the plan's approximation, 2 GiB (NCCL buffers of a multi-GPU seat).")
