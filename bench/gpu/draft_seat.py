@@ -212,7 +212,7 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
         (d / "status.json").write_text(st["stdout"] or st["stderr"])
         sdoc = as_json(st) or {}
         res["status"] = {"rc": st["rc"], "state": sdoc.get("state"),
-                         "ranks": [{k: r.get(k) for k in ("pid", "title", "rank", "node")}
+                         "ranks": [{k: r.get(k) for k in ("pid", "title", "tp_rank", "state")}
                                    for n in sdoc.get("nodes", []) for r in n.get("ranks", [])]}
         res["stream"] = stream_once("the quick brown fox")
         info = get_json("/get_server_info")
