@@ -79,6 +79,13 @@ class SeatStateError(SeatError):
     """The seat is not in a state that allows the request (e.g. already up)."""
 
 
+class TuneRefused(SeatError):
+    """A gate report that supports no draft policy (``sgl-seat tune draft``): nothing was written (exit 3, the
+    gate's INCONCLUSIVE: a pipeline must not read it as done)."""
+
+    exit_code = 3
+
+
 class EngineError(SeatError):
     """The engine process failed or answered badly."""
 

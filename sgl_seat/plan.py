@@ -30,6 +30,7 @@ from sgl_seat.sizing import (
     refuse_if_unbootable,
     speculative_flags,
 )
+from sgl_seat.sizing.adaptive import ADAPTIVE_CONFIG_NAME, SEAT_FILES, tiers_for
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 
@@ -53,6 +54,9 @@ class Placeholder(str, Enum):
     REQUEST_LOG_DIR = "${request_log_dir}"
     #: The engine's own environment on the node (engines that run from one: SGLang's CPU engine, .venv-sglang).
     ENGINE_VENV = ENGINE_VENV
+    #: The node's directory of the plan's files (:attr:`LaunchPlan.files`); the node agent fills it with
+    #: ``$SGL_SEAT_HOME/logs/<seat>/files`` and writes the files there before the engine starts.
+    SEAT_FILES = SEAT_FILES
 
 
 
@@ -135,6 +139,10 @@ class LaunchPlan:
     capacity_note: str | None = None
     #: A rehearsal seat (the spec's ``rehearsal``, or a stand-in engine): `sgl-seat fault` may act on it.
     rehearsal: bool = False
+    #: Files every node's engine reads, (name, text) in ``${seat_files}``: the draft policy's adaptive tiers.
+    files: tuple[tuple[str, str], ...] = field(default=())
+    #: The draft policy when the draft runs SGLang's adaptive tiers (``None``: a static draft, or none).
+    draft_policy: dict[str, Any] | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -234,6 +242,8 @@ class LaunchPlan:
             "capacity": self.capacity.to_json() if self.capacity else None,
             **({"capacity_note": self.capacity_note} if self.capacity_note else {}),
             **({"rehearsal": True} if self.rehearsal else {}),
+            **({"draft_policy": self.draft_policy} if self.draft_policy else {}),
+            **({"files": dict(self.files)} if self.files else {}),
             "warnings": list(self.warnings),
             **({"hosts": [h.to_json() for h in self.hosts]} if self.hosts else {}),
         }
@@ -272,6 +282,8 @@ class LaunchPlan:
             hosts=tuple(HostPlan.from_json(h) for h in doc.get("hosts", [])),
             capacity_note=doc.get("capacity_note"),
             rehearsal=bool(doc.get("rehearsal", False)),
+            files=tuple(sorted(doc.get("files", {}).items())),
+            draft_policy=doc.get("draft_policy"),
         )
 
 
@@ -412,6 +424,7 @@ def build_plan(
         warnings.append(f"KV pool and slot ceiling are not predicted: {cap.draft_off.problem}")
     warnings += engine.warnings
 
+    policy, files = _draft_policy(spec, cap, use_draft, chosen, warnings)
     sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
     nodes = []
     for r in range(topo.nnodes):
@@ -459,7 +472,34 @@ def build_plan(
         hosts=hosts,
         capacity_note=cap_note,
         rehearsal=spec.rehearsal or engine.synthetic,
+        files=files,
+        draft_policy=policy,
     )
+
+
+def _draft_policy(spec: SeatSpec, cap: CapacityReport | None, use_draft: bool, slots: int,
+                  warnings: list[str]) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
+    """The draft policy's tiers and the file that carries them (sgl_seat.sizing.adaptive), with what the hybrid
+    keeps and cannot give back, in the engine's own figures where capacity was sized."""
+    d = spec.draft
+    if not use_draft or not d.runs_adaptive:
+        return None, ()
+    keeps: dict[str, Any] = {"note": "SGLang sizes the pool and the slot cap for the draft at start: they stay as "
+                                     "with the draft on; at zero steps it still runs a verify-shaped forward and "
+                                     "a draft extend per decode step"}
+    if cap is not None:
+        keeps.update(kv_pool_tokens=cap.draft_on.kv_pool_tokens, max_running_requests=cap.draft_on.max_running_requests,
+                     draft_off_kv_pool_tokens=cap.draft_off.kv_pool_tokens,
+                     draft_off_max_running_requests=cap.draft_off.max_running_requests)
+    if d.off_above is None:
+        return {"kind": "adaptive", "tiers": "SGLang's defaults (version-dependent; 0 steps from a batch of 64)",
+                "keeps": keeps}, ()
+    tiers = tiers_for(d.off_above, d.steps)
+    if tiers.speculates_up_to >= slots:
+        warnings.append(f"draft.off_above {d.off_above} is at or above the draft's slot cap {slots}: the policy never "
+                        "turns speculation off (a decode batch cannot exceed the cap)")
+    return ({"kind": "off_above", **tiers.to_json(), "flag_file": f"{SEAT_FILES}/{ADAPTIVE_CONFIG_NAME}",
+             "keeps": keeps}, ((ADAPTIVE_CONFIG_NAME, tiers.config_text()),))
 
 
 def _boots(c: Capacity) -> str:
@@ -547,6 +587,24 @@ def render_text(plan: LaunchPlan) -> str:
         if cap.engram_host_bytes_per_node is not None:
             out.append(f"  Engram host table: {cap.engram_host_bytes_per_node / gib:.1f} GiB of host memory per node")
         out += [f"  note: {n}" for n in cap.notes]
+    out += _policy_text(plan.draft_policy)
     for w in plan.warnings:
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
+
+
+def _policy_text(p: dict[str, Any] | None) -> list[str]:
+    if not p:
+        return []
+    k = p["keeps"]
+    if p["kind"] == "off_above":
+        out = [f"draft policy: draft up to {p['speculates_up_to']} running requests, none above (off_above: "
+               f"{p['off_above']}): --speculative-adaptive, {p['how']}",
+               f"  {p['flag_file']}: {json.dumps(p['config'], sort_keys=True)}"]
+    else:
+        out = [f"draft policy: --speculative-adaptive with {p['tiers']}"]
+    if "kv_pool_tokens" in k:
+        out.append(f"  keeps the draft's KV pool {_tokens(k['kv_pool_tokens'])} tokens and slot cap "
+                   f"{k['max_running_requests']} (draft off: {_tokens(k['draft_off_kv_pool_tokens'])} tokens, "
+                   f"{k['draft_off_max_running_requests']} slots): not given back")
+    return [*out, f"  {k['note']}"]

@@ -164,6 +164,12 @@ class DraftSpec(_Strict):
         default=False, description="--speculative-adaptive: SGLang's draft-step tiers by batch size (0 steps at a "
         "batch of 64 with its defaults; KV allocated for the largest tier). EAGLE/EAGLE3 with topk 1 only.",
     )
+    off_above: int | None = Field(
+        default=None, ge=1, le=4096, description="The draft policy: draft at decode batches of up to this many "
+        "running requests and not above (SGLang's --speculative-adaptive with a zero-step tier; "
+        "sgl_seat.sizing.adaptive). Written by `sgl-seat tune draft` from a gate's crossover. The KV pool and slot "
+        "cap stay those of the draft on. EAGLE/EAGLE3 with topk 1 only.",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> DraftSpec:
@@ -172,7 +178,17 @@ class DraftSpec(_Strict):
             raise ValueError(
                 f"with topk 1 SGLang forces draft_tokens = steps + 1 = {self.steps + 1}, got {self.draft_tokens}"
             )
+        if (self.adaptive or self.off_above is not None) and (self.algorithm not in ("EAGLE", "EAGLE3")
+                                                               or self.topk != 1):
+            what = "off_above" if self.off_above is not None else "adaptive"
+            raise ValueError(f"draft.{what} needs SGLang's --speculative-adaptive, which runs EAGLE/EAGLE3 with topk 1"
+                             f" only (adaptive_unsupported_reason); this draft is {self.algorithm}, topk {self.topk}")
         return self
+
+    @property
+    def runs_adaptive(self) -> bool:
+        """True when the draft runs SGLang's adaptive tiers: ``adaptive``, or a policy (``off_above``)."""
+        return self.adaptive or self.off_above is not None
 
 
 class NetworkSpec(_Strict):

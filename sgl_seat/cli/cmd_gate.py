@@ -1,4 +1,5 @@
-"""`sgl-seat gate`: the A/B battery that decides whether the draft ships (logic in ``sgl_seat.gate``)."""
+"""`sgl-seat gate`: the A/B battery that decides whether the draft ships; `sgl-seat tune draft`: its crossover written
+into the seat as the draft policy (logic in ``sgl_seat.gate`` and ``sgl_seat.gate.tune``)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,40 @@ def gate(
         sys.stdout.write(render_text(result.report))
         console.print(f"battery directory: {result.directory} (report.json)")
     raise typer.Exit(exit_code(result.report["verdict"]))  # the verdict is the exit status: pipelines act on it
+
+
+tune_app = typer.Typer(help="Seat settings from measurements: `draft` writes draft.off_above from a gate report.",
+                  no_args_is_help=True)
+
+
+@tune_app.command("draft")
+def draft(
+    report: Annotated[Path, typer.Argument(help="The gate's report.json, or its battery directory.")],
+    seat: Annotated[str, typer.Option("--seat", help="The seat file to write (a path; a built-in profile is "
+                                                     "refused: copy it first).")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
+) -> None:
+    """Write the seat's draft policy, draft.off_above: N, from the gate report's crossover.
+
+    N is the crossover's lower bound (the earliest concurrency at which the draft may stop paying), rounded
+    down. `sgl-seat plan --draft on` then shows it as SGLang's --speculative-adaptive tiers (a zero-step tier
+    from N + 1 running requests) and what the hybrid cannot give back (the draft's KV pool and slot cap stay);
+    `sgl-seat gate --arms baseline,hybrid,control` gates it.
+
+    Exit status: 0 written (or --dry-run), 3 the report supports no policy (the reason is printed: the draft
+    lost everywhere, paid everywhere, or the interval is too wide), 2 a bad report or seat file.
+    """
+    from sgl_seat.gate.tune import tune_draft
+
+    res = tune_draft(report, seat, dry_run=dry_run)
+    if json_out:
+        print_json(res.to_json())
+        return
+    verb = "would write" if dry_run else "wrote"
+    prev = "" if res.previous is None else f" (was {res.previous})"
+    console.print(f"{verb} draft.off_above: {res.off_above}{prev} to {res.path}")
+    console.print(f"  from {res.report}: {res.why}")
+    console.print(f"  SGLang: --speculative-adaptive, {res.tiers.how()}")
+    if res.synthetic:
+        err_console.print("  note: the report is SYNTHETIC (the sim engine): this policy rehearses the flow only")

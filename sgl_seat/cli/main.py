@@ -49,6 +49,7 @@ app.command("gate")(cmd_gate.gate)
 app.add_typer(cmd_bundle.app, name="bundle")
 app.add_typer(cmd_model.app, name="model")
 app.add_typer(cmd_engine.app, name="engine")
+app.add_typer(cmd_gate.tune_app, name="tune")
 
 
 @app.callback(invoke_without_command=True)

@@ -38,18 +38,16 @@ __all__ = ["EXIT_CODES", "GateOptions", "GateResult", "Progress", "exit_code", "
 
 
 def parse_arms(text: str) -> list[str]:
-    """The arms of ``--arms``: the baseline and a candidate or a control (``baseline,control`` alone is the A/A
-    rehearsal that learns the noise floor before a real battery), hybrid optional, each once."""
+    """The arms of ``--arms``: the baseline and at least one of candidate, hybrid, control, each once. The verdict
+    is the candidate's; without one the hybrid's (``baseline,hybrid,control`` gates a seat's draft policy after
+    ``sgl-seat tune draft``); with a control alone the A/A rehearsal's, which learns the noise floor."""
     arms = [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARM_NAMES]
-    # A hybrid arm is judged against the baseline beside a candidate; with a control alone the verdict would be
-    # the A/A control's, so a pipeline could ship on it while the hybrid draft failed.
-    if (bad or BASELINE not in arms or not ({CANDIDATE, CONTROL} & set(arms))
-            or (HYBRID in arms and CANDIDATE not in arms) or len(set(arms)) != len(arms)):
-        raise UsageError(f"--arms {text!r}: give baseline with candidate or control (or both), optionally hybrid, "
-                         "each once; hybrid only beside a candidate" + (f" ({', '.join(bad)} unknown)" if bad else ""),
-                         fix="e.g. --arms baseline,candidate,hybrid,control, or --arms baseline,control for an A/A "
-                             "rehearsal")
+    if bad or BASELINE not in arms or not ({CANDIDATE, HYBRID, CONTROL} & set(arms)) or len(set(arms)) != len(arms):
+        raise UsageError(f"--arms {text!r}: give baseline with candidate, hybrid or control (or several), each once"
+                         + (f" ({', '.join(bad)} unknown)" if bad else ""),
+                         fix="e.g. --arms baseline,candidate,hybrid,control; --arms baseline,hybrid,control gates a "
+                             "tuned seat's policy; --arms baseline,control is an A/A rehearsal")
     return arms
 
 

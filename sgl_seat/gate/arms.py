@@ -1,8 +1,9 @@
 """The battery's arms: how each one is brought up and down (or found running).
 
 Arms come from one seat spec: ``baseline`` (draft off), ``candidate`` (draft on), ``hybrid`` (draft on with
-``--speculative-adaptive``: steps by batch size, SGLang 0.5.23's closest thing to "speculation off above N
-running requests") and ``control`` (baseline again: the A/A arm whose spread is the noise floor).
+``--speculative-adaptive``: the seat's policy ``draft.off_above`` as SGLang's tiers, written by ``sgl-seat tune
+draft``, or SGLang's default tiers where the seat has none) and ``control`` (baseline again: the A/A arm whose
+spread is the noise floor).
 
 Two ways to get an arm:
 
@@ -30,7 +31,7 @@ from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.launch import teardown
 from sgl_seat.launch import up as seat_up
 from sgl_seat.launch.host.localcluster import LocalClusterRecord, start_local_cluster, stop_local_cluster
-from sgl_seat.spec import SeatSpec
+from sgl_seat.spec import DraftSpec, SeatSpec
 
 __all__ = ["ArmSession", "Arms", "SeatArms", "UrlArms", "arm_spec"]
 
@@ -61,11 +62,20 @@ class Arms(Protocol):
 
 
 def arm_spec(spec: SeatSpec, arm: str, *, address: str | None = None) -> SeatSpec:
-    """The seat spec of one arm: its own name; the draft adaptive for the hybrid arm; the battery's cluster."""
+    """The seat spec of one arm: its own name; the battery's cluster; the draft static for the candidate (a seat's
+    policy, ``draft.off_above``, is what the hybrid arm gates) and adaptive for the hybrid (the seat's policy
+    tiers, or SGLang's default tiers where it has none)."""
     name = f"{spec.name[: 62 - len(arm)]}-{arm}"
     upd: dict[str, Any] = {"name": name}
+    if arm == CANDIDATE:
+        upd["draft"] = spec.draft.model_copy(update={"adaptive": False, "off_above": None})
     if arm == HYBRID:
-        upd["draft"] = spec.draft.model_copy(update={"adaptive": True})
+        try:
+            upd["draft"] = DraftSpec.model_validate({**spec.draft.model_dump(), "adaptive": True})
+        except ValueError as exc:
+            raise UsageError(f"the hybrid arm cannot run on seat {spec.name!r}: {exc}",
+                             fix="gate baseline,candidate[,control] only, or an EAGLE/EAGLE3 draft with topk 1",
+                             ) from None
     if address is not None:
         upd["cluster"] = spec.cluster.model_copy(update={"address": address})
     return spec.model_copy(update=upd)

@@ -266,8 +266,9 @@ class Crossover:
     """Concurrency where the candidate/baseline throughput ratio falls through 1, with its bracket.
 
     ``None`` with ``below_sweep``: the draft already loses at the smallest level; with ``beyond_sweep``: it still
-    pays at the largest. ``low``/``high`` are where the interval's upper and lower edges cross 1 (``None``: that
-    edge does not cross inside the sweep).
+    pays at the largest. ``low``/``high`` are where the interval's lower and upper edges fall through 1, each
+    followed from the first level where it is at or above 1 (``None``: that edge does not fall through 1 inside
+    the sweep).
     """
 
     estimate: float | None
@@ -308,8 +309,15 @@ def crossover(levels: Sequence[int], ivs: Sequence[Interval]) -> Crossover:
     below = ratios[0] < 1.0
     beyond = all(r >= 1.0 for r in ratios)
     est = None if below or beyond else _first_crossing(levels, ratios)
-    # The lower edge crosses 1 first (the earliest the draft may stop paying), the upper edge last.
-    low = None if ivs[0].low < 1.0 else _first_crossing(levels, [iv.low for iv in ivs])
-    highs = [iv.high if math.isfinite(iv.high) else math.inf for iv in ivs]
-    high = None if highs[0] < 1.0 else _first_crossing(levels, highs)
+    # The lower edge crosses 1 first (the earliest the draft may stop paying), the upper edge last. Each edge is
+    # followed from the first level where it is at or above 1: an interval that straddles 1 at the smallest level
+    # (one request per client there is the noisiest cell) and clears it at the next says the draft pays from there,
+    # and the fall after it is still the crossing; an edge never at or above 1 does not cross (None).
+    low = _edge_crossing(levels, [iv.low for iv in ivs])
+    high = _edge_crossing(levels, [iv.high if math.isfinite(iv.high) else math.inf for iv in ivs])
     return Crossover(est, low, high, below, beyond)
+
+
+def _edge_crossing(levels: Sequence[int], edge: Sequence[float]) -> float | None:
+    start = next((i for i, v in enumerate(edge) if v >= 1.0), None)
+    return None if start is None else _first_crossing(levels[start:], edge[start:])

@@ -10,9 +10,11 @@ from the same files, and nothing measured is ever held only in memory.
 - Single-stream is reported with its interval and never gated. Greedy identity is judged against the A/A
   identity rate (the engine's own non-determinism), not against 100 %.
 - The verdict is the candidate's: DO_NOT_SHIP if any gate FAILs, SHIP if all PASS, else INCONCLUSIVE. Without a
-  candidate (``--arms baseline,control``, an A/A rehearsal before a real battery) it is the control's, by the same
-  gates: SHIP then says identical arms resolve every gate on this machine at this n, DO_NOT_SHIP that a gate FAILed
-  on identical arms (the machine or the battery is not fit to decide), INCONCLUSIVE that more runs are needed.
+  candidate it is the hybrid's (``--arms baseline,hybrid,control``: a seat's draft policy after ``sgl-seat tune
+  draft``); without either (``--arms baseline,control``, an A/A rehearsal before a real battery) the control's, by
+  the same gates: SHIP then says identical arms resolve every gate on this machine at this n, DO_NOT_SHIP that a
+  gate FAILed on identical arms (the machine or the battery is not fit to decide), INCONCLUSIVE that more runs are
+  needed.
   ``verdict_of`` names the arm.
 - The hangs gate is a rate ratio, not a paired one: hang bundles per hour of serving time (the seconds of the
   traffic cells inside the window the bundles were counted in), candidate over baseline, with the exact interval
@@ -290,10 +292,11 @@ def _recommendation(levels: list[int], ivs: list[Interval], caps: dict[str, floa
     if cap_c and cap_b and cap_c < cap_b:
         parts.append(f"running requests are capped at {cap_c:g} with the draft and {cap_b:g} without: above "
                      f"{cap_c:g} concurrent the draft arm queues")
-    action = ("SGLang 0.5.23 has no 'speculation off above N running requests' switch; --speculative-adaptive "
-              "(the hybrid arm) is the closest")
+    action = ("SGLang has no 'speculation off above N running requests' switch; `sgl-seat tune draft REPORT --seat "
+              "SEAT` writes draft.off_above from this crossover's lower bound, which the plan runs as SGLang's "
+              "--speculative-adaptive tiers (the hybrid arm gates it)")
     if hybrid is not None:
-        action += f": its verdict here is {hybrid['verdict']}"
+        action += f"; the hybrid arm's verdict here is {hybrid['verdict']}"
     return {"bands": bands, "text": "; ".join(parts) or "no sweep measured", "action": action}
 
 
@@ -336,7 +339,7 @@ def build_report(bd: BatteryDir) -> dict[str, Any]:
                             "single_stream": {**(ss.to_json() if ss else {"ratio": None}), "gated": False}}
 
     # The verdict is the candidate's; without one (an A/A rehearsal), the control's: see the module docstring.
-    subject = CANDIDATE if CANDIDATE in comparisons else CONTROL if CONTROL in comparisons else CANDIDATE
+    subject = next((a for a in (CANDIDATE, HYBRID, CONTROL) if a in comparisons), CANDIDATE)
     judged = comparisons.get(subject, {})
     cand = comparisons.get(CANDIDATE, {})
     ivs = [_interval(*_pairs(figs, CANDIDATE, "sweep_output_tok_s", c)) for c in levels]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from sgl_seat.errors import CapacityError, SpecError
 from sgl_seat.sizing import mirror
+from sgl_seat.sizing.adaptive import ADAPTIVE_CONFIG_NAME, SEAT_FILES
 from sgl_seat.sizing.ask_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.sizing.cache import CACHE_ENV
 from sgl_seat.sizing.engram import EngramTables, engram_tables
@@ -200,6 +201,9 @@ def speculative_flags(spec: SeatSpec) -> list[str]:
         argv += ["--speculative-draft-model-path", d.model_path]
     argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
              "--speculative-num-draft-tokens", str(d.draft_tokens)]
+    if d.off_above is not None:  # the policy's tiers (sgl_seat.sizing.adaptive), a file the plan carries
+        return [*argv, "--speculative-adaptive", "--speculative-adaptive-config",
+                f"{SEAT_FILES}/{ADAPTIVE_CONFIG_NAME}"]
     return [*argv, "--speculative-adaptive"] if d.adaptive else argv
 
 
@@ -220,6 +224,15 @@ def for_sizing(argv: Sequence[str], model_dir: Path, draft_dir: Path | None = No
                     i += 1
             else:
                 i += n
+            continue
+        if flag == "--speculative-adaptive-config" and i + 1 < len(items):
+            # The policy's tiers are {1: [steps], N+1: [0]}: their largest step is the static draft's, so SGLang
+            # sizes them as the static flags (max_speculative_num_draft_tokens = steps + 1); the file is the
+            # node's, written at apply time, so the sizing run takes the static flags.
+            i += 2
+            continue
+        if flag == "--speculative-adaptive" and "--speculative-adaptive-config" in items:
+            i += 1
             continue
         if flag == "--model-path" and i + 1 < len(items):
             out += [flag, str(model_dir)]

@@ -64,16 +64,17 @@ def _ports(n: int, taken: set[int]) -> int:
     return p
 
 
-def _engine(tmp: Path, draft: bool, taken: set[int]) -> tuple[SimNode, str]:
+def _engine(tmp: Path, draft: bool, taken: set[int], flags: list[str] | None = None) -> tuple[SimNode, str]:
+    """A sim engine, draft off or on (``flags``: the draft's flags as a plan wrote them; default a static EAGLE)."""
     port, dist = _ports(3, taken), _ports(1, taken)
     argv = ["--model-path", "sim/dsv41-flash-class", "--served-model-name", "sim-dsv41", "--tp-size", "1",
             "--dist-init-addr", f"{HOST}:{dist}", "--enable-metrics", "--host", HOST, "--port", str(port),
             "--max-running-requests", "8" if draft else "32"]
     if draft:
-        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                 "--speculative-num-draft-tokens", "4"]
+        argv += flags or ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
     env = sim_env(SGL_SEAT_SIM_STEP_FLOOR_MS="30", SGL_SEAT_SIM_KV_TOKENS="677888" if draft else "1040128")
-    node = SimNode(argv, env, tmp / f"draft-{'on' if draft else 'off'}.log").start()
+    node = SimNode(argv, env, tmp / f"draft-{'on' if draft else 'off'}{'-plan' if flags else ''}.log").start()
     return node, f"http://{HOST}:{port}"
 
 
@@ -203,3 +204,62 @@ def test_html_renders_in_chromium(battery: tuple[Path, dict, str], tmp_path: Pat
     bad = [ln for ln in log.splitlines()
            if re.search(r"CONSOLE|Uncaught|Refused to|Content Security Policy|ERR_FILE_NOT_FOUND|Failed to load", ln)]
     assert not bad, bad
+
+
+def _tuned_seat(tmp: Path) -> Path:
+    """A copy of the shipped seats beside their planning configs (tune edits a seat file, never a built-in)."""
+    root = Path(__file__).resolve().parents[2] / "launch"
+    shutil.copytree(root / "seats", tmp / "seats")
+    shutil.copytree(root / "models", tmp / "models")
+    return tmp / "seats" / "local-sim.yaml"
+
+
+def test_gate_tune_plan_then_gate_the_hybrid(battery: tuple[Path, dict, str], engines: dict[str, str],
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN the battery's report (draft on vs off, a crossover) WHEN `tune draft` writes the seat's policy, `plan
+    --draft on` turns it into SGLang's adaptive flags and tier file, a sim engine runs exactly those, and `gate --arms
+    baseline,hybrid,control` gates it THEN the policy is the crossover's lower bound rounded down, the hybrid drafts
+    (accept length above 1) and keeps the draft's pool, and the second battery reaches a verdict (SYNTHETIC)."""
+    out, rep, _ = battery
+    cross = rep["crossover"]
+    print(f"crossover: {cross}; sweep: {rep['comparisons']['candidate']['sweep']}")
+    seat = _tuned_seat(tmp_path)
+    env = {"SGL_SEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
+    res = CliRunner().invoke(app, ["tune", "draft", str(out), "--seat", str(seat), "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    tuned = json.loads(res.stdout)
+    assert tuned["off_above"] == int(cross["ci_low"]) >= 1 and tuned["synthetic"] is True
+    res = CliRunner().invoke(app, ["plan", "--seat", str(seat), "--draft", "on", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    n = tuned["off_above"]
+    assert plan["draft_policy"]["speculates_up_to"] == n and plan["draft_policy"]["off_key"] == n + 1
+    # The draft's slot cap (8 here) bounds the decode batch: a policy at or above it never turns off, and says so.
+    assert (n >= plan["slots"]) == any("never turns speculation off" in w for w in plan["warnings"])
+    cmd = plan["nodes"][0]["command"]
+    flags = cmd[cmd.index("--speculative-algorithm"):cmd.index("--speculative-adaptive-config") + 2]
+    tiers = tmp_path / "adaptive-config.json"
+    tiers.write_text(plan["files"]["adaptive-config.json"])
+    flags[-1] = str(tiers)  # ${seat_files}/adaptive-config.json, as the node agent writes it
+    node, url = _engine(tmp_path, True, set(), flags=flags)  # free_port skips the running engines
+    try:
+        wait_http(f"{url}/health", timeout=120, node=node)
+        wl = tmp_path / "tiny.yaml"
+        wl.write_text(WORKLOADS)
+        code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url", f"hybrid={url}",
+                                      "--arms", "baseline,hybrid,control", "--workloads", str(wl),
+                                      "--out", str(tmp_path / "h"), "--json"], env)
+    finally:
+        node.kill()
+    assert not node.leftovers()
+    assert stdout.strip(), f"gate printed no report (exit {code}):\n{stderr[-3000:]}\n{node.log()[-3000:]}"
+    hyb = json.loads(stdout)
+    assert code == EXIT_CODES[hyb["verdict"]] and hyb["complete"], stdout + stderr[-2000:]
+    assert hyb["verdict"] in ("SHIP", "DO_NOT_SHIP", "INCONCLUSIVE") and hyb["synthetic"] is True
+    h = hyb["comparisons"]["hybrid"]
+    assert h["verdict"] in ("SHIP", "DO_NOT_SHIP", "INCONCLUSIVE") and h["sweep"][-1]["concurrency"] == 64
+    fig = hyb["arms"]["hybrid"]["0"]
+    assert fig["speculative_adaptive"] is True and fig["accept_length"] > 1.0  # it drafts at low load
+    assert fig["kv_pool_tokens"] == rep["arms"]["candidate"]["0"]["kv_pool_tokens"]  # nothing given back
+    assert "tune draft" in rep["recommendation"]["action"]
+    print(f"hybrid: {hyb['verdict']}; sweep {h['sweep']}; single {h['single_stream']}")

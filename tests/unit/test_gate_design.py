@@ -207,6 +207,16 @@ def test_report_reproduces_the_known_shape(tmp_path: Path, monkeypatch: pytest.M
     assert "default-src 'none'" in page and page.count("<script>") == 1
 
 
+def test_a_battery_without_a_candidate_is_the_hybrids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN a battery of baseline, hybrid and control (a tuned seat's policy gated) WHEN reported THEN the verdict is
+    the hybrid's own comparison's, not the A/A control's, and there is no crossover (it is the candidate's)."""
+    bd, _ = _battery(tmp_path, ["baseline", "hybrid", "control"], monkeypatch, seed=4)
+    run_battery(bd, _FakeArms())
+    rep = build_report(bd)
+    assert rep["verdict_of"] == "hybrid" and rep["verdict"] == rep["comparisons"]["hybrid"]["verdict"]
+    assert rep["gates"] == rep["comparisons"]["hybrid"]["gates"] and rep["crossover"] is None
+
+
 def test_aa_battery_never_fails_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GIVEN a candidate identical to the baseline (an A/A battery, synthetic noise 1 %, drift per slot) WHEN five
     seeded batteries are reported THEN no gate FAILs in any of them."""

@@ -113,6 +113,19 @@ def test_crossover_brackets_the_true_crossover() -> None:
     assert band_of(ivs[0]) == "on" and band_of(ivs[-1]) == "off"
 
 
+def test_a_noisy_first_level_does_not_hide_the_crossing_after_it() -> None:
+    """GIVEN the sim battery's shape (measured in tests/integration/test_gate.py: c=1 [0.69, 8.6], c=8 [1.65, 1.72],
+    c=64 [0.26, 1.03]) WHEN the crossover is computed THEN the lower edge, above 1 from c=8, falls through 1 between
+    8 and 64 (the lower bound); the upper edge never does (None); an edge never above 1 gives None."""
+    ivs = [Interval(2.43, 0.69, 8.59, 2, 0.14), Interval(1.68, 1.65, 1.72, 2, 0.002),
+           Interval(0.51, 0.26, 1.03, 2, 0.08)]
+    cx = crossover([1, 8, 64], ivs)
+    assert cx.low is not None and cx.estimate is not None and cx.high is None
+    assert 8 < cx.low < cx.estimate < 64
+    flat = [Interval(1.1, 0.5, 1.9, 2, 0.3)] * 3
+    assert crossover([1, 8, 64], flat).low is None
+
+
 def test_crossover_outside_the_sweep() -> None:
     """GIVEN a draft that loses everywhere, or pays everywhere WHEN the crossover is computed THEN it says below the
     sweep, or beyond it, with no estimate."""

@@ -91,6 +91,8 @@ class NodeAgent:
         self.log_path = logs_dir(seat, home) / f"node{node_rank}.log"
         # ${request_log_dir}: SGLang's request log (node 0, --log-requests-target), read by the watchdog.
         self.request_log_dir = self.log_path.parent / "requests"
+        # ${seat_files}: the plan's files (the draft policy's adaptive tiers), written before the engine reads them.
+        self.files_dir = self.log_path.parent / "files" / f"node{node_rank}"
         self.proc: processgroups.HostedEngine | None = None
         self.node: NodePlan | None = None
         self.known: dict[int, float] = {}
@@ -134,8 +136,22 @@ class NodeAgent:
         # ${watchdog_boot}: this node's directory of the probe loader (sgl_seat.watchdog.boot_dir, issue 5).
         plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir(),
                           Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir),
-                          Placeholder.ENGINE_VENV: engine_venv()})
+                          Placeholder.ENGINE_VENV: engine_venv(), Placeholder.SEAT_FILES: str(self.files_dir)})
+        self._write_files(plan)
         return plan, plan.nodes[self.node_rank]
+
+    def _write_files(self, plan: LaunchPlan) -> None:
+        """The plan's files in ``${seat_files}``, each replaced whole (a temp file and a rename): an engine that
+        reads one sees this plan's text or the last one's, never half of it."""
+        if not plan.files:
+            return
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in plan.files:
+            if "/" in name or name.startswith("."):
+                raise RuntimeError(f"node {self.node_rank}: plan file name {name!r} is not a plain name")
+            tmp = self.files_dir / f".{name}.{os.getpid()}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.files_dir / name)
 
     def preflight(self, plan_json: str) -> str:
         """Every local check that applies to this node's engine; a JSON list of failures."""
