@@ -75,7 +75,10 @@ def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
     drafts = {"off": None, "eagle": {"algorithm": "EAGLE"},
               "standalone": {"algorithm": "STANDALONE", "model_path": "${engine_venv}/models/llama-8b-shape-4layers",
                              "config": str(models / "llama-8b-shape-4layers")},
-              "ngram": {"algorithm": "NGRAM", "draft_tokens": 12, "model_path": None, "config": None}}
+              "ngram": {"algorithm": "NGRAM", "draft_tokens": 12, "model_path": None, "config": None},
+              # the gate's hybrid arm (SGLang's default tiers) and a tuned seat's policy (sgl-seat tune draft)
+              "eagle-adaptive": {"algorithm": "EAGLE", "adaptive": True},
+              "eagle-policy": {"algorithm": "EAGLE", "off_above": 20}}
     out = []
     for arm, change in drafts.items():
         doc = json.loads(json.dumps(base))
@@ -88,7 +91,8 @@ def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
         spec = load_spec(str(path))
         plan = build_plan(spec, draft=change is not None).fill(
             {Placeholder.NODE0_ADDR: "10.1.2.3", Placeholder.AGENT_PYTHON: "python3", Placeholder.ENGINE_VENV: "/eng",
-             Placeholder.REQUEST_LOG_DIR: "/logs", Placeholder.WATCHDOG_BOOT: "/boot"})
+             Placeholder.REQUEST_LOG_DIR: "/logs", Placeholder.WATCHDOG_BOOT: "/boot",
+             Placeholder.SEAT_FILES: "/files"})
         out.append((arm, spec, plan))
     return out
 
@@ -118,6 +122,9 @@ def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
             continue
         assert ns["speculative_algorithm"] == spec.draft.algorithm
         assert ns["speculative_num_draft_tokens"] == spec.draft.draft_tokens
+        assert ns["speculative_adaptive"] is arm.startswith("eagle-")
+        assert ns["speculative_adaptive_config"] == ("/files/adaptive-config.json" if arm == "eagle-policy" else None)
+        assert (arm == "eagle-policy") == bool(plan.files)
         if arm == "ngram":
             assert ns["speculative_draft_model_path"] is None
         else:
