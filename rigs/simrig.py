@@ -111,8 +111,12 @@ class SimSeat:
     def start(self, timeout: float = 180.0) -> None:
         plan = build_plan(self.spec, draft=self.draft, faults=self.faults)
         self.plan = plan.fill({Placeholder.NODE0_ADDR: "127.0.0.1", Placeholder.AGENT_PYTHON: sys.executable,
-                               Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir)})
+                               Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir),
+                               Placeholder.SEAT_FILES: str(self.workdir / "files")})
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for name, text in self.plan.files:  # what the node agent writes before the engine starts
+            (self.workdir / "files").mkdir(exist_ok=True)
+            (self.workdir / "files" / name).write_text(text, encoding="utf-8")
         self.request_log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for node in self.plan.nodes:
             env = {**os.environ, **node.env_dict(), "PYTHONUNBUFFERED": "1",
