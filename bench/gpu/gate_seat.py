@@ -4,10 +4,11 @@ Each step through the product's own commands:
 
 1. ``sgl-seat gate --seat h200-1 --arms baseline,candidate,hybrid,control`` with ``bench/gpu/gate-workloads.yaml``
    (2 runs, ABBA, the A/A control): every slot brings its arm up cold through Ray and the engine package (draft
-   off; the static EAGLE draft; the hybrid: the same draft with ``--speculative-adaptive`` and SGLang's default
-   tiers, since the seat has no policy yet; the baseline again), measures it and takes it down. The report (JSON,
-   text, HTML) holds the verdict, the crossover and its interval, the hybrid's verdict, each arm's accept length,
-   KV pool and slot cap.
+   off; the static EAGLE draft; the hybrid: the same draft under ``draft.off_above`` (``--hybrid-off-above``,
+   default 4: set for the battery, between the sweep's first two levels, as the seat has no policy before its first
+   gate; SGLang's default tiers crashed 0.5.17 on this image); the baseline again), measures it and takes it
+   down. The report (JSON, text, HTML) holds the verdict, the crossover and its interval, the hybrid's verdict,
+   each arm's accept length, KV pool and slot cap.
 2. ``sgl-seat tune draft REPORT --seat COPY``: the policy from the crossover's lower bound, or the refusal and why.
 3. ``sgl-seat plan --seat COPY --draft on --json``: the adaptive flags and tier file the policy became, and what
    the hybrid keeps.
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import draft_seat  # a sibling script: the memory facts, the spec copy, the models, the CLI runner)
 
 REPO = draft_seat.REPO
-ARMS = "baseline,candidate,hybrid,control"
+ARMS = "baseline,candidate,hybrid"  # the control (A/A) too where the device time allows: --arms
 MODEL_NOTE = ("RANDOM WEIGHTS (--load-format dummy): 8B-shaped Llama, hidden 4096, 32 layers, vocabulary 1024; "
               "a random 1-layer EAGLE head (drafts almost never accepted); one H200, SGLang 0.5.17")
 
@@ -72,6 +73,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--home", type=Path, default=Path("/tmp/sgl-seat-home"))
     ap.add_argument("--resume", action="store_true", help="continue the battery in OUT/battery")
+    ap.add_argument("--arms", default=ARMS, help=f"the gate's --arms (default {ARMS})")
+    ap.add_argument("--hybrid-off-above", type=int, default=4, help="the hybrid arm's draft.off_above")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     eng = Path(ns.engine_venv).resolve()
@@ -83,7 +86,12 @@ def main() -> int:
         facts = draft_seat.gpu_facts(str(eng / "bin" / "python"))
         doc["gpu_facts"] = facts
         draft_seat.write_spec("eagle", facts, ns.out)
-        spec.write_text(spec.read_text().replace("name: h200-1-eagle", "name: h200-gate"))
+        text = spec.read_text().replace("name: h200-1-eagle", "name: h200-gate")
+        # The hybrid arm's policy, set for this battery (the seat has none before its first gate): between the sweep's
+        # first two levels, so the battery sees the hybrid drafting (1 request) and not (8, 32, 64). SGLang's default
+        # tiers are not used: on this image 0.5.17 crashed capturing their 7-step state's graphs (run 1).
+        policy = f"\n  algorithm: EAGLE\n  off_above: {ns.hybrid_off_above}\n"
+        spec.write_text(text.replace("\n  algorithm: EAGLE\n", policy))
     for m in draft_seat.MODELS[:2]:
         if not (eng / "models" / m / "config.json").is_file():
             made = draft_seat.cli(["model", "tiny", str(eng / "models" / m), "--config",
@@ -93,7 +101,7 @@ def main() -> int:
     args = ["gate", "--seat", str(spec), "--json", "--html", str(ns.out / "gate.html")]
     workloads = REPO / "bench" / "gpu" / "gate-workloads.yaml"
     args += (["--resume", str(battery)] if ns.resume and battery.is_dir() else
-             ["--arms", ARMS, "--workloads", str(workloads), "--out", str(battery)])
+             ["--arms", ns.arms, "--workloads", str(workloads), "--out", str(battery)])
     t0 = time.monotonic()
     with (ns.out / "progress.log").open("a") as log:
         log.write(f"gate: {' '.join(args)}\n")

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from sgl_seat.errors import UsageError
+from sgl_seat.errors import EngineError, PreflightError, SeatStateError, UsageError
 from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.launch import teardown
 from sgl_seat.launch import up as seat_up
@@ -47,6 +47,10 @@ class ArmSession:
     cold: bool  # a fresh engine start: cold cells are meaningful
     bundles_dir: Path | None
     up_s: float | None = None
+    #: Engine starts this slot took (a start that failed is retried once: SeatArms.start).
+    starts: int = 1
+    #: Why an earlier start of this slot failed (None: the first start served).
+    failed_start: str | None = None
 
 
 class Arms(Protocol):
@@ -102,16 +106,30 @@ class SeatArms:
         self._address = self.cluster.gcs_address
 
     def start(self, arm: str) -> ArmSession:
+        """Bring the arm up; an engine that fails to start is taken down and started once more (a battery of
+        hours should not end on one flaky start: measured, SGLang 0.5.17's CUDA-graph capture on the H200 failed
+        once in a draft arm's start that served on the next), and the slot records it."""
         self._ensure_cluster()
         spec = arm_spec(self.spec, arm, address=self._address)
-        t0 = time.monotonic()
-        rec, _ = seat_up.up(spec, seat_up.UpOptions(draft=arm in DRAFT_ON, timeout=self.up_timeout,
-                                                    no_watchdog=not self.watchdog))
-        if not rec.endpoint:
-            raise UsageError(f"arm {arm}: `up` returned no endpoint")
-        return ArmSession(arm, rec.endpoint.rstrip("/"), spec.model.name, True,
-                          Path(rec.bundles_dir) if rec.bundles_dir and self.watchdog else None,
-                          time.monotonic() - t0)
+        failed: str | None = None
+        for attempt in (1, 2):
+            t0 = time.monotonic()
+            try:
+                rec, _ = seat_up.up(spec, seat_up.UpOptions(draft=arm in DRAFT_ON, timeout=self.up_timeout,
+                                                            no_watchdog=not self.watchdog))
+            except (EngineError, PreflightError, SeatStateError) as exc:
+                if attempt == 2:
+                    raise
+                failed = str(exc).splitlines()[0][:500]
+                self.say(f"arm {arm}: the engine did not start ({failed}); taking it down and starting it once more")
+                teardown.down(spec.name)
+                continue
+            if not rec.endpoint:
+                raise UsageError(f"arm {arm}: `up` returned no endpoint")
+            return ArmSession(arm, rec.endpoint.rstrip("/"), spec.model.name, True,
+                              Path(rec.bundles_dir) if rec.bundles_dir and self.watchdog else None,
+                              time.monotonic() - t0, starts=attempt, failed_start=failed)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def stop(self, session: ArmSession) -> None:
         teardown.down(arm_spec(self.spec, session.arm).name)

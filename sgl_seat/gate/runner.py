@@ -115,7 +115,8 @@ class _SlotRun:
 
     def engine(self) -> dict[str, Any]:
         info = engine_counters.engine_info(self.s.endpoint)
-        return {"info": info.to_json(), "up_s": self.s.up_s, "cold": self.s.cold,
+        return {"info": info.to_json(), "up_s": self.s.up_s, "cold": self.s.cold, "starts": self.s.starts,
+                "failed_start": self.s.failed_start,
                 "bundles_before": _bundle_ids(self.s.bundles_dir)}
 
     def cold_ttft(self) -> dict[str, Any]:
