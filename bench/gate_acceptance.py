@@ -10,6 +10,9 @@ Cases (each a whole `sgl-seat gate` battery, arms brought up and down per slot t
    0`` and the draft-off slot count ``draft.slots = slots``); expected: aggregate_at_64 PASS. The draft's per-token
    KV cell stays in the planner's pool (SGLang folds it into every token), so kv_pool may still FAIL.
 3. ``aa``: baseline against control (the baseline again), five batteries with seeds 1-5; expected: no gate FAILs.
+4. ``tune``: the report's next step after ``shape``: ``sgl-seat tune draft`` writes ``draft.off_above`` into a copy
+   of the seat from shape's crossover (or says why it cannot), ``plan --draft on`` turns it into SGLang's adaptive
+   tiers, and a battery of baseline, hybrid and control gates the tuned seat (the verdict is the hybrid's).
 
 ``--quick`` (default) uses the workloads' quick block (2 runs, sweep 1/8/64); ``--full`` the full block (3 runs,
 sweep 1-96: about an hour per case on 2 cores). The sim's step floor is the profile's 30 ms in every case: nothing is
@@ -41,7 +44,8 @@ from sgl_seat.spec import SeatSpec, builtin_seats_dir, parse_spec
 HTTP_PORT = 30700  # +2 admin, +5 dist-init, +10/+12 node 1, +15/+16 sidecar exporters
 
 
-def _spec(name: str, *, free_draft: bool = False) -> SeatSpec:
+def _spec(name: str, *, free_draft: bool = False, write: Path | None = None) -> SeatSpec:
+    """local-sim renamed onto the bench's ports (``write``: also as a seat file there, for `tune draft` to edit)."""
     src = builtin_seats_dir() / "local-sim.yaml"
     doc: dict[str, Any] = yaml.safe_load(src.read_text())
     doc["name"] = name
@@ -53,7 +57,10 @@ def _spec(name: str, *, free_draft: bool = False) -> SeatSpec:
         doc["network"].setdefault("env", {})[ENV_DRAFT_COST] = "0"
         doc["draft"]["extra_weights_gb"] = 0.0
         doc["draft"]["slots"] = doc["slots"]
-    return parse_spec(yaml.safe_dump(doc, sort_keys=False), path=str(src))
+    text = yaml.safe_dump(doc, sort_keys=False)
+    if write is not None:
+        write.write_text(text)
+    return parse_spec(text, path=str(write or src))
 
 
 def _progress(p: Progress) -> None:
@@ -82,7 +89,7 @@ def _gate(rep: dict[str, Any], name: str) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the full workloads (3 runs, sweep to 96)")
-    ap.add_argument("--cases", default="shape,free-draft,aa")
+    ap.add_argument("--cases", default="shape,free-draft,aa,tune")
     ap.add_argument("--aa-seeds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=None, help="runs per arm for the shape and free-draft cases")
     ap.add_argument("--out", type=Path, default=None)
@@ -115,6 +122,36 @@ def main() -> int:
              "no FAIL" if all(g["outcome"] != "FAIL" for g in rep["comparisons"]["control"]["gates"]) else "FAIL"),
             ("shape: wall time", f"{rep['bench_seconds']} s", ""),
         ]
+    if "tune" in cases:
+        from sgl_seat.errors import TuneRefused
+        from sgl_seat.gate.tune import tune_draft
+        from sgl_seat.plan import build_plan
+        from sgl_seat.spec import load_spec
+
+        if "shape" not in results:
+            results["shape"] = _run("shape", _spec("gacc"), ["baseline", "candidate", "hybrid", "control"], out,
+                                    quick=quick, runs=a.runs)
+        seat = out / "gtune.yaml"
+        _spec("gtune", write=seat)
+        try:
+            t = tune_draft(out / "shape", str(seat))
+        except TuneRefused as exc:
+            rows.append(("tune: draft.off_above", "not written", str(exc).splitlines()[0]))
+        else:
+            spec = load_spec(str(seat))
+            plan = build_plan(spec, draft=True)
+            pol = plan.draft_policy or {}
+            rows += [("tune: draft.off_above", str(t.off_above), t.why),
+                     ("tune: plan's tiers", json.dumps(pol.get("config")), "; ".join(plan.warnings) or "")]
+            rep = _run("tuned-hybrid", spec, ["baseline", "hybrid", "control"], out, quick=quick, runs=a.runs)
+            results["tuned_hybrid"] = rep
+            hyb = rep["comparisons"]["hybrid"]
+            rows += [("tuned: hybrid verdict", f"{rep['verdict']} (verdict_of {rep['verdict_of']})",
+                      ", ".join(f"{g['name']} {g['outcome']}" for g in hyb["gates"])),
+                     ("tuned: hybrid/baseline by level", "; ".join(
+                         f"c={x['concurrency']} {x['ratio']} [{x['ci_low']}, {x['ci_high']}]" for x in hyb["sweep"]),
+                      f"single stream {hyb['single_stream'].get('ratio')}"),
+                     ("tuned: wall time", f"{rep['bench_seconds']} s", "")]
     if "free-draft" in cases:
         rep = _run("free-draft", _spec("gfree", free_draft=True), ["baseline", "candidate"], out, quick=quick,
                    runs=a.runs)

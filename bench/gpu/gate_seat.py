@@ -98,7 +98,7 @@ def main() -> int:
                                    str(REPO / "launch" / "models" / m)], env, 300)
             doc.setdefault("model_errors", []).append(made) if made["rc"] else None
     battery = ns.out / "battery"
-    args = ["gate", "--seat", str(spec), "--json", "--html", str(ns.out / "gate.html")]
+    args = ["gate", "--seat", str(spec), "--json", "--html", str(ns.out / "gate.html"), "--note", MODEL_NOTE]
     workloads = REPO / "bench" / "gpu" / "gate-workloads.yaml"
     args += (["--resume", str(battery)] if ns.resume and battery.is_dir() else
              ["--arms", ns.arms, "--workloads", str(workloads), "--out", str(battery)])

@@ -61,6 +61,8 @@ def gate(
                                                                     "gate is then not measured).")] = False,
     workloads: Annotated[Path | None, typer.Option("--workloads", help="A workloads YAML instead of the shipped "
                                                                        "one.")] = None,
+    note: Annotated[str | None, typer.Option("--note", help="Words about what is measured, shown atop the report "
+                                                            "(e.g. that the model has random weights).")] = None,
 ) -> None:
     """Run the A/B battery: arms interleaved ABBA, paired 95 % intervals, an A/A noise floor, a verdict.
 
@@ -98,7 +100,7 @@ def gate(
         if missing:
             raise UsageError(f"no --url for arm(s) {', '.join(missing)}", fix="pass --url ARM=URL for each arm")
     result = run_gate(GateOptions(spec=spec, urls=urls, arms=arm_list, runs=runs, quick=quick, seed=seed, out=out,
-                                  resume=resume, watchdog=not no_watchdog, workloads=workloads),
+                                  resume=resume, watchdog=not no_watchdog, workloads=workloads, note=note),
                       progress=_progress, say=lambda s: err_console.print(s))
     if html is not None:
         html.write_text(render_html(result.report), encoding="utf-8")

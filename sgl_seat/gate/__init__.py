@@ -64,6 +64,7 @@ class GateOptions:
     watchdog: bool = True
     workloads: Path | None = None
     request_timeout: float = 300.0
+    note: str | None = None  # the operator's words about what is measured, carried into the report
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ def run_gate(opts: GateOptions, *, progress: Callable[[Progress], None] = lambda
         root = opts.out or seat_home() / "gate" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         arms_from: dict[str, Any] = ({"kind": "urls", "urls": dict(opts.urls)} if opts.urls else
                                      {"kind": "seat", "seat": name, "source": opts.spec.source if opts.spec else None})
-        bd = start_battery(root, battery, opts.arms, arms_from)
+        bd = start_battery(root, battery, opts.arms, arms_from, note=opts.note)
         say(f"battery directory: {bd.root}")
     run_battery(bd, _arms_impl(opts, say), progress=progress, request_timeout=opts.request_timeout)
     report = build_report(bd)

@@ -177,6 +177,7 @@ def render_html(rep: dict[str, Any]) -> str:
     csp = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:"
     d = rep["design"]
     syn = (f'<p class="synthetic">{_e(rep["synthetic_note"])}</p>' if rep.get("synthetic") else "")
+    syn += f'<p class="synthetic">{_e(rep["note"])}</p>' if rep.get("note") else ""
     out = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',

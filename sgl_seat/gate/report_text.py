@@ -36,6 +36,8 @@ def render_text(rep: dict[str, Any]) -> str:
     out: list[str] = []
     if rep.get("synthetic"):
         out.append(f"*** {rep['synthetic_note']} ***")
+    if rep.get("note"):
+        out.append(f"*** {rep['note']} ***")
     d = rep["design"]
     out.append(f"gate: arms {', '.join(d['arms'])}; {d['runs']} run(s) per arm, ABBA order; sweep {d['levels']}")
     subject = rep.get("verdict_of", "candidate")  # a 1.0 report has no verdict_of: it was the candidate's

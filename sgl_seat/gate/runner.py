@@ -193,7 +193,8 @@ class _SlotRun:
         raise ValueError(f"unknown cell {cell}")
 
 
-def start_battery(root: Path, battery: Battery, arms: list[str], describe: dict[str, Any]) -> BatteryDir:
+def start_battery(root: Path, battery: Battery, arms: list[str], describe: dict[str, Any],
+                  note: str | None = None) -> BatteryDir:
     """Create a new battery directory (refused if one is already there: resume it instead)."""
     bd = BatteryDir(root)
     if bd.plan_path.exists():
@@ -202,7 +203,7 @@ def start_battery(root: Path, battery: Battery, arms: list[str], describe: dict[
     bd.write_json(bd.plan_path, {
         "schema_version": f"{SCHEMA_VERSION}.0", "created": time.time(), "arms": arms,
         "battery": battery.model_dump(mode="json"),
-        "slots": [s.key for s in schedule(arms, battery.runs)], "arms_from": describe,
+        "slots": [s.key for s in schedule(arms, battery.runs)], "arms_from": describe, "note": note,
     })
     return bd
 

@@ -29,6 +29,8 @@ Report versions (``schema_version``; readers take any 1.x):
 - 1.1: the hangs gate carries its rate ratio and interval (``ratio``, ``ci_low``, ``ci_high``,
   ``ratio_infinite``), ``bound``, ``candidate_hours`` and ``baseline_hours``; each arm's figures carry
   ``serving_s``; the report carries ``verdict_of`` (``candidate``, or ``control`` for an A/A battery).
+- 1.2: ``note``, the operator's words about what was measured (``gate --note``: e.g. that the model has random
+  weights), shown at the top of the text and HTML; ``verdict_of`` may be ``hybrid`` (no candidate arm).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from sgl_seat.gate.workloads import Battery, GateRule
 __all__ = ["DO_NOT_SHIP", "EXIT_CODES", "INCONCLUSIVE", "REPORT_SCHEMA_VERSION", "SHIP", "SYNTHETIC_NOTE",
            "build_report", "exit_code"]
 
-REPORT_SCHEMA_VERSION = "1.1"
+REPORT_SCHEMA_VERSION = "1.2"
 SYNTHETIC_NOTE = ("SYNTHETIC: every figure in this report comes from sgl-seat's sim engine (a cost model, not a "
                   "GPU); it checks the battery and the seat plumbing, not SGLang's performance")
 SHIP, DO_NOT_SHIP, INCONCLUSIVE = "SHIP", "DO_NOT_SHIP", "INCONCLUSIVE"
@@ -364,6 +366,7 @@ def build_report(bd: BatteryDir) -> dict[str, Any]:
         "sgl_seat_version": __version__,
         "synthetic": synthetic,
         "synthetic_note": SYNTHETIC_NOTE if synthetic else None,
+        "note": plan.get("note"),
         "verdict": judged.get("verdict", INCONCLUSIVE),
         "verdict_of": subject,
         "gates": judged.get("gates", []),

@@ -75,6 +75,54 @@ def test_hybrid_arm_spec_carries_speculative_adaptive() -> None:
     assert "--speculative-adaptive" not in build_plan(arm_spec(spec, "candidate"), draft=True).nodes[0].command
 
 
+def test_a_seat_policy_is_the_hybrids_and_not_the_candidates() -> None:
+    """GIVEN a seat with a draft policy (off_above) WHEN the arms are planned THEN the candidate is the static draft
+    (no adaptive flag, no tier file) and the hybrid runs the policy's tiers; a draft adaptive cannot run is refused
+    for the hybrid arm with the reason."""
+    from sgl_seat.plan import build_plan
+
+    spec = load_spec("local-sim")
+    tuned = spec.model_copy(update={"draft": spec.draft.model_copy(update={"off_above": 5})})
+    cand, hyb = build_plan(arm_spec(tuned, "candidate"), draft=True), build_plan(arm_spec(tuned, "hybrid"), draft=True)
+    assert "--speculative-adaptive" not in cand.nodes[0].command and not cand.files
+    assert "--speculative-adaptive-config" in hyb.nodes[0].command
+    assert json.loads(dict(hyb.files)["adaptive-config.json"])["6"] == {"candidate_steps": [0]}
+    standalone = spec.model_copy(update={"draft": spec.draft.model_copy(update={"algorithm": "STANDALONE"})})
+    with pytest.raises(UsageError, match="EAGLE/EAGLE3 with topk 1"):
+        arm_spec(standalone, "hybrid")
+
+
+def test_an_engine_that_fails_to_start_is_started_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN `up` failing once with an EngineError (as SGLang 0.5.17's graph capture did on the H200) WHEN the arm
+    starts THEN the seat is taken down and started again, and the session says it took two starts and why; a
+    second failure is raised."""
+    from types import SimpleNamespace
+
+    from sgl_seat.errors import EngineError
+    from sgl_seat.gate import arms as arms_mod
+
+    calls: list[str] = []
+    downs: list[str] = []
+
+    def fake_up(spec: Any, opts: Any) -> Any:
+        calls.append(spec.name)
+        if len(calls) in (1, 3, 4):
+            raise EngineError("node 0 exited: Capture cuda graph failed", fix="logs")
+        return SimpleNamespace(endpoint="http://127.0.0.1:9/", bundles_dir=None), None
+
+    monkeypatch.setattr(arms_mod.seat_up, "up", fake_up)
+    monkeypatch.setattr(arms_mod.teardown, "down", lambda name: downs.append(name))
+    spec = load_spec("local-sim").model_copy(update={"cluster": load_spec("local-sim").cluster.model_copy(
+        update={"address": "127.0.0.1:1"})})
+    said: list[str] = []
+    sa = arms_mod.SeatArms(spec, say=said.append)
+    s = sa.start("candidate")
+    assert (s.starts, s.endpoint) == (2, "http://127.0.0.1:9") and "graph failed" in (s.failed_start or "")
+    assert downs == ["local-sim-candidate"] and "once more" in said[0]
+    with pytest.raises(EngineError):
+        sa.start("candidate")
+
+
 # -- synthetic cells ---------------------------------------------------------------------------------------------
 
 TRUE = {  # arm -> ratio to baseline of output tok/s by level, cold TTFT, kv pool
@@ -215,6 +263,16 @@ def test_a_battery_without_a_candidate_is_the_hybrids(tmp_path: Path, monkeypatc
     rep = build_report(bd)
     assert rep["verdict_of"] == "hybrid" and rep["verdict"] == rep["comparisons"]["hybrid"]["verdict"]
     assert rep["gates"] == rep["comparisons"]["hybrid"]["gates"] and rep["crossover"] is None
+
+
+def test_the_operators_note_is_atop_the_report(tmp_path: Path) -> None:
+    """GIVEN `gate --note` (e.g. that the model has random weights) WHEN the report is built and rendered THEN the
+    note is in the JSON and at the top of the text and the HTML page."""
+    bd = start_battery(tmp_path / "n", load_battery(quick=True), ["baseline", "control"], {"kind": "fake"},
+                       note="RANDOM WEIGHTS: an 8B-shaped Llama")
+    rep = build_report(bd)
+    assert rep["note"] == "RANDOM WEIGHTS: an 8B-shaped Llama" and rep["schema_version"] == "1.2"
+    assert render_text(rep).startswith("*** RANDOM WEIGHTS") and "RANDOM WEIGHTS" in render_html(rep)
 
 
 def test_aa_battery_never_fails_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

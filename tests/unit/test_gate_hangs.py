@@ -62,7 +62,7 @@ def test_serving_time_is_the_traffic_cells_inside_the_window(tmp_path: Path) -> 
     g = _hangs(rep)
     assert g["candidate_hours"] == g["baseline_hours"] == pytest.approx(3 * 600.0 * traffic / 3600, rel=1e-3)
     assert g["outcome"] == "PASS" and g["ratio"] is None and g["bound"] == 1.0 and "no hang on either arm" in g["note"]
-    assert rep["schema_version"] == "1.1" and rep["verdict_of"] == "candidate"
+    assert rep["schema_version"] == "1.2" and rep["verdict_of"] == "candidate"
 
 
 @pytest.mark.parametrize(("cand", "base", "outcome"), [
