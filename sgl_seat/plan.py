@@ -30,7 +30,7 @@ from sgl_seat.sizing import (
     refuse_if_unbootable,
     speculative_flags,
 )
-from sgl_seat.sizing.adaptive import ADAPTIVE_CONFIG_NAME, SEAT_FILES, tiers_for
+from sgl_seat.sizing.draft_tiers import ADAPTIVE_CONFIG_NAME, SEAT_FILES, tiers_for
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 
@@ -479,7 +479,7 @@ def build_plan(
 
 def _draft_policy(spec: SeatSpec, cap: CapacityReport | None, use_draft: bool, slots: int,
                   warnings: list[str]) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
-    """The draft policy's tiers and the file that carries them (sgl_seat.sizing.adaptive), with what the hybrid
+    """The draft policy's tiers and the file that carries them (sgl_seat.sizing.draft_tiers), with what the hybrid
     keeps and cannot give back, in the engine's own figures where capacity was sized."""
     d = spec.draft
     if not use_draft or not d.runs_adaptive:

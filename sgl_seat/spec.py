@@ -167,7 +167,7 @@ class DraftSpec(_Strict):
     off_above: int | None = Field(
         default=None, ge=1, le=4096, description="The draft policy: draft at decode batches of up to this many "
         "running requests and not above (SGLang's --speculative-adaptive with a zero-step tier; "
-        "sgl_seat.sizing.adaptive). Written by `sgl-seat tune draft` from a gate's crossover. The KV pool and slot "
+        "sgl_seat.sizing.draft_tiers). Written by `sgl-seat tune draft` from a gate's crossover. The KV pool and slot "
         "cap stay those of the draft on. EAGLE/EAGLE3 with topk 1 only.",
     )
 

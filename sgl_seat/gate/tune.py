@@ -3,7 +3,7 @@
 The report's crossover is where the candidate/baseline throughput ratio falls through 1, with the concurrencies
 where its interval's edges do (:class:`sgl_seat.gate.intervals.Crossover`). The policy takes the lower bound, the
 earliest concurrency at which the draft may stop paying, rounded down: ``draft.off_above: N`` drafts up to N
-running requests and not above (the plan turns it into SGLang's adaptive tiers, :mod:`sgl_seat.sizing.adaptive`).
+running requests and not above (the plan turns it into SGLang's adaptive tiers, :mod:`sgl_seat.sizing.draft_tiers`).
 Rounding down and the lower bound both err towards the baseline: above the crossover the draft costs every
 request, below it a request loses only the gain.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from sgl_seat.errors import SpecError, TuneRefused, UsageError
 from sgl_seat.gate.verdict import REPORT_SCHEMA_VERSION
-from sgl_seat.sizing.adaptive import DraftTiers, tiers_for
+from sgl_seat.sizing.draft_tiers import DraftTiers, tiers_for
 from sgl_seat.spec import SeatSpec, builtin_seats_dir, parse_spec, resolve_seat_path
 
 __all__ = ["DraftTune", "load_report", "policy_from_report", "set_off_above", "tune_draft"]

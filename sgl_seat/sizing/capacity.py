@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 from sgl_seat.errors import CapacityError, SpecError
 from sgl_seat.sizing import mirror
-from sgl_seat.sizing.adaptive import ADAPTIVE_CONFIG_NAME, SEAT_FILES
 from sgl_seat.sizing.ask_sglang import SGLANG_VERSION, SizingCase, SizingError, installed_version, size_with_sglang
 from sgl_seat.sizing.cache import CACHE_ENV
+from sgl_seat.sizing.draft_tiers import ADAPTIVE_CONFIG_NAME, SEAT_FILES
 from sgl_seat.sizing.engram import EngramTables, engram_tables
 from sgl_seat.sizing.reconcile import has_report_shape, report_notes
 from sgl_seat.spec import SeatSpec, spec_location
@@ -201,7 +201,7 @@ def speculative_flags(spec: SeatSpec) -> list[str]:
         argv += ["--speculative-draft-model-path", d.model_path]
     argv += ["--speculative-num-steps", str(d.steps), "--speculative-eagle-topk", str(d.topk),
              "--speculative-num-draft-tokens", str(d.draft_tokens)]
-    if d.off_above is not None:  # the policy's tiers (sgl_seat.sizing.adaptive), a file the plan carries
+    if d.off_above is not None:  # the policy's tiers (sgl_seat.sizing.draft_tiers), a file the plan carries
         return [*argv, "--speculative-adaptive", "--speculative-adaptive-config",
                 f"{SEAT_FILES}/{ADAPTIVE_CONFIG_NAME}"]
     return [*argv, "--speculative-adaptive"] if d.adaptive else argv

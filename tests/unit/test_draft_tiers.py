@@ -1,6 +1,6 @@
-"""The draft policy ``off_above: N`` onto SGLang's adaptive tiers and back (sgl_seat.sizing.adaptive).
+"""The draft policy ``off_above: N`` onto SGLang's adaptive tiers and back (sgl_seat.sizing.draft_tiers).
 
-SGLang's own routing is held to :func:`route` in tests/contract/test_adaptive_tiers_sglang.py; here the mapping's
+SGLang's own routing is held to :func:`route` in tests/contract/test_draft_tiers_sglang.py; here the mapping's
 claims: without a CUDA-graph list N is exact; with one (SGLang pads the batch to it first) N rounds down to a
 count whose padded size still routes below the zero tier, never up; reading a config back gives that count.
 """
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sgl_seat.sizing.adaptive import off_above_of, route, tiers_for
+from sgl_seat.sizing.draft_tiers import off_above_of, route, tiers_for
 
 # SGLang's speculative capture list for --cuda-graph-max-bs-decode 64 (_generate_decode_cuda_graph_batch_sizes).
 SPEC_GRAPHS_64 = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4)]

@@ -12,7 +12,7 @@ by ``--cuda-graph-bs-decode`` (``get_exec().graph.cuda_graph_bs_decode``, the fl
 not, and then no padding). The plan writes no such list, so the running requests themselves are the key and N
 is exact. :func:`tiers_for` takes the list anyway (``graph_sizes``): with one, N rounds down to the largest
 running-request count whose padded size still routes below the zero tier, and :func:`off_above_of` reads a
-config back the same way (``tests/unit/test_adaptive_tiers.py`` maps both ways; ``tests/contract`` holds
+config back the same way (``tests/unit/test_draft_tiers.py`` maps both ways; ``tests/contract`` holds
 :meth:`DraftTiers.steps_for` to SGLang's own routing in both versions).
 
 What it cannot give back: SGLang sizes the KV pool and the slot cap for the draft at start (its cells are in every

@@ -1,4 +1,4 @@
-"""The plan's draft-policy tiers route in SGLang's own code as the plan says (sgl_seat.sizing.adaptive).
+"""The plan's draft-policy tiers route in SGLang's own code as the plan says (sgl_seat.sizing.draft_tiers).
 
 For policies N with and without a CUDA-graph list (SGLang pads the batch to ``--cuda-graph-bs-decode`` when that
 is given), SGLang's ``AdaptiveSpeculativeParams`` reads the plan's config file and answers the draft steps of
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from sgl_seat.engines.base import engine_venv
-from sgl_seat.sizing.adaptive import tiers_for
+from sgl_seat.sizing.draft_tiers import tiers_for
 from tests.contract.conftest import require
 
 pytestmark = [pytest.mark.contract]
