@@ -20,7 +20,9 @@ from html import escape
 from typing import Any
 
 from sgl_seat import __version__
+from sgl_seat.core.records import VerdictKind
 from sgl_seat.core.stats import gather_bucket_label
+from sgl_seat.forensics.replay.agree import cause_lines
 from sgl_seat.forensics.replay.analysis import rowfetch_scatter, throughput_series
 from sgl_seat.forensics.replay.replayer import ReplayResult
 
@@ -164,6 +166,10 @@ def _rowfetch_plot(result: ReplayResult) -> str:
     xt = [(float(1 << k), str(1 << k)) for k in range(0, gmax.bit_length() + 1)]
     p.ticks(xt, _log_ticks(lmin / 1.5, lmax * 2, _ms))
     dots, hot = [], []
+    # "stalled" only where the verdict is a row-fetch stall (forensics.replay.agree): otherwise a call in flight
+    # at the trigger waits on the verdict's cause and is not it.
+    v0 = result.verdict
+    hot_word = "stalled" if v0 is not None and v0.kind is VerdictKind.ROWFETCH_STALL else "in flight"
     for g, v, fl in pts:
         x, y = p.px(max(g, 0.8)), p.py(max(v, lmin / 1.5))
         if fl:
@@ -171,7 +177,7 @@ def _rowfetch_plot(result: ReplayResult) -> str:
                        f"<title>in flight: gather {g}, {v / 1000:.2f} s at the trigger</title></circle>"
                        + (f'<text x="{x - 9:.1f}" y="{y + 4:.1f}" text-anchor="end" ' if x > p.w * 0.7
                           else f'<text x="{x + 9:.1f}" y="{y + 4:.1f}" ') + 'fill="#d62728" font-weight="bold">'
-                       f"stalled: {v / 1000:.1f} s (gather {g})</text>")
+                       f"{hot_word}: {v / 1000:.1f} s (gather {g})</text>")
         else:
             dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="#1f77b4" fill-opacity="0.35"/>')
     p.parts.extend(dots)
@@ -334,7 +340,8 @@ def render_html(result: ReplayResult) -> str:
     out.append(_table(["gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
                       [[_td(gather_bucket_label(x["gather_size_min"])), _td(x["count"], True),
                         _td(x["p50_ms"], True), _td(x["p99_ms"], True), _td(x["max_ms"], True),
-                        _td(x["in_flight"], True)] for x in rf["buckets"]], [x["stalled"] for x in rf["buckets"]]))
+                        _td(x["in_flight"], True)] for x in rf["buckets"]],
+                      [x.get("cause", x["stalled"]) for x in rf["buckets"]]))
     if rf.get("graph_buckets"):
         out.append(f"<h3>CUDA graph replays by token count</h3><p>{rf['graph_replays']:,} replays, "
                    f"{rf['graph_in_flight']} in flight at the trigger (GPU time from each "
@@ -343,13 +350,14 @@ def render_html(result: ReplayResult) -> str:
                           [[_td(gather_bucket_label(x["gather_size_min"])), _td(", ".join(map(str, x["shape_keys"]))),
                             _td(x["count"], True), _td(x["p50_ms"], True), _td(x["p99_ms"], True),
                             _td(x["max_ms"], True), _td(x["in_flight"], True)] for x in rf["graph_buckets"]],
-                          [x["stalled"] for x in rf["graph_buckets"]]))
+                          [x.get("cause", x["stalled"]) for x in rf["graph_buckets"]]))
     for f in rf["in_flight_fetches"][:10]:
         what = (f"graph replay of {_e(f['gather_size'])} tokens, shape key {_e(f['graph_key'])}"
                 + (" (on the GPU)" if f.get("on_gpu") else "")) if "graph_key" in f \
             else f"gather {_e(f['gather_size'])}"
         out.append(f"<p><b>in flight</b>: rank {_e(f['rank'])} (node {_e(f['node'])}), seq {_e(f['seq'])}, {what}, "
                    f"{f['age_ms'] / 1000:.2f} s at the trigger, {_e(f['target'])}</p>")
+    out += [f"<p><b>{_e(line)}</b></p>" for line in cause_lines(doc)]
     out.append("<h2>Before the trigger</h2>" + _throughput_plot(result))
     rq = a["requests"]
     out.append(_table(["what", "value"], [[_td(k), _td(x, True)] for k, x in (

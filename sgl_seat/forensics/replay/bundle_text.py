@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sgl_seat.core.stats import gather_bucket_label
+from sgl_seat.forensics.replay.agree import cause_lines
 from sgl_seat.forensics.replay.replayer import ReplayResult
 
 __all__ = ["STATE_GLYPH", "render_report", "timeline_strip"]
@@ -96,10 +97,9 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
     for c in ("gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"):
         t.add_column(c, justify="right")
     for b in rf["buckets"]:
-        style = "bold red" if b["stalled"] else ""
         t.add_row(gather_bucket_label(b["gather_size_min"]), f"{b['count']:,}", _fmt(b["p50_ms"]),
-                  _fmt(b["p99_ms"]), _fmt(b["max_ms"]), str(b["in_flight"]) + (" STALLED" if b["stalled"] else ""),
-                  style=style)
+                  _fmt(b["p99_ms"]), _fmt(b["max_ms"]), str(b["in_flight"]) + _mark(b),
+                  style="bold red" if b.get("cause", b["stalled"]) else "")
     parts: list[RenderableType] = [t]
     if rf.get("graph_buckets"):
         g = Table(title=f"CUDA graph replays by token count ({rf['graph_replays']:,} replays, "
@@ -110,16 +110,22 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
         for b in rf["graph_buckets"]:
             g.add_row(gather_bucket_label(b["gather_size_min"]), _keys(b["shape_keys"]), f"{b['count']:,}",
                       _fmt(b["p50_ms"]), _fmt(b["p99_ms"]), _fmt(b["max_ms"]),
-                      str(b["in_flight"]) + (" STALLED" if b["stalled"] else ""),
-                      style="bold red" if b["stalled"] else "")
+                      str(b["in_flight"]) + _mark(b), style="bold red" if b.get("cause", b["stalled"]) else "")
         parts.append(g)
     for f in rf["in_flight_fetches"][:5]:
         what = f"graph replay of {f['gather_size']} tokens, shape key {f['graph_key']}" \
             + (" (on the GPU)" if f.get("on_gpu") else "") if "graph_key" in f else f"gather {f['gather_size']}"
         parts.append(Text(f"in flight: rank {f['rank']} (node {f['node']}) seq {f['seq']} {what} "
                           f"for {f['age_ms'] / 1000:.1f} s at the trigger ({f['target']})",
-                          style="bold red" if f["stalled"] else ""))
+                          style="bold red" if f.get("cause", f["stalled"]) else ""))
+    parts += [Text(line, style="bold red" if rf.get("cause_bucket") else "dim") for line in cause_lines(doc)]
     return Group(*parts)
+
+
+def _mark(b: dict[str, Any]) -> str:
+    if not b["stalled"]:
+        return ""
+    return " STALLED" if b.get("cause", True) else " past the threshold (not the verdict's cause)"
 
 
 def _keys(keys: list[int]) -> str:

@@ -16,6 +16,7 @@ from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning
 from sgl_seat.forensics.format.archive import is_archive, unpack_bundle
 from sgl_seat.forensics.format.bundle import Bundle, read_bundle
+from sgl_seat.forensics.replay.agree import agree
 from sgl_seat.forensics.replay.analysis import Analysis, analyse
 from sgl_seat.forensics.replay.redetect import first_warning_before, rerun_detectors
 
@@ -166,6 +167,7 @@ def replay_bundle(path: Path, *, max_unpacked_bytes: int | None = None) -> Repla
     """Verify, load, re-detect and analyse one bundle (directory or .tar.zst, capped as in :func:`load_any`)."""
     bundle = load_any(Path(path), max_unpacked_bytes=max_unpacked_bytes)
     replayed, note = rerun_detectors(bundle)
-    return ReplayResult(source=Path(path), bundle=bundle, analysis=analyse(bundle),
+    verdict = replayed if replayed is not None else bundle.manifest.verdict
+    return ReplayResult(source=Path(path), bundle=bundle, analysis=agree(analyse(bundle), verdict, bundle),
                         recorded=bundle.manifest.verdict, replayed=replayed, detector_note=note,
                         warning=first_warning_before(bundle))

@@ -326,8 +326,9 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
         res.verdict_matches_live = result.live_matches
         res.comparison = result.comparison
         rf = doc["rowfetch"]
-        res.exploding_bucket = rf["worst_bucket"]
-        worst = rf["worst_bucket"]
+        # Only the verdict's own cause: a row-fetch stall's bucket (forensics.replay.agree), never the loudest one.
+        res.exploding_bucket = rf["cause_bucket"]
+        worst = rf["cause_bucket"]
         others = [b["max_ms"] for b in rf["buckets"]
                   if worst is None or b["gather_size_min"] != worst["gather_size_min"]]
         res.other_buckets_max_ms = max(others) if others else None
