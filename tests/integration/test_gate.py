@@ -220,7 +220,8 @@ def test_gate_tune_plan_then_gate_the_hybrid(battery: tuple[Path, dict, str], en
     --draft on` turns it into SGLang's adaptive flags and tier file, a sim engine runs exactly those, and `gate --arms
     baseline,hybrid,control` gates it THEN the policy is the crossover's lower bound rounded down, the hybrid drafts
     (accept length above 1) and keeps the draft's pool, and the second battery reaches a verdict (SYNTHETIC)."""
-    out, rep, _ = battery
+    out, _, _ = battery
+    rep = json.loads((out / "report.json").read_text())  # as on disk now: the resume test may have rewritten it
     cross = rep["crossover"]
     print(f"crossover: {cross}; sweep: {rep['comparisons']['candidate']['sweep']}")
     seat = _tuned_seat(tmp_path)
