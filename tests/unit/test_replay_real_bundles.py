@@ -2,7 +2,8 @@
 
 ``tests/fixtures/bundles/real-probe-stall`` (rank 1's embedding lookup stalled through the probe's rehearsal
 gate; rank 0 waited in the all-reduce) and ``real-sigkill`` (rank 1's scheduler SIGKILLed mid-decode; rank 0's
-all-reduce then failed with gloo's "Connection reset by peer") were captured live by
+all-reduce then failed with gloo's "Connection reset by peer") and ``real-sigstop`` (rank 1's scheduler SIGSTOPped
+mid-decode) were captured live by
 tests/integration/test_real_sglang_watchdog.py and trimmed by ``tests/fixtures/make_bundles.py --from-real``.
 Replay must reach the verdict the sidecars reached live and at capture, give the committed report, show the
 row-fetch table by gather size and render its HTML; the fixtures keep no machine path and no prompt text.
@@ -68,3 +69,19 @@ def test_the_real_fixtures_keep_no_machine_paths_and_no_prompts() -> None:
             text = f.read_text(errors="replace")
             assert "/tmp/pytest-of-" not in text and "/work/" not in text and "/root/" not in text, f
             assert "tell the seat a story" not in text, f  # the test's prompt: level-1 request logs keep none
+
+
+def test_the_real_sigstop_bundle_names_rank_1_stopped_and_says_the_live_view_differed() -> None:
+    """GIVEN the real SIGSTOP bundle (rank 1 stopped mid-decode; captured 2026-12-04) WHEN replayed THEN the verdict is
+    rank 1 stopped, as recorded at capture, and the report says that the triggering sidecar's own live view (node 0:
+    rank 0's embedding in flight past 3 s, waiting on rank 1 inside it) was a row-fetch stall on rank 0: the race
+    between the two detectors is in the bundle, not hidden. Its golden report holds the rest."""
+    res = replay_bundle(GOLDEN / "real-sigstop")
+    assert res.verdict is not None and (res.verdict.kind.value, res.verdict.rank, res.verdict.node) == \
+        ("process stopped", 1, 1)
+    assert res.verdict_matches is True
+    assert res.live is not None and res.live.kind.value == "row-fetch stall" and res.live.rank == 0
+    assert res.live_matches is False and "DIFFERS" in res.comparison
+    got = json.loads(json.dumps(res.to_json(), sort_keys=True))
+    want = json.loads((GOLDEN / "real-sigstop.report.json").read_text())
+    assert _without_evidence(got) == _without_evidence(want)
