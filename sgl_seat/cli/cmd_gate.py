@@ -141,10 +141,10 @@ def draft(
     if json_out:
         print_json(res.to_json())
         return
-    verb = "would write" if dry_run else "wrote"
     prev = "" if res.previous is None else f" (was {res.previous})"
-    console.print(f"{verb} draft.off_above: {res.off_above}{prev} to {res.path}")
+    console.print(f"{'would write' if dry_run else 'wrote'} draft.off_above: {res.off_above}{prev} to {res.path}")
     console.print(f"  from {res.report}: {res.why}")
     console.print(f"  SGLang: --speculative-adaptive, {res.tiers.how()}")
-    if res.synthetic:
-        err_console.print("  note: the report is SYNTHETIC (the sim engine): this policy rehearses the flow only")
+    for w in [*res.warnings, *(["the report is SYNTHETIC (the sim engine): this policy rehearses the flow only"]
+                               if res.synthetic else [])]:
+        err_console.print(f"  warning: {w}")

@@ -47,11 +47,12 @@ class DraftTune:
     synthetic: bool
     tiers: DraftTiers
     written: bool
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"seat": self.seat, "path": str(self.path), "report": str(self.report), "off_above": self.off_above,
                 "previous": self.previous, "why": self.why, "synthetic": self.synthetic,
-                "tiers": self.tiers.to_json(), "written": self.written}
+                "tiers": self.tiers.to_json(), "written": self.written, "warnings": list(self.warnings)}
 
 
 def load_report(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -158,9 +159,15 @@ def tune_draft(report: Path, seat: str, *, dry_run: bool = False) -> DraftTune:
     if new_spec.draft.off_above != n:  # set_off_above's contract, checked before the write
         raise SpecError(f"the edited seat reads draft.off_above {new_spec.draft.off_above}, not {n}", path=str(path),
                         fix="write off_above under draft: by hand")
+    warnings = []
+    src = (doc.get("design") or {}).get("arms_from") or {}
+    if src.get("kind") == "seat" and src.get("seat") not in (None, new_spec.name):
+        warnings.append(f"the report's battery ran seat {src['seat']!r}, not {new_spec.name!r}: its crossover is that "
+                        "seat's")
     if not dry_run:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(new_text, encoding="utf-8")
         os.replace(tmp, path)
     return DraftTune(seat=new_spec.name, path=path, report=rpath, off_above=n, previous=old_spec.draft.off_above,
-                     why=why, synthetic=synthetic, tiers=tiers_for(n, new_spec.draft.steps), written=not dry_run)
+                     why=why, synthetic=synthetic, tiers=tiers_for(n, new_spec.draft.steps), written=not dry_run,
+                     warnings=tuple(warnings))

@@ -97,7 +97,7 @@ def test_tune_writes_the_seat_and_plan_runs_the_tiers(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["tune", "draft", str(report), "--seat", str(seat), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["written"] and doc["off_above"] == 13 and doc["synthetic"]
+    assert doc["written"] and doc["off_above"] == 13 and doc["synthetic"] and doc["warnings"] == []
     spec = load_spec(str(seat))
     assert spec.draft.off_above == 13
     plan = build_plan(spec, draft=True)
@@ -138,3 +138,11 @@ def test_a_builtin_profile_and_a_non_report_are_refused(tmp_path: Path) -> None:
     (tmp_path / "other.json").write_text('{"kind": "something else"}')
     with pytest.raises(UsageError, match="not a gate report"):
         tune_draft(tmp_path / "other.json", str(_seat_copy(tmp_path)))
+
+
+def test_a_report_of_another_seat_is_said(tmp_path: Path) -> None:
+    seat = _seat_copy(tmp_path)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({**_report(CROSS, SWEEP), "design": {"arms_from": {"kind": "seat", "seat": "other"}}}))
+    res = tune_draft(report, str(seat), dry_run=True)
+    assert res.warnings and "'other'" in res.warnings[0] and "'local-sim'" in res.warnings[0]
