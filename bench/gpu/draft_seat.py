@@ -1,4 +1,5 @@
-"""`sgl-seat up --seat h200-1` with the draft off and on, on real SGLang 0.5.17 on one H200, through Ray.
+"""`sgl-seat up --seat h200-1` with the draft off and on, on real SGLang 0.5.17 on one H200, through Ray (and
+``--seat h200x2-tp2``: TP2 across two Ray nodes of one H200 each, on the device's 2-GPU kind).
 
 What it does per arm (off, eagle, standalone, ngram), each through the product's own commands: ``plan --json``
 (the KV pool and slot ceiling the plan predicts), ``up`` (local Ray cluster, placement group, node agent, the engine
@@ -18,7 +19,8 @@ The memory inputs of the plan are measured here, not fitted: the GPU's total mem
 holds (``torch.cuda.mem_get_info`` in the engine's interpreter) go into ``cluster.gpu_memory_gb`` and
 ``gpu.cuda_context_gb`` of the arm's spec copy; nothing is taken from the boot the plan is compared with.
 
-    python bench/gpu/draft_seat.py --engine-venv ENG --out DIR [--home DIR] [--stall] ARM [ARM ...]
+    python bench/gpu/draft_seat.py --engine-venv ENG --out DIR [--home DIR] [--seat PROFILE] [--stall]
+        [--stall-rank R] [--sigstop] ARM [ARM ...]
 
 Run by the image's Python with the seat package and this checkout on PYTHONPATH (docs/gpu-validation.md has the
 device call). Writes DIR/draft_seat.json and, per arm, the raw outputs.
@@ -81,10 +83,10 @@ def gpu_facts(engine_python: str) -> dict[str, Any]:
     return doc
 
 
-def write_spec(arm: str, facts: dict[str, Any], dest: Path) -> Path:
-    doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / "h200-1.yaml").read_text())
+def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200-1") -> Path:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / f"{profile}.yaml").read_text())
     models = REPO / "launch" / "models"
-    doc["name"] = f"h200-1-{arm}"
+    doc["name"] = f"{profile}-{arm}"
     doc["model"]["config"] = str(models / "llama-8b-shape")
     doc["cluster"]["gpu_memory_gb"] = facts["total_bytes"] / (1 << 30)
     doc["gpu"]["cuda_context_gb"] = facts["context_bytes"] / (1 << 30)
@@ -101,7 +103,7 @@ def write_spec(arm: str, facts: dict[str, Any], dest: Path) -> Path:
         d.pop("model_path", None)
         d.pop("config", None)
         d["draft_tokens"] = a["draft_tokens"]
-    path = dest / f"h200-1-{arm}.yaml"
+    path = dest / f"{profile}-{arm}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -187,11 +189,32 @@ def wait_bundle(home: Path, seat: str, before: set[Path], timeout: float) -> Pat
     return None
 
 
+def stopped(seat: str, ns: argparse.Namespace, env: dict[str, str], d: Path) -> dict[str, Any]:
+    """SIGSTOP rank ``--stall-rank``'s scheduler under the load until a bundle comes, then SIGCONT."""
+    time.sleep(5)  # the stall's bundle latch releases and decode resumes
+    before = bundles_of(ns.home, seat)
+    t0 = time.monotonic()
+    fault = cli(["fault", f"sigstop:rank={ns.stall_rank}", "--name", seat, "--json"], env, 90)
+    try:
+        bundle = wait_bundle(ns.home, seat, before, 60)
+    finally:
+        cli(["fault", f"sigcont:rank={ns.stall_rank}", "--name", seat, "--json"], env, 90)
+    out: dict[str, Any] = {"rc": fault["rc"], "err": fault["stderr"][-800:],
+                           "bundle_after_fault_s": round(time.monotonic() - t0, 2) if bundle else None}
+    if bundle is not None:
+        time.sleep(3)
+        out["verdict"] = json.loads((bundle / "manifest.json").read_text()).get("verdict")
+        rep = cli(["replay", str(bundle), "--json"], env, 300)
+        (d / "replay-sigstop.json").write_text(rep["stdout"] or rep["stderr"])
+        out["replay_verdict"] = (as_json(rep) or {}).get("verdict")
+    return out
+
+
 def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[str, str], out: Path) -> dict[str, Any]:
     d = out / arm
     d.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(arm, facts, d)
-    seat = f"h200-1-{arm}"
+    spec = write_spec(arm, facts, d, ns.seat)
+    seat = f"{ns.seat}-{arm}"
     draft = "on" if ARMS[arm]["enabled"] else "off"
     res: dict[str, Any] = {"arm": arm, "seat": seat, "draft": draft, "spec": spec.read_text()}
     plan = cli(["plan", "--seat", str(spec), "--draft", draft, "--json"], env, 300)
@@ -223,9 +246,11 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
             internal = (info.get("internal_states") or [{}])[0]
             real_pool = real_pool or internal.get("max_total_num_tokens")
             real_slots = real_slots or internal.get("max_running_requests")
-        logs = cli(["logs", seat, "--lines", "100000"], env, 120)
-        (d / "engine.log").write_text(logs["stdout"])
-        kv_lines = [int(m.group(1)) for m in KV_LINE.finditer(logs["stdout"])]
+        kv_lines: dict[int, list[int]] = {}  # per node: every rank allocates the same pool (TP)
+        for node in range(len(sdoc.get("nodes", [])) or 1):
+            logs = cli(["logs", seat, "--node", str(node), "--lines", "100000"], env, 120)
+            (d / f"engine-node{node}.log").write_text(logs["stdout"])
+            kv_lines[node] = [int(m.group(1)) for m in KV_LINE.finditer(logs["stdout"])]
         res["real"] = {"kv_pool_tokens": real_pool, "max_running_requests": real_slots, "kv_log_tokens": kv_lines,
                        "avail_mem_lines": [ln.strip()[-160:] for ln in logs["stdout"].splitlines()
                                            if "avail mem" in ln][:6]}
@@ -240,8 +265,8 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
         if ns.stall and draft == "on":
             before = bundles_of(ns.home, seat)
             t0 = time.monotonic()
-            fault = cli(["fault", f"probe-stall:rank=0,target=FullCudaGraphBackend.replay,after_calls=40,for_s="
-                         f"{ns.stall_s}", "--name", seat, "--json"], env, 90)
+            fault = cli(["fault", f"probe-stall:rank={ns.stall_rank},target=FullCudaGraphBackend.replay,"
+                         f"after_calls=40,for_s={ns.stall_s}", "--name", seat, "--json"], env, 90)
             res["fault"] = {"rc": fault["rc"], "out": fault["stdout"][-800:], "err": fault["stderr"][-800:]}
             bundle = wait_bundle(ns.home, seat, before, ns.stall_s + 30)
             res["bundle_after_fault_s"] = round(time.monotonic() - t0, 2) if bundle else None
@@ -254,6 +279,8 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
                 res["replay"] = {"rc": rep["rc"], "doc": as_json(rep)}
                 subprocess.run(["tar", "-C", str(bundle.parent), "-czf", str(d / "bundle.tgz"), bundle.name],
                                check=False, timeout=120)
+        if ns.sigstop and draft == "on":
+            res["sigstop"] = stopped(seat, ns, env, d)
         res["load"] = load.close()
     finally:
         down = cli(["down", seat], env, 300)
@@ -269,7 +296,10 @@ def main() -> int:
     ap.add_argument("--engine-venv", required=True, help="the laid-out engine package (hostlayout.py DEST)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--home", type=Path, default=Path("/tmp/sgl-seat-home"))
+    ap.add_argument("--seat", default="h200-1", help="the profile (launch/seats): h200-1, or h200x2-tp2 on 2 GPUs")
     ap.add_argument("--stall", action="store_true", help="a probe stall during draft-on decode, in draft arms")
+    ap.add_argument("--stall-rank", type=int, default=0, help="the rank the stall (and --sigstop) hits")
+    ap.add_argument("--sigstop", action="store_true", help="then SIGSTOP that rank's scheduler, in draft arms")
     ap.add_argument("--stall-s", type=float, default=20.0)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-s", type=float, default=10.0)

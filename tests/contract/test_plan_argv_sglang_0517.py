@@ -140,3 +140,43 @@ def test_sglang_0517s_parser_really_refuses_what_it_does_not_know() -> None:
                        ["--model-path", "/m", "--attention-backend", "no-such-backend"],
                        ["--model-path", "/m", "--cuda-graph-max-bs-decode", "8"]])
     assert [p["ok"] for p in doc["parsed"]] == [False, False, False, True]
+
+
+def test_the_tp2_seats_lines_parse_on_both_nodes_with_sglang_0517(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """h200x2-tp2 (TP2 across two Ray nodes of one H200 each): both nodes' lines, draft off, EAGLE and STANDALONE,
+    parse with 0.5.17's parser as the plan meant them (node rank, nnodes, dist-init, the draft), and every engine's
+    environment keeps NVLink multicast off."""
+    import yaml
+
+    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    base = yaml.safe_load((REPO / "launch" / "seats" / "h200x2-tp2.yaml").read_text())
+    models = REPO / "launch" / "models"
+    lines, meant = [], []
+    for arm, change in (("off", None), ("eagle", {}), ("standalone", {
+            "algorithm": "STANDALONE", "model_path": "${engine_venv}/models/llama-8b-shape-4layers",
+            "config": str(models / "llama-8b-shape-4layers")})):
+        doc = json.loads(json.dumps(base))
+        doc["model"]["config"] = str(models / "llama-8b-shape")
+        doc["draft"]["config"] = str(models / "llama-8b-shape-eagle")
+        doc["draft"].update(change or {})
+        path = tmp_path / f"tp2-{arm}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        spec = load_spec(str(path))
+        plan = build_plan(spec, draft=change is not None).fill(
+            {Placeholder.NODE0_ADDR: "10.1.2.3", Placeholder.AGENT_PYTHON: "python3", Placeholder.ENGINE_VENV: "/eng",
+             Placeholder.REQUEST_LOG_DIR: "/logs", Placeholder.WATCHDOG_BOOT: "/boot"})
+        assert len(plan.nodes) == 2
+        for node in plan.nodes:
+            env = node.env_dict()
+            assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) \
+                == ("0", "1", "1")
+            lines.append(list(node.command[3:]))
+            meant.append((arm, node.node_rank, spec))
+    doc = _parse_0517(lines)
+    for (arm, rank, spec), got in zip(meant, doc["parsed"], strict=True):
+        assert got["ok"], f"{arm} node {rank}: SGLang 0.5.17 refuses the plan's line: {got['error']}"
+        ns = got["ns"]
+        assert (ns["tp_size"], ns["nnodes"], ns["node_rank"]) == (2, 2, rank)
+        assert ns["dist_init_addr"] == f"10.1.2.3:{spec.network.dist_init_port}"
+        assert ns["speculative_algorithm"] == (None if arm == "off" else spec.draft.algorithm)
