@@ -178,8 +178,7 @@ class DraftSpec(_Strict):
             raise ValueError(
                 f"with topk 1 SGLang forces draft_tokens = steps + 1 = {self.steps + 1}, got {self.draft_tokens}"
             )
-        if (self.adaptive or self.off_above is not None) and (self.algorithm not in ("EAGLE", "EAGLE3")
-                                                               or self.topk != 1):
+        if self.runs_adaptive and (self.algorithm not in ("EAGLE", "EAGLE3") or self.topk != 1):
             what = "off_above" if self.off_above is not None else "adaptive"
             raise ValueError(f"draft.{what} needs SGLang's --speculative-adaptive, which runs EAGLE/EAGLE3 with topk 1"
                              f" only (adaptive_unsupported_reason); this draft is {self.algorithm}, topk {self.topk}")

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from sgl_seat.core.nodeloss import names
 from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.core.stats import gather_bucket, gather_bucket_label
 from sgl_seat.forensics.format.bundle import Bundle
-from sgl_seat.forensics.replay.analysis import Analysis
+from sgl_seat.forensics.replay.analysis import Analysis, lagging_where
 
 __all__ = ["WARMUP_CALLS", "agree", "cause_lines"]
 
@@ -58,22 +59,25 @@ def _warmup(bundle: Bundle, now: float) -> dict[str, Any]:
     """The first :data:`WARMUP_CALLS` calls of each (process, target, graph shape), where the bundle holds the
     process's first call (call numbers count from 1 per process): their count, the slowest, and the first few."""
     pt = bundle.probes
+    none: dict[str, Any] = {"calls": 0, "max_ms": None, "per_target": WARMUP_CALLS, "listed": []}
     if not len(pt):
-        return {"calls": 0, "max_ms": None, "listed": []}
+        return none
     pids = np.array([g.pid for g in pt.groups], np.int64)[pt.group]
-    from_start = {int(p) for p in np.unique(pids) if int(pt.seq[pids == p].min()) == 1}
-    seen: dict[tuple[int, str, int | None], int] = {}
-    rows: list[int] = []
-    for i in np.argsort(pt.seq, kind="stable").tolist():  # call order within each process
-        g = pt.groups[int(pt.group[i])]
-        if g.pid not in from_start:
-            continue
-        key = (g.pid, g.target, g.graph_key)
-        if seen.get(key, 0) < WARMUP_CALLS:
-            seen[key] = seen.get(key, 0) + 1
-            rows.append(i)
+    from_start = [int(p) for p in np.unique(pids) if int(pt.seq[pids == p].min()) == 1]
+    if not from_start:  # the usual bundle: its ring has wrapped since each process's first calls
+        return none
+    # Columnar, as the rest of the analysis (a bundle holds up to a million records): the rows of those processes
+    # in (key, call number) order, and each key's first WARMUP_CALLS of them.
+    keys: dict[tuple[int, str, int | None], int] = {}
+    key_of_group = np.array([keys.setdefault((g.pid, g.target, g.graph_key), len(keys)) for g in pt.groups],
+                            np.int64)
+    idx = np.flatnonzero(np.isin(pids, from_start))
+    order = idx[np.lexsort((pt.seq[idx], key_of_group[pt.group[idx]]))]
+    k = key_of_group[pt.group[order]]
+    pos = np.arange(len(k))
+    run_start = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], pos, 0))
     listed: list[dict[str, Any]] = []
-    for i in rows:
+    for i in order[pos - run_start < WARMUP_CALLS].tolist():
         r = pt.record(i)
         end = now if r.end is None else r.end
         listed.append({"rank": r.rank, "pid": r.pid, "seq": r.seq, "target": r.target, "gather_size": r.gather_size,
@@ -114,10 +118,8 @@ def _name_the_rank(div: dict[str, Any], rank: int, state: str, kind: str) -> Non
     waiting = [r["rank"] for r in ranks if r["state"] == "collective"]
     elsewhere = [r["rank"] for r in ranks if r["state"] != "collective"]
     div.update(waiting=waiting, elsewhere=elsewhere, lagging=elsewhere if waiting else [rank])
-    where = "; ".join(f"rank {r['rank']} {r['state']}" + (f" at {r['frame']}" if r["frame"] else "")
-                      for r in ranks if r["rank"] in div["lagging"])
-    who = ("rank " if len(waiting) == 1 else "ranks ") + ", ".join(map(str, waiting))
-    div["summary"] = (f"{who} wait in a collective; lagging: {where} (the verdict, {kind}: the others wait for it)"
+    div["summary"] = (f"{names(waiting)} wait in a collective; lagging: {lagging_where(ranks, div['lagging'])} "
+                      f"(the verdict, {kind}: the others wait for it)"
                       if waiting else f"rank {rank} {state} ({kind}); no rank waits in a collective")
 
 

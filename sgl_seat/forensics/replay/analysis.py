@@ -412,6 +412,12 @@ def divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str, 
     return out
 
 
+def lagging_where(ranks: Sequence[dict[str, Any]], lagging: Sequence[int]) -> str:
+    """The lagging ranks' states and frames, as the divergence summary says them."""
+    return "; ".join(f"rank {r['rank']} {r['state']}" + (f" at {r['frame']}" if r["frame"] else "")
+                     for r in ranks if r["rank"] in lagging)
+
+
 def _divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str, Any]:
     """Each rank's state at the trigger: who waits in a collective, who is elsewhere (the lagging ranks).
 
@@ -445,15 +451,9 @@ def _divergence(bundle: Bundle, trig: float, funcs: frozenset[str]) -> dict[str,
     waiting = [r["rank"] for r in ranks if r["state"] == "collective"]
     elsewhere = [r["rank"] for r in ranks if r["state"] != "collective"]
     lagging = elsewhere if waiting and elsewhere else []
-
-    def names(rs: list[int]) -> str:
-        return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
-
     exited = [r["rank"] for r in ranks if r["state"] == "exited"]
     if lagging:
-        where = "; ".join(f"rank {r['rank']} {r['state']}" + (f" at {r['frame']}" if r["frame"] else "")
-                          for r in ranks if r["rank"] in lagging)
-        summary = f"{names(waiting)} wait in a collective; lagging: {where}"
+        summary = f"{names(waiting)} wait in a collective; lagging: {lagging_where(ranks, lagging)}"
         if exited:
             summary += f" ({names(exited)} exited: the survivors wait for a peer that is gone)"
     elif waiting:
