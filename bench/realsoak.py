@@ -10,14 +10,22 @@ per seat first:
 - ``long``: prompts of ~1,500 tokens back to back for 10-20 s beside the 2 clients (the tiny model's context is
   4,096; the report prints their token counts).
 
-Faults (``--faults`` per seat, default 5): a probe stall on a random rank at a random call
-(``sgl-seat fault probe-stall:rank=R,after_calls=N,for_s=30``) under traffic; recovery: ``clear``, then the
-sidecars unlatch on their own once progress resumes. Reported: false bundles per hour of healthy time (a bundle
-whose trigger falls outside every fault's window), misses (no bundle within 30 s of the stall's start), wrong
-verdicts (another kind or rank), and "stall -> bundle" (from the stalled call passing the detector's
-``rowfetch_inflight_s``, read from the bundle's own in-flight probe record, to the bundle written; the acceptance
-target is p95 <= 3 s) and fault -> bundle (from the stalled call's start). The engine is real; the model tiny
-with random weights. Ports 24400-24499.
+Faults (``--faults`` of each kind per seat, default 5), under traffic (2 clients), at random ranks, shuffled among
+the healthy episodes:
+
+- ``stall``: a probe stall at a random call (``sgl-seat fault probe-stall:rank=R,after_calls=N,for_s=30``);
+  recovery: ``clear``. Its start is the stalled call's start (the bundle's in-flight probe record of that rank).
+- ``sigstop``: the rank's scheduler SIGSTOPped during decode (``sgl-seat fault sigstop:rank=R``); recovery:
+  ``sigcont``. Its start is when the agent sent the signal (``fault --json``'s ``applied_t``).
+
+Then the sidecars unlatch on their own once progress resumes. Reported: false bundles per hour of healthy time (a
+bundle whose trigger falls outside every fault's window), misses (no bundle within 30 s of the fault), wrong
+verdicts (another kind or rank), and per kind, p50 / p95 / max of: fault start -> detection (the trigger's time),
+detection -> the bundle complete on disk (every rank's Python stacks and history; from the manifest's ``late``:
+when the native stacks were added and how long after the bundle), fault start -> bundle, and the native stacks'
+arrival after the bundle; the thresholds each verdict was judged by; and, from every sidecar's learner (`watch
+--json`), how many healthy calls came within half their threshold (near misses) and the worst healthy call's
+fraction of its threshold. The engine is real; the model tiny with random weights. Ports 24400-24499.
 """
 
 from __future__ import annotations
@@ -41,8 +49,9 @@ from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 REPO = Path(__file__).resolve().parents[1]
 PORTS = {True: (24400, 24405), False: (24440, 24445)}
 HEALTHY = ("traffic", "idle", "burst", "long")
-STALL_THRESHOLD_S = 3.0  # watchdog.rowfetch_inflight_s of the profile (its default)
 MISS_AFTER_S = 30.0
+KINDS = ("stall", "sigstop")
+EXPECT = {"stall": "row-fetch stall", "sigstop": "process stopped"}
 
 
 @dataclass
@@ -53,6 +62,8 @@ class SoakReport:
     faults: list[dict[str, Any]] = field(default_factory=list)
     long_prompt_tokens: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Per seat and node, the sidecar's learner at the end (`watch --json`'s "learning").
+    learning: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -117,7 +128,7 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
         return
     windows: list[tuple[float, float]] = []  # fault windows: a bundle triggered inside one is the fault's
     try:
-        rest = ["fault"] * faults + [rng.choice(HEALTHY) for _ in range(faults)]
+        rest = [f"fault:{k}" for k in KINDS for _ in range(faults)] + [rng.choice(HEALTHY) for _ in range(faults)]
         rng.shuffle(rest)
         plan = [*HEALTHY, *rest]  # every healthy kind once first, then faults among healthy episodes
         deadline = time.monotonic() + minutes * 60
@@ -126,8 +137,8 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
             kind = plan[i] if i < len(plan) else rng.choice(HEALTHY)
             i += 1
             t0 = time.time()
-            if kind == "fault":
-                _fault(name, home, endpoint, rng, rep, windows, log)
+            if kind.startswith("fault:"):
+                _fault(kind.split(":", 1)[1], name, home, endpoint, rng, rep, windows, log)
                 continue
             if kind == "idle":
                 time.sleep(rng.uniform(10, 40))
@@ -160,6 +171,10 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
             rep.episodes[kind] = rep.episodes.get(kind, 0) + 1
             log(f"{name}: {kind} done ({time.time() - t0:.0f} s)")
     finally:
+        w = _cli(["watch", name, "--once", "--json"], home, timeout=60)
+        if w.returncode == 0:
+            for n in json.loads(w.stdout).get("nodes", []):
+                rep.learning.append({"seat": name, "node": n.get("node"), **(n.get("learning") or {})})
         for path, m in sorted(_bundles(home, name).items()):
             t = float(m["trigger"]["t"])
             if not any(a <= t <= b for a, b in windows):
@@ -169,20 +184,28 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
         _cli(["down", name], home, timeout=240)
 
 
-def _fault(name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakReport,
+def _fault(kind: str, name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakReport,
            windows: list[tuple[float, float]], log: Callable[[str], None]) -> None:
     rank = rng.choice((0, 1))
     after = rng.randint(5, 60)
     before = _bundles(home, name)
     c = _clients(endpoint, 2)
     t0 = time.time()
-    rec: dict[str, Any] = {"rank": rank, "after_calls": after}
+    rec: dict[str, Any] = {"kind": kind, "rank": rank}
+    release = ["fault", "clear", "--name", name]
     try:
-        r = _cli(["fault", f"probe-stall:rank={rank},after_calls={after},for_s=30", "--name", name, "--json"], home,
-                 timeout=90)
+        if kind == "stall":
+            rec["after_calls"] = after
+            r = _cli(["fault", f"probe-stall:rank={rank},after_calls={after},for_s=30", "--name", name, "--json"],
+                     home, timeout=90)
+        else:
+            time.sleep(rng.uniform(2, 6))  # into decode: the clients' requests are running
+            r = _cli(["fault", f"sigstop:rank={rank}", "--name", name, "--json"], home, timeout=90)
+            release = ["fault", f"sigcont:rank={rank}", "--name", name]
         if r.returncode != 0:
-            rec["error"] = r.stderr[-300:]
+            rec["error"] = (r.stdout + r.stderr)[-300:]
             return
+        doc = json.loads(r.stdout)
         found = None
         while time.time() - t0 < MISS_AFTER_S + 30:
             new = {p: m for p, m in _bundles(home, name).items() if p not in before}
@@ -190,19 +213,34 @@ def _fault(name: str, home: Path, endpoint: str, rng: random.Random, rep: SoakRe
                 found = min(new.items(), key=lambda kv: kv[1]["created"])
                 break
             time.sleep(0.2)
-        _cli(["fault", "clear", "--name", name], home, timeout=90)
+        if found is not None:  # the native stacks follow the bundle: wait for them (or 15 s) before the release
+            deadline = time.time() + 15
+            while time.time() < deadline and "late" not in found[1]:
+                time.sleep(0.2)
+                found = (found[0], _bundles(home, name).get(found[0], found[1]))
+        _cli(release, home, timeout=90)
         if found is None:
             rec["missed"] = True
             return
         path, m = found
         v = m["verdict"]
-        start = _stall_start(path, rank)
+        start = _stall_start(path, rank) if kind == "stall" else float(doc.get("applied_t") or doc["t"])
         rec.update(bundle=path.name, verdict=f"{v['kind']} rank {v['rank']}",
-                   wrong=not (v["kind"] == "row-fetch stall" and v["rank"] == rank))
+                   wrong=not (v["kind"] == EXPECT[kind] and v["rank"] == rank),
+                   threshold=next((e.split("threshold ", 1)[1] for e in v.get("evidence", [])[:1]
+                                   if "threshold " in e), ""))
+        late = m.get("late") or {}
+        written = float(late["t"]) - float(late["after_bundle_s"]) if late else float(m["created"])
+        detected = float(m["trigger"]["t"])
+        rec["native_after_bundle_s"] = late.get("after_bundle_s")
+        rec["python_stacks_s"] = max((float(c["detail"].split("Python-only ", 1)[1].split("s", 1)[0])
+                                      for c in m.get("capture", []) if c.get("step") == "stacks"
+                                      and "Python-only " in str(c.get("detail"))), default=None)
         if start is not None:
-            rec["fault_to_bundle_s"] = m["created"] - start
-            rec["stall_to_bundle_s"] = m["created"] - (start + STALL_THRESHOLD_S)
-            rec["missed"] = m["created"] - start > MISS_AFTER_S
+            rec["fault_to_detect_s"] = detected - start
+            rec["detect_to_bundle_s"] = written - detected
+            rec["fault_to_bundle_s"] = written - start
+            rec["missed"] = written - start > MISS_AFTER_S
         else:
             rec["wrong"] = True
             rec["note"] = "no in-flight probe record of the rank in the bundle"
@@ -227,16 +265,35 @@ def table(rep: SoakReport, minutes: float) -> str:
              f"false bundles: {len(rep.false_bundles)} ({len(rep.false_bundles) / hours if hours else 0:.2f} per hour"
              " of healthy traffic)"]
     lines += [f"  {b}" for b in rep.false_bundles]
-    f2b = [f["fault_to_bundle_s"] for f in rep.faults if "fault_to_bundle_s" in f]
-    s2b = [f["stall_to_bundle_s"] for f in rep.faults if "stall_to_bundle_s" in f]
-    misses = sum(1 for f in rep.faults if f.get("missed"))
-    wrong = sum(1 for f in rep.faults if f.get("wrong"))
-    lines.append(f"probe stalls: {len(rep.faults)}, misses {misses}, wrong verdicts {wrong}")
-    if s2b:
-        lines.append(f"  stall -> bundle (from the call passing {STALL_THRESHOLD_S:.0f} s): p50 {_pct(s2b, 50):.2f} s, "
-                     f"p95 {_pct(s2b, 95):.2f} s, max {max(s2b):.2f} s (target p95 <= 3 s)")
-        lines.append(f"  fault -> bundle (from the stalled call's start): p50 {_pct(f2b, 50):.2f} s, "
-                     f"p95 {_pct(f2b, 95):.2f} s, max {max(f2b):.2f} s (acceptance: within 10 s)")
+    for kind in KINDS:
+        fs = [f for f in rep.faults if f.get("kind", "stall") == kind]
+        if not fs:
+            continue
+        misses = sum(1 for f in fs if f.get("missed"))
+        wrong = sum(1 for f in fs if f.get("wrong"))
+        errors = sum(1 for f in fs if f.get("error"))
+        lines.append(f"{kind}: {len(fs)} faults, misses {misses}, wrong verdicts {wrong}, not injected {errors}")
+        for key, what in (("fault_to_detect_s", "fault -> detection"), ("detect_to_bundle_s", "detection -> bundle"),
+                          ("fault_to_bundle_s", "fault -> bundle"), ("native_after_bundle_s", "native stacks after it"),
+                          ("python_stacks_s", "Python stacks of a node")):
+            xs = [float(f[key]) for f in fs if f.get(key) is not None]
+            if xs:
+                lines.append(f"  {what:<24} p50 {_pct(xs, 50):6.2f} s  p95 {_pct(xs, 95):6.2f} s  max {max(xs):6.2f} s")
+        f2b = [float(f["fault_to_bundle_s"]) for f in fs if f.get("fault_to_bundle_s") is not None]
+        if f2b:
+            # SGLang's own watchdog at its default --watchdog-timeout 300 s fired 434-436 s after these faults on
+            # this engine (bench/results/real_watchdog_race_300s.txt): the ratio is against its 434 s.
+            lines.append(f"  acceptance: fault -> bundle p95 <= 1.0 s: {'PASS' if _pct(f2b, 95) <= 1.0 else 'FAIL'}; "
+                         f"SGLang's own watchdog at its default (434 s measured) / our p95 = "
+                         f"{434.0 / _pct(f2b, 95):,.0f}x")
+        ths = sorted({str(f.get("threshold")) for f in fs if f.get("threshold")})
+        lines.append(f"  judged by: {'; '.join(ths[:4])}")
+    for lr in rep.learning:
+        lines.append(f"learner {lr.get('seat')} node {lr.get('node')}: {lr.get('learned_calls')} healthy calls learned,"
+                     f" {lr.get('warmup_calls')} warm-up, near misses (>= half a threshold) {lr.get('near_misses')}, "
+                     f"worst healthy call {100 * float(lr.get('worst_ratio') or 0):.0f} % of its threshold, shapes "
+                     + ", ".join(f"{k.split('|')[-1]}: {v['threshold_s'] * 1e3:.0f} ms ({v['samples']})"
+                                 for k, v in sorted((lr.get("shapes") or {}).items())))
     lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)
 

@@ -266,8 +266,31 @@ class WatchdogSpec(_Strict):
     history_s: float = Field(default=120, gt=0, le=86_400)
     no_progress_s: float = Field(default=5.0, gt=0)
     stack_unchanged_samples: int = Field(default=5, ge=2)
-    rowfetch_inflight_s: float = Field(default=3.0, gt=0)
-    stopped_s: float = Field(default=3.0, gt=0, description="An engine process stopped (state T) this long.")
+    rowfetch_inflight_s: float = Field(
+        default=3.0, gt=0, description="The fixed row-fetch threshold: for warm-up calls and for shapes with fewer "
+        "than learn_min_samples healthy calls (every call when learn_enabled is off).")
+    stopped_s: float = Field(
+        default=0.25, gt=0, description="An engine process stopped (/proc state T, read 20 times a second) this long "
+        "without a break. A healthy engine process is never in state T (py-spy's native dumps leave it in 't'), "
+        "so there is nothing to learn: this floor is the threshold.")
+    learn_enabled: bool = Field(
+        default=True, description="Judge a probed call by the threshold learned from its shape's healthy calls "
+        "(core/learned.py); off: rowfetch_inflight_s for every call.")
+    learn_floor_s: float = Field(default=0.3, gt=0, le=3600,
+                                 description="A learned row-fetch threshold is never below this.")
+    learn_k: float = Field(default=8.0, ge=1, le=1000,
+                           description="A learned threshold is learn_k x the shape's learn_quantile.")
+    learn_quantile: float = Field(default=99.0, gt=0, le=100,
+                                  description="The percentile of the shape's healthy durations (nearest rank).")
+    learn_min_samples: int = Field(default=200, ge=10, le=4096,
+                                   description="Healthy calls of a shape before its learned threshold replaces "
+                                   "rowfetch_inflight_s.")
+    learn_warmup_calls: int = Field(default=2, ge=0, le=1000,
+                                    description="A process's first calls of each shape are warm-up: they teach "
+                                    "nothing and are judged by rowfetch_inflight_s.")
+    learn_idle_gap_s: float = Field(default=5.0, gt=0, le=86_400,
+                                    description="A process's first call after this long without a probed call is "
+                                    "warm-up too (after start-up, idle or --sleep-on-idle).")
     exporter_bind: str = Field(
         default="loopback",
         description="Where each node's sidecar serves its Prometheus metrics (port http_port + 15 + node rank): "

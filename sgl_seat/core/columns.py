@@ -293,9 +293,10 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
         """The call's GPU work had started by ``now`` and not finished (:meth:`ProbeRecord.gpu_in_flight`)."""
         return self.gpu & (self.gpu_start <= now) & ~(self.gpu_end <= now)
 
-    def late_since(self, now: float, threshold: float) -> F64:
+    def late_since(self, now: float, threshold: float | F64) -> F64:
         """Per row, when a late call began to be late: its host start while the call is in flight for at least
-        ``threshold``, else its GPU start while its GPU work is; NaN where it is not late."""
+        ``threshold`` (one for all rows, or one per row), else its GPU start while its GPU work is; NaN where it
+        is not late."""
         host = self.in_flight_at(now) & (now - self.start >= threshold)
         gpu = ~host & self.gpu_in_flight_at(now) & (now - self.gpu_start >= threshold)
         return np.where(host, self.start, np.where(gpu, self.gpu_start, math.nan))

@@ -14,11 +14,13 @@ the evidence):
    from the engine's words and each node's own order of deaths, not from polls compared across nodes
    (:func:`_death_causes`).
 2. **process stopped**: an engine process (scheduler, detokenizer or main) in ``/proc`` state ``T``
-   (SIGSTOP) in every sample for ``stopped_s``, at least two samples (the sampler reads the state before each
+   (SIGSTOP) for ``stopped_s`` in every one of the sidecar's 20 Hz ``/proc`` reads (``EngineProcess.stopped_since``),
+   or, in a bundle without them, in every sample, at least two (the sampler reads the state before each
    dump, and samples a stopped detokenizer or main process every round). Named from the process table, whether
    or not its stack could be read; its peers' probed calls and collectives wait for it, so it comes before them.
    For a detokenizer the evidence says whether the schedulers still progress.
-3. **row-fetch stall**: a probed call in flight for longer than ``rowfetch_inflight_s``, on the host or
+3. **row-fetch stall**: a probed call in flight for longer than its threshold (learned from its shape's healthy
+   calls, :mod:`sgl_seat.core.learned`; ``rowfetch_inflight_s`` for warm-up calls and unlearned shapes), on the host or
    on the GPU (its CUDA events say its work started on the stream and has not finished: a stalled kernel
    whose CPU thread ran on into the collective). It names the culprit rank directly, the moment the fetch
    is late, while its peers only look stuck, even when every rank's stack is the same device sync. With
@@ -70,6 +72,7 @@ import numpy as np
 
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.frames import collective_frame, stuck_frame, target_frame, target_qualname
+from sgl_seat.core.learned import RowThresholds, row_thresholds, shape_key
 from sgl_seat.core.observation import (
     Observation,
     in_flight,
@@ -125,6 +128,11 @@ _PEER_ADDR = re.compile(r"\[([^\]\s/]+)\]:(\d+)")  # the first [address]:port; n
 
 def _fmt_s(x: float) -> str:
     return f"{x:.1f}s"
+
+
+def _fmt_th(x: float) -> str:
+    """A threshold: sub-second ones (learned, or stopped_s) with their second digit."""
+    return _fmt_s(x) if x >= 1 else f"{x:.2g}s"
 
 
 def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None] = ()) -> tuple[int, ...]:
@@ -340,13 +348,23 @@ def detect_process_stopped(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     by_pid: dict[tuple[int, int], list[StackSample]] = {}
     for s in python_samples(obs, now):
         by_pid.setdefault((s.node, s.pid), []).append(s)
+    for ss in by_pid.values():
+        ss.sort(key=lambda x: x.t)
     table = {(p.node, p.pid): p for p in obs.processes}
-    found: list[tuple[float, int, StackSample, list[StackSample]]] = []  # (stopped since, samples, latest, all)
+    # (stopped since, how it was seen, node, pid, rank, title); from the sidecar's 20 Hz /proc reads where the
+    # process table has them (EngineProcess.stopped_since), else from the stack samples' state (older bundles).
+    found: list[tuple[float, str, int, int, int | None, str]] = []
+    for ep in table.values():
+        if not ep.alive or ep.stopped_since is None or ep.state_t is None:
+            continue
+        if ep.stopped_since + th.stopped_s <= min(now, ep.state_t) and now - ep.state_t <= max(3.0 * period, 5.0):
+            found.append((ep.stopped_since, "in every /proc read from then to "
+                          f"{_fmt_s(ep.state_t - ep.stopped_since)} after", ep.node, ep.pid, ep.rank, ep.title))
+    seen = {(f[2], f[3]) for f in found}
     for key, ss in by_pid.items():
         p = table.get(key)
-        if p is not None and not p.alive:
-            continue  # gone: the exited detector's
-        ss.sort(key=lambda x: x.t)
+        if key in seen or (p is not None and not p.alive):
+            continue  # read already, or gone: the exited detector's
         run: list[StackSample] = []
         for x in reversed(ss):
             if x.state != "T":
@@ -355,20 +373,19 @@ def detect_process_stopped(obs: Observation, th: WatchdogSpec, now: float) -> Ve
         run.reverse()
         if len(run) < 2 or run[-1].t - run[0].t < th.stopped_s or now - run[-1].t > max(3.0 * period, 5.0):
             continue
-        found.append((run[0].t, len(run), run[-1], ss))
+        found.append((run[0].t, f"{len(run)} samples", key[0], key[1],
+                      p.rank if p is not None else run[-1].rank, p.title if p is not None else run[-1].title))
     if not found:
         return None
     # The first to stop; ties: a scheduler (it holds its peers), then the lowest rank.
-    found.sort(key=lambda f: (f[0], f[2].rank is None, f[2].rank if f[2].rank is not None else 0, f[2].pid))
-    since, n, latest, every = found[0]
-    p = table.get((latest.node, latest.pid))
-    title = p.title if p is not None else latest.title
-    rank = p.rank if p is not None else latest.rank
+    found.sort(key=lambda f: (f[0], f[4] is None, f[4] if f[4] is not None else 0, f[3]))
+    since, how, node, pid, rank, title = found[0]
+    every = by_pid.get((node, pid), [])
     readable = [x for x in every if x.error is None and x.threads]  # while stopped or, failing that, before
     frame = stuck_frame(readable[-1].main_thread(), probe_targets(obs)) if readable else None
-    unread = not any(x.error is None and x.threads for x in every if x.t >= since)
-    ev = [f"pid {latest.pid} ({title}) on node {latest.node} stopped (state T) for {_fmt_s(now - since)} "
-          f"({n} samples; threshold {_fmt_s(th.stopped_s)})"
+    unread = bool(every) and not any(x.error is None and x.threads for x in every if x.t >= since)
+    ev = [f"pid {pid} ({title}) on node {node} stopped (state T) for {_fmt_s(now - since)} "
+          f"({how}; threshold {_fmt_th(th.stopped_s)})"
           + ("; its stack could not be read while stopped" if unread else "")]
     if rank is None:
         # A stopped detokenizer (or main process) holds no collective: say whether the schedulers still step.
@@ -385,10 +402,8 @@ def detect_process_stopped(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     elif frame is not None:
         ev.append(f"last sampled at {frame.label}")
     for f in found[1:6]:
-        q = table.get((f[2].node, f[2].pid))
-        ev.append(f"also stopped: pid {f[2].pid} ({q.title if q else f[2].title}) on node {f[2].node} "
-                  f"for {_fmt_s(now - f[0])}")
-    return Verdict(kind=VerdictKind.PROCESS_STOPPED, rank=rank, node=latest.node,
+        ev.append(f"also stopped: pid {f[3]} ({f[5]}) on node {f[2]} for {_fmt_s(now - f[0])}")
+    return Verdict(kind=VerdictKind.PROCESS_STOPPED, rank=rank, node=node,
                    frame=frame.label if frame else None, t=now, evidence=tuple(ev))
 
 
@@ -548,7 +563,8 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
     """
     # Over the probe columns (a bundle holds a million records): when each call began to be late, NaN if not.
     pc = obs.probes
-    late_t = pc.late_since(now, th.rowfetch_inflight_s)
+    rows = row_thresholds(pc, obs.learned if th.learn_enabled else None, th.rowfetch_inflight_s, now)
+    late_t = pc.late_since(now, rows.seconds)
     late = np.flatnonzero(~np.isnan(late_t))
     if not late.size:
         return None
@@ -601,7 +617,7 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
             if on_gpu else "in flight"
         sized = f"gather size {worst.gather_size}"
     ev = [f"{worst.target} {where} for {_fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
-          f"thread {worst.thread}, {sized}); threshold {_fmt_s(th.rowfetch_inflight_s)}"]
+          f"thread {worst.thread}, {sized}); threshold {_threshold_words(obs, rows, pick, th)}"]
     if on_gpu:
         frame_label = f"{func} ({worst.target}) [GPU record{': ' + what if what else ''}]"
     if done:
@@ -628,6 +644,19 @@ def detect_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Ver
         ev.append(f"also late: ranks {others}")
     return Verdict(kind=VerdictKind.ROWFETCH_STALL, rank=rank, node=node, frame=frame_label, t=now,
                    evidence=tuple(ev))
+
+
+def _threshold_words(obs: Observation, rows: RowThresholds, i: int, th: WatchdogSpec) -> str:
+    """The threshold row ``i`` was judged by, and where it came from (learned, or fixed and why)."""
+    if rows.learned[i] and obs.learned is not None:
+        r = obs.probes.record(i)
+        ent = obs.learned.entries[shape_key(r.node, r.target, r.gather_size, r.graph_key)]
+        return (f"{_fmt_th(float(rows.seconds[i]))} (learned from {ent.samples} healthy calls of its shape: "
+                f"p{obs.learned.quantile:g} {ent.quantile_s * 1e3:.2f} ms x {obs.learned.k:g}, "
+                f"floor {_fmt_th(obs.learned.floor_s)})")
+    if rows.warmup[i]:
+        return f"{_fmt_s(th.rowfetch_inflight_s)} (fixed: a warm-up call)"
+    return _fmt_s(th.rowfetch_inflight_s)
 
 
 def _rank_of_pid(obs: Observation, pid: int) -> int | None:

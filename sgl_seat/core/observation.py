@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sgl_seat.core.columns import ProbeColumns
+from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.records import EngineProcess, LogLine, MetricsPoint, ProbeRecord, StackSample
 
 
@@ -23,6 +24,9 @@ class Observation:
 
     ``probes`` are columns (:class:`~sgl_seat.core.columns.ProbeColumns`, also a sequence of records): a
     bundle holds up to a million of them, and the detectors read them vectorised, live and in replay alike.
+
+    ``learned``: the row-fetch thresholds learned from healthy calls (:mod:`sgl_seat.core.learned`), the node's
+    live, the bundle's in replay; None: the fixed threshold for every call.
     """
 
     samples: tuple[StackSample, ...] = ()
@@ -31,11 +35,13 @@ class Observation:
     logs: tuple[LogLine, ...] = ()
     processes: tuple[EngineProcess, ...] = ()
     rank_nodes: Mapping[int, int] = field(default_factory=dict)
+    learned: LearnedThresholds | None = None
 
     @classmethod
     def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] | ProbeColumns = (),
            metrics: Iterable[MetricsPoint] = (), logs: Iterable[LogLine] = (),
-           processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None) -> Observation:
+           processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None,
+           learned: LearnedThresholds | None = None) -> Observation:
         """Build from any iterables, in a canonical order (so live and replay see the same sequence)."""
         return cls(
             samples=tuple(sorted(samples, key=lambda s: (s.t, s.node, s.pid, s.native))),
@@ -44,6 +50,7 @@ class Observation:
             logs=tuple(logs),
             processes=tuple(sorted(processes, key=lambda p: (p.node, p.pid))),
             rank_nodes=dict(rank_nodes or {}),
+            learned=learned,
         )
 
     def merged(self, other: Observation) -> Observation:
@@ -51,6 +58,8 @@ class Observation:
             samples=(*self.samples, *other.samples), probes=ProbeColumns.concat([self.probes, other.probes]),
             metrics=(*self.metrics, *other.metrics), logs=(*self.logs, *other.logs),
             processes=(*self.processes, *other.processes), rank_nodes={**self.rank_nodes, **other.rank_nodes},
+            learned=other.learned if self.learned is None else
+            self.learned if other.learned is None else self.learned.merged(other.learned),
         )
 
 

@@ -290,6 +290,8 @@ class EngineProcess:
     ``ports`` (optional, added compatibly in schema 1) are the local TCP ports of its sockets as last seen alive:
     a peer's collective error names the dead peer by address ("Connection closed by peer [ip]:port"), and these
     say which rank held that socket.
+    ``stopped_since`` (optional, added compatibly in schema 1) is when the sidecar's 20 Hz ``/proc`` reads first saw
+    it in state ``T`` (SIGSTOP) in the run of reads that lasts to the latest one; None when it was not stopped.
     """
 
     node: int
@@ -300,6 +302,9 @@ class EngineProcess:
     exit_code: int | None = None
     gone_t: float | None = None
     ports: tuple[int, ...] = ()
+    stopped_since: float | None = None
+    #: When the sidecar last read its state (with ``stopped_since``: it was still stopped then).
+    state_t: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"node": self.node, "pid": self.pid, "title": self.title, "rank": self.rank,
@@ -308,6 +313,10 @@ class EngineProcess:
             d["gone_t"] = self.gone_t
         if self.ports:
             d["ports"] = list(self.ports)
+        if self.stopped_since is not None:
+            d["stopped_since"] = self.stopped_since
+        if self.state_t is not None:
+            d["state_t"] = self.state_t
         return d
 
     @classmethod
@@ -321,6 +330,8 @@ class EngineProcess:
             exit_code=_get(d, "exit_code", int, optional=True),
             gone_t=_opt_float(_get(d, "gone_t", _NUM, optional=True)),
             ports=_ports(_get(d, "ports", list, optional=True)),
+            stopped_since=_opt_float(_get(d, "stopped_since", _NUM, optional=True)),
+            state_t=_opt_float(_get(d, "state_t", _NUM, optional=True)),
         )
 
 

@@ -43,6 +43,9 @@ log = logging.getLogger("sgl_seat.watchdog")
 CAPTURE_TIMEOUT_S = 20.0
 #: Seconds the coordinator waits for each other sidecar to answer a ping before it captures without that node.
 PING_TIMEOUT_S = 3.0
+#: How long the coordinator waits for the other nodes' late parts (native stacks: a budget of
+#: capture.NATIVE_BUDGET_S each, nvidia-smi about a second) before it adds what it has to the written bundle.
+NATIVE_WAIT_S = 8.0
 #: Seconds between two heartbeats (a ping) from each sidecar to every other one, sent from the sidecar's tick.
 HEARTBEAT_S = 0.5
 #: A sidecar that answered heartbeats and then answers none for this long is silent: its node is lost (link
@@ -135,6 +138,10 @@ class SidecarActor:
     def capture_part(self, capture_id: str, t: float) -> str:
         self._alive_host()
         return json.dumps(self.core.part(capture_id, t))
+
+    def capture_native(self, capture_id: str) -> str:
+        self._alive_host()
+        return json.dumps(self.core.native_part(capture_id))
 
     def remediations(self, history_json: str) -> str:
         """Count the seat's remediations this sidecar has not counted yet (the supervisor hands it the whole
@@ -373,6 +380,26 @@ class RayPeers:
                 missing.append({"node": n, "step": "capture", "status": "error",
                                 "detail": f"{type(exc).__name__}: {exc}"[:300], "last_seen": seen})
         return parts, missing
+
+    def collect_native(self, capture_id: str, nodes: list[int], local: Callable[[], dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+        import ray
+
+        refs = {}
+        for n in nodes:
+            if n == self.cfg.node:
+                continue
+            with contextlib.suppress(Exception):
+                refs[n] = self._actor(n).capture_native.remote(capture_id)
+        out = [local()]
+        deadline = time.monotonic() + NATIVE_WAIT_S
+        for n, ref in refs.items():
+            try:
+                out.append(json.loads(ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))))
+            except Exception as exc:  # the bundle keeps that node's Python stacks
+                out.append({"node": n, "native": [], "gpu": None, "capture": [
+                    {"node": n, "step": "native", "status": "error", "detail": f"{type(exc).__name__}: {exc}"[:300]}]})
+        return out
 
 
 def _hms(t: float) -> str:

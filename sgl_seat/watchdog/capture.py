@@ -27,6 +27,7 @@ import psutil
 from sgl_seat import __version__
 from sgl_seat.core.detect import detect
 from sgl_seat.core.isolation import SelfCheck
+from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.nodeloss import loss_verdict, missing_nodes, ranks_of
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import (
@@ -39,7 +40,10 @@ from sgl_seat.core.records import (
 )
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
-from sgl_seat.forensics.format.bundle import BundleWriteError, failure_reason
+from sgl_seat.forensics.format import layout
+from sgl_seat.forensics.format.annotate import add_late_files
+from sgl_seat.forensics.format.bundle import BundleWriteError, failure_reason, read_bundle
+from sgl_seat.forensics.format.codec import encode_stack_samples, encode_text
 from sgl_seat.forensics.format.redact import RequestShape
 from sgl_seat.procstate import pid_state
 from sgl_seat.spec import WatchdogSpec
@@ -181,6 +185,8 @@ def node_part(
     gpu: bool = True,
     requests: Sequence[RequestShape] | None = None,
     request_redaction: Mapping[str, Any] | None = None,
+    native: bool = True,
+    learned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """This node's share of a capture, as plain data (no pickle-only types; Ray carries dicts).
 
@@ -188,6 +194,9 @@ def node_part(
     native ones by priority (``focus_ranks`` first) for ``native_budget_s`` and until ``native_deadline`` (epoch
     seconds; see NATIVE_BUDGET_S, NATIVE_BY_S); a process whose native dump did not land keeps its Python stack as
     its capture-time stack, and its step says why.
+    ``native`` False: no native dumps and no ``nvidia-smi`` here (the sub-second capture: they follow the written
+    bundle, :func:`node_native` and :func:`add_native`); every process keeps its Python stack for now.
+    ``learned``: the node's learned thresholds (``LearnedThresholds.to_json()``), put into the bundle.
     ``requests``: the request shapes this node recorded (node 0, from SGLang's request log), None where the
     node records none.
     """
@@ -198,7 +207,7 @@ def node_part(
 
     # nvidia-smi -q takes about a second on a GPU host: it runs beside the stack dumps, not after them.
     gpu_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    gpu_future = gpu_pool.submit(nvidia_smi) if gpu else None
+    gpu_future = gpu_pool.submit(nvidia_smi) if gpu and native else None
     py: dict[int, DumpResult] = {}
     nat: dict[int, DumpResult | None] = {}
     budget = native_budget_s
@@ -213,11 +222,15 @@ def node_part(
                           pool.map(lambda ep: pyspy_dump(ep.pid, exe=exe, native=False, timeout_s=dump_timeout_s),
                                    procs), strict=True))
         t_py = time.time()
-        budget = native_budget_s if native_deadline is None else min(native_budget_s, native_deadline - t_py)
-        nat = _native_dumps([ep for ep in native_order(procs, focus_ranks) if not py[ep.pid].gone], exe,
-                            budget, dump_timeout_s)
-        steps.append(_step(node, "stacks", "ok", f"Python-only {t_py - t0:.2f}s, then native {time.time() - t_py:.2f}s"
-                                                 f" of a {max(0.0, budget):.2f}s budget"))
+        if native:
+            budget = native_budget_s if native_deadline is None else min(native_budget_s, native_deadline - t_py)
+            nat = _native_dumps([ep for ep in native_order(procs, focus_ranks) if not py[ep.pid].gone], exe,
+                                budget, dump_timeout_s)
+            steps.append(_step(node, "stacks", "ok", f"Python-only {t_py - t0:.2f}s, then native "
+                                                     f"{time.time() - t_py:.2f}s of a {max(0.0, budget):.2f}s budget"))
+        else:
+            steps.append(_step(node, "stacks", "ok", f"Python-only {t_py - t0:.2f}s (native stacks follow the "
+                                                     "written bundle)"))
     for ep in procs:
         t = time.time()
         p = py[ep.pid]
@@ -231,6 +244,8 @@ def node_part(
             now_stacks.append(StackSample(t=t, node=node, pid=ep.pid, title=ep.title, rank=ep.rank, native=True,
                                           threads=n.threads))
             steps.append(_step(node, f"py-spy --native {ep.pid}", "ok", f"{n.duration_s:.2f}s"))
+        elif not native:
+            now_stacks.append(py_sample)
         else:
             if pyspy is None or p.gone:
                 why = "target gone" if p.gone else "py-spy not found"
@@ -270,7 +285,41 @@ def node_part(
         "versions": {"python": platform.python_version(), "py_spy": _pyspy_version(pyspy)},
         "requests": None if requests is None else [r.to_json() for r in requests],
         "request_redaction": dict(request_redaction or {}),
+        "learned": None if learned is None else dict(learned),
     }
+
+
+def node_native(*, node: int, procs: Sequence[EngineProc], pyspy: str | None, focus_ranks: Sequence[int] = (),
+                budget_s: float = NATIVE_BUDGET_S, dump_timeout_s: float = 5.0, gpu: bool = True) -> dict[str, Any]:
+    """A node's native stacks and ``nvidia-smi -q``, taken after the capture's bundle is on disk (what
+    :func:`add_native` puts into it): by priority inside ``budget_s``, every native dump at once up to the cores."""
+    t0 = time.time()
+    gpu_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    gpu_future = gpu_pool.submit(nvidia_smi) if gpu else None
+    steps: list[dict[str, Any]] = []
+    native: list[StackSample] = []
+    nat = _native_dumps(native_order(procs, focus_ranks), pyspy, budget_s, dump_timeout_s) if pyspy else {}
+    for ep in procs:
+        n = nat.get(ep.pid)
+        if n is not None and n.error is None:
+            native.append(StackSample(t=time.time(), node=node, pid=ep.pid, title=ep.title, rank=ep.rank,
+                                      native=True, threads=n.threads))
+            steps.append(_step(node, f"py-spy --native {ep.pid}", "ok", f"{n.duration_s:.2f}s after the bundle"))
+        else:
+            why, status = ("py-spy not found", "fallback") if pyspy is None else \
+                (f"not begun within the native budget ({budget_s:.2f}s)", "skipped") if n is None else \
+                (f"not captured within the native budget ({budget_s:.2f}s)", "timeout") if n.timed_out else \
+                ("target gone" if n.gone else n.error or "failed", "fallback")
+            steps.append(_step(node, f"py-spy --native {ep.pid}", status, f"Python-only stack kept: {why}"))
+        if n is not None and n.resumed:
+            steps.append(_step(node, f"resume {ep.pid}", "warn", "target was left stopped by py-spy; sent SIGCONT"))
+    gpu_text: str | None = None
+    if gpu_future is not None:
+        gpu_text, why = gpu_future.result()
+        steps.append(_step(node, "nvidia-smi -q", "ok" if gpu_text is not None else "skipped", why))
+    gpu_pool.shutdown(wait=False)
+    steps.append(_step(node, "native", "ok", f"{time.time() - t0:.2f}s"))
+    return {"node": node, "native": [x.to_json() for x in native], "gpu": gpu_text, "capture": steps}
 
 
 _PYSPY_VERSION: dict[str, str] = {}
@@ -309,6 +358,40 @@ def decode_parts(parts: Sequence[Mapping[str, Any]]) -> Parts:
         logs=[LogLine.from_json(d) for p in parts for d in p.get("logs", [])],
         processes=[EngineProcess.from_json(d) for p in parts for d in p.get("processes", [])],
     )
+
+
+def learned_of(parts: Sequence[Mapping[str, Any]]) -> LearnedThresholds | None:
+    """Every node's learned thresholds as one (their shapes are named by node); None where no node sent any."""
+    out: LearnedThresholds | None = None
+    for p in parts:
+        doc = p.get("learned")
+        if isinstance(doc, Mapping):
+            try:
+                one = LearnedThresholds.from_json(dict(doc))
+            except ValueError as exc:
+                log.warning("node %s's learned thresholds are unreadable (%s): left out", p.get("node"), exc)
+                continue
+            out = one if out is None else out.merged(one)
+    return out
+
+
+def add_native(path: Path, natives: Sequence[Mapping[str, Any]], *, written_at: float) -> str | None:
+    """Put the nodes' late parts (:func:`node_native`) into the written bundle at ``path``: the native stacks in
+    place of the Python-only ones of the same processes, each node's nvidia-smi text. None, or why not (a log
+    line: the bundle stays complete as written)."""
+    try:
+        bundle = read_bundle(path)
+        got = {(int(x["node"]), int(x["pid"])): StackSample.from_json(x) for n in natives for x in n.get("native", [])}
+        stacks = [got.get((s.node, s.pid), s) for s in bundle.native_stacks]
+        files = {layout.NATIVE_STACKS: encode_stack_samples(sorted(stacks, key=lambda s: (s.node, s.pid)))}
+        files |= {layout.gpu_file(int(n["node"])): encode_text(str(n["gpu"])) for n in natives if n.get("gpu")}
+        steps = [dict(st) for n in natives for st in n.get("capture", [])]
+        add_late_files(path, files, steps, {"t": time.time(), "after_bundle_s": round(time.time() - written_at, 3),
+                                            "native_stacks": len(got), "nodes": len(natives)})
+    except (BundleError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("bundle %s: its native stacks could not be added (%s); it stays as written", path, exc)
+        return str(exc)
+    return None
 
 
 def bundle_id_for(verdict: Verdict | None, t: float) -> str:
@@ -358,8 +441,9 @@ def assemble(
     """Merge node parts, decide the seat-wide verdict and write one bundle. Never raises for disk trouble."""
     t_start = time.time()
     dec = decode_parts(parts)
+    learned = learned_of(parts)
     obs = Observation.of(samples=dec.samples, probes=dec.probes, metrics=dec.metrics, logs=dec.logs,
-                         processes=dec.processes, rank_nodes=rank_nodes)
+                         processes=dec.processes, rank_nodes=rank_nodes, learned=learned)
     t_eval = now if now is not None else time.time()
     verdict = detect(obs, thresholds, t_eval)
     nodes = sorted({int(p["node"]) for p in parts})
@@ -420,6 +504,8 @@ def assemble(
         "redaction": redaction,
         "capture": steps,
     }
+    if learned is not None:  # optional in schema 1: the thresholds learned from healthy calls (core.learned)
+        fields["learned"] = learned.to_json()
     if checks:  # optional in schema 1: the nodes' own looks at their side (core.isolation), node -> check
         fields["self_check"] = {str(n): c.to_json() for n, c in sorted(checks.items())}
     if lost:  # optional in schema 1: absent when every node answered

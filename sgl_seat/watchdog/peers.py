@@ -30,6 +30,12 @@ class Peers(Protocol):
         """Every node's part of capture ``capture_id`` (local computed in-process) and missing-node notes."""
         ...
 
+    def collect_native(self, capture_id: str, nodes: list[int], local: Callable[[], dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+        """The late parts (native stacks, nvidia-smi) of capture ``capture_id`` from ``nodes`` (those whose part
+        is in its bundle); a node that does not answer in time is left out (its Python stacks stay)."""
+        ...
+
     def silent(self, now: float) -> dict[int, str]:
         """Nodes lost since they were last heard from (heartbeats), each with what was last seen from it; called
         every tick, never blocks."""
@@ -52,6 +58,10 @@ class SidecarCore(Protocol):
         """This node's part of capture ``capture_id`` at time ``t`` (JSON-able)."""
         ...
 
+    def native_part(self, capture_id: str) -> dict[str, Any]:
+        """This node's late part of capture ``capture_id`` (JSON-able)."""
+        ...
+
 
 def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
     """In-process peers for tests and single-host tools: node 0 coordinates, everyone reaches everyone."""
@@ -72,6 +82,14 @@ def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
                 mine = pool.submit(local)
                 theirs = [pool.submit(sc.part, capture_id, t) for sc in others]
                 return [mine.result()] + [json.loads(json.dumps(f.result())) for f in theirs], []
+
+        def collect_native(self, capture_id: str, nodes: list[int], local: Callable[[], dict[str, Any]]
+                           ) -> list[dict[str, Any]]:
+            others = [sc for n, sc in sorted(sidecars.items()) if n != self.me and n in nodes]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1 + len(others)) as pool:
+                mine = pool.submit(local)
+                theirs = [pool.submit(sc.native_part, capture_id) for sc in others]
+                return [mine.result()] + [json.loads(json.dumps(f.result())) for f in theirs]
 
         def silent(self, now: float) -> dict[int, str]:
             return {}  # in one process every peer is reached directly

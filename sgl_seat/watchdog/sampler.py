@@ -58,6 +58,9 @@ class Sampler:
         self._ring: deque[StackSample] = deque(maxlen=max(64, int(history_s * sample_hz * 16) + 64))
         self._known: dict[int, EngineProc] = {}
         self._dead: dict[int, EngineProcess] = {}
+        #: pid -> when its run of state-T reads began (check_liveness), and when the states were last read.
+        self._stopped: dict[int, float] = {}
+        self._state_t: float | None = None
         self._ports: dict[int, tuple[int, ...]] = {}  # scheduler pid -> its sockets' local TCP ports
         self._last_ports = float("-inf")
         self._last_discover = float("-inf")
@@ -96,15 +99,28 @@ class Sampler:
 
     def check_liveness(self) -> bool:
         """The fast path (every few tens of ms): a known process whose /proc entry is gone or a zombie is dead.
-        True if one died. Cheap enough to run often, so a cascade of deaths is ordered finely."""
+        True if one died. Cheap enough to run often, so a cascade of deaths is ordered finely. The same read
+        times a stop: when each process entered state ``T`` in the run of reads that lasts to now."""
         now = self._clock()
         with self._lock:
             pids = list(self._known)
         died = False
+        stopped: dict[int, float] = {}
         for pid in pids:
-            if pid_state(pid) in (None, "Z", "X"):
+            st = pid_state(pid)
+            if st in (None, "Z", "X"):
                 died = self._mark_dead(pid, now) or died
+            elif st == "T":
+                stopped[pid] = self._stopped.get(pid, now)
+        with self._lock:
+            self._stopped = stopped
+            self._state_t = now
         return died
+
+    def stopped(self) -> dict[int, float]:
+        """pid -> since when it has been stopped (state T in every read since), as of the latest read."""
+        with self._lock:
+            return dict(self._stopped)
 
     def refresh(self, *, force: bool = False) -> None:
         """Liveness of known processes every call; rediscovery every ``rediscover_s``."""
@@ -168,7 +184,8 @@ class Sampler:
         """Every engine process seen in this generation: alive ones and those that went away."""
         with self._lock:
             alive = [EngineProcess(node=self.node, pid=e.pid, title=e.title, rank=e.rank, alive=True,
-                                   ports=self._ports.get(e.pid, ())) for e in self._known.values()]
+                                   ports=self._ports.get(e.pid, ()), stopped_since=self._stopped.get(e.pid),
+                                   state_t=self._state_t) for e in self._known.values()]
             return sorted([*alive, *self._dead.values()], key=lambda p: p.pid)
 
     def forget_dead(self) -> None:

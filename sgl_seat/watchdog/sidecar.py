@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from sgl_seat.core.detect import detect
 from sgl_seat.core.isolation import SelfCheck, own_side_gone
+from sgl_seat.core.learned import LearnedThresholds, Learner
 from sgl_seat.core.nodeloss import loss_verdict, node_isolated
 from sgl_seat.core.observation import Observation
-from sgl_seat.core.records import StackSample, Verdict, VerdictKind
+from sgl_seat.core.records import ProbeRecord, StackSample, Verdict, VerdictKind
 from sgl_seat.core.warning import PreHangWarning, WarningRule, judge, tail_readings
 from sgl_seat.forensics.recording.recorder import RequestRecorder
 from sgl_seat.forensics.recording.requestlog import RequestLogFollower
@@ -50,14 +51,19 @@ from sgl_seat.watchdog.spool import SampleSpool
 
 log = logging.getLogger("sgl_seat.watchdog")
 
-#: How often the engine processes' /proc entries are checked (a read of /proc/PID/stat each).
+#: How often the engine processes' /proc entries are checked (a read of /proc/PID/stat each) and the probe rings
+#: read: the fast loop, event-driven detection. A stall is told from a slow call by its learned threshold
+#: (core/learned.py, a few hundred ms), so the rings are read at a rate that fits it, not at the 1 Hz of the stacks.
 LIVENESS_S = 0.05
 METRICS_EVERY_S = 1.0
 PROBE_EVERY_S = 0.5
 REQUEST_LOG_EVERY_S = 0.5
-#: Full detection runs this often; cheap checks every tick trigger it at once when a process dies or a
-#: row fetch passes its threshold.
+#: Full detection runs this often; the fast loop wakes it at once when a process dies or stops, or a row fetch
+#: passes its threshold ...
 DETECT_EVERY_S = 1.0
+#: ... but not more often than this while the condition lasts without a verdict (a warm-up call that the learner
+#: takes for late and the detectors, reading the records, do not).
+URGENT_EVERY_S = 0.2
 #: Seconds each stack dump may take in a capture triggered by a lost node (5 s otherwise): measured on 2 loaded
 #: cores, a native dump of a rank blocked on its cut-off peer ran past 5 s while its Python dump took 0.1 s.
 NODE_LOSS_NATIVE_S = 1.5
@@ -103,8 +109,12 @@ class Sidecar:
         self.exporter.rank_states.source = self._rank_views
         self.sampler.on_sample = self._on_sample
         self.probes = ProbeReader(cfg.probe_dir, node=cfg.node, history_s=self.th.history_s) if cfg.probe_dir else None
+        #: The healthy calls' distribution per shape (core/learned.py), fed by every completed probe record.
+        self._learn_lock = threading.Lock()
+        self.learner = Learner(self.th)
+        self.learned: LearnedThresholds = self.learner.thresholds()
         if self.probes is not None:
-            self.probes.on_complete = self.exporter.observe_fetch
+            self.probes.on_complete = self._on_fetch
         self.metrics = MetricsPoller(cfg.metrics_url, node=cfg.node, history_s=self.th.history_s) \
             if cfg.metrics_url else None
         self.logs = LogTailer(cfg.log_path, node=cfg.node)
@@ -122,6 +132,9 @@ class Sidecar:
         self._live_thread: threading.Thread | None = None
         self._last_metrics = float("-inf")
         self._last_detect = float("-inf")
+        self._urgent_flag = False
+        #: capture id -> (processes dumped, focus ranks, native budget) for its late part (native_part).
+        self._late: dict[str, tuple[list[EngineProc], list[int], float | None]] = {}
         self._dead_seen = 0
         self._last_probe = float("-inf")
         self.verdict: Verdict | None = None
@@ -194,14 +207,40 @@ class Sidecar:
             self._wake.clear()
 
     def _liveness(self) -> None:
-        """Engine processes checked every LIVENESS_S: a death is timed finely (cascades are ordered by it)
-        and wakes the tick at once."""
+        """The fast loop, every LIVENESS_S: engine processes' /proc states (a death is timed finely: cascades are
+        ordered by it; a stop is timed from its first read) and the probe rings. A death, a stop past
+        ``stopped_s`` or a call past its threshold wakes the tick, which runs the detectors at once."""
         while not self._stop.wait(LIVENESS_S):
             try:
-                if self.sampler.check_liveness():
+                if self.fast_check(self.clock()):
+                    self._urgent_flag = True
                     self._wake.set()
             except Exception as exc:
                 log.debug("liveness check failed: %s", exc)
+
+    def fast_check(self, now: float) -> bool:
+        """One round of the fast loop; True when the detectors should run now."""
+        died = self.sampler.check_liveness()
+        if self.probes is not None:
+            self._last_probe = now
+            self.probes.read(self._pid_ranks(), now)
+        if died:
+            return True
+        if self.verdict is not None or self.latched_at is not None:
+            return False
+        if any(now - t >= self.th.stopped_s for t in self.sampler.stopped().values()):
+            return True
+        if self.probes is None:
+            return False
+        with self._learn_lock:
+            return any((a := p.inflight_age(now)) is not None and a >= self.learner.threshold_for(p)
+                       for p in self.probes.in_flight())
+
+    def _on_fetch(self, rec: ProbeRecord) -> None:
+        """Each completed probe record: the exporter's histogram, and the learner (healthy while not latched)."""
+        self.exporter.observe_fetch(rec)
+        with self._learn_lock:
+            self.learner.observe((rec,), healthy=self.latched_at is None)
 
     def _on_sample(self, s: StackSample) -> None:
         self.exporter.samples.inc()
@@ -242,15 +281,16 @@ class Sidecar:
             logs=self.logs.lines(),
             processes=self.sampler.processes(),
             rank_nodes=self.cfg.rank_nodes,
+            learned=self.learned if self.th.learn_enabled else None,
         )
 
     def _urgent(self, now: float) -> bool:
-        """Cheap checks between full detections: a process gone, or a row fetch past its threshold."""
+        """Whether the detectors run before DETECT_EVERY_S: a process gone since the last look, or the fast loop
+        found a stop or a late call (at most every URGENT_EVERY_S while it lasts)."""
         dead = sum(1 for p in self.sampler.processes() if not p.alive)
-        late = any((a := p.inflight_age(now)) is not None and a >= self.th.rowfetch_inflight_s for p in
-                   (self.probes.in_flight() if self.probes else []))
-        urgent = dead != self._dead_seen or (late and self.verdict is None)
+        urgent = dead != self._dead_seen or (self._urgent_flag and now - self._last_detect >= URGENT_EVERY_S)
         self._dead_seen = dead
+        self._urgent_flag = False
         return urgent
 
     def tick(self) -> Verdict | None:
@@ -272,6 +312,9 @@ class Sidecar:
         if not self._urgent(now) and now - self._last_detect < DETECT_EVERY_S:
             return self.verdict
         self._last_detect = now
+        with self._learn_lock:
+            self.learner.forget_pids(p.pid for p in self.sampler.live())
+            self.learned = self.learner.thresholds()
         obs = self.observation(probe_window_s=LIVE_PROBE_WINDOW_S, now=now)
         verdict = detect(obs, self.th, now)
         prev, self.verdict = self.verdict, verdict
@@ -460,6 +503,14 @@ class Sidecar:
             dest_root=Path(self.cfg.bundle_dir), quota_mb=self.cfg.quota_mb, missing=missing)
         doc = res.to_json() | {"status": "ok" if res.error is None else "error", "capture_id": capture_id,
                                "detected_at": t, "written_at": time.time(), "collect_s": time.time() - t0}
+        if res.error is None and res.path is not None:
+            # The late part: native stacks and nvidia-smi, after the bundle is on disk (they take a second or more).
+            t_late = time.time()
+            answered = [int(p["node"]) for p in parts]
+            late = self.peers.collect_native(capture_id, answered, lambda: self.native_part(capture_id)) \
+                if self.peers is not None and len(answered) > 1 else [self.native_part(capture_id)]
+            doc["late_error"] = cap.add_native(Path(res.path), late, written_at=doc["written_at"])
+            doc["late_s"] = time.time() - t_late
         self.exporter.capture_done(None if res.error is None else res.reason or "other")
         with self._lock:
             if res.error is None:
@@ -480,6 +531,7 @@ class Sidecar:
         ``dump_timeout_s``: each stack dump's budget (None: node_part's default)."""
         self.latch(capture_id, t)
         now = self.clock()
+        self.sampler.check_liveness()  # the process states as of now, not of the last fast round
         self.poll_sources(now, requests_now=True)
         pids = self.sampler.live()
         env: dict[str, str] = {}
@@ -492,22 +544,48 @@ class Sidecar:
         check = self.self_check
         if check is not None and check.head is None and self.cfg.head_address:  # evidence, off the tick
             check = self.self_check = dataclasses.replace(check, head=selfcheck.reach_head(self.cfg.head_address))
+        # The rank this node's own detectors name gets its native stack first (in the late part, native_part).
+        focus = [self.verdict.rank] if self.verdict is not None and self.verdict.rank is not None else []
+        with self._lock:
+            self._late[capture_id] = (pids, focus, dump_timeout_s)
+            for old in list(self._late)[:-4]:  # a coordinator that never asked for them
+                del self._late[old]
+        # Python stacks and what is in memory only: native stacks and nvidia-smi follow the written bundle.
         part = cap.node_part(
             node=self.cfg.node, procs=pids, pyspy=self.sampler.pyspy, samples=self.sampler.samples(),
             probes=self.probes.records() if self.probes else [], metrics=self.metrics.points() if self.metrics else [],
             logs=self.logs.lines(), processes=self.sampler.processes(), log_text=self.logs.tail_text(), env=env,
-            gpu=self.cfg.gpu, **({} if dump_timeout_s is None else {"dump_timeout_s": dump_timeout_s}),
-            # The rank this node's own detectors name gets its native stack first, and native dumps stop soon
-            # after the detection at ``t`` (cap.NATIVE_BY_S): the bundle waits for no slow native unwinding.
-            focus_ranks=[self.verdict.rank] if self.verdict is not None and self.verdict.rank is not None else [],
-            native_deadline=t + cap.NATIVE_BY_S,
+            gpu=self.cfg.gpu, native=False, focus_ranks=focus,
+            **({} if dump_timeout_s is None else {"dump_timeout_s": dump_timeout_s}),
+            learned=self.learned.to_json() if self.th.learn_enabled else None,
             requests=self.recorder.snapshot(now=now) if self.recorder is not None else None,
             request_redaction=self.recorder.redaction if self.recorder is not None else None)
         if check is not None and t - check.t <= SELF_CHECK_FRESH_S:
             part["self_check"] = check.to_json()  # this node's own side, as it saw it when it lost its peers
         return part
 
+    def native_part(self, capture_id: str) -> dict[str, Any]:
+        """This node's late part of capture ``capture_id``, asked once its bundle is on disk: the native stacks of
+        the processes its part dumped (cap.NATIVE_BUDGET_S; a lost node's capture: NODE_LOSS_NATIVE_S) and
+        ``nvidia-smi -q``."""
+        with self._lock:
+            ctx = self._late.pop(capture_id, None)
+        if ctx is None:
+            return {"node": self.cfg.node, "native": [], "gpu": None,
+                    "capture": [{"node": self.cfg.node, "step": "native", "status": "skipped",
+                                 "detail": "this node took no part in the capture"}]}
+        procs, focus, budget = ctx
+        return cap.node_native(node=self.cfg.node, procs=[p for p in procs if p.pid in {q.pid for q in
+                                                                                       self.sampler.live()}],
+                               pyspy=self.sampler.pyspy, focus_ranks=focus, gpu=self.cfg.gpu,
+                               budget_s=cap.NATIVE_BUDGET_S if budget is None else min(budget, cap.NATIVE_BUDGET_S))
+
     # ---- views
+
+    def _learning(self) -> dict[str, Any]:
+        with self._learn_lock:
+            return {**self.learner.stats(), "enabled": self.th.learn_enabled, "floor_s": self.th.learn_floor_s,
+                    "k": self.th.learn_k, "quantile": self.th.learn_quantile}
 
     def _rank_views(self) -> list[RankView]:
         """This node's ranks as `watch` shows them, over the detectors' window (the exporter's rank states)."""
@@ -540,6 +618,8 @@ class Sidecar:
                 # Structured: reason (disk-full, read-only, ...), the .incomplete-<id> directory, missing files.
                 "capture_failures": [dict(f) for f in self.capture_failures],
                 "exporter": {"addr": self.exporter.addr, "port": self.exporter.port},
+                # The learned thresholds and how close healthy calls came to them (near misses: >= half).
+                "learning": self._learning(),
                 "processes": [p.to_json() for p in obs.processes],
                 "request_log": dict(self.request_log.stats()) if self.request_log is not None else None,
                 # Peers whose sidecar is silent while their node answers: their watchdog is gone, not the node.

@@ -34,6 +34,8 @@ class ProbeReader:
         self.node = node
         self.history_s = history_s
         self._lock = threading.Lock()
+        #: One reader at a time: the sidecar's 20 Hz loop and a capture's part both read the rings.
+        self._read_lock = threading.Lock()
         self._records: dict[tuple[int, int], ProbeRecord] = {}
         self._inflight: dict[tuple[int, int], ProbeRecord] = {}
         self._last_prune = float("-inf")
@@ -43,6 +45,10 @@ class ProbeReader:
 
     def read(self, pid_ranks: Mapping[int, int | None], now: float) -> list[ProbeRecord]:
         """Read the rings of ``pid_ranks`` (pid -> rank); returns records that completed since last read."""
+        with self._read_lock:
+            return self._read(pid_ranks, now)
+
+    def _read(self, pid_ranks: Mapping[int, int | None], now: float) -> list[ProbeRecord]:
         rings = probe.list_rings(self.directory)
         fresh_done: list[ProbeRecord] = []
         for pid, rank in pid_ranks.items():

@@ -356,11 +356,17 @@ def test_a_stopped_rank_is_named_before_the_rowfetch_stall_it_causes(readable: b
 
 
 def test_stopped_needs_stopped_s_and_two_samples_and_an_unbroken_run() -> None:
+    """The samples' path (a bundle without the 20 Hz /proc reads), at the 3 s such bundles recorded."""
     o = stopped_rank1(readable=True)
-    v = d.detect_process_stopped(o, TH, T0 + 33)  # T at 31, 32, 33: 2 s < 3 s
+    th3 = WatchdogSpec(stopped_s=3.0)
+    v = d.detect_process_stopped(o, th3, T0 + 33)  # T at 31, 32, 33: 2 s < 3 s
     assert v is None
     assert d.detect_process_stopped(o, WatchdogSpec(stopped_s=10.0), T0 + 40) is None
-    assert d.detect_process_stopped(o, TH, T0 + 34) is not None
+    assert d.detect_process_stopped(o, th3, T0 + 34) is not None
+    # One sample in state T is never enough, whatever stopped_s says.
+    one = Observation.of(samples=[x for x in o.samples if not (x.state == "T" and x.t > T0 + 31.5)],
+                         probes=o.probes, metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)
+    assert d.detect_process_stopped(one, TH, T0 + 31.5) is None
     # Resumed: its latest sample is running again.
     resumed = Observation.of(samples=[*o.samples, sample(T0 + 41, 1, decode_stack(3), state="R")], probes=o.probes,
                              metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)

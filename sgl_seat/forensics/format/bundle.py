@@ -46,7 +46,7 @@ from sgl_seat.forensics.format.codec import (
     dumps_line,
     loads_document,
 )
-from sgl_seat.forensics.format.manifest import FileEntry, Manifest
+from sgl_seat.forensics.format.manifest import BundleVersionError, FileEntry, Manifest
 from sgl_seat.forensics.format.scrub import scrub_json
 from sgl_seat.forensics.recording.request_table import RequestTable, decode_request_table
 
@@ -436,9 +436,51 @@ def _check_files(root: Path, manifest: Manifest) -> BundleError | None:
     return None
 
 
+#: How long a reader waits at most for an amendment of the bundle it read to end (a capture's late files:
+#: forensics/format/annotate.py renames them and then the manifest in, microseconds apart, under a marker).
+_AMEND_WAIT_S = 1.0
+
+
+def amending_marker(root: Path) -> Path:
+    """The file beside a bundle that says it is being amended (annotate.add_late_files holds it)."""
+    return root.parent / f".amending-{root.name}"
+
+
+def _manifest_id(root: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(root / layout.MANIFEST)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _again(root: Path, before: tuple[int, int, int] | None) -> bool:
+    """Whether a read that failed may have met an amendment (annotate.py) and should be tried once more: the
+    manifest changed since the read began, or the amendment's marker is there (then its end is waited for)."""
+    marker = amending_marker(root)
+    deadline = time.monotonic() + _AMEND_WAIT_S
+    amending = marker.exists()
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return amending or (before is not None and _manifest_id(root) != before)
+
+
 def verify_bundle(path: Path) -> Manifest:
-    """Check a bundle directory completely (manifest, listing, sizes, digests); return its manifest."""
+    """Check a bundle directory completely (manifest, listing, sizes, digests); return its manifest.
+    A bundle amended while it was read (its late files) is read once more."""
     root = Path(path)
+    before = _manifest_id(root)
+    try:
+        return _verify(root)
+    except BundleVersionError:
+        raise
+    except BundleError:
+        if not _again(root, before):
+            raise
+    return _verify(root)
+
+
+def _verify(root: Path) -> Manifest:
     manifest = _read_manifest(root)
     _check_listing(root, manifest)
     err = _check_files(root, manifest)
@@ -508,6 +550,18 @@ def read_bundle(path: Path) -> Bundle:
     even where decoding failed too.
     """
     root = Path(path)
+    before = _manifest_id(root)
+    try:
+        return _read(root)
+    except BundleVersionError:
+        raise
+    except BundleError:
+        if not _again(root, before):
+            raise
+    return _read(root)
+
+
+def _read(root: Path) -> Bundle:
     m = _read_manifest(root)
     _check_listing(root, m)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bundle-verify") as pool:

@@ -10,19 +10,21 @@ bundle through the forensics writer, naming the bundles it came from (``merged_f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sgl_seat.core.detect import detect, thresholds_from
 from sgl_seat.core.isolation import checks_from_json
+from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.nodeloss import loss_verdict, missing_nodes
 from sgl_seat.core.observation import Observation
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format.bundle import Bundle, read_bundle, write_bundle
 from sgl_seat.forensics.format.encode import encode_bundle
 from sgl_seat.forensics.format.layout import REQUESTS
-from sgl_seat.forensics.replay.redetect import why_missing
+from sgl_seat.forensics.replay.redetect import learned_of, why_missing
 
 MERGE_QUOTA_MB = 1 << 20  # a merge writes where the operator says; the seat's quota is not this command's to apply
 
@@ -72,8 +74,16 @@ def merge_bundles(paths: Sequence[Path], dest_root: Path) -> Path:
         process_state={n: b.process_state[n] for n, b in owner.items() if n in b.process_state},
         gpu={n: b.gpu[n] for n, b in owner.items() if n in b.gpu})
     t = first.verdict.t if first.verdict is not None else first.trigger_t
+    learned: LearnedThresholds | None = None  # each bundle's own nodes' learned shapes (keys name the node)
+    for b in bundles:
+        one = learned_of(b)
+        if one is not None:
+            node = {k: k.split("|", 1)[0] for k in one.entries}
+            one = dataclasses.replace(one, entries={k: e for k, e in one.entries.items()
+                                                    if node[k].isdigit() and mine(int(node[k]), b)})
+            learned = one if learned is None else learned.merged(one)
     obs = Observation.of(samples=stacks, probes=probes, metrics=metrics, logs=logs, processes=processes,
-                         rank_nodes=rank_nodes)
+                         rank_nodes=rank_nodes, learned=learned)
     verdict = detect(obs, thresholds_from(first.thresholds), t)
     lost = missing_nodes(rank_nodes, nodes)
     # Each node's own check from the bundle that holds the node: the side with the evidence names the node
@@ -94,6 +104,9 @@ def merge_bundles(paths: Sequence[Path], dest_root: Path) -> Path:
         merged_from=[{"bundle_id": b.manifest.bundle_id, "nodes": list(b.manifest.nodes),
                       "verdict": b.manifest.verdict.to_json() if b.manifest.verdict else None} for b in bundles],
     )
+    fields.pop("learned", None)
+    if learned is not None:
+        fields["learned"] = learned.to_json()
     if checks:
         fields["self_check"] = {str(n): c.to_json() for n, c in sorted(checks.items())}
     if lost:

@@ -12,13 +12,15 @@ from pydantic import ValidationError
 
 from sgl_seat.core.detect import detect, thresholds_from
 from sgl_seat.core.isolation import checks_from_json
+from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.nodeloss import loss_verdict
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
 from sgl_seat.forensics.format.bundle import Bundle
 
-__all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "observation_of", "rerun_detectors", "why_missing"]
+__all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "learned_of", "observation_of", "rerun_detectors",
+           "why_missing"]
 
 #: How far before the trigger replay looks for the pre-hang warning (one evaluation a second, as a sidecar ticks).
 WARNING_LOOKBACK_S = 120.0
@@ -26,10 +28,23 @@ WARNING_LOOKBACK_S = 120.0
 
 def observation_of(bundle: Bundle) -> Observation:
     """What the detectors saw at capture: the Python stack history (not the capture-time dumps), every probe
-    record, the metrics, the log lines, the processes and the rank -> node map."""
+    record, the metrics, the log lines, the processes, the rank -> node map and the thresholds the nodes had
+    learned (the manifest's ``learned``; a bundle without it, or with one that does not parse, is judged by the
+    fixed thresholds, as it was written before they were learned)."""
     b, m = bundle, bundle.manifest
     return Observation.of(samples=b.stacks, probes=b.probes, metrics=b.metrics, logs=b.logs, processes=b.processes,
-                          rank_nodes=m.rank_nodes)
+                          rank_nodes=m.rank_nodes, learned=learned_of(bundle))
+
+
+def learned_of(bundle: Bundle) -> LearnedThresholds | None:
+    """The bundle's learned thresholds (None: none recorded, or unreadable)."""
+    doc = bundle.manifest.extra.get("learned")
+    if doc is None:
+        return None
+    try:
+        return LearnedThresholds.from_json(doc)
+    except ValueError:
+        return None
 
 
 def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
