@@ -503,15 +503,16 @@ class Sidecar:
             dest_root=Path(self.cfg.bundle_dir), quota_mb=self.cfg.quota_mb, missing=missing)
         doc = res.to_json() | {"status": "ok" if res.error is None else "error", "capture_id": capture_id,
                                "detected_at": t, "written_at": time.time(), "collect_s": time.time() - t0}
+        self.exporter.capture_done(None if res.error is None else res.reason or "other")
         if res.error is None and res.path is not None:
             # The late part: native stacks and nvidia-smi, after the bundle is on disk (they take a second or more).
+            # The bundle is named in `bundles` (what the supervisor acts on and annotates) only after it.
             t_late = time.time()
             answered = [int(p["node"]) for p in parts]
             late = self.peers.collect_native(capture_id, answered, lambda: self.native_part(capture_id)) \
                 if self.peers is not None and len(answered) > 1 else [self.native_part(capture_id)]
             doc["late_error"] = cap.add_native(Path(res.path), late, written_at=doc["written_at"])
             doc["late_s"] = time.time() - t_late
-        self.exporter.capture_done(None if res.error is None else res.reason or "other")
         with self._lock:
             if res.error is None:
                 self.bundles.append(doc)

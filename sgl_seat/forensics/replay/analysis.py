@@ -37,11 +37,13 @@ from sgl_seat.core.frames import (
     stuck_frame,
     target_qualname,
 )
+from sgl_seat.core.learned import LearnedThresholds, row_thresholds
 from sgl_seat.core.nodeloss import missing_nodes, names
 from sgl_seat.core.records import Frame, MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile, rank_index
 from sgl_seat.forensics.format.bundle import Bundle
 from sgl_seat.forensics.recording.request_table import RequestTable
+from sgl_seat.forensics.replay.redetect import learned_of
 
 __all__ = [
     "Analysis",
@@ -195,7 +197,8 @@ def _bucket_rows(pt: ProbeColumns, d: F64, fl: Mask, stall_ms: float) -> list[di
     return buckets
 
 
-def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str, Any]:
+def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
+                     learned: LearnedThresholds | None = None) -> dict[str, Any]:
     """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
 
     In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
@@ -207,9 +210,13 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
     eager fetches' ``buckets``: a replay times a whole step's GPU work, not one gather, so mixing the two would
     blur both. A replay in flight on the GPU (its end event not completed) is listed with the in-flight fetches.
     The keys ``graph_*`` are there only when the bundle has graph replays.
+    An in-flight fetch is stalled past its own threshold: the one the detectors judge it by (learned from its
+    shape's healthy calls, ``learned``; else ``stall_s``), and a bucket holding one is stalled too.
     """
     pt = bundle.probes
     stall_ms = stall_s * 1000.0
+    own = row_thresholds(pt, learned, stall_s, now)
+    limit = {(int(pt.pid[i]), int(pt.seq[i])): float(own.seconds[i]) for i in np.flatnonzero(own.learned).tolist()}
     graph = pt.graph_rows() if len(pt) else np.zeros(0, np.bool_)
     has_graph = bool(graph.any())
     eager = pt.take(~graph) if has_graph else pt
@@ -222,7 +229,7 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
         age = max(0.0, now - r.start)
         keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread, "seq": r.seq,
                          "target": r.target, "gather_size": r.gather_size, "start_s": _r(r.start - now),
-                         "age_ms": _r(age * 1000.0), "stalled": age >= stall_s}))
+                         "age_ms": _r(age * 1000.0), "stalled": age >= limit.get((r.pid, r.seq), stall_s)}))
     out_graph: dict[str, Any] = {}
     by_rank_pt, by_rank_d = eager, d
     if has_graph:
@@ -242,7 +249,8 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
             keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread,
                                            "seq": r.seq, "target": r.target, "gather_size": r.gather_size,
                                            "start_s": _r(t0 - now), "age_ms": _r(age * 1000.0),
-                                           "stalled": age >= stall_s, "graph_key": r.graph_key,
+                                           "stalled": age >= limit.get((r.pid, r.seq), stall_s),
+                                           "graph_key": r.graph_key,
                                            "on_gpu": on_gpu}))
         out_graph = {"graph_replays": len(gp), "graph_in_flight": int(gfl.sum()), "graph_buckets": gbuckets}
         by_rank_pt = pt
@@ -251,6 +259,11 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float) -> dict[str,
         by_rank_d[np.flatnonzero(graph)] = gd
     keyed.sort(key=lambda kv: kv[0])
     stalled = [doc for _, doc in keyed]
+    for b in buckets + out_graph.get("graph_buckets", []):
+        graph_b = "shape_keys" in b
+        b["stalled"] = b["stalled"] or any(
+            doc["stalled"] and ("graph_key" in doc) == graph_b
+            and b["gather_size_min"] <= doc["gather_size"] <= b["gather_size_max"] for doc in stalled)
     worst = max(buckets + out_graph.get("graph_buckets", []), key=lambda b: (b["max_ms"], -b["gather_size_min"]),
                 default=None)
     return {
@@ -585,7 +598,7 @@ def analyse(bundle: Bundle) -> Analysis:
         divergence=divergence(bundle, trig, funcs),
         stuck=stuck_threads(bundle, trig, funcs),
         timeline=timeline(bundle, trig, funcs),
-        rowfetch=rowfetch_buckets(bundle, trig, stall_s=_stall_threshold(bundle)),
+        rowfetch=rowfetch_buckets(bundle, trig, stall_s=_stall_threshold(bundle), learned=learned_of(bundle)),
         activity=activity(bundle, trig),
         exited=exited,
         log_tail=tail,
