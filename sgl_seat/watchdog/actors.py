@@ -23,6 +23,7 @@ from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
 from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.spec import WatchdogSpec, load_spec
+from sgl_seat.watchdog.capture import wire
 from sgl_seat.watchdog.config import (
     SidecarConfig,
     SidecarContext,
@@ -137,7 +138,7 @@ class SidecarActor:
 
     def capture_part(self, capture_id: str, t: float) -> str:
         self._alive_host()
-        return json.dumps(self.core.part(capture_id, t))
+        return json.dumps(wire(self.core.part(capture_id, t)))
 
     def capture_native(self, capture_id: str) -> str:
         self._alive_host()

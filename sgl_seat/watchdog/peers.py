@@ -81,7 +81,9 @@ def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
             with concurrent.futures.ThreadPoolExecutor(max_workers=1 + len(others)) as pool:
                 mine = pool.submit(local)
                 theirs = [pool.submit(sc.part, capture_id, t) for sc in others]
-                return [mine.result()] + [json.loads(json.dumps(f.result())) for f in theirs], []
+                # Across a process boundary a part is plain JSON: its in-process record objects ("_" keys) stay home.
+                return [mine.result()] + [json.loads(json.dumps({k: v for k, v in f.result().items()
+                                                                 if not k.startswith("_")})) for f in theirs], []
 
         def collect_native(self, capture_id: str, nodes: list[int], local: Callable[[], dict[str, Any]]
                            ) -> list[dict[str, Any]]:

@@ -295,7 +295,10 @@ class Sidecar:
 
     def tick(self) -> Verdict | None:
         now = self.clock()
-        self.poll_sources(now)
+        # Woken by the fast loop (a stop, a late call): the detectors run on what it read, before the slower sources
+        # (process discovery, the request log, the engine log) are polled; they are polled on the next tick.
+        if not (self._urgent_flag and self.verdict is None and self.latched_at is None):
+            self.poll_sources(now)
         self.ticks += 1
         if self.host_gone is not None and self.host_gone():
             if not self._host_gone_logged:

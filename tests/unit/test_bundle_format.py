@@ -354,3 +354,23 @@ def test_request_recorder_redacts_and_bounds() -> None:
     back = decode_records(io.BytesIO(rec.encode(now=20.0)), RequestShape.from_json, "requests.jsonl")
     assert back == rec.snapshot(now=20.0)
     assert rec.redaction["prompts"] == "redacted"
+
+
+def test_scrub_lines_is_scrub_text_of_each_line() -> None:
+    """The capture scrubs log lines in one joined pass (scrub_lines): it must give what scrub_text gives line by line,
+    including lines whose secret a pattern could join to the next line, and a key at a line's end."""
+    import random
+
+    from sgl_seat.forensics.format.scrub import scrub_lines
+
+    pieces = ["Authorization: Bearer abcdefghijklmnop", "export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123",
+              "password=hunter22 next", "[TP0] Decode batch, #running-req: 7, #token: 900", "token:", "12345678",
+              "-----BEGIN RSA PRIVATE KEY-----", "MIIEowIBAAKCAQEA", "-----END RSA PRIVATE KEY-----", "api_key:",
+              "  hunter2hunter2", "url https://bob:pa55word@host/x", "Bearer", "tokenizer_token = abcdefgh", "",
+              "blob 0123456789abcdef0123456789abcdef0123456789abcdef", "sglang::scheduler_TP3_EP3 ok", "x" * 45]
+    rng = random.Random(7)
+    for _ in range(200):
+        lines = [rng.choice(pieces) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            lines = [ln + "\n" for ln in lines]  # encode_text keeps each line's end
+        assert scrub_lines(lines) == [scrub_text(ln) for ln in lines], lines

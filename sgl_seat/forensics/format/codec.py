@@ -41,7 +41,7 @@ from sgl_seat.core.columns import F64, I64, ProbeColumns, ProbeGroup
 from sgl_seat.core.records import Frame, LogLine, ProbeRecord, RecordError, StackSample, ThreadStack
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format.layout import MAX_LINE_BYTES
-from sgl_seat.forensics.format.scrub import scrub_env, scrub_json, scrub_text
+from sgl_seat.forensics.format.scrub import scrub_env, scrub_json, scrub_lines
 
 __all__ = [
     "ProbeTable",
@@ -221,7 +221,9 @@ def records_from_parsed(parsed: Iterable[tuple[int, Any]], from_json: Callable[[
 
 def encode_logs(lines: Iterable[LogLine]) -> bytes:
     """LogLine records with secrets scrubbed from their text (log lines quote argv, URLs and headers)."""
-    return encode_records(LogLine(t=ln.t, node=ln.node, text=scrub_text(ln.text)) for ln in lines)
+    lines = list(lines)
+    texts = scrub_lines([ln.text for ln in lines])
+    return encode_records(LogLine(t=ln.t, node=ln.node, text=x) for ln, x in zip(lines, texts, strict=True))
 
 
 def encode_env(envs: Mapping[int, Mapping[str, str]]) -> bytes:
@@ -232,7 +234,7 @@ def encode_env(envs: Mapping[int, Mapping[str, str]]) -> bytes:
 
 def encode_text(text: str) -> bytes:
     """A text file (log tail, nvidia-smi output) with secret-looking substrings scrubbed, line by line."""
-    return "".join(scrub_text(line) for line in text.splitlines(keepends=True)).encode("utf-8", "replace")
+    return "".join(scrub_lines(text.splitlines(keepends=True))).encode("utf-8", "replace")
 
 
 def encode_json(doc: Any) -> bytes:
