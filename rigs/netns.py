@@ -177,6 +177,33 @@ def seat_spec(cl: NetnsCluster, path: Path, *, pin_node0: str | None = None, htt
     return path
 
 
+#: Real SGLang on the two hosts (issue 38): the local-sglang rehearsal seat, one TP rank per host.
+LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
+#: Why the engine's own TP broadcaster is off across the namespaces: SGLang 0.5.23 builds the TP group's message
+#: queue after asking "are these ranks on one node?" by opening rank 0's /dev/shm segment from the others
+#: (parallel_state.in_the_same_node_as); namespaces made by `ip netns` share /dev/shm, so the answer is yes, the
+#: queue binds 127.0.0.1 (shm_broadcast.MessageQueue) and rank 1 connects to its own host's loopback, where nothing
+#: listens: both ranks wait in wait_until_ready for ever. With the broadcaster off the TP group broadcasts over gloo
+#: (its interface GLOO_SOCKET_IFNAME, the host's own). Real hosts have their own /dev/shm and need none of this.
+SGLANG_NETNS_ENV = {"SGLANG_USE_MESSAGE_QUEUE_BROADCASTER": "false"}
+
+
+def sglang_seat_spec(cl: NetnsCluster, path: Path, *, http_port: int = 31240, name: str = "netns-sglang") -> Path:
+    """The real SGLang rehearsal seat (``local-sglang``: tiny model, random weights, CPU engine) on the two hosts:
+    node 0 on host a, node 1 on host b, gloo over the namespaces' link, each host its interface."""
+    doc: dict[str, Any] = yaml.safe_load(LOCAL_SGLANG.read_text())
+    doc["name"] = name
+    hosts = []
+    for host, addr, ifn in (("a", cl.addr_a, cl.if_a), ("b", cl.addr_b, cl.if_b)):
+        hosts.append({"name": host, "address": addr, "env": {"GLOO_SOCKET_IFNAME": ifn}, "interfaces": [ifn],
+                      "ray_resource": f"sgl-host-{host}", **({"node_rank": 0} if host == "a" else {})})
+    doc["cluster"].update(address=cl.gcs, token_env=TOKEN_ENV, hosts=hosts)
+    doc["network"].update(env=dict(SGLANG_NETNS_ENV), host="0.0.0.0", http_port=http_port,
+                          dist_init_port=http_port + 5)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def _completion(max_tokens: int) -> dict[str, Any]:
     return request_body("/v1/completions", "hello " * 20, model="sim-dsv41", max_tokens=max_tokens)
 

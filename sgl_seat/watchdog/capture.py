@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import io
 import logging
 import os
 import platform
@@ -43,7 +44,13 @@ from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.format import layout
 from sgl_seat.forensics.format.annotate import add_late_files
 from sgl_seat.forensics.format.bundle import BundleWriteError, failure_reason, read_bundle
-from sgl_seat.forensics.format.codec import encode_stack_samples, encode_text
+from sgl_seat.forensics.format.codec import (
+    decode_probe_records,
+    decode_stack_samples,
+    encode_probe_records,
+    encode_stack_samples,
+    encode_text,
+)
 from sgl_seat.forensics.format.redact import RequestShape
 from sgl_seat.procstate import pid_state
 from sgl_seat.spec import WatchdogSpec
@@ -271,9 +278,11 @@ def node_part(
     return {
         "node": node,
         "t": t0,
-        "samples": [s.to_json() for s in [*samples, *py_now]],
-        "native": [s.to_json() for s in now_stacks],
-        "probes": [p.to_json() for p in probes],
+        # In the bundle's own encodings (a stack table, probe column blocks): a part crosses Ray as JSON, and
+        # decoding its records one by one was most of a two-node capture's assembly.
+        "samples_enc": encode_stack_samples([*samples, *py_now]).decode("utf-8"),
+        "native_enc": encode_stack_samples(now_stacks).decode("utf-8"),
+        "probes_enc": encode_probe_records(probes).decode("utf-8"),
         "metrics": [m.to_json() for m in metrics],
         "logs": [ln.to_json() for ln in logs],
         "processes": [p.to_json() for p in processes],
@@ -362,12 +371,25 @@ class Parts:
     processes: list[EngineProcess]
 
 
+def _stacks(p: Mapping[str, Any], key: str) -> list[StackSample]:
+    enc = p.get(f"{key}_enc")
+    if isinstance(enc, str):
+        return decode_stack_samples(io.BytesIO(enc.encode("utf-8")), f"node {p.get('node')}'s {key}")
+    return [StackSample.from_json(d) for d in p.get(key, [])]
+
+
+def _probes(p: Mapping[str, Any]) -> list[ProbeRecord]:
+    enc = p.get("probes_enc")
+    if isinstance(enc, str):
+        return list(decode_probe_records(io.BytesIO(enc.encode("utf-8")), f"node {p.get('node')}'s probes"))
+    return [ProbeRecord.from_json(d) for d in p.get("probes", [])]
+
+
 def decode_parts(parts: Sequence[Mapping[str, Any]]) -> Parts:
-    """The parts' records: a part taken in this process as it is (its LOCAL objects), the others from JSON."""
+    """The parts' records: a part taken in this process as it is (its LOCAL objects), the others from their
+    encodings (the bundle's stack table and probe columns; plain record lists are read too)."""
     each = [p[LOCAL] if isinstance(p.get(LOCAL), Parts) else Parts(
-        samples=[StackSample.from_json(d) for d in p.get("samples", [])],
-        native=[StackSample.from_json(d) for d in p.get("native", [])],
-        probes=[ProbeRecord.from_json(d) for d in p.get("probes", [])],
+        samples=_stacks(p, "samples"), native=_stacks(p, "native"), probes=_probes(p),
         metrics=[MetricsPoint.from_json(d) for d in p.get("metrics", [])],
         logs=[LogLine.from_json(d) for d in p.get("logs", [])],
         processes=[EngineProcess.from_json(d) for d in p.get("processes", [])]) for p in parts]

@@ -254,9 +254,20 @@ class Sidecar:
     def _pid_ranks(self) -> dict[int, int | None]:
         return {p.pid: p.rank for p in self.sampler.processes()}
 
-    def poll_sources(self, now: float, *, requests_now: bool = False) -> None:
+    def poll_sources(self, now: float, *, capture: bool = False) -> None:
+        """Read every source due. ``capture``: what a capture's part needs now (the rings, the logs, the request
+        log), not process discovery or /metrics, which the last tick read and the fast loop keeps current."""
+        if capture:
+            if self.request_log is not None:
+                self._last_request_log = now
+                self.request_log.poll(now)
+            if self.probes is not None:
+                self._last_probe = now
+                self.probes.read(self._pid_ranks(), now)
+            self.logs.poll(now)
+            return
         self.sampler.refresh()
-        if self.request_log is not None and (requests_now or now - self._last_request_log >= REQUEST_LOG_EVERY_S):
+        if self.request_log is not None and now - self._last_request_log >= REQUEST_LOG_EVERY_S:
             self._last_request_log = now
             self.request_log.poll(now)
         if self.probes is not None and now - self._last_probe >= PROBE_EVERY_S:
@@ -536,7 +547,7 @@ class Sidecar:
         self.latch(capture_id, t)
         now = self.clock()
         self.sampler.check_liveness()  # the process states as of now, not of the last fast round
-        self.poll_sources(now, requests_now=True)
+        self.poll_sources(now, capture=True)
         pids = self.sampler.live()
         env: dict[str, str] = {}
         mains = [e for e in pids if e.kind == "main"]

@@ -60,6 +60,11 @@ def _part(fake: FakePySpy, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> dict[s
                          processes=[], log_text="", env={}, gpu=False, **kw)
 
 
+def _native(part: dict[str, Any]) -> list[dict[str, Any]]:
+    """The part's capture-time stacks as they reach the coordinator over Ray (its wire form, decoded)."""
+    return [s.to_json() for s in cap.decode_parts([cap.wire(part)]).native]
+
+
 def _steps(part: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {s["step"]: s for s in part["capture"]}
 
@@ -82,7 +87,7 @@ def test_python_stacks_first_then_natives_by_priority_within_the_budget(monkeypa
         st = steps[f"py-spy --native {pid}"]
         assert st["status"] in ("timeout", "skipped"), st
         assert "native budget" in st["detail"] and "Python-only stack kept" in st["detail"], st
-    natives = {s["pid"]: s["native"] for s in part["native"]}
+    natives = {s["pid"]: s["native"] for s in _native(part)}
     assert natives == {10: False, 11: True, 12: True, 13: False}  # a capture-time stack for each, said which
     assert took < 0.6 + 2.0, took  # the 30 s unwinds did not hold the part (2 s of slack for a loaded box)
 
@@ -103,7 +108,7 @@ def test_native_dumps_stop_at_the_deadline_after_detection(monkeypatch: pytest.M
     0.3 s ahead cuts a 5 s budget to 0.3 s."""
     fake = FakePySpy({10: 0.1, 11: 0.1, 12: 0.1, 13: 0.1})
     part = _part(fake, monkeypatch, native_budget_s=5.0, native_deadline=time.time() - 1.0)
-    assert fake.began == [] and all(not s["native"] for s in part["native"]) and len(part["native"]) == 4
+    assert fake.began == [] and all(not s["native"] for s in _native(part)) and len(_native(part)) == 4
     assert {st["status"] for st in part["capture"] if st["step"].startswith("py-spy --native")} == {"skipped"}
     slow = FakePySpy({10: 30.0, 11: 30.0, 12: 30.0, 13: 30.0})
     t0 = time.monotonic()
