@@ -204,14 +204,14 @@ def sglang_seat_spec(cl: NetnsCluster, path: Path, *, http_port: int = 31240, na
     return path
 
 
-def _completion(max_tokens: int) -> dict[str, Any]:
-    return request_body("/v1/completions", "hello " * 20, model="sim-dsv41", max_tokens=max_tokens)
+def _completion(max_tokens: int, model: str = "sim-dsv41") -> dict[str, Any]:
+    return request_body("/v1/completions", "hello " * 20, model=model, max_tokens=max_tokens)
 
 
-def complete(url: str, timeout: float = 20.0) -> dict[str, Any]:
+def complete(url: str, timeout: float = 20.0, *, model: str = "sim-dsv41") -> dict[str, Any]:
     """One completion from the seat at ``url`` (direct, never through a proxy), its JSON answer."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps(_completion(8)).encode()
+    body = json.dumps(_completion(8, model)).encode()
     req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     doc: dict[str, Any] = json.loads(opener.open(req, timeout=timeout).read())
     return doc
@@ -229,11 +229,11 @@ def seat_bundles(root: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def under_traffic(cl: NetnsCluster, host0: str, http_port: int = 31210) -> Iterator[None]:
+def under_traffic(cl: NetnsCluster, host0: str, http_port: int = 31210, *, model: str = "sim-dsv41") -> Iterator[None]:
     """Four clients of node 0's host sending completions in a loop (direct, never through a proxy) so that the ranks
     run collectives across the hosts, 3 s before the body runs; halted after it."""
     url = f"http://{cl.addr_of(host0)}:{http_port}"
-    load = Load(posting(url, "/v1/completions", lambda i, n: _completion(32)), concurrency=4, pause_s=0.2,
+    load = Load(posting(url, "/v1/completions", lambda i, n: _completion(32, model)), concurrency=4, pause_s=0.2,
                 timeout=5.0, name="netns-traffic").start()
     try:
         time.sleep(3.0)  # traffic flowing across the hosts first

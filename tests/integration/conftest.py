@@ -43,7 +43,7 @@ RAY_TAIL = ("test_gate",)
 #: Stream ``ray``'s modules, in the order they run.
 RAY_STREAM = RAY_LOCAL + RAY_TAIL
 #: Real SGLang seats through a local Ray cluster: stream ``sglang``, beside stream ``ray``.
-REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog", "test_netns_sglang")
+REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog", "test_real_sglang_healing", "test_netns_sglang")
 STREAMS = ("ray", "sglang", "other")
 STREAM_ENV = "SGL_SEAT_STREAM"
 

@@ -6,6 +6,11 @@ interface as evidence, `bundle merge` of the two names node 1, and what SGLang i
 cut, whether its processes lived) is printed for the runbook. The link comes back, `down` (and `down --local` on
 host b where its node is not reachable) leaves no engine, Ray worker or namespace process of the seat.
 
+Then (last: host b keeps no raylet) a second `up`, and host b's raylet killed under traffic: node 0's bundle names node
+1 node-unreachable, host b's keeper writes host b's own node-isolated bundle, what the real engines do (do they serve
+on: a completion through node 0), what `status` says, `down` from host a bounded and naming node 1, `down --local`
+on host b finishing the job, and nothing left.
+
 Full tier (`--full`): a real start on the namespaces is one to two minutes on two cores. Needs root (namespaces) and
 the engine environment (bash scripts/setup.sh --engine sglang); skipped with the reason where either is missing.
 Ports 31240-31260 inside the namespaces.
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,13 +30,26 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rigs.netns import NetnsCluster, engine_pids, running, seat_bundles, sglang_seat_spec, under_traffic
+from rigs.netns import (
+    NetnsCluster,
+    complete,
+    engine_pids,
+    keepers,
+    raylet_pid,
+    running,
+    seat_bundles,
+    sglang_seat_spec,
+    under_traffic,
+)
 from sgl_seat.engines.base import engine_venv
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAME = "netns-sglang"
+MODEL = "tiny-llama"
 PORT = 31240
+#: `down` from host a with host b's raylet gone (the sim's bound, README's control-plane table).
+DOWN_WITHIN_S = 20.0
 #: node 0's bundle after the cut (the sim's bound, issue 11); the real engine's collective is not what is timed.
 BUNDLE_WITHIN_S = 10.0
 #: SGLang's words when a collective's peer is gone (gloo), or its own watchdogs (contracts section 5).
@@ -73,7 +93,7 @@ def test_real_seat_on_two_hosts_link_of_host_b_down_is_named_from_both_sides(net
         assert {ns for ns, _, _ in engine_pids(cl)} == {cl.ns_a, cl.ns_b}  # a real engine on each host
         bundles = Path(rec["bundles_dir"])
         before = _logs(home)
-        with under_traffic(cl, "a", http_port=PORT):
+        with under_traffic(cl, "a", http_port=PORT, model=MODEL):
             subprocess.run(["ip", "link", "set", cl.link_of("b"), "down"], check=True, timeout=10)
             t_down = time.monotonic()
             try:
@@ -127,5 +147,72 @@ def test_real_seat_on_two_hosts_link_of_host_b_down_is_named_from_both_sides(net
         if gone.returncode != 0 and (home / "seats" / f"{NAME}.json").exists():
             local = cl.run_cli(["down", "--local", NAME, "--json"], home, timeout=240, ns=cl.ns_b)
             print(f"down --local on host b: exit {local.returncode}: {local.stdout[-600:]}")
+    assert list(engine_pids(cl)) == []
+    assert [p for p in recorded if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_real_seat_host_b_raylet_killed(netns_cluster: NetnsCluster, tmp_path: Path) -> None:
+    cl = netns_cluster
+    home = tmp_path / "home"
+    spec = sglang_seat_spec(cl, tmp_path / "seat.yaml", http_port=PORT, name=NAME)
+    up = cl.run_cli(["up", "--seat", str(spec), "--timeout", "420"], home, timeout=480)
+    recorded: list[int] = []
+    try:
+        assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
+        rec = json.loads((home / "seats" / f"{NAME}.json").read_text())
+        assert {n["node_rank"]: n["host"] for n in rec["nodes"]} == {0: "a", 1: "b"}
+        recorded = [p for n in rec["nodes"] for p in n["pids"]]
+        bundles = Path(rec["bundles_dir"])
+        b_before = sorted(p for ns, p, _ in engine_pids(cl) if ns == cl.ns_b)
+        assert b_before
+        pid = raylet_pid(cl, cl.ns_b)
+        with under_traffic(cl, "a", http_port=PORT, model=MODEL):
+            os.kill(pid, signal.SIGKILL)
+            t_kill = time.monotonic()
+            coord = mine = None
+            while time.monotonic() - t_kill < 40 and (coord is None or mine is None):
+                for b in seat_bundles(bundles):
+                    if b["nodes"] == [0] and coord is None:
+                        coord = (b, time.monotonic() - t_kill)
+                    if b["nodes"] == [1] and mine is None:
+                        mine = (b, time.monotonic() - t_kill)
+                time.sleep(0.1)
+        assert coord is not None, seat_bundles(bundles)
+        v = coord[0]["verdict"]
+        print(f"raylet killed -> node 0's bundle: {coord[1]:.2f} s: {v['kind']} node {v['node']}")
+        assert (v["kind"], v["node"], v["node_ranks"]) == ("node-unreachable", 1, [1]), v
+        assert mine is not None, f"host b's keeper wrote no bundle: {seat_bundles(bundles)}"
+        v1 = mine[0]["verdict"]
+        print(f"raylet killed -> host b's own bundle (keeper): {mine[1]:.2f} s: {v1['kind']}: {v1['evidence'][0]}")
+        assert (v1["kind"], v1["node"]) == ("node-isolated", 1) and "Ray raylet (pid " in v1["evidence"][0], v1
+        assert len(keepers(cl, cl.ns_b)) == 1
+        b_after = sorted(p for ns, p, _ in engine_pids(cl) if ns == cl.ns_b)
+        print(f"host b's engine processes: {len(b_before)} before the raylet went, {len(b_after)} alive after")
+        assert b_after == b_before  # the engine is its engine host's child, outside Ray
+        try:
+            doc = complete(f"http://{cl.addr_a}:{PORT}", timeout=30, model=MODEL)
+            served = f"yes ({doc['usage']['completion_tokens']} tokens)"
+        except Exception as exc:  # what the real engine does is the finding, either way
+            served = f"no ({type(exc).__name__}: {exc})"
+        print(f"a completion through node 0 with host b's raylet gone: {served}")
+        st = cl.run_cli(["status", NAME, "--json"], home, timeout=120)
+        assert st.returncode == 0, st.stdout + st.stderr
+        sdoc = json.loads(st.stdout)
+        print(f"status with host b's raylet gone: {sdoc['state']}: {sdoc['reason']}")
+        assert sdoc["state"] in ("NODE-LOST", "FAILED") and "node 1 " in (sdoc["reason"] or ""), sdoc["reason"]
+        t0 = time.monotonic()
+        res = cl.run_cli(["down", NAME, "--json"], home, timeout=120)
+        took = time.monotonic() - t0
+        print(f"down from host a: {took:.1f} s, exit {res.returncode}: {json.loads(res.stdout).get('survivors')}")
+        assert took <= DOWN_WITHIN_S and res.returncode != 0  # not down everywhere: said, and the record kept
+        assert [p for ns, p, _ in engine_pids(cl) if ns == cl.ns_a] == []
+        local = cl.run_cli(["down", "--local", NAME, "--json"], home, timeout=120, ns=cl.ns_b)
+        assert local.returncode == 0, local.stdout + local.stderr
+        print("down --local on host b:", json.loads(local.stdout))
+        assert keepers(cl, cl.ns_b) == []
+    finally:
+        if (home / "seats" / f"{NAME}.json").exists():
+            cl.run_cli(["down", NAME], home, timeout=120)
+            cl.run_cli(["down", "--local", NAME], home, timeout=120, ns=cl.ns_b)
     assert list(engine_pids(cl)) == []
     assert [p for p in recorded if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
