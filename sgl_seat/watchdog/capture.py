@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from sgl_seat import __version__
+from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.detect import detect
 from sgl_seat.core.isolation import SelfCheck
 from sgl_seat.core.learned import LearnedThresholds
@@ -52,6 +53,7 @@ from sgl_seat.forensics.format.codec import (
     encode_text,
 )
 from sgl_seat.forensics.format.redact import RequestShape
+from sgl_seat.forensics.format.scrub import scrub_lines
 from sgl_seat.procstate import pid_state
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.procfind import EngineProc
@@ -211,6 +213,11 @@ def node_part(
     steps: list[dict[str, Any]] = []
     now_stacks: list[StackSample] = []
     py_now: list[StackSample] = []
+    # The logs' secrets are scrubbed here, on the node, while its stack dumps run (they wait on py-spy): not one
+    # after the other at the coordinator, which then writes them as they come (encode_bundle's logs_scrubbed).
+    scrub_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    scrubbed = scrub_pool.submit(lambda: (scrub_lines([ln.text for ln in logs]),
+                                          "".join(scrub_lines(log_text.splitlines(keepends=True)))))
 
     # nvidia-smi -q takes about a second on a GPU host: it runs beside the stack dumps, not after them.
     gpu_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -274,6 +281,9 @@ def node_part(
         gpu_text, why = gpu_future.result()
         steps.append(_step(node, "nvidia-smi -q", "ok" if gpu_text is not None else "skipped", why))
     gpu_pool.shutdown(wait=False)
+    texts, log_text = scrubbed.result()
+    scrub_pool.shutdown(wait=False)
+    logs = [LogLine(t=ln.t, node=ln.node, text=x) for ln, x in zip(logs, texts, strict=True)]
     steps.append(_step(node, "capture", "ok", f"{time.time() - t0:.2f}s"))
     return {
         "node": node,
@@ -289,6 +299,7 @@ def node_part(
         "process_state": {"node": node, "processes": pstate},
         "gpu": gpu_text,
         "log_text": log_text,
+        "scrubbed": True,  # logs and log_text (see above)
         "env": dict(env),
         "capture": steps,
         "versions": {"python": platform.python_version(), "py_spy": _pyspy_version(pyspy)},
@@ -297,7 +308,8 @@ def node_part(
         "learned": None if learned is None else dict(learned),
         # The same records as objects, for a coordinator that took this part in its own process (decoding a
         # part's JSON again was a third of a capture's time); dropped before a part crosses Ray (wire()).
-        LOCAL: Parts(samples=[*samples, *py_now], native=now_stacks, probes=list(probes), metrics=list(metrics),
+        LOCAL: Parts(samples=[*samples, *py_now], native=now_stacks, probes=ProbeColumns.from_records(probes),
+                     metrics=list(metrics),
                      logs=list(logs), processes=list(processes)),
     }
 
@@ -365,7 +377,7 @@ class Parts:
 
     samples: list[StackSample]
     native: list[StackSample]
-    probes: list[ProbeRecord]
+    probes: ProbeColumns
     metrics: list[MetricsPoint]
     logs: list[LogLine]
     processes: list[EngineProcess]
@@ -378,11 +390,11 @@ def _stacks(p: Mapping[str, Any], key: str) -> list[StackSample]:
     return [StackSample.from_json(d) for d in p.get(key, [])]
 
 
-def _probes(p: Mapping[str, Any]) -> list[ProbeRecord]:
+def _probes(p: Mapping[str, Any]) -> ProbeColumns:
     enc = p.get("probes_enc")
     if isinstance(enc, str):
-        return list(decode_probe_records(io.BytesIO(enc.encode("utf-8")), f"node {p.get('node')}'s probes"))
-    return [ProbeRecord.from_json(d) for d in p.get("probes", [])]
+        return decode_probe_records(io.BytesIO(enc.encode("utf-8")), f"node {p.get('node')}'s probes")
+    return ProbeColumns.from_records([ProbeRecord.from_json(d) for d in p.get("probes", [])])
 
 
 def decode_parts(parts: Sequence[Mapping[str, Any]]) -> Parts:
@@ -394,7 +406,7 @@ def decode_parts(parts: Sequence[Mapping[str, Any]]) -> Parts:
         logs=[LogLine.from_json(d) for d in p.get("logs", [])],
         processes=[EngineProcess.from_json(d) for d in p.get("processes", [])]) for p in parts]
     return Parts(samples=[x for q in each for x in q.samples], native=[x for q in each for x in q.native],
-                 probes=[x for q in each for x in q.probes], metrics=[x for q in each for x in q.metrics],
+                 probes=ProbeColumns.concat([q.probes for q in each]), metrics=[x for q in each for x in q.metrics],
                  logs=[x for q in each for x in q.logs], processes=[x for q in each for x in q.processes])
 
 
@@ -515,9 +527,10 @@ def assemble(
         metrics=obs.metrics, processes=obs.processes, logs=obs.logs,
         env={int(p["node"]): dict(p.get("env") or {}) for p in parts}, requests=shapes,
         log_text={int(p["node"]): str(p.get("log_text") or "") for p in parts},
+        logs_scrubbed=all(p.get("scrubbed") is True for p in parts),
         process_state={int(p["node"]): p.get("process_state") or {} for p in parts},
         gpu={int(p["node"]): str(p["gpu"]) for p in parts if p.get("gpu")})
-    starts = [s.t for s in obs.samples] + [m.t for m in obs.metrics] + [p.start for p in obs.probes]
+    starts = [s.t for s in obs.samples] + [m.t for m in obs.metrics] + obs.probes.start.tolist()
     t_end = max([t_eval, *(float(p.get("t") or 0) for p in parts)])
     versions: dict[str, Any] = {"sgl_seat": __version__, "python": platform.python_version()}
     for p in parts:

@@ -374,3 +374,20 @@ def test_scrub_lines_is_scrub_text_of_each_line() -> None:
         if rng.random() < 0.5:
             lines = [ln + "\n" for ln in lines]  # encode_text keeps each line's end
         assert scrub_lines(lines) == [scrub_text(ln) for ln in lines], lines
+
+
+def test_probe_columns_encode_as_their_records_do() -> None:
+    """A capture encodes its merged probe columns directly: the same bytes as the records they hold."""
+    from sgl_seat.core.columns import ProbeColumns
+    from sgl_seat.core.records import ProbeRecord
+    from sgl_seat.forensics.format.codec import encode_probe_records
+
+    recs = [ProbeRecord(node=n, rank=r, pid=100 + r, thread=1, seq=i, target="t:f", start=1000.0 + i,
+                        end=None if i % 7 == 6 else 1000.5 + i, gather_size=i % 40, gpu=(r == 1 and i % 2 == 0),
+                        gpu_start=1000.1 + i if r == 1 and i % 2 == 0 else None, gpu_end=None,
+                        graph_key=(i % 3 if r == 2 else None))
+            for i in range(60) for n, r in ((0, 0), (0, 1), (1, 2))]
+    assert encode_probe_records(ProbeColumns.from_records(recs)) == encode_probe_records(recs)
+    halves = ProbeColumns.concat([ProbeColumns.from_records(recs[:90]), ProbeColumns.from_records(recs[90:])])
+    assert encode_probe_records(halves) == encode_probe_records(list(halves))
+    assert encode_probe_records(ProbeColumns()) == encode_probe_records([]) == b""

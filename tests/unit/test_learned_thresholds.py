@@ -245,3 +245,21 @@ def test_native_stacks_follow_the_written_bundle_and_a_reader_never_sees_half(tm
 
     with pytest.raises(BundleError):
         add_late_files(path, {"probe.jsonl": b""}, [], {})
+
+
+def test_a_nodes_part_scrubs_its_logs_and_the_bundle_keeps_no_secret(tmp_path: Path) -> None:
+    """The logs are scrubbed by each node beside its stack dumps (not again at the coordinator): what reaches the
+    bundle, from a part in this process or over the wire, holds no secret."""
+    from sgl_seat.core.records import LogLine
+
+    lines = [LogLine(t=T0, node=0, text="export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123"),
+             LogLine(t=T0 + 1, node=0, text="[TP0] Decode batch, #running-req: 7, #token: 900")]
+    part = cap.node_part(node=0, procs=[], pyspy=None, samples=[], probes=steady(5), metrics=[], logs=lines,
+                         processes=[], log_text="password=hunter22 next\nplain line\n", env={}, gpu=False)
+    assert part["scrubbed"] is True and "hunter22" not in part["log_text"] and "plain line" in part["log_text"]
+    for p in (part, json.loads(json.dumps(cap.wire(part)))):
+        res = cap.assemble(seat="s", parts=[p], trigger={"t": T0}, trigger_verdict=None, thresholds=TH,
+                           rank_nodes={0: 0}, plan=None, dest_root=tmp_path / str(id(p)), quota_mb=100, now=T0 + 2)
+        assert res.error is None
+        text = b"".join(f.read_bytes() for f in Path(res.path).rglob("*") if f.is_file())  # type: ignore[arg-type]
+        assert b"hf_abcdefghij" not in text and b"hunter22" not in text and b"#token: 900" in text

@@ -40,12 +40,15 @@ def encode_bundle(
     log_text: Mapping[int, str] | None = None,
     process_state: Mapping[int, Any] | None = None,
     gpu: Mapping[int, str] | None = None,
+    logs_scrubbed: bool = False,
 ) -> dict[str, bytes]:
     """Every file of a bundle, by its name in :mod:`~sgl_seat.forensics.format.layout`.
 
     ``requests`` None: no request log was recorded (no ``requests.jsonl``; an empty list writes an empty one).
     ``log_text``, ``process_state`` and ``gpu`` are per node: the engine log tail, psutil's view of its
     processes and ``nvidia-smi -q``; a node without an entry gets no such file.
+    ``logs_scrubbed``: ``logs`` and ``log_text`` were scrubbed already (by each node, beside its stack dumps, with
+    the same :func:`~sgl_seat.forensics.format.scrub.scrub_lines`), so they are written as they are.
     """
     files: dict[str, bytes] = {
         layout.STACKS: encode_stack_samples(stacks),
@@ -53,13 +56,13 @@ def encode_bundle(
         layout.PROBE: encode_probe_records(probes),
         layout.METRICS: encode_records(metrics),
         layout.PROCESSES: encode_records(processes),
-        layout.LOGS: encode_logs(logs),
+        layout.LOGS: encode_records(logs) if logs_scrubbed else encode_logs(logs),
         layout.ENV: encode_env(env),
     }
     if requests is not None:
         files[layout.REQUESTS] = encode_records(requests)
     for node, text in (log_text or {}).items():
-        files[layout.log_file(node)] = encode_text(text)
+        files[layout.log_file(node)] = text.encode("utf-8", "replace") if logs_scrubbed else encode_text(text)
     for node, doc in (process_state or {}).items():
         files[layout.process_state_file(node)] = encode_json(doc)
     for node, text in (gpu or {}).items():
