@@ -28,7 +28,7 @@ from realseat import RealSeat, brought_up, require_engine, seat_bundles, write_s
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IN_FLIGHT_TIMEOUT_S = 600.0
-HEAL_WITHIN_S = 300.0
+HEAL_WITHIN_S = 900.0  # a real restart on a busy 2-core box took 290 s (bench/remediation.py allows 900)
 
 
 class LongRequest(threading.Thread):
@@ -106,7 +106,9 @@ def test_real_seat_restart_in_flight_errors_then_budget_spent(seat_factory: Any)
             print(f"in-flight request: {lr.outcome} after {(lr.ended or 0) - t_stall:.1f} s")
             assert lr.ended is not None and lr.outcome is not None, "an in-flight request still hangs"
             assert not lr.outcome.startswith("HTTP 200"), lr.outcome
-            assert lr.ended - t_stall < r1["serving_again"] - t_stall + 5.0 < IN_FLIGHT_TIMEOUT_S / 4
+            # an error it can read, at the hang (the engines going down close its connection), not a hang: long
+            # before its client timeout and before the seat serves again (a real restart is minutes on a busy box)
+            assert lr.ended - t_stall < min(r1["serving_again"] - t_stall + 5.0, IN_FLIGHT_TIMEOUT_S / 4)
         assert len(seat_bundles(rs)) == 1
         # The budget of 1 is spent: the next hang is not remediated, the engines stay down.
         _stall(rs)
