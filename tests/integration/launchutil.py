@@ -17,12 +17,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import yaml
 
@@ -254,3 +256,23 @@ def stop_pid(p: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait(5)
+
+
+class LongRequest(threading.Thread):
+    """One /generate of ``tokens`` tokens with a client timeout far above any remediation (``timeout_s``): how it
+    ends (an HTTP status, or the error the client read), and when."""
+
+    def __init__(self, url: str, tokens: int = 4000, *, timeout_s: float = 600.0) -> None:
+        super().__init__(daemon=True)
+        self.url, self.tokens, self.timeout_s = url, tokens, timeout_s
+        self.outcome: str | None = None
+        self.ended: float | None = None
+
+    def run(self) -> None:
+        body = {"text": "a long answer, please", "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True}}
+        try:
+            r = httpx.post(f"{self.url}/generate", json=body, timeout=self.timeout_s, trust_env=False)
+            self.outcome = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            self.outcome = f"{type(exc).__name__}: {exc}"
+        self.ended = time.time()

@@ -14,7 +14,6 @@ Full tier (each real restart is ~30 s, most of it SGLang's own start). Ports 245
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,32 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
-from launchutil import run_cli, wait_until
+from launchutil import LongRequest, run_cli, wait_until
 from realseat import RealSeat, brought_up, require_engine, seat_bundles, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 IN_FLIGHT_TIMEOUT_S = 600.0
 HEAL_WITHIN_S = 900.0  # a real restart on a busy 2-core box took 290 s (bench/remediation.py allows 900)
-
-
-class LongRequest(threading.Thread):
-    """One /generate of many tokens with a client timeout far above the remediation: how it ends, and when."""
-
-    def __init__(self, url: str, tokens: int = 3000) -> None:
-        super().__init__(daemon=True)
-        self.url, self.tokens = url, tokens
-        self.outcome: str | None = None
-        self.ended: float | None = None
-
-    def run(self) -> None:
-        body = {"text": "a long answer, please", "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True}}
-        try:
-            r = httpx.post(f"{self.url}/generate", json=body, timeout=IN_FLIGHT_TIMEOUT_S, trust_env=False)
-            self.outcome = f"HTTP {r.status_code}: {r.text[:120]}"
-        except httpx.HTTPError as exc:
-            self.outcome = f"{type(exc).__name__}: {exc}"
-        self.ended = time.time()
 
 
 def _serves(url: str) -> bool:
@@ -91,7 +71,7 @@ def test_real_seat_restart_in_flight_errors_then_budget_spent(seat_factory: Any)
     rs = seat_factory("heal-budget", 24500, {"max": 1, "window_s": 3600, "cooldown_s": 0})
     with brought_up(rs):
         assert rs.status()["remediation"]["policy"]["on_hang"] == "restart"
-        long = [LongRequest(rs.endpoint) for _ in range(3)]
+        long = [LongRequest(rs.endpoint, 3000, timeout_s=IN_FLIGHT_TIMEOUT_S) for _ in range(3)]
         for r in long:
             r.start()
         time.sleep(3.0)  # decoding

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import psutil
 import pytest
 import yaml
 from launchutil import (
+    LongRequest,
     alive,
     descendants,
     engine_pgids,
@@ -87,25 +87,6 @@ class Seat:
         return sorted(p for p in d.glob("*") if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
 
 
-class LongRequest(threading.Thread):
-    """One /generate of many tokens with a client timeout far above the remediation: how it ends, and when."""
-
-    def __init__(self, url: str, tokens: int = 4000) -> None:
-        super().__init__(daemon=True)
-        self.url, self.tokens = url, tokens
-        self.outcome: str | None = None
-        self.ended: float | None = None
-
-    def run(self) -> None:
-        body = {"text": "a long answer, please", "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True}}
-        try:
-            r = httpx.post(f"{self.url}/generate", json=body, timeout=IN_FLIGHT_TIMEOUT_S, trust_env=False)
-            self.outcome = f"HTTP {r.status_code}"
-        except httpx.HTTPError as exc:
-            self.outcome = f"{type(exc).__name__}: {exc}"
-        self.ended = time.time()
-
-
 def _complete(url: str) -> bool:
     body = {"text": "are you back?", "sampling_params": {"max_new_tokens": 4}}
     try:
@@ -157,7 +138,7 @@ def test_a_stall_on_rank3_during_decode_is_rolled_back_and_the_seat_serves_again
     st = seat.status()
     assert st["state"] == "READY" and st["draft"] is True, st
     assert st["remediation"]["policy"]["on_hang"] == "rollback-draft" and st["remediation"]["history"] == []
-    long = [LongRequest(seat.url) for _ in range(3)]
+    long = [LongRequest(seat.url, timeout_s=IN_FLIGHT_TIMEOUT_S) for _ in range(3)]
     for r in long:
         r.start()
     assert wait_until(lambda: _running(seat.url) >= 3, 60), "the long requests are not all running"

@@ -91,13 +91,8 @@ def annotate(path: str | Path, key: str, value: Mapping[str, Any]) -> Manifest:
     doc = json.loads((root / layout.MANIFEST).read_text(encoding="utf-8"))
     doc[key] = dict(value)
     manifest = Manifest.from_json(doc)
-    data = (dumps_line(manifest.to_json()) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".annotate-{root.name}-", dir=root.parent)
+    tmp = _write_beside(root, (dumps_line(manifest.to_json()) + "\n").encode("utf-8"))
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, root / layout.MANIFEST)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -465,19 +465,23 @@ def _again(root: Path, before: tuple[int, int, int] | None) -> bool:
     return amending or (before is not None and _manifest_id(root) != before)
 
 
-def verify_bundle(path: Path) -> Manifest:
-    """Check a bundle directory completely (manifest, listing, sizes, digests); return its manifest.
-    A bundle amended while it was read (its late files) is read once more."""
-    root = Path(path)
+def _once_more_if_amended(root: Path, read: Callable[[Path], T]) -> T:
+    """``read(root)``, and once more where it failed on a bundle amended while it was read (:func:`_again`)."""
     before = _manifest_id(root)
     try:
-        return _verify(root)
+        return read(root)
     except BundleVersionError:
         raise
     except BundleError:
         if not _again(root, before):
             raise
-    return _verify(root)
+    return read(root)
+
+
+def verify_bundle(path: Path) -> Manifest:
+    """Check a bundle directory completely (manifest, listing, sizes, digests); return its manifest.
+    A bundle amended while it was read (its late files) is read once more."""
+    return _once_more_if_amended(Path(path), _verify)
 
 
 def _verify(root: Path) -> Manifest:
@@ -549,16 +553,7 @@ def read_bundle(path: Path) -> Bundle:
     returned unless every file matched: where a file does not, its error is raised, as verifying first raised it,
     even where decoding failed too.
     """
-    root = Path(path)
-    before = _manifest_id(root)
-    try:
-        return _read(root)
-    except BundleVersionError:
-        raise
-    except BundleError:
-        if not _again(root, before):
-            raise
-    return _read(root)
+    return _once_more_if_amended(Path(path), _read)
 
 
 def _read(root: Path) -> Bundle:
