@@ -19,9 +19,8 @@ if TYPE_CHECKING:
 
 
 def _print_status(rec: SeatRecord) -> None:
-    from sgl_seat.engines import backend_for
     from sgl_seat.launch.seatrecord.state import SeatState
-    from sgl_seat.launch.status import capture_failure_line, remediation_lines
+    from sgl_seat.launch.status import capture_failure_line, kv_line, remediation_lines
 
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
              SeatState.NODE_LOST: "red", SeatState.FAILED: "red", SeatState.REMEDIATING: "yellow",
@@ -33,17 +32,13 @@ def _print_status(rec: SeatRecord) -> None:
     if rec.reason:
         console.print(f"reason: {rec.reason}")
 
-    def tok(n: int | None) -> str:
-        return f"{n:,}" if n is not None else "unknown"
-
     if rec.state is SeatState.HUNG and rec.hang_bundle:
         console.print(f"bundle: {rec.hang_bundle}  (`sgl-seat replay {rec.hang_bundle}` explains it)")
     for f in rec.capture_failures:
         console.print(styled("bold red", "watchdog:", f" {capture_failure_line(f)}"), markup=False)
     for ln in remediation_lines(rec, time.time()):
         console.print(ln, markup=False)
-    source = backend_for(rec.engine).kv_actual_source
-    console.print(f"KV pool: predicted {tok(rec.kv_predicted)} tokens, actual {tok(rec.kv_actual)} tokens ({source})")
+    console.print(kv_line(rec))
     for n in rec.nodes:
         alive = {True: "alive", False: "DEAD", None: "-"}[n.alive]
         console.print(f"node {n.node_rank}  {n.ip or '?'}  agent pid {n.agent_pid or '-'}  engine pid "

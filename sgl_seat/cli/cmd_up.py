@@ -96,21 +96,26 @@ def down(name: NameArg = None, json_out: JsonOpt = False,
     """Take a seat down on every node, then check that no engine process remains (non-zero if one does).
 
     A node whose agent does not answer within a few seconds is left out and named, with the pids it left running;
-    the record is kept, so `down` can be run again once the node is back, or `down --local` on that host.
+    the record is kept, so `down` can be run again once the node is back, or `down --local` on that host. With no
+    seat recorded (or none named NAME) there is nothing to take down: it says so and exits 0.
 
     With --json: the stage timings and the survivors (none when it is down) as JSON on stdout.
     """
     from sgl_seat.launch import teardown
     from sgl_seat.launch.seatrecord.record import resolve_name
 
-    seat = resolve_name(name)
     out = err_console if json_out else console
+    if absent := teardown.nothing_to_take_down(name):  # idempotent: what is not up is down
+        out.print(absent)
+        if json_out:
+            print_json({"seat": name, "recorded": False, "state": "STOPPED", "survivors": [], "total_s": 0,
+                        "stages": []})
+        return
+    seat = resolve_name(name)
     if local:
         done = teardown.down_local(seat)
         if json_out:
-            print_json({"seat": seat, "local": True, "nodes": list(done.nodes),
-                        "stopped": {str(k): v for k, v in done.stopped.items()}, "survivors": done.survivors,
-                        "keepers_stopped": list(done.keepers), "record_saved": done.saved})
+            print_json(done.to_json())
         else:
             for n in done.nodes:
                 pids = done.stopped.get(n) or []
@@ -118,12 +123,7 @@ def down(name: NameArg = None, json_out: JsonOpt = False,
                                            "no engine process was running"))
             if not done.saved:
                 err_console.print(styled("bold yellow", "warning:", " the seat's record could not be saved"))
-        if done.survivors:
-            from sgl_seat.errors import EngineError
-
-            raise EngineError("still alive after `down --local`:\n  " + "\n  ".join(done.survivors),
-                              fix="kill those pids by hand (they are the seat's own), then run `sgl-seat down "
-                                  "--local` again")
+        done.refuse_survivors()
         if not json_out:
             console.print(f"seat {seat}: nothing of node(s) {', '.join(map(str, done.nodes))} is left on this host;"
                           f" run `sgl-seat down {seat}` from the driver to remove the rest")

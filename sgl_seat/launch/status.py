@@ -239,6 +239,18 @@ def capture_failure_line(f: dict[str, Any]) -> str:
             + (f", missing {shown}" if missing else "") + where)
 
 
+def kv_line(rec: SeatRecord) -> str:
+    """The KV pool as `status` prints it: the plan's prediction (or why there is none) and what the engine reported
+    (or that it has not yet), with where that figure comes from."""
+    if rec.kv_predicted is not None:
+        predicted = f"predicted {rec.kv_predicted:,} tokens"
+    else:  # the plan sized no pool: its engine's note says why (SGLang's CPU engine), else no config to size from
+        note = (rec.plan or {}).get("capacity_note") or "the plan sized none: model.config not set"
+        predicted = f"no prediction ({note})"
+    actual = f"actual {rec.kv_actual:,} tokens" if rec.kv_actual is not None else "actual not reported yet"
+    return f"KV pool: {predicted}, {actual} ({backend_for(rec.engine).kv_actual_source})"
+
+
 def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 

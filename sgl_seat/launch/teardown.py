@@ -25,10 +25,11 @@ from sgl_seat.launch import cluster, placement
 from sgl_seat.launch.actors.supervisor import stop_supervisor
 from sgl_seat.launch.agentclient import get_agent
 from sgl_seat.launch.host import localcluster, processgroups
-from sgl_seat.launch.seatrecord.home import host_id
+from sgl_seat.launch.seatrecord.home import host_id, seats_dir
 from sgl_seat.launch.seatrecord.record import (
     NodeRecord,
     SeatRecord,
+    list_names,
     load_record,
     record_path,
     remove_record,
@@ -262,6 +263,21 @@ class NotDown(EngineError):
         self.times = times
 
 
+def nothing_to_take_down(name: str | None) -> str | None:
+    """What `down` says when there is nothing to take down, else None. `down` is idempotent: with no seat recorded
+    (no NAME), or none named NAME, it is done already (a second `down`, or one after a failed `up` took its seat
+    down), so it says so and exits 0, named or not, ``--local`` or not; a NAME not recorded lists the seats that are,
+    in case of a typo. Several recorded and no NAME is not this: `resolve_name` refuses it (exit 2), as `down` does
+    not guess which seat to take down."""
+    names = list_names()
+    if name is None:
+        return None if names else f"no seat is recorded in {seats_dir()}: nothing to take down"
+    if record_path(name).exists():
+        return None
+    return (f"no seat named {name!r} is recorded in {seats_dir()}: nothing to take down"
+            + (f" (recorded: {', '.join(names)})" if names else ""))
+
+
 def down(name: str, reporter: Reporter | None = None, *, timeout: float = 60.0) -> StageTimes:
     """Take seat ``name`` down on every node and verify; raise :class:`NotDown` naming any survivor."""
     rec = load_record(name)
@@ -313,6 +329,19 @@ class LocalDown:
     saved: bool
     #: The pids of this host's sidecar keepers that it stopped (``watchdog.keeper``: their sidecars are out of reach).
     keepers: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """`down --local --json`'s document."""
+        return {"seat": self.seat, "local": True, "nodes": list(self.nodes),
+                "stopped": {str(k): v for k, v in self.stopped.items()}, "survivors": self.survivors,
+                "keepers_stopped": list(self.keepers), "record_saved": self.saved}
+
+    def refuse_survivors(self) -> None:
+        """Raise :class:`EngineError` naming what is still alive, if anything is."""
+        if self.survivors:
+            raise EngineError("still alive after `down --local`:\n  " + "\n  ".join(self.survivors),
+                              fix="kill those pids by hand (they are the seat's own), then run `sgl-seat down "
+                                  "--local` again")
 
 
 def down_local(name: str) -> LocalDown:
