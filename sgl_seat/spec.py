@@ -7,9 +7,11 @@ and what to change, so :func:`load_spec` turns pydantic's errors into one :class
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
+import typing
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -551,6 +553,46 @@ _FIXES: Mapping[str, str] = {
 }
 
 
+def _problem(err: Any) -> tuple[bool, str | None, str, str, str]:
+    """One pydantic error as (an unknown key?, the field it was likely meant to be, field, message, fix): an unknown
+    key gets the nearest known key of its section (difflib), where one is close enough to be a misspelling."""
+    loc = tuple(err["loc"])
+    field = ".".join(str(p) for p in loc) or "<spec>"
+    if err["type"] != "extra_forbidden":
+        return False, None, field, err["msg"].removeprefix("Value error, "), _FIXES.get(
+            err["type"], "change the value as the message says")
+    near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.75)
+    if not near:
+        return True, None, field, "unknown key", _FIXES["extra_forbidden"]
+    return (True, ".".join([*map(str, loc[:-1]), near[0]]), field, f"unknown key (did you mean {near[0]}?)",
+            f"rename {loc[-1]} to {near[0]}")
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys of the spec section at ``loc`` (list indices and mapping keys pass through to their items' model);
+    none where no model is found."""
+    model: type[BaseModel] | None = SeatSpec
+    for part in loc:
+        if model is None:
+            return []
+        info = model.model_fields.get(str(part)) if not isinstance(part, int) else None
+        if info is None:
+            continue  # a list index or a mapping's key: the items' model was found already
+        model = _model_in(info.annotation)
+    return [k for k in model.model_fields if k != "source"] if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The spec model inside an annotation (itself, or in an Optional, a list or a mapping of it)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def parse_spec(text: str, *, path: str | None = None) -> SeatSpec:
     """Parse and validate seat YAML text; raise :class:`SpecError` naming file, line and field."""
     try:
@@ -584,21 +626,17 @@ def parse_spec(text: str, *, path: str | None = None) -> SeatSpec:
     try:
         return SeatSpec.model_validate({**data, "source": path})
     except ValidationError as exc:
-        # An unknown key usually explains a "missing" one (a misspelling): report it first.
-        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-        loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc) or "<spec>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-        raise SpecError(
-            msg + more,
-            path=path,
-            line=_line_of(node, loc),
-            field=field,
-            fix=_FIXES.get(err["type"], "change the value as the message says"),
-        ) from None
+        # Every problem, each with its line: unknown keys first (a misspelling usually explains a "missing" one),
+        # each kind in the file's order. The first is the error's head and its fix; the others follow it.
+        # A "missing" key that a misspelt one was meant to be is that same problem: not listed again.
+        found = [(*_problem(err), _line_of(node, tuple(err["loc"]))) for err in exc.errors()]
+        meant = {near for _, near, _, _, _, _ in found if near}
+        found = sorted((f for f in found if not (f[4] == _FIXES["missing"] and f[2] in meant)),
+                       key=lambda f: (not f[0], f[5] or 0))
+        _, _, field, msg, fix, line = found[0]
+        also = "".join(f"\n  also {path or '<seat spec>'}" + (f":{ln}" if ln is not None else "") + f": {f}: {m}"
+                       + ("" if near else f"; fix: {fx}") for _, near, f, m, fx, ln in found[1:])
+        raise SpecError(msg + also, path=path, line=line, field=field, fix=fix) from None
 
 
 def load_spec(seat: str) -> SeatSpec:

@@ -98,6 +98,37 @@ def test_bad_spec_gives_one_clear_error(
         assert err.split(str(path) + ":", 1)[1].split(":", 1)[0].isdigit(), err
 
 
+def test_every_problem_is_listed_and_an_unknown_key_gets_the_nearest_known_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 49: two typo'd keys and a bad value: one error line (the first unknown key, with the key it was meant
+    to be), then every other problem with its own line of the file, instead of "(and N more problem(s))"; the
+    "missing" keys that the misspelt ones were meant to be are not listed again."""
+    text = _edit("memory_fraction: 0.85", "mem_fraction: 0.85").replace("  nodes: 2", "  nodes: two", 1)
+    text = text.replace("  tp: 4\n", "  tpp: 4\n", 1)
+    path = tmp_path / "typo.yaml"
+    path.write_text(text)
+    lines = text.splitlines()
+
+    def line_of(s: str) -> int:
+        return next(i for i, ln in enumerate(lines, 1) if ln.strip().startswith(s))
+
+    monkeypatch.setattr(sys, "argv", ["sgl-seat", "plan", "--seat", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert "more problem" not in err, err
+    assert sum(1 for ln in err.splitlines() if ln.startswith("error:")) == 1, err
+    # unknown keys first (a misspelling explains a "missing" one), each kind in the file's order
+    assert err.startswith(f"error: {path}:{line_of('tpp:')}: parallel.tpp: unknown key (did you mean tp?)"), err
+    assert f"{path}:{line_of('mem_fraction:')}: mem_fraction: unknown key (did you mean memory_fraction?)" in err
+    assert f"{path}:{line_of('nodes: two')}: cluster.nodes: " in err, err
+    assert "Field required" not in err, err  # what the misspelt keys were meant to be: the same two problems
+    assert "fix: rename tpp to tp" in err and "fix: give a whole number" in err, err
+    assert len(err.splitlines()) == 4, err  # the head, the two others, the head's fix
+
+
 def test_unknown_profile_lists_builtins(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "plan", "--seat", "no-such-seat"])
     with pytest.raises(SystemExit) as exc:
