@@ -20,7 +20,7 @@ from typing import Any
 
 from sgl_seat.engines import EngineFacts, backend_for
 from sgl_seat.engines.base import ENGINE_VENV
-from sgl_seat.errors import PlanError
+from sgl_seat.errors import PlanError, UsageError
 from sgl_seat.sizing import (
     Capacity,
     CapacityReport,
@@ -393,11 +393,12 @@ def build_plan(
     use_draft = spec.draft.enabled if draft is None else draft
     mf = spec.memory_fraction if mem_fraction is None else mem_fraction
     if not 0.05 < mf < 1.0:
-        raise PlanError(f"--mem-fraction {mf} is outside (0.05, 1.0)", fix="pass e.g. --mem-fraction 0.85")
+        # A flag's value, not the spec's (memory_fraction is held to the same range when the spec loads).
+        raise UsageError(f"--mem-fraction {mf}: outside (0.05, 1.0)", fix="pass e.g. --mem-fraction 0.85")
     slots_off = slots if (slots is not None and not use_draft) else spec.slots
     slots_on = slots if (slots is not None and use_draft) else spec.draft.slots
     if min(slots_off, slots_on) < 1:
-        raise PlanError(f"--slots {slots} must be at least 1", fix="pass a positive --slots")
+        raise UsageError(f"--slots {slots}: must be at least 1", fix="pass a positive --slots")
     chosen = slots_on if use_draft else slots_off
     # The one question to the engine's backend: everything engine-specific about this seat, or its refusal
     # (faults it does not take, a draft it cannot run).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import inspect
 import json
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,21 @@ def print_json(doc: Any) -> None:
     # and a buffered document would then never reach a piped stdout (`down --json` with a node's raylet killed).
     sys.stdout.flush()
 
+
+
+def unwrap_help(app: typer.Typer) -> None:
+    """Join the line breaks inside each paragraph of every command's docstring: typer's rich help keeps them after
+    the first paragraph and then wraps again, which breaks lines mid-sentence. A paragraph that starts with ``\\b``
+    keeps its lines; anything after ``\\f`` is left as it is."""
+    for info in app.registered_commands:
+        doc = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if doc:
+            text, cut, rest = inspect.cleandoc(doc).partition("\f")
+            info.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split())
+                                     for p in text.split("\n\n")) + cut + rest
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress on stderr).")]

@@ -19,7 +19,7 @@ from sgl_seat.cli import (
     cmd_up,
     cmd_watch,
 )
-from sgl_seat.cli.common import err_console, styled
+from sgl_seat.cli.common import err_console, styled, unwrap_help
 from sgl_seat.errors import SeatError
 
 app = typer.Typer(
@@ -50,6 +50,7 @@ app.add_typer(cmd_bundle.app, name="bundle")
 app.add_typer(cmd_model.app, name="model")
 app.add_typer(cmd_engine.app, name="engine")
 app.add_typer(cmd_gate.tune_app, name="tune")
+unwrap_help(app)
 
 
 @app.callback(invoke_without_command=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -40,3 +41,32 @@ def test_plan_overrides_reach_the_command_line(
 def test_bad_option_value_is_a_usage_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_cli(["plan", "--draft", "maybe"], monkeypatch) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["plan", "--mem-fraction", "-0.5"], ["up", "--dry-run", "--mem-fraction", "1.5"]])
+def test_a_bad_flag_value_names_the_flag_not_the_spec(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_cli(argv, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert f"error: --mem-fraction {argv[-1]}: " in err and "<seat spec>" not in err, err
+
+
+@pytest.mark.parametrize("cmd", [["demo"], ["up"], ["down"], ["plan"], ["bundle", "pack"]])
+def test_help_paragraphs_are_not_wrapped_mid_sentence(cmd: list[str], capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docstring's own line breaks are not kept: on a terminal wide enough, each paragraph is one line."""
+    import inspect
+
+    import typer
+
+    from sgl_seat.cli.main import app
+
+    command: Any = typer.main.get_command(app)
+    for part in cmd:
+        command = command.commands[part]
+    paragraphs = [" ".join(p.split()) for p in inspect.cleandoc(command.help or "").split("\n\n")]
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert run_cli([*cmd, "--help"], monkeypatch) == 0
+    out = capsys.readouterr().out
+    for p in paragraphs:
+        assert p in out, p
