@@ -72,7 +72,11 @@ class ClusterError(SeatError):
 
 
 class PreflightError(SeatError):
-    """A node failed a check before its engine started."""
+    """A node failed a check before its engine started. ``nodes``: the node ranks that failed."""
+
+    def __init__(self, message: str, *, fix: str | None = None, nodes: tuple[int, ...] = ()) -> None:
+        super().__init__(message, fix=fix)
+        self.nodes = nodes
 
 
 class SeatStateError(SeatError):
@@ -87,7 +91,33 @@ class TuneRefused(SeatError):
 
 
 class EngineError(SeatError):
-    """The engine process failed or answered badly."""
+    """The engine process failed or answered badly. ``node``: the node rank whose engine failed first, where one
+    did (None: the seat as a whole, e.g. not READY in time)."""
+
+    def __init__(self, message: str, *, fix: str | None = None, node: int | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.node = node
+
+
+class NoVerdictError(SeatError):
+    """The gate's battery could not run to a verdict (an arm that did not start, a cluster that failed): exit 4,
+    apart from every verdict's status (0 SHIP, 1 DO_NOT_SHIP, 3 INCONCLUSIVE) and the usage error's 2, so that a
+    pipeline never reads a failed battery as a decision. ``directory``: the battery's, where its finished cells are
+    (``gate --resume`` runs the rest)."""
+
+    exit_code = 4
+    directory: str | None = None
+
+
+class ArmStartError(NoVerdictError):
+    """An arm of the gate's battery that could not be brought up: which arm, on which node (None: the seat as a
+    whole), and why."""
+
+    def __init__(self, message: str, *, arm: str, node: int | None, reason: str, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.arm = arm
+        self.node = node
+        self.reason = reason
 
 
 class BundleError(SeatError):

@@ -41,7 +41,8 @@ class ModelSpec(_Strict):
     context_length: int = Field(gt=0, le=10_000_000, description="--context-length passed to the engine.")
     config: str | None = Field(
         default=None,
-        description="Directory (or config.json path) used for capacity planning; relative to the spec file.",
+        description="Directory (or config.json path) used for capacity planning; relative to the spec file, or a "
+        "built-in model's name (launch/models: e.g. deepseek-v4-flash), found wherever the spec file is.",
     )
     architecture: str | None = Field(
         default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]{0,127}$",
@@ -447,13 +448,11 @@ class SeatSpec(_Strict):
         return self
 
     def model_config_path(self) -> Path | None:
-        """The planning config.json, resolved relative to the spec file."""
+        """The planning config.json: relative to the spec file, else a built-in model by name
+        (:func:`planning_config_path`)."""
         if self.model.config is None:
             return None
-        raw = Path(self.model.config).expanduser()
-        if not raw.is_absolute() and self.source:
-            raw = Path(self.source).parent / raw
-        return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
+        return planning_config_path(self.model.config, self.source)
 
     def draft_config_path(self) -> Path | None:
         """The draft checkpoint's planning config.json: ``draft.config``, else ``draft.model_path``'s where that is
@@ -461,10 +460,22 @@ class SeatSpec(_Strict):
         given = self.draft.config or self.draft.model_path
         if given is None or "${" in given:
             return None
-        raw = Path(given).expanduser()
-        if not raw.is_absolute() and self.source:
-            raw = Path(self.source).parent / raw
-        return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
+        return planning_config_path(given, self.source)
+
+    def with_port_base(self, base: int | None) -> SeatSpec:
+        """This seat with its ports moved so that ``network.http_port`` is ``base`` (``--port-base``); every other
+        port keeps its distance from it (dist-init, the simulated nodes' and admin ports, the exporters), so a
+        second seat on one host needs one number, not an edited copy. ``None``: unchanged."""
+        if base is None or base == self.network.http_port:
+            return self
+        dist = base + self.network.dist_init_port - self.network.http_port
+        if not 1024 <= base <= 65535 - 20 or not 1024 <= dist <= 65535:
+            raise SpecError(f"--port-base {base} puts network.http_port at {base} and network.dist_init_port at "
+                            f"{dist}: outside 1024-65515", path=self.source, field="network",
+                            fix="pick a base between 1024 and 65515 (the dist-init port moves with it, "
+                                f"{self.network.dist_init_port - self.network.http_port:+d})")
+        net = self.network.model_copy(update={"http_port": base, "dist_init_port": dist})
+        return self.model_copy(update={"network": net})
 
 
 def spec_location(spec: SeatSpec, field: str) -> dict[str, Any]:
@@ -489,6 +500,36 @@ def builtin_seats_dir() -> Path:
     if checkout.is_dir():
         return checkout
     return Path(str(resources.files("sgl_seat") / "_assets" / "seats"))
+
+
+def builtin_models_dir() -> Path:
+    """The shipped planning configs: ``launch/models`` in a checkout, ``sgl_seat/_assets/models`` in a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "launch" / "models"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("sgl_seat") / "_assets" / "models"))
+
+
+def builtin_models() -> list[str]:
+    return sorted(p.name for p in builtin_models_dir().iterdir() if (p / "config.json").is_file())
+
+
+def planning_config_path(given: str, source: str | None) -> Path:
+    """A planning config.json named by a spec (``model.config``, ``draft.config``): a path (absolute, or relative
+    to the spec file) where one is there; else a built-in model found by its name (``deepseek-v4-flash``, or the
+    shipped profiles' ``../models/deepseek-v4-flash``), so a profile copied anywhere still plans. Only a bare name
+    or a ``../models/NAME`` path falls back to a built-in: any other path that is not there stays what it says
+    (the plan then names it as missing)."""
+    raw = Path(given).expanduser()
+    if not raw.is_absolute() and source:
+        raw = Path(source).parent / raw
+    if not raw.exists():
+        rel = Path(given)
+        if len(rel.parts) == 1 or rel.parent == Path("../models"):
+            builtin = builtin_models_dir() / rel.name
+            if (builtin / "config.json").is_file():
+                raw = builtin
+    return raw / "config.json" if raw.is_dir() or raw.suffix != ".json" else raw
 
 
 def builtin_profiles() -> list[str]:

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from sgl_seat.cli.common import ConsoleReporter, JsonOpt, SeatOrDefault, console, err_console, print_json
+from sgl_seat.cli.common import (
+    ConsoleReporter,
+    JsonOpt,
+    PortBaseOpt,
+    SeatOrDefault,
+    console,
+    err_console,
+    print_json,
+)
 from sgl_seat.launch.seatchoice import DEFAULT_PROFILE
 
 
@@ -18,6 +26,7 @@ def demo(
     html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here (default: "
                                                              "$SGL_SEAT_HOME/reports/<seat>/<bundle id>.html).")]
     = None,
+    port_base: PortBaseOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The main job on the local-sim seat: up (draft on), traffic, a row-fetch stall injected on rank 3, the
@@ -32,7 +41,7 @@ def demo(
     from sgl_seat.launch.demo.run import DemoOptions, run_demo
     from sgl_seat.spec import load_spec
 
-    spec = load_spec(seat or DEFAULT_PROFILE)
+    spec = load_spec(seat or DEFAULT_PROFILE).with_port_base(port_base)
     out = err_console if json_out else console
     rep = ConsoleReporter(out)
     try:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sgl_seat.cli.common import print_json
+from sgl_seat.cli.common import PortBaseOpt, print_json
 
 
 class DraftState(str, Enum):
@@ -39,6 +39,7 @@ def plan(
     draft: DraftOpt = None,
     slots: SlotsOpt = None,
     mem_fraction: MemOpt = None,
+    port_base: PortBaseOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Show what a seat will run on each node, how Ray places it, and its KV pool draft off and on.
@@ -49,7 +50,7 @@ def plan(
     from sgl_seat.plan import build_plan, render_text  # imported here: other commands do not pay for it
     from sgl_seat.spec import load_spec
 
-    spec = load_spec(seat)
+    spec = load_spec(seat).with_port_base(port_base)
     p = build_plan(spec, draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction)
     if json_out:
         print_json(p.to_json())

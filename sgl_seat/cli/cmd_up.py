@@ -12,6 +12,7 @@ from sgl_seat.cli.common import (
     ConsoleReporter,
     JsonOpt,
     NameArg,
+    PortBaseOpt,
     SeatOrDefault,
     console,
     err_console,
@@ -41,6 +42,7 @@ def up(
              "draft off when the verdict is one the draft makes likely, else restart), within the spec's "
              "watchdog.remediation budget (default: the spec's watchdog.on_hang).",
     )] = None,
+    port_base: PortBaseOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -48,14 +50,15 @@ def up(
 
     Stages are shown with their elapsed time. The seat stays up after the command returns;
     Ctrl-C during `up` takes down everything it started. With --json: endpoint, state and stage
-    timings as JSON on stdout (the plan's JSON with --dry-run).
+    timings as JSON on stdout (the plan's JSON with --dry-run). A second seat on this host: --port-base
+    (a held port is refused before anything starts, naming the spec key that moves it).
     """
     from sgl_seat.launch import up as seat_up
     from sgl_seat.plan import render_text
 
     req = seat_up.prepare(seat, seat_up.UpOptions(
         draft=draft_flag(draft), slots=slots, mem_fraction=mem_fraction, timeout=timeout, faults=tuple(fault or ()),
-        no_watchdog=no_watchdog, on_hang=on_hang))
+        no_watchdog=no_watchdog, on_hang=on_hang, port_base=port_base))
     if req.note:
         err_console.print(req.note)
     if dry_run:

@@ -60,6 +60,10 @@ SeatOrDefault = Annotated[
     typer.Option("--seat", "-s", help="Seat spec: a .yaml path or a built-in profile (default: ./seat.yaml, "
                                       "else the built-in local-sim)."),
 ]
+PortBaseOpt = Annotated[int | None, typer.Option(
+    "--port-base", min=1024, max=65515, metavar="PORT",
+    help="Move every port of the seat so that its HTTP port is PORT (dist-init, the simulated nodes' and the "
+         "exporters' ports keep their distance from it): a second seat on this host without editing a copy.")]
 NameArg = Annotated[str | None, typer.Argument(help="Seat name (default: the only recorded seat).")]
 
 

@@ -59,7 +59,7 @@ def preflight_error(failures: Sequence[Failure]) -> PreflightError:
     nodes = sorted({f.node_rank for f in failures})
     head = f"preflight failed on node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))}"
     return PreflightError(head + "\n  " + "\n  ".join(f.line() for f in failures),
-                          fix="fix the items above and run `sgl-seat up` again")
+                          fix="fix the items above and run `sgl-seat up` again", nodes=tuple(nodes))
 
 
 # -- GPUs ---------------------------------------------------------------------------------------
@@ -217,17 +217,50 @@ def check_model_path(node_rank: int, path: str, exists: bool) -> list[Failure]:
                     "copy the weights to the same path on every node, or fix model.path")]
 
 
+#: The metrics exporter's name among a node's ports (the watchdog's sidecar: network.http_port + 15 + node rank).
+EXPORTER_PORT = "metrics exporter"
+
+
+def port_key(name: str) -> str:
+    """The spec key that moves the port named ``name`` (:meth:`~sgl_seat.engines.base.EngineBackend.listen_ports`'
+    names, :data:`EXPORTER_PORT`): the dist-init port is its own key; every other port a seat binds is
+    ``network.http_port`` plus a fixed offset (a simulated node's listen and admin ports, the exporters)."""
+    return "network.dist_init_port" if name == "dist_init" else "network.http_port"
+
+
+def _move_fix(port: int, key: str) -> str:
+    return (f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'`), or move this seat's ports: {key} in "
+            "the seat file, or `--port-base N` on the command line (every port of the seat moves with it)")
+
+
 def check_ports_free(node_rank: int, ports: Mapping[str, int], holders: Mapping[int, str | None]) -> list[Failure]:
-    """Each named port is free; ``holders[port]`` is the reason it is not (``None`` when free)."""
+    """Each named port is free; ``holders[port]`` is the reason it is not (``None`` when free). The fix names the
+    spec key that moves the port (:func:`port_key`)."""
     out = []
     for what, port in ports.items():
         why = holders.get(port)
         if why:
-            out.append(Failure(
-                node_rank, Check.PORTS.value, f"{what} port {port} is in use ({why})",
-                f"stop what holds port {port} (`ss -ltnp 'sport = :{port}'`), or move the seat's ports"
-                " (network.http_port, network.dist_init_port)",
-            ))
+            out.append(Failure(node_rank, Check.PORTS.value, f"{what} port {port} is in use ({why})",
+                               _move_fix(port, port_key(what))))
+    return out
+
+
+def check_ports_distinct(ports: Sequence[tuple[int, str, int]]) -> list[Failure]:
+    """The ports of a seat's nodes that share one host, ``(node rank, name, port)``, are all different: a seat
+    whose dist-init port is also one of its nodes' listen, admin or exporter ports fails at start."""
+    seen: dict[int, tuple[int, str]] = {}
+    out = []
+    for rank, what, port in ports:
+        if port in seen:
+            r0, w0 = seen[port]
+            key = next((k for k in (port_key(what), port_key(w0)) if k == "network.dist_init_port"),
+                       port_key(what))
+            out.append(Failure(rank, Check.PORTS.value,
+                               f"{what} port {port} is also node {r0}'s {w0} port on this host",
+                               f"change {key} so that the seat's ports do not meet (http_port + 0, 2, 10 x node "
+                               "rank, 15 + node rank)"))
+        else:
+            seen[port] = (rank, what)
     return out
 
 

@@ -14,13 +14,25 @@ from dataclasses import replace
 from typing import Any
 
 from sgl_seat.engines import EngineBackend
-from sgl_seat.engines.preflight import Failure, check_own_host, preflight_error
-from sgl_seat.errors import EngineError
+from sgl_seat.engines import preflight_facts as facts
+from sgl_seat.engines.preflight import (
+    EXPORTER_PORT,
+    Failure,
+    check_own_host,
+    check_ports_distinct,
+    check_ports_free,
+    preflight_error,
+)
+from sgl_seat.errors import EngineError, PreflightError
 from sgl_seat.launch import health
 from sgl_seat.launch.agentclient import CALL_TIMEOUT, AgentClient, call_all, dead_reason, failure_text, refresh_nodes
 from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_record
 from sgl_seat.launch.stages import WARN, Stages
-from sgl_seat.plan import LaunchPlan, Placeholder
+from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
+from sgl_seat.watchdog.config import metrics_port_for
+
+#: How far `up` looks for a free --port-base to suggest, from the seat's own ports (in steps of PORT_BASE_STEP).
+PORT_BASE_STEP, PORT_BASE_TRIES = 20, 100
 
 POLL_INTERVAL = 0.5
 
@@ -45,6 +57,44 @@ def bind_plan(plan: LaunchPlan, backend: EngineBackend, rec: SeatRecord, infos: 
     return plan.fill({Placeholder.NODE0_ADDR: infos[0]["ip"]})
 
 
+def node_ports(plan: LaunchPlan, backend: EngineBackend, node: NodePlan, *, exporter: bool
+               ) -> dict[str, tuple[int, str]]:
+    """Every port ``node`` binds on its host, by name: its engine's (:meth:`EngineBackend.listen_ports`) and, with
+    ``exporter`` (the watchdog on), its sidecar's metrics exporter's; each with the address it binds (the exporter's
+    on loopback here: where `up` checks it for a local cluster; the agent checks it where the spec says)."""
+    out = {what: (p, backend.bind_host(node.command, what)) for what, p in backend.listen_ports(plan, node).items()}
+    metrics = metrics_port_for(plan.http_port, node.node_rank) if exporter else 0
+    if metrics:
+        out[EXPORTER_PORT] = (metrics, "127.0.0.1")
+    return out
+
+
+def local_port_failures(plan: LaunchPlan, backend: EngineBackend, *, exporter: bool) -> PreflightError | None:
+    """For a seat whose nodes all run on this host (``cluster.address: local``): every port of every node, checked
+    before anything starts (a local cluster takes seconds to start; the agents' preflight would find a held port
+    only after it). Ports held by another process, and ports the seat's own nodes would share, are failures; where
+    a port is held, the error's fix names a ``--port-base`` at which every port of the seat is free now."""
+    nodes = [NodeRecord(node_rank=n.node_rank, agent="", host_id="this host", ip="127.0.0.1") for n in plan.nodes]
+    bound = _colocate(plan, backend, nodes).fill({Placeholder.NODE0_ADDR: "127.0.0.1"})
+    ports = {n.node_rank: node_ports(bound, backend, n, exporter=exporter) for n in bound.nodes}
+    failures = check_ports_distinct([(r, what, p) for r, named in ports.items() for what, (p, _) in named.items()])
+    every = [(p, host) for named in ports.values() for p, host in named.values()]
+    holders = {p: facts.port_holder(p, host) for p, host in every}
+    for r, named in ports.items():
+        failures += check_ports_free(r, {what: p for what, (p, _) in named.items()}, holders)
+    if not failures:
+        return None
+    err = preflight_error(failures)
+    if any(holders.values()):
+        for k in range(1, PORT_BASE_TRIES + 1):
+            shift = k * PORT_BASE_STEP
+            if all(p + shift <= 65535 and facts.port_holder(p + shift, host) is None for p, host in every):
+                err.fix = (f"stop what holds the port(s) above, or run with `--port-base {plan.http_port + shift}`: "
+                           "every port of this seat is free there now")
+                break
+    return err
+
+
 def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchPlan, backend: EngineBackend,
                   stages: Stages, left: Callable[[], float]) -> None:
     """Start every node's engine from the filled ``plan`` and wait until the seat is ready (every rank alive and
@@ -67,8 +117,8 @@ def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchP
         if res.get("error"):
             dead = dead_reason([res]) if "started" in res else None
             if dead:
-                raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
-            raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec))
+                raise EngineError(failure_text(*dead), fix=_logs_fix(rec), node=0)
+            raise EngineError(f"node 0: {res['error']}", fix=_logs_fix(rec), node=0)
         note["detail"] = f"pid {started['pid']}, CUDA_VISIBLE_DEVICES={started['cuda_visible_devices']}"
         _niceness_warning(note, starts)
 
@@ -130,7 +180,7 @@ def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left:
         save_record(rec)
         dead = dead_reason(states)
         if dead:
-            raise EngineError(failure_text(*dead), fix=_logs_fix(rec))
+            raise EngineError(failure_text(*dead), fix=_logs_fix(rec), node=_first_dead(states))
         unseen = [r["title"] for st in states for r in st.get("ranks", []) if r["pid"] is None]
         if unseen:
             last = f"ranks not running yet: {', '.join(unseen)}"
@@ -143,6 +193,13 @@ def _wait_ready(rec: SeatRecord, clients: Sequence[AgentClient], url: str, left:
             raise EngineError(f"the seat was not READY in time; last check: {last}",
                               fix="raise --timeout if it was still starting; " + _logs_fix(rec))
         time.sleep(POLL_INTERVAL)
+
+
+def _first_dead(states: Sequence[dict[str, Any]]) -> int | None:
+    """The node whose engine went first (the one :func:`dead_reason` names first)."""
+    dead = [st for st in states if st.get("started") and not st.get("alive")]
+    first = min(dead, key=lambda st: (st.get("exited_at") or float("inf"), st["node_rank"]), default=None)
+    return None if first is None else int(first["node_rank"])
 
 
 def _logs_fix(rec: SeatRecord) -> str:

@@ -23,7 +23,7 @@ from sgl_seat.core.remediation import Policy
 from sgl_seat.deadline import bounded
 from sgl_seat.engines import EngineBackend, backend_for
 from sgl_seat.engines.preflight import Failure, preflight_error
-from sgl_seat.errors import EngineError, SeatError, SeatStateError, UsageError
+from sgl_seat.errors import EngineError, PreflightError, SeatError, SeatStateError, UsageError
 from sgl_seat.forensics.format.layout import seat_bundles_dir
 from sgl_seat.launch import cluster, placement
 from sgl_seat.launch.actors.agent import NodeAgent
@@ -33,7 +33,7 @@ from sgl_seat.launch.agentclient import (
     call_all,
     get_agent,
 )
-from sgl_seat.launch.bringup import bind_plan, predicted_kv, start_engines
+from sgl_seat.launch.bringup import bind_plan, local_port_failures, predicted_kv, start_engines
 from sgl_seat.launch.host import localcluster
 from sgl_seat.launch.seatchoice import choose_seat
 from sgl_seat.launch.seatrecord.home import ensure_writable, host_id, seat_home
@@ -45,6 +45,7 @@ from sgl_seat.launch.stages import WARN, NullReporter, Reporter, Stages, StageTi
 from sgl_seat.launch.teardown import sigint_ignored, teardown
 from sgl_seat.plan import LaunchPlan, build_plan
 from sgl_seat.spec import SeatSpec, load_spec
+from sgl_seat.watchdog.config import exporter_address
 
 #: The most `up` waits for a local cluster (within --timeout): ~10 s on an idle 2-core machine, but the holder starts
 #: it again when Ray's own 30 s node wait runs out (localcluster.START_ATTEMPTS), which a loaded machine needs.
@@ -63,6 +64,9 @@ class UpOptions:
     no_watchdog: bool = False
     #: ``--on-hang``: capture | restart | rollback-draft in place of the spec's ``watchdog.on_hang`` (None: the spec's).
     on_hang: str | None = None
+    #: ``--port-base``: the seat's ports moved so that its HTTP port is this one (:meth:`SeatSpec.with_port_base`;
+    #: None: the spec's ports).
+    port_base: int | None = None
 
 
 @dataclass(slots=True)
@@ -109,7 +113,17 @@ def prepare(seat: str | None, opts: UpOptions) -> UpRequest:
 
 def plan_of(spec: SeatSpec, opts: UpOptions) -> LaunchPlan:
     """The plan `up` applies for ``opts`` (``--dry-run`` prints it and starts nothing)."""
-    return build_plan(spec, draft=opts.draft, slots=opts.slots, mem_fraction=opts.mem_fraction, faults=opts.faults)
+    return build_plan(spec.with_port_base(opts.port_base), draft=opts.draft, slots=opts.slots,
+                      mem_fraction=opts.mem_fraction, faults=opts.faults)
+
+
+def local_ports_error(spec: SeatSpec, opts: UpOptions) -> PreflightError | None:
+    """The check `up` runs first on a seat whose nodes all run on this host (its "ports" stage: every port of every
+    node free, :func:`~sgl_seat.launch.bringup.local_port_failures`), for a caller that starts that local cluster
+    itself (the gate: one cluster for all its arms) and so must check before it does."""
+    spec = spec.with_port_base(opts.port_base)
+    return local_port_failures(plan_of(spec, opts), backend_for(spec.engine),
+                               exporter=not (opts.no_watchdog or not spec.watchdog.enabled))
 
 
 def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tuple[SeatRecord, StageTimes]:
@@ -117,6 +131,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     # First, before a plan is sized, a cluster started or contacted: a home that takes no write would fail `up`
     # half-way (no seat record for `down`, no logs, no bundles) with an OS error instead of what to do.
     ensure_writable()
+    spec = spec.with_port_base(opts.port_base)
     backend = backend_for(spec.engine)
     policy = effective_policy(spec, opts)
     plan = plan_of(spec, opts)
@@ -184,6 +199,12 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     seat = plan.seat
     n = len(plan.nodes)
 
+    if spec.cluster.address == "local":  # every node on this host: its ports checked before a cluster starts
+        with stages.stage("ports", f"every port of the {n} nodes on this host"):
+            held = local_port_failures(plan, backend, exporter=not rec.no_watchdog)
+            if held is not None:
+                raise held
+
     with stages.stage("cluster", spec.cluster.address) as note:
         address = spec.cluster.address
         if address == "local":
@@ -235,7 +256,10 @@ def _up_stages(spec: SeatSpec, plan: LaunchPlan, backend: EngineBackend, opts: U
     plan_json = json.dumps(plan.to_json())
 
     with stages.stage("preflight", "every node"):
-        found = call_all(clients, "preflight", lambda c: (plan_json,), timeout=min(left(), 60.0))
+        exporters = {nd.node_rank: None if rec.no_watchdog else exporter_address(spec.watchdog.exporter_bind, nd.ip)
+                     for nd in rec.nodes}
+        found = call_all(clients, "preflight", lambda c: (plan_json, exporters[c.node_rank]),
+                         timeout=min(left(), 60.0))
         failures = [Failure.from_dict(f) for fs in found for f in fs]
         if failures:
             raise preflight_error(failures)

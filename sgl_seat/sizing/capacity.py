@@ -38,7 +38,7 @@ from sgl_seat.sizing.cache import CACHE_ENV
 from sgl_seat.sizing.draft_tiers import ADAPTIVE_CONFIG_NAME, SEAT_FILES
 from sgl_seat.sizing.engram import EngramTables, engram_tables
 from sgl_seat.sizing.reconcile import has_report_shape, report_notes
-from sgl_seat.spec import SeatSpec, spec_location
+from sgl_seat.spec import SeatSpec, builtin_models, spec_location
 
 GIB = 1 << 30
 # APPROX: what the CUDA context and torch take before SGLang measures ``pre_model_load_memory``.
@@ -370,7 +370,8 @@ def plan_capacity(
     if not cfg_path.is_file():
         raise SpecError(
             f"no config.json at {cfg_path}",
-            fix="point model.config at the model directory (relative to the spec file)",
+            fix="point model.config at the model directory (relative to the spec file), or name a built-in "
+                f"model: {', '.join(builtin_models())}",
             **spec_location(spec, "model.config"),
         )
     cfg = read_planning_config(cfg_path)

@@ -34,6 +34,7 @@ from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
 from sgl_seat.procstate import state_name
 from sgl_seat.watchdog import boot_dir
+from sgl_seat.watchdog.config import metrics_port_for
 
 LOG_SCAN_BYTES = 4 << 20
 #: A scheduler found gone this long before its engine's launcher exited went first (SGLang's launcher exits
@@ -153,10 +154,16 @@ class NodeAgent:
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, self.files_dir / name)
 
-    def preflight(self, plan_json: str) -> str:
-        """Every local check that applies to this node's engine; a JSON list of failures."""
+    def preflight(self, plan_json: str, exporter_addr: str | None = None) -> str:
+        """Every local check that applies to this node's engine, and, with ``exporter_addr`` (the watchdog on), that
+        its sidecar's metrics exporter port is free there; a JSON list of failures."""
         plan, node = self._node_of(plan_json)
-        return json.dumps([f.to_dict() for f in self.local_checks(plan, node, self._gpu_ids())])
+        found = self.local_checks(plan, node, self._gpu_ids())
+        metrics = metrics_port_for(plan.http_port, self.node_rank) if exporter_addr else 0
+        if exporter_addr and metrics:
+            found += preflight.check_ports_free(self.node_rank, {preflight.EXPORTER_PORT: metrics},
+                                                {metrics: preflight_facts.port_holder(metrics, exporter_addr)})
+        return json.dumps([f.to_dict() for f in found])
 
     def local_checks(self, plan: LaunchPlan, node: NodePlan, gpu_ids: list[str]) -> list[Failure]:
         """The engine backend's checks on this host, with the environment the engine will start with."""

@@ -337,12 +337,12 @@ class Supervisor:
     def _draft_off_plan(self, rec: SeatRecord, plan: LaunchPlan, clients: list[AgentClient],
                         backend: Any) -> LaunchPlan:
         """The seat's plan with the draft off, from its spec as `up` planned it (its mem_fraction and faults; the
-        spec's own draft-off slots, not `up --slots`, which sized the draft-on seat), bound to the same nodes;
-        refused where the spec no longer plans the same seat (nodes, ports)."""
+        spec's own draft-off slots, not `up --slots`, which sized the draft-on seat; its ports where `up --port-base`
+        moved them), bound to the same nodes; refused where the spec no longer plans the same seat (nodes, ports)."""
         if not rec.spec_source:
             raise SeatError("the seat record names no spec: the plan cannot be rebuilt with the draft off")
-        fresh = build_plan(load_spec(rec.spec_source), draft=False, slots=None, mem_fraction=self.cfg.mem_fraction,
-                           faults=self.cfg.faults)
+        fresh = build_plan(load_spec(rec.spec_source).with_port_base(plan.http_port), draft=False, slots=None,
+                           mem_fraction=self.cfg.mem_fraction, faults=self.cfg.faults)
         same = (len(fresh.nodes) == len(plan.nodes) and fresh.http_port == plan.http_port
                 and fresh.dist_init_port == plan.dist_init_port)
         if not same:
