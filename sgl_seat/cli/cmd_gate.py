@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sgl_seat.cli.common import SeatOrDefault, console, err_console, print_json
-from sgl_seat.errors import UsageError
+from sgl_seat.cli.common import PortBaseOpt, SeatOrDefault, console, err_console, print_json
+from sgl_seat.errors import SeatError, UsageError
 
 if TYPE_CHECKING:
     from sgl_seat.gate import Progress
@@ -25,16 +25,6 @@ def _progress(p: Progress) -> None:
         err_console.print(f"gate: all {p.total_slots} slots done")
     else:
         err_console.print(f"gate: slot {p.done_slots + 1}/{p.total_slots} {p.slot}: {p.cell}{eta}")
-
-
-def _urls(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for it in items:
-        arm, sep, url = it.partition("=")
-        if not sep or not url.startswith(("http://", "https://")):
-            raise UsageError(f"--url {it!r} is not ARM=URL", fix="e.g. --url baseline=http://10.0.0.1:30000")
-        out[arm.strip()] = url.strip()
-    return out
 
 
 def gate(
@@ -63,6 +53,7 @@ def gate(
                                                                        "one.")] = None,
     note: Annotated[str | None, typer.Option("--note", help="Words about what is measured, shown atop the report "
                                                             "(e.g. that the model has random weights).")] = None,
+    port_base: PortBaseOpt = None,
 ) -> None:
     """Run the A/B battery: arms interleaved ABBA, paired 95 % intervals, an A/A noise floor, a verdict.
 
@@ -77,31 +68,38 @@ def gate(
     of runs cannot decide; INCONCLUSIVE: more runs are needed.
 
     Exit status (for pipelines): 0 SHIP, 1 DO_NOT_SHIP, 3 INCONCLUSIVE, 2 a usage error (a bad option, spec
-    or workloads file). A battery that cannot run (the cluster or an engine failed) exits with its error's
-    code, 1, with the message on stderr and no report on stdout; Ctrl-C exits 130.
+    or workloads file), 4 no verdict: the battery could not run (an arm that did not start, naming the node,
+    the reason and the fix; the cluster failed); the message is on stderr and, with --json, an error document
+    ("verdict": null, "error": {...}) on stdout. An arm whose engine fails to start is started once more;
+    one that fails preflight (a port held: see --port-base) is not. Ctrl-C exits 130.
     """
-    from sgl_seat.gate import GateOptions, exit_code, parse_arms, run_gate
+    from sgl_seat.gate import GateOptions, error_document, exit_code, parse_arms, parse_urls, run_gate
     from sgl_seat.gate.report_html import render_html
     from sgl_seat.gate.report_text import render_text
     from sgl_seat.launch.seatchoice import choose_seat
     from sgl_seat.spec import load_spec
 
-    urls = _urls(url or [])
+    urls = parse_urls(url or [])
     spec = None
     if not urls:  # arms brought up from a spec (a resumed battery too)
         path, note = choose_seat(seat)
         if note:
             err_console.print(note)
-        spec = load_spec(path)
+        spec = load_spec(path).with_port_base(port_base)
     arm_list = parse_arms(arms)
     if urls:
         urls.setdefault("control", urls.get("baseline", ""))
         missing = [a for a in arm_list if not urls.get(a)]
         if missing:
             raise UsageError(f"no --url for arm(s) {', '.join(missing)}", fix="pass --url ARM=URL for each arm")
-    result = run_gate(GateOptions(spec=spec, urls=urls, arms=arm_list, runs=runs, quick=quick, seed=seed, out=out,
-                                  resume=resume, watchdog=not no_watchdog, workloads=workloads, note=note),
-                      progress=_progress, say=lambda s: err_console.print(s))
+    try:
+        result = run_gate(GateOptions(spec=spec, urls=urls, arms=arm_list, runs=runs, quick=quick, seed=seed,
+                                      out=out, resume=resume, watchdog=not no_watchdog, workloads=workloads,
+                                      note=note), progress=_progress, say=lambda s: err_console.print(s))
+    except SeatError as exc:  # no verdict: with --json a document says so on stdout, then the error on stderr
+        if json_out:
+            print_json(error_document(exc))
+        raise
     if html is not None:
         html.write_text(render_html(result.report), encoding="utf-8")
         err_console.print(f"HTML report: {html}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgl_seat.errors import UsageError
+from sgl_seat.errors import ArmStartError, NoVerdictError, SeatError, UsageError
 from sgl_seat.gate.arms import Arms, SeatArms, UrlArms
 from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.gate.runner import BatteryDir, Progress, run_battery, start_battery
@@ -34,7 +34,11 @@ from sgl_seat.gate.workloads import load_battery
 from sgl_seat.launch.seatrecord.home import seat_home
 from sgl_seat.spec import SeatSpec
 
-__all__ = ["EXIT_CODES", "GateOptions", "GateResult", "Progress", "exit_code", "parse_arms", "run_gate"]
+__all__ = ["EXIT_CODES", "GateOptions", "GateResult", "Progress", "error_document", "exit_code", "parse_arms",
+           "parse_urls", "run_gate"]
+
+#: The version of the document ``gate --json`` prints when the battery stops without a verdict.
+ERROR_SCHEMA_VERSION = "1.0"
 
 
 def parse_arms(text: str) -> list[str]:
@@ -49,6 +53,28 @@ def parse_arms(text: str) -> list[str]:
                          fix="e.g. --arms baseline,candidate,hybrid,control; --arms baseline,hybrid,control gates a "
                              "tuned seat's policy; --arms baseline,control is an A/A rehearsal")
     return arms
+
+
+def parse_urls(items: list[str]) -> dict[str, str]:
+    """``--url ARM=URL`` values: arm -> endpoint of a running seat."""
+    out: dict[str, str] = {}
+    for it in items:
+        arm, sep, url = it.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise UsageError(f"--url {it!r} is not ARM=URL", fix="e.g. --url baseline=http://10.0.0.1:30000")
+        out[arm.strip()] = url.strip()
+    return out
+
+
+def error_document(exc: SeatError) -> dict[str, Any]:
+    """What ``gate --json`` prints on stdout when the battery stops without a verdict (``verdict`` null, the exit
+    status beside it): the error, its fix, and for an arm that did not start the arm, the node and the reason."""
+    err: dict[str, Any] = {"kind": type(exc).__name__, "message": exc.message, "fix": exc.fix}
+    if isinstance(exc, ArmStartError):
+        err.update(arm=exc.arm, node=exc.node, reason=exc.reason)
+    if isinstance(exc, NoVerdictError):
+        err["directory"] = exc.directory
+    return {"schema_version": ERROR_SCHEMA_VERSION, "verdict": None, "exit_code": exc.exit_code, "error": err}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,7 +123,20 @@ def run_gate(opts: GateOptions, *, progress: Callable[[Progress], None] = lambda
                                      {"kind": "seat", "seat": name, "source": opts.spec.source if opts.spec else None})
         bd = start_battery(root, battery, opts.arms, arms_from, note=opts.note)
         say(f"battery directory: {bd.root}")
-    run_battery(bd, _arms_impl(opts, say), progress=progress, request_timeout=opts.request_timeout)
+    try:
+        run_battery(bd, _arms_impl(opts, say), progress=progress, request_timeout=opts.request_timeout)
+    except SeatError as exc:
+        # A failure's own exit status may be a verdict's (an EngineError's is DO_NOT_SHIP's 1): a battery that
+        # stopped is NoVerdictError's 4, whatever stopped it; a usage error keeps its 2.
+        if not isinstance(exc, NoVerdictError) and exc.exit_code not in EXIT_CODES.values():
+            raise
+        err = exc if isinstance(exc, NoVerdictError) else NoVerdictError(
+            f"the battery stopped without a verdict: {exc.message}", fix=exc.fix)
+        err.directory = str(bd.root)
+        err.fix = (f"{err.fix}; then " if err.fix else "") + f"`sgl-seat gate --resume {bd.root}` runs what is missing"
+        if err is exc:
+            raise
+        raise err from exc
     report = build_report(bd)
     bd.write_json(bd.root / "report.json", report)
     return GateResult(bd.root, report)

@@ -26,14 +26,23 @@ from typing import Any, Protocol
 
 import httpx
 
-from sgl_seat.errors import EngineError, PreflightError, SeatStateError, UsageError
+from sgl_seat.errors import (
+    ArmStartError,
+    ClusterError,
+    EngineError,
+    PreflightError,
+    SeatError,
+    SeatStateError,
+    UsageError,
+)
 from sgl_seat.gate.design import BASELINE, CANDIDATE, CONTROL, HYBRID
 from sgl_seat.launch import teardown
 from sgl_seat.launch import up as seat_up
 from sgl_seat.launch.host.localcluster import LocalClusterRecord, start_local_cluster, stop_local_cluster
+from sgl_seat.launch.seatrecord.record import record_path
 from sgl_seat.spec import DraftSpec, SeatSpec
 
-__all__ = ["ArmSession", "Arms", "SeatArms", "UrlArms", "arm_spec"]
+__all__ = ["ArmSession", "Arms", "SeatArms", "UrlArms", "arm_spec", "arm_start_error"]
 
 log = logging.getLogger(__name__)
 DRAFT_ON = frozenset({CANDIDATE, HYBRID})
@@ -63,6 +72,18 @@ class Arms(Protocol):
     def close(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+def arm_start_error(arm: str, exc: SeatError, starts: int, *, also: str = "") -> ArmStartError:
+    """``exc`` (why arm ``arm``'s `up` failed) as the gate's error: the arm, the node where one is known, the reason
+    and its fix; a battery that stops here has no verdict."""
+    node = exc.node if isinstance(exc, EngineError) else (
+        exc.nodes[0] if isinstance(exc, PreflightError) and exc.nodes else None)
+    where = f"node {node}" if node is not None else "the seat"
+    tries = "refused before it started" if starts == 0 else "its only start" if starts == 1 else f"{starts} starts"
+    return ArmStartError(f"arm {arm} could not start ({where}, {tries}); the battery stopped without a verdict: "
+                         + exc.message + (f"\n  {also}" if also else ""),
+                         arm=arm, node=node, reason=exc.message.splitlines()[0], fix=exc.fix)
 
 
 def arm_spec(spec: SeatSpec, arm: str, *, address: str | None = None) -> SeatSpec:
@@ -106,30 +127,49 @@ class SeatArms:
         self._address = self.cluster.gcs_address
 
     def start(self, arm: str) -> ArmSession:
-        """Bring the arm up; an engine that fails to start is taken down and started once more (a battery of
-        hours should not end on one flaky start: measured, SGLang 0.5.17's CUDA-graph capture on the H200 failed
-        once in a draft arm's start that served on the next), and the slot records it."""
+        """Bring the arm up. An engine that fails to start is started once more (a battery of hours should not end
+        on one flaky start: measured, SGLang 0.5.17's CUDA-graph capture on the H200 failed once in a draft arm's
+        start that served on the next; the sim's gloo rendezvous on a loaded machine), and the slot records it.
+        `up` has taken the failed start down itself (its record is gone) unless its teardown left something, which
+        is taken down here first. A start that trying again cannot mend (preflight: a port held, an interface
+        missing; the cluster) is not retried. An arm that does not start is an :class:`ArmStartError`: exit 4, no
+        verdict, naming the arm, the node and the reason."""
+        opts = seat_up.UpOptions(draft=arm in DRAFT_ON, timeout=self.up_timeout, no_watchdog=not self.watchdog)
+        if self.spec.cluster.address == "local":  # every arm on this host: a held port is found before a cluster
+            held = seat_up.local_ports_error(arm_spec(self.spec, arm), opts)
+            if held is not None:
+                raise arm_start_error(arm, held, 0)
         self._ensure_cluster()
         spec = arm_spec(self.spec, arm, address=self._address)
         failed: str | None = None
         for attempt in (1, 2):
             t0 = time.monotonic()
             try:
-                rec, _ = seat_up.up(spec, seat_up.UpOptions(draft=arm in DRAFT_ON, timeout=self.up_timeout,
-                                                            no_watchdog=not self.watchdog))
-            except (EngineError, PreflightError, SeatStateError) as exc:
+                rec, _ = seat_up.up(spec, opts)
+            except EngineError as exc:
                 if attempt == 2:
-                    raise
-                failed = str(exc).splitlines()[0][:500]
-                self.say(f"arm {arm}: the engine did not start ({failed}); taking it down and starting it once more")
-                teardown.down(spec.name)
+                    raise arm_start_error(arm, exc, attempt) from exc
+                failed = exc.message.splitlines()[0][:500]
+                self.say(f"arm {arm}: the engine did not start ({failed}); starting it once more")
+                self._take_down_leftovers(arm, spec.name, exc)
                 continue
+            except (PreflightError, SeatStateError, ClusterError) as exc:
+                raise arm_start_error(arm, exc, attempt) from exc
             if not rec.endpoint:
                 raise UsageError(f"arm {arm}: `up` returned no endpoint")
             return ArmSession(arm, rec.endpoint.rstrip("/"), spec.model.name, True,
                               Path(rec.bundles_dir) if rec.bundles_dir and self.watchdog else None,
                               time.monotonic() - t0, starts=attempt, failed_start=failed)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _take_down_leftovers(self, arm: str, name: str, first: EngineError) -> None:
+        """What a failed start's own teardown left (its record kept, FAILED, naming survivors), before the next."""
+        if not record_path(name).is_file():
+            return
+        try:
+            teardown.down(name)
+        except SeatError as exc:
+            raise arm_start_error(arm, first, 1, also=f"what it left could not be taken down: {exc.message}") from exc
 
     def stop(self, session: ArmSession) -> None:
         teardown.down(arm_spec(self.spec, session.arm).name)
