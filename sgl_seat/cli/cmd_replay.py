@@ -51,7 +51,7 @@ def replay(
     from sgl_seat.forensics.format.store import resolve_bundle
     from sgl_seat.forensics.recording.traffic import replay_traffic
     from sgl_seat.forensics.replay.bundle_html import render_html
-    from sgl_seat.forensics.replay.bundle_text import render_report
+    from sgl_seat.forensics.replay.bundle_text import print_report
     from sgl_seat.forensics.replay.exports import chrome_trace, speedscope
     from sgl_seat.forensics.replay.replayer import replay_bundle
     from sgl_seat.launch.seatrecord.record import bundles_dir_for, recorded_bundle_dirs
@@ -75,8 +75,7 @@ def replay(
     if json_out:
         print_json(doc)
         return
-    for part in render_report(result):
-        console.print(part)
+    print_report(result, console)  # piped: as wide as its lines, not cut at 80 columns
     if "traffic" in doc:
         t = doc["traffic"]
         rep = {True: "REPRODUCED: the target captured " + ", ".join(t["new_bundles"]),

@@ -15,6 +15,7 @@ import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -107,6 +108,12 @@ def _ref_attribute_fetch(obs: Observation, now: float) -> tuple[Any, ...] | None
             f"rank {rank} has a row fetch {where} for {d._fmt_s(now - since)}")
 
 
+def _call_order(recs: list[ProbeRecord]) -> Callable[[int], tuple[int, float, float, int, int]]:
+    """A process's calls in call-number order (the generated cases repeat call numbers: ties by the call itself)."""
+    return lambda i: (recs[i].seq, recs[i].start, math.inf if recs[i].end is None else recs[i].end,
+                      recs[i].gather_size, recs[i].rank)
+
+
 def _ref_buckets(recs: list[ProbeRecord], now: float, stall_s: float) -> dict[str, Any]:
     """The report's row-fetch section as the per-record loop computed it (in-flight list left out)."""
     def stats(vals: list[float]) -> dict[str, float | int]:
@@ -115,12 +122,28 @@ def _ref_buckets(recs: list[ProbeRecord], now: float, stall_s: float) -> dict[st
         return {"count": len(vals), "p50_ms": round(percentile(vals, 50), 3),
                 "p99_ms": round(percentile(vals, 99), 3), "max_ms": round(max(vals), 3)}
 
+    # Warm-up calls (a process's first WARMUP_CALLS calls of each target and graph shape, where its call 1 is here)
+    # that completed are left out of the statistics and counted per bucket.
+    first_seq: dict[int, int] = {}
+    for r in recs:
+        first_seq[r.pid] = min(first_seq.get(r.pid, r.seq), r.seq)
+    per_key: dict[tuple[int, str, int | None], list[int]] = defaultdict(list)
+    for i, r in enumerate(recs):
+        if first_seq[r.pid] == 1:
+            per_key[(r.pid, r.target, r.graph_key)].append(i)
+    warm = {i for rows in per_key.values() for i in sorted(rows, key=_call_order(recs))[:analysis.WARMUP_CALLS]
+            if recs[i].end is not None}
     by_bucket: dict[int, list[float]] = defaultdict(list)
     infl: dict[int, int] = defaultdict(int)
+    warmups: dict[int, int] = defaultdict(int)
     by_rank: dict[int, list[float]] = defaultdict(list)
-    for r in recs:
+    for i, r in enumerate(recs):
         key = r.gather_size.bit_length() if r.gather_size >= 0 else -1
         dms = ((now if r.end is None else r.end) - r.start) * 1000.0
+        by_bucket.setdefault(key, [])
+        if i in warm:
+            warmups[key] += 1
+            continue
         infl[key] += r.end is None
         by_bucket[key].append(0.0 if dms < 0.0 else dms)
         by_rank[r.rank].append(0.0 if dms < 0.0 else dms)
@@ -129,7 +152,7 @@ def _ref_buckets(recs: list[ProbeRecord], now: float, stall_s: float) -> dict[st
         lo, hi = gather_bucket(-1 if b < 0 else 0 if b == 0 else 1 << (b - 1))
         st = stats(by_bucket[b])
         buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": infl[b],
-                        "stalled": st["max_ms"] >= stall_s * 1000.0 and infl[b] > 0})
+                        "stalled": st["max_ms"] >= stall_s * 1000.0 and infl[b] > 0, "warmup": warmups[b]})
     return {"buckets": buckets, "by_rank": [{"rank": r, **stats(v)} for r, v in sorted(by_rank.items())],
             "in_flight": sum(infl.values()), "records": len(recs)}
 

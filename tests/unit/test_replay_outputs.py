@@ -44,7 +44,7 @@ def test_html_is_self_contained_and_escaped() -> None:
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     assert page.count("<script>") == 1
     f = _stalled_fetch()
-    assert f"stalled: {f['age_ms'] / 1000:.1f} s (gather {f['gather_size']})" in page
+    assert f"stalled: {f['age_ms'] / 1000:.1f} s at the trigger (gather {f['gather_size']})" in page
 
 
 def test_html_escapes_hostile_strings(tmp_path: Path) -> None:

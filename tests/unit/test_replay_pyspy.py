@@ -112,7 +112,8 @@ def test_replay_of_a_pyspy_shaped_bundle(tmp_path: Path) -> None:
     r1 = next(r for r in doc["divergence"]["ranks"] if r["rank"] == 1)
     assert r1["source"] == "native"  # the native dump wins over the failed one at the same instant
     assert doc["stuck"][0]["rank"] == 0 and doc["stuck"][0]["frame"].startswith("Scheduler._drain")
-    assert any(seg["state"] == "error" for r in doc["timeline"] if r["rank"] == 2 for seg in r["segments"])
+    # its failed dump is drawn as a stack not read, not as a fault of the rank
+    assert any(seg["state"] == "unread" for r in doc["timeline"] if r["rank"] == 2 for seg in r["segments"])
     assert doc["exited"] == [] and doc["activity"]["metrics_points"] == 0
     assert "<svg" in render_html(result)
     json.dumps(speedscope(result))

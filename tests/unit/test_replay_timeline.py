@@ -41,15 +41,17 @@ def _ref_timeline(stacks: list[StackSample], trig: float, funcs: frozenset[str])
     for rank, samples in sorted(by_rank.items()):
         samples.sort(key=lambda s: s.t)
         segs: list[_Seg] = []
-        cache: dict[int, RankState] = {}
+        cache: dict[tuple[int, bool], RankState] = {}
         gaps = sorted(b.t - a.t for a, b in itertools.pairwise(samples) if b.t > a.t)
         period = gaps[len(gaps) // 2] if gaps else 1.0
         for i, s in enumerate(samples):
             th = s.main_thread()
-            key = id(th)
+            key = (id(th), s.state == "T")
             st = cache.get(key)
             if st is None:
-                st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
+                st = RankState("unread", None) if s.error and th is None else classify_thread(th, funcs)
+                if s.state == "T":  # a stopped process is drawn stopped, at the frame it froze in
+                    st = RankState("stopped", st.frame)
                 if th is not None:
                     cache[key] = st
             nxt = samples[i + 1].t if i + 1 < len(samples) else max(s.t, min(trig, s.t + period))
@@ -96,5 +98,5 @@ def test_timeline_run_lengths_are_the_per_sample_segments() -> None:
         rng = random.Random(seed)
         stacks = _stacks(rng)
         trig = T0 + rng.choice((-5.0, 10.0, 40.0, 500.0))
-        got = analysis.timeline(SimpleNamespace(stacks=stacks), trig, funcs)  # type: ignore[arg-type]
+        got = analysis.timeline(SimpleNamespace(stacks=stacks, processes=[]), trig, funcs)  # type: ignore[arg-type]
         assert got == _ref_timeline(stacks, trig, funcs), f"seed {seed}"

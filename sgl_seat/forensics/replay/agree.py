@@ -13,6 +13,10 @@ holds each on the committed real-engine bundles):
 - **Warm-up calls** (``rowfetch.warmup``): a process's first calls of each target (and each graph shape), seen
   when the bundle holds the process from its first call: its first prefill, its first decode, a shape's first
   replay. They are listed apart with their latency and are never the cause.
+- **One threshold, one age** (:func:`threshold_words`, :func:`age_words`): a call in flight is shown with the
+  threshold the detectors judged it by (learned or fixed, and which) and with its age at the trigger and at the
+  verdict, each named: the verdict is evaluated after the trigger (at the capture), so its evidence's "in flight for"
+  is the later of the two.
 - **The collectives summary** (``divergence.summary``): a verdict that names a stopped or exited rank makes that
   rank the lagging one, whatever its last stack showed (a stopped process's stack is the one it froze in, often the
   collective itself), so the summary never says "a mismatched or lost collective" over a stopped rank.
@@ -28,12 +32,10 @@ from sgl_seat.core.nodeloss import names
 from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.core.stats import gather_bucket, gather_bucket_label
 from sgl_seat.forensics.format.bundle import Bundle
-from sgl_seat.forensics.replay.analysis import Analysis, lagging_where
+from sgl_seat.forensics.replay.analysis import WARMUP_CALLS, Analysis, lagging_where, warmup_rows
 
-__all__ = ["WARMUP_CALLS", "agree", "cause_lines"]
+__all__ = ["WARMUP_CALLS", "age_words", "agree", "cause_lines", "progress_words", "seconds", "threshold_words"]
 
-#: Calls per (process, target, graph shape) that count as warm-up when the bundle holds the process's first call.
-WARMUP_CALLS = 2
 _WARMUP_LISTED = 20
 #: What a rank that the verdict names is, for the collectives summary.
 _NAMED_STATE = {VerdictKind.PROCESS_STOPPED: "stopped", VerdictKind.PROCESS_EXITED: "exited"}
@@ -57,27 +59,11 @@ def agree(analysis: Analysis, verdict: Verdict | None, bundle: Bundle) -> Analys
 
 def _warmup(bundle: Bundle, now: float) -> dict[str, Any]:
     """The first :data:`WARMUP_CALLS` calls of each (process, target, graph shape), where the bundle holds the
-    process's first call (call numbers count from 1 per process): their count, the slowest, and the first few."""
+    process's first call (call numbers count from 1 per process; :func:`~.analysis.warmup_rows`): their count, the
+    slowest, and the first few. The completed ones are left out of the bucket statistics."""
     pt = bundle.probes
-    none: dict[str, Any] = {"calls": 0, "max_ms": None, "per_target": WARMUP_CALLS, "listed": []}
-    if not len(pt):
-        return none
-    pids = np.array([g.pid for g in pt.groups], np.int64)[pt.group]
-    from_start = [int(p) for p in np.unique(pids) if int(pt.seq[pids == p].min()) == 1]
-    if not from_start:  # the usual bundle: its ring has wrapped since each process's first calls
-        return none
-    # Columnar, as the rest of the analysis (a bundle holds up to a million records): the rows of those processes
-    # in (key, call number) order, and each key's first WARMUP_CALLS of them.
-    keys: dict[tuple[int, str, int | None], int] = {}
-    key_of_group = np.array([keys.setdefault((g.pid, g.target, g.graph_key), len(keys)) for g in pt.groups],
-                            np.int64)
-    idx = np.flatnonzero(np.isin(pids, from_start))
-    order = idx[np.lexsort((pt.seq[idx], key_of_group[pt.group[idx]]))]
-    k = key_of_group[pt.group[order]]
-    pos = np.arange(len(k))
-    run_start = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], pos, 0))
     listed: list[dict[str, Any]] = []
-    for i in order[pos - run_start < WARMUP_CALLS].tolist():
+    for i in np.flatnonzero(warmup_rows(pt)).tolist():
         r = pt.record(i)
         end = now if r.end is None else r.end
         listed.append({"rank": r.rank, "pid": r.pid, "seq": r.seq, "target": r.target, "gather_size": r.gather_size,
@@ -101,6 +87,8 @@ def _cause_bucket(rf: dict[str, Any], verdict: Verdict | None) -> dict[str, Any]
     row = next((b for b in table if b["gather_size_min"] == lo), None)
     return {"gather_size_min": lo, "gather_size_max": hi, "rank": verdict.rank, "target": call["target"],
             "gather_size": call["gather_size"], "age_ms": call["age_ms"], "graph": graph,
+            **{k: call[k] for k in ("age_at_verdict_ms", "verdict_after_s", "threshold_s", "threshold_from")
+               if k in call},
             **({"graph_key": call["graph_key"]} if graph else {}),
             "max_ms": row["max_ms"] if row else call["age_ms"], "p99_ms": row["p99_ms"] if row else None,
             "count": row["count"] if row else None}
@@ -123,6 +111,34 @@ def _name_the_rank(div: dict[str, Any], rank: int, state: str, kind: str) -> Non
                       if waiting else f"rank {rank} {state} ({kind}); no rank waits in a collective")
 
 
+def seconds(x: float) -> str:
+    """A duration as the verdict's evidence writes it (``core.detect``): one decimal, two figures under a second."""
+    return f"{x:.1f} s" if abs(x) >= 1 else f"{x:.2g} s"
+
+
+def threshold_words(f: dict[str, Any]) -> str:
+    """"threshold 0.3 s (learned)": the threshold an in-flight call was judged by, and where it came from."""
+    return f"threshold {seconds(f['threshold_s'])} ({f['threshold_from']})"
+
+
+def age_words(f: dict[str, Any]) -> str:
+    """An in-flight call's age at the trigger and, where the verdict was judged later, at the verdict (its
+    evidence's figure: one decimal, as ``core.detect`` writes it)."""
+    out = f"{seconds(f['age_ms'] / 1000.0)} at the trigger"
+    after = f.get("verdict_after_s")
+    if after is not None and "age_at_verdict_ms" in f and after > 0:
+        out += (f", {f['age_at_verdict_ms'] / 1000.0:.1f} s at the verdict (judged {seconds(after)} after the "
+                "trigger, at the capture)")
+    return out
+
+
+def progress_words(last_s: float | None) -> str:
+    """The last time the generated-token counter grew, relative to the trigger, in words."""
+    if last_s is None:
+        return "no growth of the generated-token counter in the metrics"
+    return f"tokens last grew {abs(last_s):g} s {'before' if last_s <= 0 else 'after'} the trigger (metrics scrapes)"
+
+
 def cause_lines(doc: dict[str, Any]) -> list[str]:
     """What the row fetches say about the verdict, in words the HTML report uses too (forensics.replay.agree)."""
     rf, v = doc["rowfetch"], doc.get("verdict")
@@ -131,12 +147,12 @@ def cause_lines(doc: dict[str, Any]) -> list[str]:
     if c is not None:
         what = "graph replays of" if c["graph"] else "gather"
         out.append(f"cause: {what} {gather_bucket_label(c['gather_size_min'])} {'tokens' if c['graph'] else 'rows'} "
-                   f"on rank {c['rank']}, in flight {c['age_ms'] / 1000:.1f} s at the trigger ({c['target']})")
+                   f"on rank {c['rank']}, in flight {age_words(c)}, {threshold_words(c)} ({c['target']})")
     elif v is not None and v["kind"] != "row-fetch stall" and any(f.get("stalled") for f in rf["in_flight_fetches"]):
         out.append(f"row fetches in flight past the threshold are not the cause: the verdict is {v['kind']}"
                    + (f" on rank {v['rank']}" if v.get("rank") is not None else ""))
     w = rf.get("warmup") or {}
     if w.get("calls"):
         out.append(f"warm-up calls (each process's first {w['per_target']} per target after its start; never the "
-                   f"cause): {w['calls']}, the slowest {w['max_ms']:,.0f} ms")
+                   f"cause, left out of the bucket statistics): {w['calls']}, the slowest {w['max_ms']:,.0f} ms")
     return out

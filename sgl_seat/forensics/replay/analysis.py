@@ -43,7 +43,7 @@ from sgl_seat.core.records import Frame, MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile, rank_index
 from sgl_seat.forensics.format.bundle import Bundle
 from sgl_seat.forensics.recording.request_table import RequestTable
-from sgl_seat.forensics.replay.redetect import learned_of
+from sgl_seat.forensics.replay.redetect import learned_of, thresholds_of
 
 __all__ = [
     "Analysis",
@@ -51,19 +51,50 @@ __all__ = [
     "analyse",
     "classify_thread",
     "rowfetch_buckets",
+    "warmup_rows",
 ]
 
 #: Row-fetch functions recognised even without probe records naming them.
 ROWFETCH_FUNCS = frozenset({"fetch_rows"})
 
+#: Calls per (process, target, graph shape) that count as warm-up when the bundle holds the process's first call.
+WARMUP_CALLS = 2
 MAX_STUCK = 20
 STUCK_MIN_SAMPLES = 3
 ACTIVITY_WINDOW_S = 60.0
 
 
+def warmup_rows(pt: ProbeColumns) -> Mask:
+    """The rows that are warm-up calls: each (process, target, graph shape)'s first :data:`WARMUP_CALLS` calls, of
+    the processes whose first call (call number 1) the bundle holds (a ring that wrapped holds none)."""
+    out = np.zeros(len(pt), np.bool_)
+    if not len(pt):
+        return out
+    pids = np.array([g.pid for g in pt.groups], np.int64)[pt.group]
+    from_start = [int(p) for p in np.unique(pids) if int(pt.seq[pids == p].min()) == 1]
+    if not from_start:  # the usual bundle: its ring has wrapped since each process's first calls
+        return out
+    # Columnar (a bundle holds up to a million records): the rows of those processes in (key, call number) order,
+    # and each key's first WARMUP_CALLS of them.
+    keys: dict[tuple[int, str, int | None], int] = {}
+    key_of_group = np.array([keys.setdefault((g.pid, g.target, g.graph_key), len(keys)) for g in pt.groups],
+                            np.int64)
+    idx = np.flatnonzero(np.isin(pids, from_start))
+    ranks = np.array([g.rank for g in pt.groups], np.int64)[pt.group[idx]]
+    ends = np.where(np.isnan(pt.end[idx]), np.inf, pt.end[idx])  # call numbers are unique per process: the rest
+    order = idx[np.lexsort((ranks, pt.gather_size[idx], ends, pt.start[idx], pt.seq[idx],  # only orders ties
+                            key_of_group[pt.group[idx]]))]
+    k = key_of_group[pt.group[order]]
+    pos = np.arange(len(k))
+    run_start = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], pos, 0))
+    out[order[pos - run_start < WARMUP_CALLS]] = True
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RankState:
-    """One thread's classification: ``state`` is rowfetch, collective, running, idle, exited or error."""
+    """One thread's classification: ``state`` is rowfetch, collective, running, idle, exited or error (no stack);
+    the timeline adds stopped and unread (a failed dump: ``_state_codes``)."""
 
     state: str
     frame: str | None
@@ -180,30 +211,43 @@ def _graph_latencies_ms(pt: ProbeColumns, now: float) -> tuple[F64, Mask]:
     return np.where(d < 0.0, 0.0, d), host_fl | gpu_fl
 
 
-def _bucket_rows(pt: ProbeColumns, d: F64, fl: Mask, stall_ms: float) -> list[dict[str, Any]]:
-    """Latency stats by power-of-two gather-size bucket over these rows (with their latencies and in-flight mask)."""
+def _bucket_rows(pt: ProbeColumns, d: F64, fl: Mask, stall_ms: float, apart: Mask) -> list[dict[str, Any]]:
+    """Latency stats by power-of-two gather-size bucket over these rows (with their latencies and in-flight mask),
+    leaving out the rows ``apart`` (completed warm-up calls: counted per bucket in ``warmup``, listed apart)."""
     keys = _bucket_keys(pt.gather_size) + 1  # 0: unknown size, else the size's bit length + 1
     buckets = []
     n_keys = int(keys.max()) + 1 if len(keys) else 0
-    parts = _split_by(d, keys, n_keys)
-    infl_by_key = np.bincount(keys[np.flatnonzero(fl)], minlength=n_keys)
+    kept = ~apart
+    parts = _split_by(d[kept], keys[kept], n_keys)
+    infl_by_key = np.bincount(keys[np.flatnonzero(fl & kept)], minlength=n_keys)
+    warm_by_key = np.bincount(keys[np.flatnonzero(apart)], minlength=n_keys)
     for k in np.flatnonzero(np.bincount(keys, minlength=n_keys)).tolist():  # the keys present, ascending
         b = k - 1
         lo, hi = gather_bucket(-1 if b < 0 else 0 if b == 0 else 1 << (b - 1))
         st = _latency_stats(parts[k])
         n_infl = int(infl_by_key[k])
         buckets.append({"gather_size_min": lo, "gather_size_max": hi, **st, "in_flight": n_infl,
-                        "stalled": st["max_ms"] >= stall_ms and n_infl > 0})
+                        "stalled": st["max_ms"] >= stall_ms and n_infl > 0, "warmup": int(warm_by_key[k])})
     return buckets
 
 
-def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
-                     learned: LearnedThresholds | None = None) -> dict[str, Any]:
+def _threshold_doc(stall_s: float, learned: LearnedThresholds | None) -> dict[str, Any]:
+    """The thresholds the calls were judged by: the fixed one, and the learned ones where the bundle has them."""
+    ths = [] if learned is None else sorted(e.threshold_s for e in learned.entries.values()
+                                            if e.samples >= learned.min_samples)
+    return {"fixed_s": _r(stall_s), "learned_shapes": len(ths),
+            "learned_min_s": _r(ths[0]) if ths else None, "learned_max_s": _r(ths[-1]) if ths else None}
+
+
+def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float, learned: LearnedThresholds | None = None,
+                     verdict_t: float | None = None) -> dict[str, Any]:
     """Row-fetch latency by gather-size bucket, per rank, and the in-flight fetches (age at ``now``).
 
     In-flight fetches count in their bucket with their age so far: a stalled fetch is exactly where
     latency "explodes", and leaving it out would hide the hang behind healthy percentiles. Computed over
-    the probe columns (a one-hour bundle holds a million records).
+    the probe columns (a one-hour bundle holds a million records). Completed warm-up calls (:func:`warmup_rows`)
+    are left out of the statistics (each bucket counts them in ``warmup``): a first call that compiled is no
+    latency of that bucket.
 
     CUDA graph replays (records with a shape key: SGLang's decode and verify, where the host-table read is a
     kernel inside the graph) are tabled apart, in ``graph_buckets`` by the replayed graph's token count, beside the
@@ -211,31 +255,45 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
     blur both. A replay in flight on the GPU (its end event not completed) is listed with the in-flight fetches.
     The keys ``graph_*`` are there only when the bundle has graph replays.
     An in-flight fetch is stalled past its own threshold: the one the detectors judge it by (learned from its
-    shape's healthy calls, ``learned``; else ``stall_s``), and a bucket holding one is stalled too.
+    shape's healthy calls, ``learned``; else ``stall_s``), and a bucket holding one is stalled too. Each in-flight
+    fetch says that threshold and where it came from, and its age at ``verdict_t`` too (the verdict's evaluation
+    time, where the verdict's evidence timed it), beside its age at ``now`` (the trigger).
     """
     pt = bundle.probes
     stall_ms = stall_s * 1000.0
     own = row_thresholds(pt, learned, stall_s, now)
     limit = {(int(pt.pid[i]), int(pt.seq[i])): float(own.seconds[i]) for i in np.flatnonzero(own.learned).tolist()}
+    warm_call = {(int(pt.pid[i]), int(pt.seq[i])) for i in np.flatnonzero(own.warmup).tolist()}
+    apart_all = warmup_rows(pt) & ~np.isnan(pt.end)
     graph = pt.graph_rows() if len(pt) else np.zeros(0, np.bool_)
     has_graph = bool(graph.any())
     eager = pt.take(~graph) if has_graph else pt
+    apart = apart_all[~graph] if has_graph else apart_all
     d, fl = _latencies_ms(eager, now)
     inflight = np.flatnonzero(fl)
-    buckets = _bucket_rows(eager, d, fl, stall_ms)
+    buckets = _bucket_rows(eager, d, fl, stall_ms, apart)
     keyed: list[tuple[tuple[float, int], dict[str, Any]]] = []
+
+    def judged(pid: int, seq: int, t0: float, age: float) -> dict[str, Any]:
+        th = limit.get((pid, seq), stall_s)
+        how = "learned" if (pid, seq) in limit else "fixed: a warm-up call" if (pid, seq) in warm_call else "fixed"
+        return {"stalled": age >= th, "threshold_s": _r(th), "threshold_from": how,
+                **({} if verdict_t is None else {"age_at_verdict_ms": _r(max(0.0, verdict_t - t0) * 1000.0),
+                                                  "verdict_after_s": _r(verdict_t - now)})}
+
     for i in inflight.tolist():
         r = eager.record(i)
         age = max(0.0, now - r.start)
         keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread, "seq": r.seq,
                          "target": r.target, "gather_size": r.gather_size, "start_s": _r(r.start - now),
-                         "age_ms": _r(age * 1000.0), "stalled": age >= limit.get((r.pid, r.seq), stall_s)}))
+                         "age_ms": _r(age * 1000.0), **judged(r.pid, r.seq, r.start, age)}))
     out_graph: dict[str, Any] = {}
-    by_rank_pt, by_rank_d = eager, d
+    kept = ~apart_all
+    by_rank_pt, by_rank_d = eager.take(~apart), d[~apart]
     if has_graph:
         gp = pt.take(graph)
         gd, gfl = _graph_latencies_ms(gp, now)
-        gbuckets = _bucket_rows(gp, gd, gfl, stall_ms)
+        gbuckets = _bucket_rows(gp, gd, gfl, stall_ms, apart_all[graph])
         for b in gbuckets:  # which captured shapes replayed in each token bucket
             rows = (gp.gather_size >= b["gather_size_min"]) & (gp.gather_size <= b["gather_size_max"]) \
                 if b["gather_size_min"] >= 0 else gp.gather_size < 0
@@ -249,14 +307,14 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
             keyed.append(((-age, r.rank), {"rank": r.rank, "node": r.node, "pid": r.pid, "thread": r.thread,
                                            "seq": r.seq, "target": r.target, "gather_size": r.gather_size,
                                            "start_s": _r(t0 - now), "age_ms": _r(age * 1000.0),
-                                           "stalled": age >= limit.get((r.pid, r.seq), stall_s),
+                                           **judged(r.pid, r.seq, t0, age),
                                            "graph_key": r.graph_key,
                                            "on_gpu": on_gpu}))
         out_graph = {"graph_replays": len(gp), "graph_in_flight": int(gfl.sum()), "graph_buckets": gbuckets}
-        by_rank_pt = pt
-        by_rank_d = np.empty(len(pt))
-        by_rank_d[np.flatnonzero(~graph)] = d
-        by_rank_d[np.flatnonzero(graph)] = gd
+        all_d = np.empty(len(pt))
+        all_d[np.flatnonzero(~graph)] = d
+        all_d[np.flatnonzero(graph)] = gd
+        by_rank_pt, by_rank_d = pt.take(kept), all_d[kept]
     keyed.sort(key=lambda kv: kv[0])
     stalled = [doc for _, doc in keyed]
     for b in buckets + out_graph.get("graph_buckets", []):
@@ -271,6 +329,8 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
         "completed": len(pt) - int(np.isnan(pt.end).sum()) if has_graph else len(pt) - len(inflight),
         "in_flight": int(np.isnan(pt.end).sum()) if has_graph else len(inflight),
         "stall_threshold_ms": _r(stall_ms),
+        "thresholds": _threshold_doc(stall_s, learned),
+        "warmup_apart": int(apart_all.sum()),
         "buckets": buckets,
         "worst_bucket": None if worst is None else {"gather_size_min": worst["gather_size_min"],
                                                     "gather_size_max": worst["gather_size_max"],
@@ -282,15 +342,19 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float,
     }
 
 
-def rowfetch_scatter(bundle: Bundle, now: float, *, limit: int = 4000) -> list[tuple[int, float, bool]]:
-    """(gather size, latency ms, in flight) points for the HTML scatter plot, evenly thinned to ``limit``."""
+def rowfetch_scatter(bundle: Bundle, now: float, *,
+                     limit: int = 4000) -> list[tuple[int, float, bool, bool, int, int]]:
+    """(gather size, latency ms, in flight, warm-up call, pid, call number) points for the HTML scatter plot,
+    evenly thinned to ``limit`` (never an in-flight call or a warm-up call thinned away)."""
     pt = bundle.probes
     n = len(pt)
     step = max(1, n // limit)
     d, fl = _latencies_ms(pt, now)
+    warm = warmup_rows(pt) & ~fl
     rows = np.arange(0, n, step)
-    rows = np.concatenate([rows, np.flatnonzero(fl & (np.arange(n) % step != 0))])  # never thin away an in-flight one
-    return list(zip(pt.gather_size[rows].tolist(), d[rows].tolist(), fl[rows].tolist(), strict=True))
+    rows = np.concatenate([rows, np.flatnonzero((fl | warm) & (np.arange(n) % step != 0))])
+    return list(zip(pt.gather_size[rows].tolist(), d[rows].tolist(), fl[rows].tolist(), warm[rows].tolist(),
+                    pt.pid[rows].tolist(), pt.seq[rows].tolist(), strict=True))
 
 
 # ---- stacks ------------------------------------------------------------------------------------
@@ -320,22 +384,32 @@ def _rank_samples(samples: Iterable[StackSample]) -> dict[int, list[StackSample]
     return out
 
 
-def _state_codes(samples: Sequence[StackSample], funcs: frozenset[str]) -> tuple[I64, list[RankState]]:
+def _state_codes(samples: Sequence[StackSample], funcs: frozenset[str],
+                 stopped_since: dict[tuple[int, int], float]) -> tuple[I64, list[RankState]]:
     """Per sample, the index of its main thread's state in the returned list of distinct (state, frame) pairs.
+
+    A process seen stopped (the sample's ``/proc`` state ``T``, or at or after the time the sidecar's ``/proc`` reads
+    first saw it stopped, ``stopped_since``) is "stopped", at the frame it froze in where its stack was read: a
+    stopped rank is never drawn running or waiting. A dump that failed otherwise is "unread" (the sampler could not
+    read that stack: no state of the rank, and no fault of it).
 
     A sample's threads tuple is shared by every sample decoded from the same text (``codec``), so a classification
     is looked up by that tuple's identity: one dictionary hit per sample, not a main-thread search."""
     codes = np.empty(len(samples), np.int64)
-    by_threads: dict[int, int] = {}
+    by_threads: dict[tuple[int, bool], int] = {}
     index: dict[tuple[str, str | None], int] = {}
     for i, s in enumerate(samples):
-        code = by_threads.get(id(s.threads))
+        since = stopped_since.get((s.node, s.pid))
+        stopped = s.state == "T" or (since is not None and s.t >= since)
+        code = by_threads.get((id(s.threads), stopped))
         if code is None:
             th = s.main_thread()
-            st = RankState("error", None) if s.error and th is None else classify_thread(th, funcs)
+            st = RankState("unread", None) if s.error and th is None else classify_thread(th, funcs)
+            if stopped:
+                st = RankState("stopped", st.frame)
             code = index.setdefault((st.state, st.frame), len(index))
             if th is not None:  # a failed dump's state depends on its error too: not shared by its threads
-                by_threads[id(s.threads)] = code
+                by_threads[(id(s.threads), stopped)] = code
         codes[i] = code
     return codes, [RankState(state, frame) for state, frame in index]
 
@@ -344,11 +418,14 @@ def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[st
     """Per rank, consecutive samples in the same state on the same frame merged into segments.
 
     A segment runs from its first sample to the next segment's first sample; the last sample lasts one sampling
-    period (the median gap), up to the trigger (a rank that died stops there). Computed as run lengths over the
-    per-sample state codes (an hour is 3,600 samples per rank)."""
+    period (the median gap), up to the trigger. A rank whose process exited ends with an "exited" segment from
+    there to the trigger (or one period, where its last sample is at the trigger or after). Computed as run lengths
+    over the per-sample state codes (an hour is 3,600 samples per rank)."""
     out = []
+    stopped_since = {(p.node, p.pid): p.stopped_since for p in bundle.processes if p.stopped_since is not None}
+    dead = {(p.node, p.pid) for p in bundle.processes if not p.alive}
     for rank, samples in sorted(_rank_samples(bundle.stacks).items()):
-        codes, states = _state_codes(samples, funcs)
+        codes, states = _state_codes(samples, funcs, stopped_since)
         t = np.array([s.t for s in samples], np.float64)
         gaps = np.diff(t)
         gaps = np.sort(gaps[gaps > 0])
@@ -360,6 +437,11 @@ def timeline(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[dict[st
         segs = [{"start_s": _r(t[a] - trig), "end_s": _r(e - trig), "state": states[codes[a]].state,
                  "frame": states[codes[a]].frame, "samples": b - a}
                 for a, b, e in zip(first.tolist(), after, ends, strict=True)]
+        if (last.node, last.pid) in dead:
+            gone = max(ends[-1], trig)
+            segs.append({"start_s": _r(ends[-1] - trig), "end_s": _r((gone if gone > ends[-1] else gone + period)
+                                                                     - trig),
+                         "state": "exited", "frame": states[codes[first[-1]]].frame, "samples": 0})
         out.append({"rank": rank, "node": last.node, "pid": last.pid, "title": last.title, "segments": segs})
     return out
 
@@ -390,6 +472,8 @@ def stuck_threads(bundle: Bundle, trig: float, funcs: frozenset[str]) -> list[di
             first_t = t
         if n < STUCK_MIN_SAMPLES:
             continue
+        if last_s.rank is None and not any(th.active for _t, th, _s in rows[-n:]):
+            continue  # no rank's, and idle in every unchanged sample (py-spy): a launcher or loop waiting for work
         st = classify_thread(last_th, funcs)
         if st.state == "idle":
             continue
@@ -564,14 +648,11 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
 
 
-def _stall_threshold(bundle: Bundle) -> float:
-    v = bundle.manifest.thresholds.get("rowfetch_inflight_s")
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 3.0
-
-
 def analyse(bundle: Bundle) -> Analysis:
     """Run every analysis over a loaded bundle."""
     trig = bundle.manifest.trigger_t
+    th = thresholds_of(bundle)  # the detectors' own (redetect): one source of every threshold in the report
+    verdict = bundle.manifest.verdict  # replay re-derives it at its time (rerun_detectors): its ages are at that time
     funcs = _rowfetch_funcs(bundle)
     notes = []
     m = bundle.manifest.files
@@ -598,7 +679,9 @@ def analyse(bundle: Bundle) -> Analysis:
         divergence=divergence(bundle, trig, funcs),
         stuck=stuck_threads(bundle, trig, funcs),
         timeline=timeline(bundle, trig, funcs),
-        rowfetch=rowfetch_buckets(bundle, trig, stall_s=_stall_threshold(bundle), learned=learned_of(bundle)),
+        rowfetch=rowfetch_buckets(bundle, trig, stall_s=th.rowfetch_inflight_s,
+                                  learned=learned_of(bundle) if th.learn_enabled else None,
+                                  verdict_t=None if verdict is None else verdict.t),
         activity=activity(bundle, trig),
         exited=exited,
         log_tail=tail,

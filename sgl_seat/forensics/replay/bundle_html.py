@@ -20,16 +20,22 @@ from html import escape
 from typing import Any
 
 from sgl_seat import __version__
-from sgl_seat.core.records import VerdictKind
 from sgl_seat.core.stats import gather_bucket_label
-from sgl_seat.forensics.replay.agree import cause_lines
+from sgl_seat.forensics.replay.agree import age_words, cause_lines, progress_words, seconds, threshold_words
 from sgl_seat.forensics.replay.analysis import rowfetch_scatter, throughput_series
 from sgl_seat.forensics.replay.replayer import ReplayResult
 
 __all__ = ["render_html"]
 
 STATE_COLOR = {"rowfetch": "#d62728", "collective": "#e8a33d", "running": "#2ca02c", "idle": "#c7c7c7",
-               "error": "#9467bd", "exited": "#7f2a8a"}
+               "waiting": "#f3d9a4", "stopped": "#1f3b73", "exited": "#7f2a8a", "unread": "#ececec",
+               "error": "#9467bd"}
+#: What the legend says of a state where its name alone would mislead.
+STATE_WORDS = {"unread": "stack not read (a failed sample)", "error": "no stack", "stopped": "stopped (SIGSTOP)",
+               "waiting": "waiting for work"}
+#: The latency plot's in-flight markers: red only for the verdict's own call; a call that waits on another cause
+#: is drawn as waiting (the collectives' colour), never as the fault.
+CAUSE_COLOR, WAITING_COLOR = "#d62728", "#e8a33d"
 
 _SCRIPT = """(function () {
   var ids = ["plot-rowfetch", "plot-timeline", "plot-throughput"];
@@ -157,41 +163,56 @@ def _rowfetch_plot(result: ReplayResult) -> str:
         p = _Plot("plot-rowfetch", "row-fetch latency vs gather size: no probe records", x=(1, 2), y=(0.01, 1),
                   xlabel="gather size (rows)", ylabel="latency", h=120)
         return p.svg()
-    gmax = max(max(g for g, _, _ in pts), 2)
-    lmin = max(min(max(v, 1e-3) for _, v, _ in pts), 1e-3)
-    lmax = max(v for _, v, _ in pts)
-    p = _Plot("plot-rowfetch", "row-fetch latency vs gather size (every fetch; red: in flight at the trigger)",
+    gmax = max(max(q[0] for q in pts), 2)
+    lmin = max(min(max(q[1], 1e-3) for q in pts), 1e-3)
+    lmax = max(q[1] for q in pts)
+    p = _Plot("plot-rowfetch", "row-fetch latency vs gather size (every fetch; the legend is below)",
               xlog=True, ylog=True, x=(0.8, gmax * 1.25), y=(lmin / 1.5, lmax * 2), xlabel="gather size (rows, log)",
               ylabel="latency (log)", h=360)
     xt = [(float(1 << k), str(1 << k)) for k in range(0, gmax.bit_length() + 1)]
     p.ticks(xt, _log_ticks(lmin / 1.5, lmax * 2, _ms))
     dots, hot = [], []
-    # "stalled" only where the verdict is a row-fetch stall (forensics.replay.agree): otherwise a call in flight
-    # at the trigger waits on the verdict's cause and is not it.
+    causes = {(f["pid"], f["seq"]) for f in rf["in_flight_fetches"] if f.get("cause")}
     v0 = result.verdict
-    hot_word = "stalled" if v0 is not None and v0.kind is VerdictKind.ROWFETCH_STALL else "in flight"
-    for g, v, fl in pts:
+    why = "" if v0 is None else f" (not the cause: the verdict is {v0.kind.value}" + (
+        f" on rank {v0.rank})" if v0.rank is not None else ")")
+    labelled = False
+    # One label, on the verdict's own call (or the oldest call in flight, where none is the cause): inside the plot
+    # area, on the side of the point with room, so it never runs into the axes or another label.
+    pts.sort(key=lambda q: (not q[2] or (q[4], q[5]) not in causes, -q[1]))
+    for g, v, fl, warm, pid, seq in pts:
         x, y = p.px(max(g, 0.8)), p.py(max(v, lmin / 1.5))
         if fl:
-            hot.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="#d62728" stroke="#600" stroke-width="1.5">'
-                       f"<title>in flight: gather {g}, {v / 1000:.2f} s at the trigger</title></circle>"
-                       + (f'<text x="{x - 9:.1f}" y="{y + 4:.1f}" text-anchor="end" ' if x > p.w * 0.7
-                          else f'<text x="{x + 9:.1f}" y="{y + 4:.1f}" ') + 'fill="#d62728" font-weight="bold">'
-                       f"{hot_word}: {v / 1000:.1f} s (gather {g})</text>")
+            cause = (pid, seq) in causes
+            color = CAUSE_COLOR if cause else WAITING_COLOR
+            word = "stalled, the verdict's cause" if cause else "in flight" + why
+            mark = (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="{color}" stroke="#600" stroke-width="1.5">'
+                    f"<title>{_e(word)}: gather {g}, {v / 1000:.2f} s at the trigger</title></circle>")
+            if not labelled:
+                labelled = True
+                words = f"{'stalled' if cause else 'in flight'}: {seconds(v / 1000)} at the trigger (gather {g})"
+                ty = min(max(y + 4, p.mt + 12), p.h - p.mb - 4)
+                mark += ((f'<text x="{x - 9:.1f}" y="{ty:.1f}" text-anchor="end" ' if x > p.w * 0.6
+                          else f'<text x="{x + 9:.1f}" y="{ty:.1f}" ') + f'fill="{color}" font-weight="bold">'
+                         f"{_e(words)}</text>")
+            hot.append(mark)
+        elif warm:
+            dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="none" stroke="#555">'
+                        f"<title>warm-up call: gather {g}, {v:,.1f} ms (not in the bucket statistics)</title></circle>")
         else:
             dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="#1f77b4" fill-opacity="0.35"/>')
     p.parts.extend(dots)
     for key, color in (("p50_ms", "#2ca02c"), ("p99_ms", "#ff7f0e")):
         line = []
         for b in rf["buckets"]:
+            if not b["count"]:
+                continue
             c = math.sqrt(max(b["gather_size_min"], 0.8) * max(b["gather_size_max"], 0.8))
             line.append(f"{p.px(c):.1f},{p.py(max(b[key], lmin / 1.5)):.1f}")
         if line:
             p.parts.append(f'<polyline points="{" ".join(line)}" fill="none" stroke="{color}" stroke-width="2">'
                            f"<title>{key.replace('_ms', '')} by bucket</title></polyline>")
     p.parts.extend(hot)
-    p.parts.append(f'<text x="{p.w - p.mr - 4}" y="{p.mt + 14}" text-anchor="end"><tspan fill="#2ca02c">— p50</tspan>'
-                   f'  <tspan fill="#ff7f0e">— p99</tspan> by power-of-two bucket</text>')
     return p.svg()
 
 
@@ -243,8 +264,9 @@ def _timeline_plot(result: ReplayResult) -> str:
             x0, x1 = p.px(s["start_s"]), p.px(s["end_s"])
             color = STATE_COLOR.get(s["state"], "#888")
             p.parts.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(1.0, x1 - x0):.1f}" height="{row_h - 6}" '
-                           f'fill="{color}"><title>rank {r["rank"]}: {_e(s["state"])} {_e(s["frame"])} '
-                           f'({s["start_s"]:g} s to {s["end_s"]:g} s, {s["samples"]} samples)</title></rect>')
+                           f'fill="{color}" stroke="#bbb" stroke-width="0.5"><title>rank {r["rank"]}: '
+                           f'{_e(s["state"])} {_e(s["frame"])} ({s["start_s"]:g} s to {s["end_s"]:g} s, '
+                           f'{s["samples"]} samples)</title></rect>')
     x = p.px(0.0)
     p.parts.append(f'<line x1="{x:.1f}" y1="{p.mt}" x2="{x:.1f}" y2="{p.h - p.mb}" stroke="#000" stroke-width="2" '
                    f'stroke-dasharray="4 3"/><text x="{x - 4:.1f}" y="{p.mt - 4}" text-anchor="end">trigger</text>')
@@ -298,6 +320,18 @@ def _td(x: Any, num: bool = False) -> str:
     return f'<td class="num">{_num(x)}</td>' if num else f"<td>{_e(x)}</td>"
 
 
+def _threshold_heading(rf: dict[str, Any]) -> str:
+    """The thresholds the calls were judged by, each labelled: the fixed one, and the learned ones where the bundle
+    carries them (the detectors' own, ``redetect.thresholds_of`` and the manifest's ``learned``)."""
+    th = rf.get("thresholds") or {"fixed_s": rf["stall_threshold_ms"] / 1000.0, "learned_shapes": 0}
+    out = f"fixed stall threshold {th['fixed_s']:g} s"
+    if th.get("learned_shapes"):
+        lo, hi = seconds(th["learned_min_s"]), seconds(th["learned_max_s"])
+        out = (f"thresholds learned from healthy calls for {th['learned_shapes']} call shapes "
+               f"({lo if lo == hi else f'{lo} to {hi}'}); {out} for warm-up calls and shapes not learned")
+    return out
+
+
 def render_html(result: ReplayResult) -> str:
     """The whole page as one string."""
     doc = result.to_json()
@@ -327,43 +361,55 @@ def render_html(result: ReplayResult) -> str:
                       [[_td(r["rank"]), _td(r["node"]), _td(r["state"]), _td(r["frame"]), _td(r["source"])]
                        for r in d["ranks"]], [r["rank"] in d["lagging"] for r in d["ranks"]]))
     out.append(f"<p>{_e(d['summary'])}</p>")
+    drawn = {s["state"] for r in doc["timeline"] for s in r["segments"]}
     out.append("<h2>Timeline</h2>" + _timeline_plot(result) + '<div class="legend">' + "".join(
-        f'<span><i class="sw" style="background:{c}"></i>{_e(s)}</span>' for s, c in STATE_COLOR.items()) + "</div>")
+        f'<span data-state="{_e(s)}"><i class="sw" style="background:{c}"></i>{_e(STATE_WORDS.get(s, s))}</span>'
+        for s, c in STATE_COLOR.items() if s in drawn or s not in ("error", "waiting")) + "</div>")
     out.append("<h2>Threads stuck on one stack</h2>")
     out.append(_table(["rank", "node", "pid", "thread", "state", "frame", "for (s)", "samples"],
                       [[_td(s["rank"]), _td(s["node"]), _td(s["pid"]), _td(s["thread"]), _td(s["state"]),
                         _td(s["frame"]), _td(s["duration_s"], True), _td(s["samples"], True)] for s in doc["stuck"]])
                if doc["stuck"] else '<p class="dim">none</p>')
     out.append(f"<h2>Row-fetch latency by gather size</h2><p>{rf['records']:,} fetches, {rf['in_flight']} in flight "
-               f"at the trigger (stall threshold {rf['stall_threshold_ms'] / 1000:g} s)</p>")
+               f"at the trigger; {_e(_threshold_heading(rf))}</p>")
     out.append(_rowfetch_plot(result))
-    out.append(_table(["gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
+    out.append('<div class="legend">' + "".join(
+        f'<span><i class="sw" style="background:{c}"></i>{_e(w)}</span>' for c, w in (
+            (CAUSE_COLOR, "in flight: the verdict's own call"), (WAITING_COLOR, "in flight, not the cause"),
+            ("#1f77b4", "completed"), ("#fff; border: 1px solid #555", "warm-up call (not in the statistics)"),
+            ("#2ca02c", "p50 by power-of-two bucket"), ("#ff7f0e", "p99 by bucket"))) + "</div>")
+    warm = bool(rf.get("warmup_apart"))
+    out.append(_table(["gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"]
+                      + (["warm-up calls (apart)"] if warm else []),
                       [[_td(gather_bucket_label(x["gather_size_min"])), _td(x["count"], True),
                         _td(x["p50_ms"], True), _td(x["p99_ms"], True), _td(x["max_ms"], True),
-                        _td(x["in_flight"], True)] for x in rf["buckets"]],
+                        _td(x["in_flight"], True)] + ([_td(x.get("warmup", 0), True)] if warm else [])
+                       for x in rf["buckets"]],
                       [x.get("cause", x["stalled"]) for x in rf["buckets"]]))
     if rf.get("graph_buckets"):
         out.append(f"<h3>CUDA graph replays by token count</h3><p>{rf['graph_replays']:,} replays, "
                    f"{rf['graph_in_flight']} in flight at the trigger (GPU time from each "
                    "replay's CUDA events)</p>")
-        out.append(_table(["tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"],
+        out.append(_table(["tokens", "shape keys", "count", "p50 ms", "p99 ms", "max ms", "in flight"]
+                          + (["warm-up calls (apart)"] if warm else []),
                           [[_td(gather_bucket_label(x["gather_size_min"])), _td(", ".join(map(str, x["shape_keys"]))),
                             _td(x["count"], True), _td(x["p50_ms"], True), _td(x["p99_ms"], True),
-                            _td(x["max_ms"], True), _td(x["in_flight"], True)] for x in rf["graph_buckets"]],
+                            _td(x["max_ms"], True), _td(x["in_flight"], True)]
+                           + ([_td(x.get("warmup", 0), True)] if warm else []) for x in rf["graph_buckets"]],
                           [x.get("cause", x["stalled"]) for x in rf["graph_buckets"]]))
     for f in rf["in_flight_fetches"][:10]:
         what = (f"graph replay of {_e(f['gather_size'])} tokens, shape key {_e(f['graph_key'])}"
                 + (" (on the GPU)" if f.get("on_gpu") else "")) if "graph_key" in f \
             else f"gather {_e(f['gather_size'])}"
         out.append(f"<p><b>in flight</b>: rank {_e(f['rank'])} (node {_e(f['node'])}), seq {_e(f['seq'])}, {what}, "
-                   f"{f['age_ms'] / 1000:.2f} s at the trigger, {_e(f['target'])}</p>")
+                   f"{_e(age_words(f))}, {_e(threshold_words(f))}, {_e(f['target'])}</p>")
     out += [f"<p><b>{_e(line)}</b></p>" for line in cause_lines(doc)]
     out.append("<h2>Before the trigger</h2>" + _throughput_plot(result))
     rq = a["requests"]
     out.append(_table(["what", "value"], [[_td(k), _td(x, True)] for k, x in (
         ("running requests (last)", a["running_reqs_last"]), ("running requests (max)", a["running_reqs_max"]),
         ("queued requests (last)", a["queue_reqs_last"]), ("throughput tok/s (mean)", a["throughput_tok_s_mean"]),
-        ("last token progress (s)", a["last_token_progress_s"]),
+        ("last token progress", progress_words(a["last_token_progress_s"])),
         ("spec accept length (mean)", a["spec_accept_length_mean"]), ("KV token usage (last)", a["token_usage_last"]),
         ("requests recorded", rq["recorded"]), ("requests open at the trigger", rq["open_at_trigger"]),
         ("prompt tokens p50", rq["prompt_tokens_p50"]), ("shared-prefix groups", rq["prefix_groups"]))]))

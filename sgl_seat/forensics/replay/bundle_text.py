@@ -10,22 +10,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from sgl_seat.core.stats import gather_bucket_label
-from sgl_seat.forensics.replay.agree import cause_lines
+from sgl_seat.forensics.replay.agree import age_words, cause_lines, progress_words, threshold_words
 from sgl_seat.forensics.replay.replayer import ReplayResult
 
-__all__ = ["STATE_GLYPH", "render_report", "timeline_strip"]
+__all__ = ["STATE_GLYPH", "print_report", "render_report", "timeline_strip"]
 
 #: One character per sample in the timeline strip.
-STATE_GLYPH = {"rowfetch": "R", "collective": "C", "running": ".", "idle": "_", "error": "x", "exited": "X",
-               "waiting": "w"}
+STATE_GLYPH = {"rowfetch": "R", "collective": "C", "running": ".", "idle": "_", "stopped": "S", "unread": "?",
+               "error": "x", "exited": "X", "waiting": "w"}
+#: What each glyph means, for the strip's title.
+_GLYPH_WORDS = {"rowfetch": "row fetch", "unread": "stack not read (a failed sample)", "error": "no stack"}
 _STATE_STYLE = {"rowfetch": "bold red", "collective": "yellow", "running": "green", "idle": "dim", "error": "magenta",
-                "exited": "bold magenta"}
+                "stopped": "bold blue", "unread": "dim", "exited": "bold magenta"}
+#: The widest a piped report is printed (a terminal's own width holds otherwise).
+PIPED_MAX_WIDTH = 400
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -92,13 +96,16 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
     rf = doc["rowfetch"]
     if not rf["records"]:
         return Text("no row-fetch probe records", style="dim")
-    t = Table(title=f"row-fetch latency by gather size ({rf['records']:,} fetches, {rf['in_flight']} in flight)",
+    warm = bool(rf.get("warmup_apart"))
+    t = Table(title=f"row-fetch latency by gather size ({rf['records']:,} fetches, {rf['in_flight']} in flight"
+                    + (f"; {rf['warmup_apart']} warm-up calls kept apart" if warm else "") + ")",
               title_justify="left", show_edge=False)
-    for c in ("gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight"):
+    for c in ("gather size", "count", "p50 ms", "p99 ms", "max ms", "in flight", *(["warm-up"] if warm else [])):
         t.add_column(c, justify="right")
     for b in rf["buckets"]:
         t.add_row(gather_bucket_label(b["gather_size_min"]), f"{b['count']:,}", _fmt(b["p50_ms"]),
                   _fmt(b["p99_ms"]), _fmt(b["max_ms"]), str(b["in_flight"]) + _mark(b),
+                  *([str(b.get("warmup", 0))] if warm else []),
                   style="bold red" if b.get("cause", b["stalled"]) else "")
     parts: list[RenderableType] = [t]
     if rf.get("graph_buckets"):
@@ -115,8 +122,8 @@ def _rowfetch(doc: dict[str, Any]) -> RenderableType:
     for f in rf["in_flight_fetches"][:5]:
         what = f"graph replay of {f['gather_size']} tokens, shape key {f['graph_key']}" \
             + (" (on the GPU)" if f.get("on_gpu") else "") if "graph_key" in f else f"gather {f['gather_size']}"
-        parts.append(Text(f"in flight: rank {f['rank']} (node {f['node']}) seq {f['seq']} {what} "
-                          f"for {f['age_ms'] / 1000:.1f} s at the trigger ({f['target']})",
+        parts.append(Text(f"in flight: rank {f['rank']} (node {f['node']}) seq {f['seq']} {what}, "
+                          f"{age_words(f)}, {threshold_words(f)} ({f['target']})",
                           style="bold red" if f.get("cause", f["stalled"]) else ""))
     parts += [Text(line, style="bold red" if rf.get("cause_bucket") else "dim") for line in cause_lines(doc)]
     return Group(*parts)
@@ -144,7 +151,7 @@ def _activity(doc: dict[str, Any]) -> RenderableType:
         ("running requests (last / max)", f"{_fmt(a['running_reqs_last'])} / {_fmt(a['running_reqs_max'])}"),
         ("queued requests (last)", _fmt(a["queue_reqs_last"])),
         ("throughput tok/s (mean / last)", f"{_fmt(a['throughput_tok_s_mean'])} / {_fmt(a['throughput_tok_s_last'])}"),
-        ("last token progress", _fmt(a["last_token_progress_s"], " s")),
+        ("last token progress", progress_words(a["last_token_progress_s"])),
         ("spec accept length (mean / last)",
          f"{_fmt(a['spec_accept_length_mean'])} / {_fmt(a['spec_accept_length_last'])}"),
         ("KV token usage (last)", _fmt(a["token_usage_last"])),
@@ -171,8 +178,11 @@ def _exited(doc: dict[str, Any]) -> Iterator[RenderableType]:
 
 
 def _timeline(doc: dict[str, Any]) -> RenderableType:
-    t = Table(title="timeline per rank (one glyph per sample, newest right: R row fetch, C collective, . running, "
-                    "_ idle, x error)", title_justify="left", show_edge=False, show_header=False)
+    drawn = {s["state"] for r in doc["timeline"] for s in r["segments"]}
+    glyphs = ", ".join(f"{g} {_GLYPH_WORDS.get(st, st)}" for st, g in STATE_GLYPH.items()
+                       if st in drawn or st not in ("error", "waiting"))
+    t = Table(title=f"timeline per rank (one glyph per sample, newest right: {glyphs})", title_justify="left",
+              show_edge=False, show_header=False)
     t.add_column("rank")
     t.add_column("strip")
     t.add_column("now")
@@ -202,3 +212,21 @@ def render_report(result: ReplayResult) -> list[RenderableType]:
     for n in doc["notes"]:
         out.append(Text(f"note: {n}", style="yellow"))
     return out
+
+
+def print_report(result: ReplayResult, console: Console) -> None:
+    """Print the report: on a terminal at its width; piped or redirected (no terminal), each part as wide as its
+    widest line (up to :data:`PIPED_MAX_WIDTH`), so no evidence, frame or title is cut at 80 columns."""
+    parts = render_report(result)
+    if console.is_terminal:
+        for part in parts:
+            console.print(part)
+        return
+    width = console.width  # rich prints no wider than the console: widened for each part, then given back
+    try:
+        for part in parts:
+            need = console.measure(part, options=console.options.update_width(PIPED_MAX_WIDTH)).maximum
+            console.width = max(width, min(need, PIPED_MAX_WIDTH))
+            console.print(part)
+    finally:
+        console.width = width

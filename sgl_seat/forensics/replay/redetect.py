@@ -18,9 +18,10 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
 from sgl_seat.forensics.format.bundle import Bundle
+from sgl_seat.spec import WatchdogSpec
 
 __all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "learned_of", "observation_of", "rerun_detectors",
-           "why_missing"]
+           "thresholds_of", "why_missing"]
 
 #: How far before the trigger replay looks for the pre-hang warning (one evaluation a second, as a sidecar ticks).
 WARNING_LOOKBACK_S = 120.0
@@ -45,6 +46,16 @@ def learned_of(bundle: Bundle) -> LearnedThresholds | None:
         return LearnedThresholds.from_json(doc)
     except ValueError:
         return None
+
+
+def thresholds_of(bundle: Bundle) -> WatchdogSpec:
+    """The thresholds the detectors judge this bundle by: the manifest's (``thresholds_from``), or the watchdog's
+    defaults where they do not validate (then :func:`rerun_detectors` says so and re-derives no verdict). The one
+    source of replay's thresholds: the report's stall threshold is this one's, as the detectors' is."""
+    try:
+        return thresholds_from(bundle.manifest.thresholds)
+    except ValidationError:
+        return WatchdogSpec()
 
 
 def rerun_detectors(bundle: Bundle) -> tuple[Verdict | None, str | None]:
@@ -75,7 +86,7 @@ def first_warning_before(bundle: Bundle) -> PreHangWarning | None:
     trig = m.verdict.t if m.verdict is not None else m.trigger_t
     try:
         rule = WarningRule.for_stall(thresholds_from(m.thresholds).rowfetch_inflight_s)
-    except ValidationError:
+    except ValidationError:  # as the detectors: no valid thresholds, the rule's own defaults
         rule = WarningRule()
     return first_warning(bundle.probes, max(m.time_start, trig - WARNING_LOOKBACK_S), trig, rule=rule)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sgl_seat.core.nodeloss import names
 from sgl_seat.engines import backend_for
 from sgl_seat.errors import EngineError, SeatError, UsageError
 from sgl_seat.forensics import verify_bundle
@@ -135,6 +136,20 @@ class DemoResult:
             "exploding_bucket": self.exploding_bucket, "other_buckets_max_ms": self.other_buckets_max_ms,
             "html": self.html,
         }
+
+
+def fault_words(injection: dict[str, Any]) -> str:
+    """What the demo did to the seat, as its summary says it: a SIGSTOP is no stall."""
+    if injection.get("fault") == "SIGSTOP":
+        return f"the SIGSTOP of rank {injection['rank']}'s scheduler"
+    return f"the stall on rank {injection['rank']}"
+
+
+def waiting_words(ranks: Sequence[int]) -> str:
+    """"rank 0 waits in a collective", "ranks 0, 1 wait in a collective", or that none does."""
+    if not ranks:
+        return "no rank waits in a collective"
+    return f"{names(list(ranks))} {'waits' if len(ranks) == 1 else 'wait'} in a collective"
 
 
 def stall_rank(spec: SeatSpec) -> int:
@@ -339,7 +354,7 @@ def _replay(spec: SeatSpec, opts: DemoOptions, res: DemoResult, stages: Stages, 
         say("verdict: none (the replayed detectors found no hang)")
     else:
         say(f"verdict: {v['kind']} on rank {v['rank']}, node {v['node']}, in {v['frame']}")
-        say(f"  ranks {', '.join(map(str, v['waiting_ranks'])) or '-'} wait in the collective")
+        say(f"  {waiting_words(v['waiting_ranks'])}")
         say(f"  {res.comparison}")
     if worst is not None:
         say(f"exploding bucket: gather {worst['gather_size_min']}-{worst['gather_size_max']} rows, max "
@@ -377,6 +392,6 @@ def _cleanup(rec: SeatRecord, load: Load, res: DemoResult, reporter: Reporter | 
     say(f"seat {rec.name} is down in {times.total():.1f} s; no engine process remains")
     if not failed and res.verdict is not None:
         v = res.verdict
-        say(f"\ndemo done in {res.stages.total():.1f} s of stages: the stall on rank {res.injection['rank']} "
+        say(f"\ndemo done in {res.stages.total():.1f} s of stages: {fault_words(res.injection)} "
             f"was captured {res.bundle['seen_after_s']:.1f} s after the injection and diagnosed as "
             f"{v['kind']} on rank {v['rank']}, node {v['node']}")
