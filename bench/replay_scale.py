@@ -41,29 +41,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sgl_seat.core.records import (
-    EngineProcess,
-    Frame,
-    LogLine,
-    MetricsPoint,
-    ProbeRecord,
-    StackSample,
-    ThreadStack,
-    Verdict,
-    VerdictKind,
-)
-from sgl_seat.forensics import (
-    Redactor,
-    encode_env,
-    encode_logs,
-    encode_probe_records,
-    encode_records,
-    encode_stack_samples,
-    write_bundle,
-)
-from sgl_seat.forensics.format import layout
+if TYPE_CHECKING:
+    from sgl_seat.core.records import Frame
+
+# The builder's imports are made inside build(): the measuring child imports only what measure() names, through
+# _imported(), so the code of --baseline (an older layout of the package) is measured by the same script.
 
 RANKS = 8
 T0 = 1_764_000_000.0
@@ -72,6 +56,8 @@ TARGET = "sglang.srt.layers.engram.host_table.gather_rows"
 
 def _frames(rng: random.Random) -> list[tuple[Frame, ...]]:
     """~40 distinct scheduler stacks, 20-30 frames deep, like SGLang's scheduler under py-spy."""
+    from sgl_seat.core.records import Frame
+
     base = tuple(Frame(f"fn_{i}", f"/usr/lib/python3/site-packages/sglang/srt/managers/mod_{i}.py", 10 + i)
                  for i in range(18))
     tops = [Frame("gather_rows", "/usr/lib/python3/site-packages/sglang/srt/layers/engram/host_table.py", 212),
@@ -86,6 +72,28 @@ def _frames(rng: random.Random) -> list[tuple[Frame, ...]]:
 
 
 def build(dest: Path, *, seconds: int, probes: int) -> Path:
+    from sgl_seat.core.records import (
+        EngineProcess,
+        Frame,
+        LogLine,
+        MetricsPoint,
+        ProbeRecord,
+        StackSample,
+        ThreadStack,
+        Verdict,
+        VerdictKind,
+    )
+    from sgl_seat.forensics import (
+        Redactor,
+        encode_env,
+        encode_logs,
+        encode_probe_records,
+        encode_records,
+        encode_stack_samples,
+        write_bundle,
+    )
+    from sgl_seat.forensics.format import layout
+
     rng = random.Random(2026)
     stacks = _frames(rng)
     helper = ThreadStack(9, "Thread-2", False, False, (Frame("wait", "/usr/lib/python3.11/threading.py", 327),
@@ -141,18 +149,39 @@ TARGET_S = 2.0
 TARGET_MB = 300
 
 
+#: Where each function measure() calls lives: today's module first, then the older layouts a baseline may have
+#: (before the house reorganisation the forensics package was flat).
+_WHERE = {
+    "read_bundle": ("sgl_seat.forensics.format.bundle", "sgl_seat.forensics.bundle"),
+    "verify_bundle": ("sgl_seat.forensics.format.bundle", "sgl_seat.forensics.bundle"),
+    "analyse": ("sgl_seat.forensics.replay.analysis", "sgl_seat.forensics.analysis"),
+    "render_html": ("sgl_seat.forensics.replay.bundle_html", "sgl_seat.forensics.html"),
+    "rerun_detectors": ("sgl_seat.forensics.replay.redetect", "sgl_seat.forensics.redetect"),
+    "first_warning_before": ("sgl_seat.forensics.replay.redetect", "sgl_seat.forensics.redetect"),
+    "ReplayResult": ("sgl_seat.forensics.replay.replayer", "sgl_seat.forensics.replay"),
+}
+
+
+def _imported(name: str) -> Any:
+    """``name`` from the first of its modules (``_WHERE``) that has it; None where none does."""
+    import importlib
+
+    for mod in _WHERE[name]:
+        try:
+            return getattr(importlib.import_module(mod), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def measure(path: Path) -> dict[str, Any]:
     """Runs in a fresh process: each stage timed (wall and CPU), then peak RSS and digests of the results."""
-    from sgl_seat.forensics.format.bundle import read_bundle, verify_bundle
-    from sgl_seat.forensics.replay.analysis import analyse
-    from sgl_seat.forensics.replay.bundle_html import render_html
-    from sgl_seat.forensics.replay.redetect import rerun_detectors
-    from sgl_seat.forensics.replay.replayer import ReplayResult
-
-    try:  # what replay_bundle also runs; the baseline predates it
-        from sgl_seat.forensics.replay.redetect import first_warning_before
-    except ImportError:
-        first_warning_before = None
+    read_bundle, verify_bundle = _imported("read_bundle"), _imported("verify_bundle")
+    analyse, render_html, rerun_detectors = _imported("analyse"), _imported("render_html"), _imported("rerun_detectors")
+    ReplayResult = _imported("ReplayResult")
+    first_warning_before = _imported("first_warning_before")  # what replay_bundle also runs; old baselines lack it
+    if None in (read_bundle, verify_bundle, analyse, render_html, rerun_detectors, ReplayResult):
+        raise SystemExit("this code has no replay this bench can call (read_bundle, analyse, render_html, ...)")
 
     out: dict[str, Any] = {}
 
@@ -207,6 +236,10 @@ def _load_analysis(m: dict[str, Any]) -> float:
     return float(m["read_s"] + m["detect_s"] + m["analyse_s"] + m["warning_s"])
 
 
+class Unmeasured(Exception):
+    """The measuring process failed (its last line of stderr): for a baseline, code that cannot read this bundle."""
+
+
 def _run(path: Path, code: Path | None, runs: int) -> dict[str, Any]:
     """The best of ``runs`` fresh-process measurements (least load + analysis), with ``code`` first on the path;
     ``spread`` holds every run's load + analysis (wall) and its load average, for the median and the worst."""
@@ -217,7 +250,10 @@ def _run(path: Path, code: Path | None, runs: int) -> dict[str, Any]:
     spread: list[tuple[float, float]] = []
     for _ in range(runs):
         proc = subprocess.run([sys.executable, __file__, "--measure", str(path)], capture_output=True, text=True,
-                              check=True, env=env)
+                              check=False, env=env)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            raise Unmeasured(tail[:300])
         m = json.loads(proc.stdout.strip().splitlines()[-1])
         spread.append((_load_analysis(m), os.getloadavg()[0]))
         if best is None or _load_analysis(m) < _load_analysis(best):
@@ -314,7 +350,11 @@ def main(argv: list[str]) -> int:
         if not args.no_baseline:
             with tempfile.TemporaryDirectory(prefix="sgl-seat-baseline-") as tmp:
                 code = _baseline_tree(args.baseline, Path(tmp))
-                old = _run(path, code, args.runs) if code is not None else None
+                try:
+                    old = _run(path, code, args.runs) if code is not None else None
+                except Unmeasured as exc:  # an older bundle reader refuses today's bundle: said, not a crash
+                    print(f"baseline {args.baseline}: not measured, its code cannot replay this bundle ({exc}); "
+                          "name a later revision with --baseline, or --no-baseline")
         print(f"synthetic one-hour bundle: {new['samples']:,} stack samples ({RANKS} ranks), "
               f"{new['records']:,} probe records, {size / 1e6:.1f} MB on disk; {os.cpu_count()} CPUs visible, "
               f"load average {os.getloadavg()[0]:.1f} at the end; best of {args.runs} run(s) each")
