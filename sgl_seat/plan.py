@@ -310,6 +310,8 @@ def engine_argv(spec: SeatSpec, topo: Topology, engine: EngineFacts, *, node_ran
         "--host", spec.network.host,
         "--port", str(spec.network.http_port),
     ]
+    if spec.model.dtype != "auto":
+        argv += ["--dtype", spec.model.dtype]
     if draft:
         argv += speculative_flags(spec)
     return argv + list(engine.flags) + request_log_argv(spec, node_rank)

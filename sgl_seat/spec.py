@@ -49,6 +49,9 @@ class ModelSpec(_Strict):
         description="The model's architectures[0] (which functions the watchdog's probe wraps, "
         "watchdog/probe-targets.yaml); default: model.config's. A seat planned without a config sets it.",
     )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="--dtype: the weights' and activations' type (auto: the engine's choice from "
+        "the config). float32 where answers are compared: in bf16 a small model's first tokens can tie.")
     kv_cache_dtype_bytes: int | None = Field(
         default=None, ge=1, le=4, description="Bytes per KV element; default from the model family."
     )

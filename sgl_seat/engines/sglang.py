@@ -140,7 +140,7 @@ class SGLangBackend(EngineBackend):
             "LD_LIBRARY_PATH": f"{ENGINE_VENV}/{STUB_LIB_DIR}",
             "SGLANG_NCCL_SO_PATH": NO_NCCL,
             "SGLANG_CPU_OMP_THREADS_BIND": spec.cpu.threads_bind or "|".join(str(i) for i in range(world)),
-            # Nothing is fetched from a model hub: the tiny models are made on the node.
+            # Nothing is fetched from a model hub: the models are made or converted on the node by setup.
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
@@ -158,8 +158,9 @@ class SGLangBackend(EngineBackend):
 
     def plan_warnings(self, spec: SeatSpec, topo: Topology) -> list[str]:
         if spec.device == "cpu":
-            return ["SGLang's CPU engine: a rehearsal seat (tiny model, random weights); its answers are noise"
-                    " and its figures are not a GPU seat's"]
+            weights = ("random weights: its answers are noise" if spec.cpu.load_format == "dummy"
+                       else f"{spec.model.name}'s own weights")
+            return [f"SGLang's CPU engine: a rehearsal seat ({weights}); its timings are not a GPU seat's"]
         if topo.nnodes > 1 and not spec.network.node_env and not spec.cluster.hosts:
             return ["network.node_env is empty: NCCL/Gloo pick interfaces on their own on every node"]
         return []

@@ -1,9 +1,9 @@
 """Helpers for the modules that bring real SGLang 0.5.23 up through `sgl-seat` (stream ``sglang``).
 
 The engine is SGLang's own server on its CPU engine (the ``local-sglang`` profile: two nodes, one TP rank each,
-gloo, a tiny model with random weights). Under ``CI=true`` a missing engine environment FAILS a module
-(`scripts/setup.sh --engine sglang` makes it); elsewhere it skips with the reason. Processes are found by the pids
-and process groups the seat reported and by the seat's name that every engine process carries in its
+gloo, the trained SmolLM2-135M-Instruct in float32: ``sgl_seat/engines/trainedmodel.py``). Under ``CI=true`` a
+missing engine environment FAILS a module (`scripts/setup.sh --engine sglang` makes it); elsewhere it skips.
+Processes are found by the pids and process groups the seat reported and by the seat's name that every engine process carries in its
 environment (SGL_SEAT_NAME), never by a name pattern.
 """
 
@@ -37,6 +37,8 @@ from sgl_seat.spec import WatchdogSpec
 from tests.tiers import by_tier
 
 LOCAL_SGLANG = REPO / "launch" / "seats" / "local-sglang.yaml"
+#: The served model's name, as the profile says it (requests name it).
+MODEL: str = yaml.safe_load(LOCAL_SGLANG.read_text())["model"]["served_name"]
 UP_TIMEOUT_S = 600
 
 

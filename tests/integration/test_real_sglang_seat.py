@@ -1,7 +1,7 @@
 """Real SGLang 0.5.23 brought up, watched and taken down by `sgl-seat` (the ``local-sglang`` profile).
 
-The engine is SGLang's own server on its CPU engine (two nodes, one TP rank each, gloo between them, a tiny
-model with random weights), started through the local Ray cluster and the node agents exactly as a GPU seat
+The engine is SGLang's own server on its CPU engine (two nodes, one TP rank each, gloo between them, the trained
+SmolLM2-135M-Instruct in float32), started through the local Ray cluster and the node agents exactly as a GPU seat
 is. One seat serves the whole module (its start-up costs 1-3 minutes on 2 cores), without ``--sleep-on-idle``
 (its idle schedulers spin: the watchdog must not take that for a hang); the tests that break it run last, in
 file order, and the two seats that must fail to start run first (never beside it: one local Ray cluster at a
@@ -29,6 +29,7 @@ import yaml
 from launchutil import descendants, run_cli, wait_until
 from realseat import (
     LOCAL_SGLANG,
+    MODEL,
     RealSeat,
     brought_up,
     engine_processes,
@@ -39,6 +40,8 @@ from realseat import (
     watch_once,
     write_spec,
 )
+
+from sgl_seat.engines.base import engine_venv
 
 pytestmark = pytest.mark.integration
 
@@ -79,18 +82,20 @@ def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing
 
 @pytest.mark.slow  # full tier only (README, "The tests")
 def test_up_with_a_flag_sglang_refuses_fails_quoting_sglangs_own_error(tmp_path: Path) -> None:
-    """GIVEN a seat whose context length the tiny model cannot take WHEN `up` THEN SGLang itself refuses at
+    """GIVEN a seat whose context length the model cannot take WHEN `up` THEN SGLang itself refuses at
     start-up; `up` fails within its timeout quoting SGLang's own error line, and leaves no process behind."""
     require_engine()
     home = tmp_path / "home"
     doc = yaml.safe_load(LOCAL_SGLANG.read_text())
-    model = {**doc["model"], "context_length": 65536}  # the tiny model's max_position_embeddings is 4096
+    cfg = Path(doc["model"]["path"].replace("${engine_venv}", engine_venv())) / "config.json"
+    longest = int(json.loads(cfg.read_text())["max_position_embeddings"])
+    model = {**doc["model"], "context_length": 8 * longest}
     spec = _write_spec(tmp_path, "rs-badflag", model=model)
     up = run_cli(["up", "--seat", str(spec), "--timeout", "400"], home, timeout=460)
     out = up.stdout + up.stderr
     print(out[-3000:])
     assert up.returncode != 0, out
-    assert "context_length" in out and "4096" in out, out  # SGLang's own ValueError, from the node log
+    assert "context_length" in out and str(longest) in out, out  # SGLang's own ValueError, from the node log
     assert not engine_processes("rs-badflag")
 
 
@@ -152,10 +157,21 @@ def test_an_idle_seat_spinning_without_sleep_on_idle_gives_no_bundle_over_the_id
     assert not verdicts, verdicts
 
 
+def test_a_greedy_chat_answer_names_paris(seat: RealSeat) -> None:
+    """GIVEN the READY real seat (the trained model, float32) WHEN asked greedily "What is the capital of France?"
+    THEN the answer names Paris: the model's own answer, through both ranks (TP2), not noise."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0, "max_tokens": 32}
+    r = httpx.post(f"{seat.endpoint}/v1/chat/completions", json=body, timeout=120.0, trust_env=False)
+    assert r.status_code == 200, r.text
+    answer = r.json()["choices"][0]["message"]["content"]
+    assert "Paris" in answer, answer
+
+
 def test_a_streamed_chat_completion_comes_back_through_the_endpoint(seat: RealSeat) -> None:
     """GIVEN the READY real seat WHEN a streamed /v1/chat/completions is sent to its endpoint THEN chunks come
-    back and the stream ends with [DONE] (the text is noise: random weights)."""
-    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Say hello to the seat."}],
+    back and the stream ends with [DONE]."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello to the seat."}],
             "max_tokens": 12, "stream": True}
     chunks, done = 0, False
     with httpx.stream("POST", f"{seat.endpoint}/v1/chat/completions", json=body, timeout=120.0,

@@ -30,6 +30,7 @@ import psutil
 import pytest
 from launchutil import run_cli, wait_until
 from realseat import (
+    MODEL,
     RealSeat,
     brought_up,
     idle_window_s,
@@ -57,7 +58,7 @@ EMBEDDING = "VocabParallelEmbedding.forward"
 def _traffic(endpoint: str, *, n: int = 2, max_tokens: int = 48) -> Load:
     """Completions in the background (``n`` at a time) until the ``with`` block ends; counts answers and failures."""
     return Load(posting(endpoint, "/v1/completions", lambda i, k: request_body(
-        "/v1/completions", f"client {i} request {k}: tell the seat a story", model="tiny-llama", max_tokens=max_tokens,
+        "/v1/completions", f"client {i} request {k}: tell the seat a story", model=MODEL, max_tokens=max_tokens,
         sampling={"ignore_eos": True})), concurrency=n, timeout=120.0)
 
 
@@ -150,7 +151,7 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
     verdicts: list[Any] = []
     queued = 0.0
     # ~1,500 tokens ("wordN" is ~6 of the tiny model's tokens): long for a 4,096-token context, and it fits
-    long_body = {"model": "tiny-llama", "prompt": " ".join(f"word{j}" for j in range(250)), "max_tokens": 16}
+    long_body = {"model": MODEL, "prompt": " ".join(f"word{j}" for j in range(250)), "max_tokens": 16}
     with _traffic(seat.endpoint, n=16, max_tokens=32) as tr:
         assert tr.wait_ok(1, 120.0), "the burst got no answer"
         r = httpx.post(f"{seat.endpoint}/v1/completions", json=long_body, timeout=180.0, trust_env=False)
@@ -177,7 +178,7 @@ def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: Real
     carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step; and the
     sidecars count them."""
     pids = scheduler_pids(seat)
-    body = {"model": "tiny-llama", "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 8,
+    body = {"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 8,
             "ignore_eos": True}
     t0 = time.time()
     r = httpx.post(f"{seat.endpoint}/v1/completions", json=body, timeout=120.0, trust_env=False)
