@@ -138,6 +138,9 @@ def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
     if spec.model.weights_gb is not None:
         return int(spec.model.weights_gb * GIB)
     index = config_path.parent / "model.safetensors.index.json"
+    single = config_path.parent / "model.safetensors"
+    if not index.is_file() and single.is_file() and (spec.gpu.load_format != "dummy" or spec.device != "cuda"):
+        return safetensors_data_bytes(single)
     if not index.is_file():
         if spec.gpu.load_format == "dummy" and spec.device == "cuda":
             try:  # random weights made by the engine: exactly the parameters the config describes
@@ -149,6 +152,17 @@ def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
         return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
+
+
+def safetensors_data_bytes(path: Path) -> int:
+    """The tensors' bytes of one safetensors file (a checkpoint saved without an index): the file less its header
+    (an 8-byte little-endian length, then that much JSON)."""
+    try:
+        with path.open("rb") as f:
+            header = int.from_bytes(f.read(8), "little")
+        return path.stat().st_size - 8 - header
+    except OSError as exc:
+        raise SpecError(f"safetensors file unreadable: {exc}", path=str(path)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,3 +193,18 @@ def test_a_model_the_mirror_does_not_cover_is_not_predicted_rather_than_guessed(
     cap = plan_capacity(_spec(d), slots_off=8, slots_on=8, mem_fraction=0.85)
     assert cap is not None and not cap.draft_off.predicted
     assert "mirror does not cover" in (cap.draft_off.problem or "")
+
+
+def test_a_single_safetensors_file_without_an_index_gives_its_tensors_bytes(tmp_path: Path) -> None:
+    """A checkpoint saved as one model.safetensors (no index, as the trained model is): the weights are the file
+    less its header, and the plan is predicted from them."""
+    from sgl_seat.sizing.capacity import safetensors_data_bytes, weights_total_bytes
+
+    d = _model_dir(tmp_path, LLAMA, None)
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]}}).encode()
+    path = d / "model.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+    assert safetensors_data_bytes(path) == 16
+    assert weights_total_bytes(_spec(d), d / "config.json") == 16
+    cap = plan_capacity(_spec(d), slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.draft_off.predicted is True and cap.draft_off.kv_pool_tokens > 0
