@@ -7,7 +7,7 @@ per seat first:
 - ``traffic``: 2 clients of short completions for 20-40 s;
 - ``idle``: no request for 10-40 s;
 - ``burst``: 16 clients (twice the seat's 8 slots) for 10-20 s, so requests queue;
-- ``long``: prompts of ~1,500 tokens back to back for 10-20 s beside the 2 clients (the tiny model's context is
+- ``long``: prompts of ~1,000-1,500 tokens back to back for 10-20 s beside the 2 clients (the model's context is
   4,096; the report prints their token counts).
 
 Faults (``--faults`` of each kind per seat, default 5), under traffic (2 clients), at random ranks, shuffled among
@@ -25,7 +25,8 @@ detection -> the bundle complete on disk (every rank's Python stacks and history
 when the native stacks were added and how long after the bundle), fault start -> bundle, and the native stacks'
 arrival after the bundle; the thresholds each verdict was judged by; and, from every sidecar's learner (`watch
 --json`), how many healthy calls came within half their threshold (near misses) and the worst healthy call's
-fraction of its threshold. The engine is real; the model tiny with random weights. Ports 24400-24499.
+fraction of its threshold. The engine is real; the model is the profile's (MODEL_LABEL says which: since 2026-12-06
+the trained SmolLM2-135M-Instruct; before, a tiny model with random weights). Ports 24400-24499.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = {True: (24400, 24405), False: (24440, 24445)}
+_PROFILE: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / "local-sglang.yaml").read_text())
+#: The served model and what it is, as every figure of this soak says it.
+MODEL: str = _PROFILE["model"]["served_name"]
+MODEL_LABEL = (f"{MODEL}, random weights" if _PROFILE.get("cpu", {}).get("load_format", "dummy") == "dummy"
+               else f"{MODEL}, trained, {_PROFILE['model'].get('dtype', 'auto')}")
 HEALTHY = ("traffic", "idle", "burst", "long")
 MISS_AFTER_S = 30.0
 KINDS = ("stall", "sigstop")
@@ -74,7 +80,7 @@ def _pct(xs: list[float], q: float) -> float:
 def _clients(endpoint: str, n: int, *, max_tokens: int = 32, prompt: str = "a short request") -> Load:
     """``n`` threads sending completions until stopped (answers and failures counted)."""
     return Load(posting(endpoint, "/v1/completions", lambda i, k: request_body(
-        "/v1/completions", f"{prompt} {i}.{k}", model="tiny-llama", max_tokens=max_tokens,
+        "/v1/completions", f"{prompt} {i}.{k}", model=MODEL, max_tokens=max_tokens,
         sampling={"ignore_eos": True})), concurrency=n, timeout=180.0).start()
 
 
@@ -147,16 +153,16 @@ def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Rand
                 time.sleep(rng.uniform(20, 40) if kind == "traffic" else rng.uniform(10, 20))
                 c.stop(200)
             elif kind == "long":
-                # Long prompts back to back beside the 2 clients for 10-20 s: ~1,500 tokens each ("wordN" is ~6 of
-                # the tiny model's tokens; 700 words were 4,089 tokens, past its 4,096-token context with the
-                # output, and were refused with HTTP 400, so no long prefill ran): a fresh prompt each time, so
-                # the radix cache cannot shorten its prefill.
+                # Long prompts back to back beside the 2 clients for 10-20 s: 250 words of ~4-6 tokens each (700
+                # words were 4,089 of the tiny model's tokens, past its 4,096-token context with the output, and
+                # were refused with HTTP 400, so no long prefill ran): a fresh prompt each time, so the radix cache
+                # cannot shorten its prefill.
                 c = _clients(endpoint, 2)
                 t_end = time.monotonic() + rng.uniform(10, 20)
                 k = 0
                 while time.monotonic() < t_end:
                     k += 1
-                    body = {"model": "tiny-llama", "prompt": " ".join(f"w{k}x{j}" for j in range(250)),
+                    body = {"model": MODEL, "prompt": " ".join(f"w{k}x{j}" for j in range(250)),
                             "max_tokens": 16}
                     try:
                         r = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=300, trust_env=False)
@@ -257,7 +263,7 @@ def _fault(kind: str, name: str, home: Path, endpoint: str, rng: random.Random, 
 
 def table(rep: SoakReport, minutes: float) -> str:
     hours = rep.healthy_s / 3600
-    lines = [f"watchdog soak on real SGLang 0.5.23 (CPU engine, tiny model, TP2 on two local nodes), planned "
+    lines = [f"watchdog soak on real SGLang 0.5.23 (CPU engine, {MODEL_LABEL}, TP2 on two local nodes), planned "
              f"{minutes:.0f} min",
              f"healthy time {rep.healthy_s / 60:.1f} min, episodes {rep.episodes}, long prompts of "
              f"{min(rep.long_prompt_tokens, default=0)}-{max(rep.long_prompt_tokens, default=0)} tokens "

@@ -51,6 +51,19 @@ ARMS: dict[str, dict[str, Any]] = {
     "ngram": {"enabled": True, "algorithm": "NGRAM", "draft_tokens": 12},
 }
 MODELS = ("llama-8b-shape", "llama-8b-shape-eagle", "llama-8b-shape-4layers")
+#: With --trained: the model's own first k layers as a STANDALONE draft (trainedmodel.layer_skip, real weights).
+SKIP_ARMS: dict[str, dict[str, Any]] = {
+    f"skip{k}": {"enabled": True, "algorithm": "STANDALONE", "skip_layers": k} for k in (2, 4, 8, 15)}
+ARMS.update(SKIP_ARMS)
+#: Acceptance workloads, sampled as users do (temperature 0.7, end of sequence honoured): a list to copy (what an
+#: n-gram draft feeds on), a question, code, free text.
+WORKLOADS: dict[str, str] = {
+    "copy-list": "Repeat this list exactly, one item per line: apple, banana, cherry, date, elderberry, fig, grape, "
+                 "honeydew, kiwi, lemon, mango, nectarine, orange, papaya, quince, raspberry.",
+    "question": "What is the capital of France? Answer in one sentence, then name two famous landmarks there.",
+    "code": "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short test.",
+    "story": "Tell me a short story about a lighthouse keeper who finds a message in a bottle.",
+}
 KV_LINE = re.compile(r"KV Cache is allocated\. dtype: \S+, #tokens: (\d+)")
 
 
@@ -83,13 +96,37 @@ def gpu_facts(engine_python: str) -> dict[str, Any]:
     return doc
 
 
-def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200-1") -> Path:
+def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200-1",
+               trained: Path | None = None) -> Path:
     doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / f"{profile}.yaml").read_text())
     models = REPO / "launch" / "models"
     doc["name"] = f"{profile}-{arm}"
     doc["model"]["config"] = str(models / "llama-8b-shape")
+    if trained is not None:  # the trained model's own weights, its own config for planning
+        doc["model"].update(path=str(trained), served_name=trained.name, config=str(trained))
+        doc["gpu"]["load_format"] = "auto"
+        a = ARMS[arm]
+        d = doc["draft"]
+        d["enabled"] = a["enabled"]
+        d["algorithm"] = a.get("algorithm", d["algorithm"])
+        if a.get("skip_layers"):
+            skip = trained.parent / f"{trained.name}-skip{a['skip_layers']}"
+            d.update(model_path=str(skip), config=str(skip))
+        else:
+            d.pop("model_path", None)
+            d.pop("config", None)
+            if a.get("algorithm") == "NGRAM":
+                d["draft_tokens"] = a["draft_tokens"]
+    else:
+        _random_draft(doc, arm, models)
     doc["cluster"]["gpu_memory_gb"] = facts["total_bytes"] / (1 << 30)
     doc["gpu"]["cuda_context_gb"] = facts["context_bytes"] / (1 << 30)
+    path = dest / f"{profile}-{arm}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _random_draft(doc: dict[str, Any], arm: str, models: Path) -> None:
     a = ARMS[arm]
     d = doc["draft"]
     d["config"] = str(models / Path(d["config"]).name)
@@ -103,9 +140,6 @@ def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200
         d.pop("model_path", None)
         d.pop("config", None)
         d["draft_tokens"] = a["draft_tokens"]
-    path = dest / f"{profile}-{arm}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def stream_once(prompt: str, max_tokens: int = 32, timeout: float = 120) -> dict[str, Any]:
@@ -126,6 +160,87 @@ def stream_once(prompt: str, max_tokens: int = 32, timeout: float = 120) -> dict
 def get_json(path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=30) as resp:
         return json.loads(resp.read())
+
+
+def metric_sums(names: tuple[str, ...]) -> dict[str, float]:
+    """Each named metric of /metrics summed over its label sets (SGLang's own counters)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+COUNTERS = ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total")
+
+
+def chat(prompt: str, max_tokens: int = 256, temperature: float = 0.7, timeout: float = 180) -> int:
+    """One sampled chat completion (end of sequence honoured); its completion tokens."""
+    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": temperature}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return int(json.loads(resp.read())["usage"]["completion_tokens"])
+
+
+def acceptance(requests: int) -> dict[str, Any]:
+    """Per workload, one client, ``requests`` sampled answers: output tokens/s and the engine's own accept length
+    (generated tokens / verify calls, from its counters' change over the workload; None with the draft off)."""
+    out: dict[str, Any] = {}
+    for name, prompt in WORKLOADS.items():
+        before = metric_sums(COUNTERS)
+        t0 = time.monotonic()
+        tokens = sum(chat(prompt) for _ in range(requests))
+        dt = time.monotonic() - t0
+        after = metric_sums(COUNTERS)
+        gen = after[COUNTERS[0]] - before[COUNTERS[0]]
+        verify = after[COUNTERS[1]] - before[COUNTERS[1]]
+        out[name] = {"requests": requests, "tokens": tokens, "s": round(dt, 2), "tok_s": round(tokens / dt, 1),
+                     "accept_length": round(gen / verify, 3) if verify else None,
+                     "generated": gen, "verify_calls": verify}
+    return out
+
+
+def throughput(clients: int, seconds: float) -> dict[str, Any]:
+    """Closed loop, ``clients`` at once, the workloads in turn, sampled: output tokens/s over ``seconds``."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    tally = {"tokens": 0, "ok": 0, "failed": 0}
+    prompts = list(WORKLOADS.values())
+
+    def run(i: int) -> None:
+        n = i
+        while not stop.is_set():
+            n += 1
+            try:
+                t = chat(prompts[n % len(prompts)])
+                with lock:
+                    tally["tokens"] += t
+                    tally["ok"] += 1
+            except Exception:
+                with lock:
+                    tally["failed"] += 1
+                time.sleep(0.2)
+
+    before = metric_sums(COUNTERS)
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=200)
+    dt = time.monotonic() - t0
+    after = metric_sums(COUNTERS)
+    gen = after[COUNTERS[0]] - before[COUNTERS[0]]
+    verify = after[COUNTERS[1]] - before[COUNTERS[1]]
+    return {"clients": clients, "s": round(dt, 1), **tally, "generated_tok_s": round(gen / dt, 1),
+            "accept_length": round(gen / verify, 3) if verify else None}
 
 
 class Load:
@@ -210,10 +325,66 @@ def stopped(seat: str, ns: argparse.Namespace, env: dict[str, str], d: Path) -> 
     return out
 
 
+def _stall_start(bundle: Path, rank: int) -> float | None:
+    """The start of ``rank``'s in-flight probed call in the bundle (the stalled one)."""
+    from sgl_seat.forensics.format.bundle import read_bundle
+
+    b = read_bundle(bundle)
+    starts = [p.start for p in b.probes if p.rank == rank and p.end is None]
+    return max(starts) if starts else None
+
+
+def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
+    """``--repeat-faults`` stalls of the probed graph replay and as many SIGSTOPs of the scheduler, alternating,
+    under the running load: per fault the seconds from the fault command's return to a complete bundle on disk
+    (the manifest written), and the bundle's verdict."""
+    out: list[dict[str, Any]] = []
+    for i in range(ns.repeat_faults):
+        for kind in ("stall", "sigstop"):
+            time.sleep(4)  # the last bundle's latch releases and decode resumes
+            before = bundles_of(ns.home, seat)
+            if kind == "stall":
+                fault = cli(["fault", f"probe-stall:rank={ns.stall_rank},target=FullCudaGraphBackend.replay,"
+                             f"after_calls=20,for_s=4", "--name", seat, "--json"], env, 90)
+            else:
+                fault = cli(["fault", f"sigstop:rank={ns.stall_rank}", "--name", seat, "--json"], env, 90)
+            bundle = wait_bundle(ns.home, seat, before, 30)
+            man: dict[str, Any] = {}
+            if bundle is not None:  # the native stacks follow the bundle: wait for them before the release
+                end = time.monotonic() + 15
+                while time.monotonic() < end:
+                    man = json.loads((bundle / "manifest.json").read_text())
+                    if "late" in man:
+                        break
+                    time.sleep(0.2)
+            if kind == "sigstop":
+                cli(["fault", f"sigcont:rank={ns.stall_rank}", "--name", seat, "--json"], env, 90)
+            rec: dict[str, Any] = {"i": i, "kind": kind, "rc": fault["rc"], "bundle": bundle.name if bundle else None,
+                                   "err": fault["stderr"][-300:] if fault["rc"] else ""}
+            if bundle is not None:
+                # As the CPU soak (bench/realsoak.py) measures: from the stalled call's start in the bundle, or
+                # the SIGSTOP's own time, to the bundle written (the manifest's, before its late native stacks).
+                v = man.get("verdict") or {}
+                late = man.get("late") or {}
+                written = float(late["t"]) - float(late["after_bundle_s"]) if late else float(man["created"])
+                start = _stall_start(bundle, ns.stall_rank) if kind == "stall" else \
+                    float((as_json(fault) or {}).get("applied_t") or (as_json(fault) or {}).get("t") or 0) or None
+                rec.update(verdict=f"{v.get('kind')} rank {v.get('rank')}", detected=float(man["trigger"]["t"]),
+                           evidence=(v.get("evidence") or [""])[0][:300])
+                if start is not None:
+                    rec.update(fault_to_detect_s=round(rec["detected"] - start, 3),
+                               fault_to_bundle_s=round(written - start, 3))
+            out.append(rec)
+            print(json.dumps(out[-1], default=str)[:400], flush=True)
+            if kind == "stall":
+                time.sleep(4)  # the 4 s stall ends
+    return out
+
+
 def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[str, str], out: Path) -> dict[str, Any]:
     d = out / arm
     d.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(arm, facts, d, ns.seat)
+    spec = write_spec(arm, facts, d, ns.seat, ns.trained)
     seat = f"{ns.seat}-{arm}"
     draft = "on" if ARMS[arm]["enabled"] else "off"
     res: dict[str, Any] = {"arm": arm, "seat": seat, "draft": draft, "spec": spec.read_text()}
@@ -258,6 +429,10 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
         if isinstance(pp, int) and isinstance(rp, int) and rp:
             res["pool_plan_over_real"] = round(pp / rp, 5)
         res["slots_equal"] = res["plan"]["max_running_requests"] == real_slots
+        if ns.trained is not None:
+            res["answer"] = chat("What is the capital of France?", max_tokens=32, temperature=0)
+            res["acceptance"] = acceptance(ns.accept_requests)
+            res["throughput"] = [throughput(c, ns.tput_s) for c in ns.tput_clients]
         load = Load(ns.clients)
         time.sleep(ns.load_s)
         watch = cli(["watch", seat, "--json", "--once"], env, 60)
@@ -281,6 +456,8 @@ def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[s
                                check=False, timeout=120)
         if ns.sigstop and draft == "on":
             res["sigstop"] = stopped(seat, ns, env, d)
+        if ns.repeat_faults and arm == ns.faults_arm:
+            res["repeats"] = repeat_faults(seat, ns, env)
         res["load"] = load.close()
     finally:
         down = cli(["down", seat], env, 300)
@@ -304,6 +481,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-s", type=float, default=10.0)
     ap.add_argument("--up-timeout", type=float, default=420.0)
+    ap.add_argument("--trained", type=Path, help="the trained model's directory on this host (converted: "
+                    "trainedmodel.py ensure); its layer-skip drafts beside it as NAME-skipK (made if missing)")
+    ap.add_argument("--accept-requests", type=int, default=6, help="sampled answers per workload, one client")
+    ap.add_argument("--tput-clients", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--tput-s", type=float, default=15.0)
+    ap.add_argument("--repeat-faults", type=int, default=0, help="then N stalls and N SIGSTOPs in --faults-arm")
+    ap.add_argument("--faults-arm", default="ngram")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     eng = Path(ns.engine_venv).resolve()
@@ -311,9 +495,19 @@ def main() -> int:
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1")
     report: dict[str, Any] = {"model": "RANDOM WEIGHTS (--load-format dummy): 8B-shaped Llama, hidden 4096, 32 "
                               "layers, vocabulary 1024; drafts random too", "arms": []}
+    if ns.trained is not None:
+        from sgl_seat.engines import trainedmodel
+
+        report["model"] = (f"TRAINED: {trainedmodel.TITLE}, {ns.trained}; drafts: NGRAM (no weights), STANDALONE "
+                           "layer-skip (the model's own first k layers, no training)")
+        for arm in ns.arms:
+            k = ARMS[arm].get("skip_layers")
+            skip = ns.trained.parent / f"{ns.trained.name}-skip{k}"
+            if k and not (skip / "config.json").is_file():
+                report.setdefault("drafts_made", []).append(trainedmodel.layer_skip(ns.trained, skip, int(k)))
     facts = gpu_facts(str(eng / "bin" / "python"))
     report["gpu_facts"] = facts
-    for m in MODELS:
+    for m in MODELS if ns.trained is None else ():
         if not (eng / "models" / m / "config.json").is_file():
             made = cli(["model", "tiny", str(eng / "models" / m), "--config", str(REPO / "launch" / "models" / m)],
                        env, 300)

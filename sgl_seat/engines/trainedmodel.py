@@ -240,6 +240,28 @@ def ensure(dtype: str = "float32", *, python: str | None = None, gguf: Path | No
     return {**doc, "directory": str(target), "reused": False, "seconds": round(time.monotonic() - start, 2)}
 
 
+def layer_skip(src: Path, dst: Path, layers: int) -> dict[str, Any]:
+    """A draft made of the model's own first ``layers`` layers, its final norm and its (tied) head: real weights,
+    no training (a STANDALONE draft; its acceptance falls as ``layers`` shrinks). Runs where safetensors is."""
+    import importlib
+
+    st: Any = importlib.import_module("safetensors.torch")
+    cfg = json.loads((src / "config.json").read_text())
+    if not 1 <= layers < int(cfg["num_hidden_layers"]):
+        raise ModelFileError(f"a layer-skip draft of {layers} layers: the model has {cfg['num_hidden_layers']}",
+                             fix="give 1 .. num_hidden_layers - 1")
+    tensors = st.load_file(str(src / "model.safetensors"))
+    keep = {k: v for k, v in tensors.items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(src):
+        if name not in ("model.safetensors", "config.json", MANIFEST) and (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+    st.save_file(keep, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}, indent=2) + "\n")
+    return {"directory": str(dst), "layers": layers, "tensors": len(keep), "of": len(tensors)}
+
+
 def link(target: Path, at: Path) -> None:
     """``at`` a symbolic link to ``target`` (replacing a link, refusing to replace anything else)."""
     if at.is_symlink():
@@ -261,10 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dtype", choices=DTYPES, default="float32")
     e.add_argument("--gguf", type=Path)
     e.add_argument("--link", type=Path, help="also make this path a link to the cached model")
+    k = sub.add_parser("layer-skip", help="a draft of the model's first LAYERS layers into OUT")
+    k.add_argument("src", type=Path)
+    k.add_argument("out", type=Path)
+    k.add_argument("layers", type=int)
     args = ap.parse_args(argv)
     try:
         if args.cmd == "convert":
             print(json.dumps(convert(args.gguf, args.out, args.dtype)))
+            return 0
+        if args.cmd == "layer-skip":
+            print(json.dumps(layer_skip(args.src, args.out, args.layers)))
             return 0
         doc = ensure(args.dtype, gguf=args.gguf, progress=lambda m: print(f"[model] {m}", file=sys.stderr))
         if args.link is not None:

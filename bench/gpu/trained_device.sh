@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The trained model on the GPU machine (issue: real weights on the GPU), across device calls of at most 64 MiB and
+# 10 minutes each, back to back while the machine stays warm:
+#   bash bench/gpu/trained_device.sh engine            carry .carry/pkg .carry/gguf/a: lays out the engine package
+#                                                      in /tmp/sgl-seat-eng, keeps the GGUF's first part
+#   bash bench/gpu/trained_device.sh seat              carry .carry/seatpkg .carry/gguf/b: lays out sgl-seat and Ray
+#                                                      in /tmp/sgl-seat-site, keeps the second part
+#   bash bench/gpu/trained_device.sh start ARGS...     carry .carry/gguf/c: joins the parts, checks the GGUF against
+#                                                      the pinned sha256 and converts it to bf16 safetensors with the
+#                                                      engine package's own transformers (trainedmodel.py ensure),
+#                                                      then starts bench/gpu/draft_seat.py --trained with ARGS under
+#                                                      setsid (it outlives the call while the machine stays warm)
+#   bash bench/gpu/trained_device.sh poll [WAIT_S]     waits up to WAIT_S (default 540) for the bench to end
+# Each call ends by packing what there is into $OUT/trained-out.tgz. The GGUF (98 MB) is larger than one call's
+# carry, so it travels in three parts (split here with head/tail; their join is checked by the digest).
+set -u
+mode=${1:?engine, seat, start or poll}; shift
+out=/tmp/trained-out; parts=/tmp/gguf-parts
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+PY=/opt/torch/.venv/bin/python3
+[ -x $PY ] || PY=$(command -v python3)
+keep_parts() { mkdir -p $parts; for d in .carry/gguf/*/; do [ -d "$d" ] && cp "$d"part-* $parts/ 2>/dev/null; done; ls -la $parts; }
+case $mode in
+  engine)
+    keep_parts
+    $PY sgl_seat/engines/hostlayout.py .carry/pkg /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
+  seat)
+    keep_parts
+    $PY sgl_seat/engines/hostlayout.py .carry/seatpkg /tmp/sgl-seat-site --no-check | tail -2 ;;
+  start)
+    keep_parts
+    rm -rf /tmp/repo && mkdir -p /tmp/repo $out
+    tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
+    cat $parts/part-0 $parts/part-1 $parts/part-2 > /tmp/smollm2.gguf
+    export SGL_SEAT_CACHE=/tmp/sgl-seat-cache
+    t0=$SECONDS
+    (cd /tmp/repo && PYTHONPATH=/tmp/repo /tmp/sgl-seat-eng/bin/python sgl_seat/engines/trainedmodel.py ensure \
+      --dtype bfloat16 --gguf /tmp/smollm2.gguf --link /tmp/models/smollm2-135m-instruct) > $out/convert.json \
+      2> $out/convert.log || { tail -20 $out/convert.log; }
+    echo "converted in $((SECONDS - t0)) s: $(head -c 400 $out/convert.json)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $out/gpu.txt
+    (cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/sgl-seat-site/site PATH=/tmp/sgl-seat-site/site/bin:$PATH \
+       setsid nohup $PY bench/gpu/draft_seat.py --engine-venv /tmp/sgl-seat-eng --out $out \
+       --trained /tmp/models/smollm2-135m-instruct "$@" > /tmp/trained-run.log 2>&1 < /dev/null & echo $! > /tmp/trained.pid)
+    set -- 500 ;;
+  poll) ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+if [ "$mode" = start ] || [ "$mode" = poll ]; then
+  wait_s=${1:-540}; deadline=$((SECONDS + wait_s))
+  while [ $SECONDS -lt $deadline ] && kill -0 "$(cat /tmp/trained.pid 2>/dev/null)" 2>/dev/null; do sleep 5; done
+  echo "== bench"; tail -25 /tmp/trained-run.log
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  tar -czf "$OUT/trained-out.tgz" -C /tmp trained-out trained-run.log 2>/dev/null; ls -la "$OUT"
+fi
