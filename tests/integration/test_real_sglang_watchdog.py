@@ -150,8 +150,8 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
     before = seat_bundles(seat)
     verdicts: list[Any] = []
     queued = 0.0
-    # ~1,500 tokens ("wordN" is ~6 of the tiny model's tokens): long for a 4,096-token context, and it fits
-    long_body = {"model": MODEL, "prompt": " ".join(f"word{j}" for j in range(250)), "max_tokens": 16}
+    # ~1,400 tokens (250 "wordN" were 890 of the trained model's tokens): long for a 4,096-token context, and it fits
+    long_body = {"model": MODEL, "prompt": " ".join(f"word{j}" for j in range(400)), "max_tokens": 16}
     with _traffic(seat.endpoint, n=16, max_tokens=32) as tr:
         assert tr.wait_ok(1, 120.0), "the burst got no answer"
         r = httpx.post(f"{seat.endpoint}/v1/completions", json=long_body, timeout=180.0, trust_env=False)
