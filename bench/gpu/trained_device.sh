@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The trained model on the GPU machine (issue: real weights on the GPU), across device calls of at most 64 MiB and
 # 10 minutes each, back to back while the machine stays warm:
-#   bash bench/gpu/trained_device.sh engine            carry .carry/pkg .carry/gguf/a: lays out the engine package
+#   bash bench/gpu/trained_device.sh engine            carry .carry/eng .carry/gguf/a: lays out the engine package
 #                                                      in /tmp/sgl-seat-eng, keeps the GGUF's first part
-#   bash bench/gpu/trained_device.sh seat              carry .carry/seatpkg .carry/gguf/b: lays out sgl-seat and Ray
+#   bash bench/gpu/trained_device.sh seat              carry .carry/site .carry/gguf/b: lays out sgl-seat and Ray
 #                                                      in /tmp/sgl-seat-site, keeps the second part
 #   bash bench/gpu/trained_device.sh start ARGS...     carry .carry/gguf/c: joins the parts, checks the GGUF against
 #                                                      the pinned sha256 and converts it to bf16 safetensors with the
@@ -23,10 +23,10 @@ keep_parts() { mkdir -p $parts; for d in .carry/gguf/*/; do [ -d "$d" ] && cp "$
 case $mode in
   engine)
     keep_parts
-    $PY sgl_seat/engines/hostlayout.py .carry/pkg /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
+    $PY sgl_seat/engines/hostlayout.py .carry/eng /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
   seat)
     keep_parts
-    $PY sgl_seat/engines/hostlayout.py .carry/seatpkg /tmp/sgl-seat-site --no-check | tail -2 ;;
+    $PY sgl_seat/engines/hostlayout.py .carry/site /tmp/sgl-seat-site --no-check | tail -2 ;;
   start)
     keep_parts
     rm -rf /tmp/repo && mkdir -p /tmp/repo $out
