@@ -334,6 +334,17 @@ def _stall_start(bundle: Path, rank: int) -> float | None:
     return max(starts) if starts else None
 
 
+def wait_unlatched(seat: str, env: dict[str, str], timeout: float) -> float:
+    """Wait until no sidecar of the seat is latched (`watch --once --json`); the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        doc = as_json(cli(["watch", seat, "--once", "--json"], env, 60)) or {}
+        if doc.get("nodes") and not any(n.get("latched") for n in doc["nodes"]):
+            break
+        time.sleep(1)
+    return round(time.monotonic() - t0, 1)
+
+
 def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
     """``--repeat-faults`` stalls of the probed graph replay and as many SIGSTOPs of the scheduler, alternating,
     under the running load: per fault the seconds from the fault command's return to a complete bundle on disk
@@ -341,7 +352,9 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
     out: list[dict[str, Any]] = []
     for i in range(ns.repeat_faults):
         for kind in ("stall", "sigstop"):
-            time.sleep(4)  # the last bundle's latch releases and decode resumes
+            # One hang, one bundle: a fault while the sidecars are still latched by the last bundle gives none (the
+            # 2026-12-06 H100 run's stalls 4 s after each SIGSTOP's bundle gave none), so wait for the re-arm.
+            rec0 = wait_unlatched(seat, env, 90)
             before = bundles_of(ns.home, seat)
             if kind == "stall":
                 fault = cli(["fault", f"probe-stall:rank={ns.stall_rank},target=FullCudaGraphBackend.replay,"
@@ -374,6 +387,7 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
                 if start is not None:
                     rec.update(fault_to_detect_s=round(rec["detected"] - start, 3),
                                fault_to_bundle_s=round(written - start, 3))
+            rec["waited_for_rearm_s"] = rec0
             out.append(rec)
             print(json.dumps(out[-1], default=str)[:400], flush=True)
             if kind == "stall":

