@@ -601,7 +601,7 @@ def test_log_lines_sgl_seat_parses_are_in_both_seats_logs(seats: Seats) -> None:
     """GIVEN both seats' node logs after start-up and traffic
     WHEN sgl-seat's own log parsers read them (the KV pool line, the rank prefix of scheduler lines)
     THEN node 0's log gives a KV pool size on both, and each node's scheduler lines carry its rank's prefix."""
-    from sgl_seat.core.detect import _LINE_TP
+    from sgl_seat.core.detect.exited import _LINE_TP
 
     for engine in ("real", "sim"):
         kv = parse_kv_tokens(seats.log(engine, 0))
