@@ -14,8 +14,6 @@ from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.spec import WatchdogSpec
 
 WATCHDOG_LINE = "Scheduler watchdog timeout"
-
-
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 
 
