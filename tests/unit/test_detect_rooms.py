@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import yaml
 
 from sgl_seat.core import detect as d
 from sgl_seat.core.detect import Detector
@@ -36,10 +37,16 @@ SCHEMA = ROOT / "forensics" / "bundle.schema.json"
 RUNBOOK = ROOT / "runbooks" / "watchdog-fired.md"
 VERDICT_TABLE = "## 5. Decide by verdict"
 FIXTURES = ROOT / "tests" / "fixtures" / "bundles"
+THRESHOLDS = ROOT / "watchdog" / "thresholds.yaml"
 
 
 def schema_kinds() -> list[str]:
     return list(json.loads(SCHEMA.read_text())["$defs"]["verdict"]["properties"]["kind"]["enum"])
+
+
+def watchdog_fields() -> set[str]:
+    """The ``watchdog:`` keys both the code and the shipped defaults file know."""
+    return set(yaml.safe_load(THRESHOLDS.read_text())["watchdog"]) & set(WatchdogSpec.model_fields)
 
 
 def runbook_kinds(text: str) -> list[str]:
@@ -93,7 +100,7 @@ def test_every_detector_module_is_registered() -> None:
 
 def test_kinds_schema_runbook_and_thresholds_agree_with_the_registry() -> None:
     gaps = registry_gaps(d.DETECTORS, d.NODE_KINDS, kinds=VerdictKind, schema=schema_kinds(),
-                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=WatchdogSpec.model_fields)
+                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=watchdog_fields())
     assert gaps == []
 
 
@@ -188,7 +195,7 @@ def test_a_detector_writes_the_evidence_it_declares(det: Detector,
 def _gaps_without(drop: VerdictKind) -> list[str]:
     kept = tuple(x for x in d.DETECTORS if x.kind is not drop)
     return registry_gaps(kept, d.NODE_KINDS, kinds=VerdictKind, schema=schema_kinds(),
-                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=WatchdogSpec.model_fields)
+                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=watchdog_fields())
 
 
 def test_a_kind_without_its_detector_is_named() -> None:
@@ -202,7 +209,7 @@ def test_a_detector_missing_from_the_schema_and_the_runbook_is_named() -> None:
     gaps = registry_gaps(d.DETECTORS, d.NODE_KINDS, kinds=VerdictKind,
                          schema=[k for k in schema_kinds() if k != "process stopped"],
                          runbook=[k for k in runbook_kinds(RUNBOOK.read_text()) if k != "process stopped"],
-                         fields=WatchdogSpec.model_fields)
+                         fields=watchdog_fields())
     assert gaps == [
         "'process stopped' is missing from forensics/bundle.schema.json's verdict kind enum (bump its minor version)",
         "'process stopped' has no row in runbooks/watchdog-fired.md's table '5. Decide by verdict'",
@@ -213,7 +220,7 @@ def test_disorder_a_double_kind_and_an_unknown_threshold_are_named() -> None:
     stopped = d.DETECTORS[1]
     twin = dataclasses.replace(stopped, priority=0, thresholds=("stopped_for_s",))
     gaps = registry_gaps((*d.DETECTORS, twin), d.NODE_KINDS, kinds=VerdictKind, schema=schema_kinds(),
-                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=WatchdogSpec.model_fields)
+                         runbook=runbook_kinds(RUNBOOK.read_text()), fields=watchdog_fields())
     assert gaps == ["kinds made twice (one detector per kind): ['process stopped']",
                     "priorities must be distinct and DETECTORS in their order: [1, 2, 3, 4, 5, 6, 0]",
                     "process stopped: threshold 'stopped_for_s' is not a watchdog field (spec.py WatchdogSpec, "
