@@ -70,10 +70,10 @@ SIM_OFFSETS = (0, sim_ports.ADMIN_PORT_OFFSET, 5, sim_ports.NODE_PORT_STEP,
 REAL_BASES = (24500, 24515, 24530, 24565, 24580)
 SIM_BASES = (24550, 24565, 24580, 24500, 24515, 24530)
 
-#: Where sgl-seat reads engine metrics: the watchdog (its detectors in core/detect.py too), the gate, the
+#: Where sgl-seat reads engine metrics: the watchdog (its detectors in core/detect/ too), the gate, the
 #: forensics over recorded metrics, and the Prometheus rules and Grafana dashboard shipped for the sidecars.
 METRIC_READERS = ("sgl_seat/watchdog/*.py", "sgl_seat/watchdog/prometheus/*.yml", "sgl_seat/watchdog/grafana/*.json",
-                  "sgl_seat/gate/*.py", "sgl_seat/core/*.py", "sgl_seat/forensics/*.py")
+                  "sgl_seat/gate/*.py", "sgl_seat/core/*.py", "sgl_seat/core/detect/*.py", "sgl_seat/forensics/*.py")
 _METRIC_NAME = re.compile(r"\bsglang:[a-z][a-z0-9_]*")  # not the titles' "sglang::"
 _PROMQL = re.compile(r"""(?:expr["']?\s*:\s*)(["']?)(.+?)\1\s*,?\s*$""", re.M)
 _MATCHERS = re.compile(r"(sglang:[a-z][a-z0-9_]*)\{([^}]*)\}")
@@ -601,7 +601,7 @@ def test_log_lines_sgl_seat_parses_are_in_both_seats_logs(seats: Seats) -> None:
     """GIVEN both seats' node logs after start-up and traffic
     WHEN sgl-seat's own log parsers read them (the KV pool line, the rank prefix of scheduler lines)
     THEN node 0's log gives a KV pool size on both, and each node's scheduler lines carry its rank's prefix."""
-    from sgl_seat.core.detect import _LINE_TP
+    from sgl_seat.core.detect.exited import _LINE_TP
 
     for engine in ("real", "sim"):
         kv = parse_kv_tokens(seats.log(engine, 0))

@@ -12,6 +12,7 @@ import io
 import pytest
 
 from sgl_seat.core import detect as d
+from sgl_seat.core.detect import noprogress
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Frame, MetricsPoint, ProbeRecord, StackSample, ThreadStack, VerdictKind
 from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
@@ -117,7 +118,7 @@ def test_identical_waits_are_undecided_when_gpu_records_exist() -> None:
 
 def test_no_progress_attributes_a_gpu_in_flight_fetch() -> None:
     now = STALL_AT + 12.0
-    rank, node, frame, why = d._attribute(obs(records(now, culprit_gpu_end=None)), now)
+    rank, node, frame, why = noprogress._attribute(obs(records(now, culprit_gpu_end=None)), now)
     assert (rank, node) == (1, 1) and frame is not None and "fetch_rows" in frame
     assert why is not None and "on the GPU" in why
 

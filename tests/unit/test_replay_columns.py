@@ -24,6 +24,7 @@ import pytest
 
 from sgl_seat.core import detect as d
 from sgl_seat.core.columns import ProbeColumns, ProbeGroup
+from sgl_seat.core.detect import noprogress, waits, words
 from sgl_seat.core.frames import python_frames, short_name
 from sgl_seat.core.observation import Observation, in_flight, latest_by_pid, node_of, probe_targets, python_samples
 from sgl_seat.core.records import (
@@ -66,7 +67,7 @@ def _ref_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdi
     late.sort(key=lambda tp: (tp[0], tp[1].rank, tp[1].pid, tp[1].seq))
     since, worst = late[0]
     on_gpu = not in_flight(worst, now)
-    rank = worst.rank if worst.rank >= 0 else d._rank_of_pid(obs, worst.pid)
+    rank = worst.rank if worst.rank >= 0 else waits.rank_of_pid(obs, worst.pid)
     node = worst.node if worst.node >= 0 else node_of(obs, rank)
     func = worst.target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     frame_label = f"{func} ({worst.target})"
@@ -80,8 +81,8 @@ def _ref_rowfetch_stall(obs: Observation, th: WatchdogSpec, now: float) -> Verdi
             and now - d.EVIDENCE_WINDOW_S <= p.end <= now and p.target == worst.target]
     where = "on the GPU (CUDA events: started on the stream, not finished; the call itself returned)" \
         if on_gpu else "in flight"
-    ev = [f"{worst.target} {where} for {d._fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
-          f"thread {worst.thread}, gather size {worst.gather_size}); threshold {d._fmt_s(th.rowfetch_inflight_s)}"]
+    ev = [f"{worst.target} {where} for {words.fmt_s(now - since)} on rank {rank} (pid {worst.pid}, "
+          f"thread {worst.thread}, gather size {worst.gather_size}); threshold {words.fmt_s(th.rowfetch_inflight_s)}"]
     if on_gpu:
         frame_label = f"{func} ({worst.target}) [GPU record]"
     if done:
@@ -101,11 +102,11 @@ def _ref_attribute_fetch(obs: Observation, now: float) -> tuple[Any, ...] | None
     if not infl:
         return None
     since, p = infl[0]
-    rank = p.rank if p.rank >= 0 else d._rank_of_pid(obs, p.pid)
+    rank = p.rank if p.rank >= 0 else waits.rank_of_pid(obs, p.pid)
     where = "in flight" if in_flight(p, now) else "in flight on the GPU"
     return (rank, node_of(obs, rank, p.node if p.node >= 0 else None),
             f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
-            f"rank {rank} has a row fetch {where} for {d._fmt_s(now - since)}")
+            f"rank {rank} has a row fetch {where} for {words.fmt_s(now - since)}")
 
 
 def _call_order(recs: list[ProbeRecord]) -> Callable[[int], tuple[int, float, float, int, int]]:
@@ -248,7 +249,7 @@ def test_attribution_over_columns_is_the_record_one() -> None:
     for i, (recs, ctx, now, _th) in enumerate(CASE_LIST):
         obs = Observation.of(probes=recs, **ctx)
         want = _ref_attribute_fetch(obs, now)
-        got = d._attribute(obs, now)
+        got = noprogress._attribute(obs, now)
         if want is not None:
             assert got == want, f"case {i}"
         else:

@@ -14,7 +14,7 @@ left per step is the replay itself; wrapping it gives one ring slot per replay:
   paragraph); a reader thread (``sgl-seat-probe-graph``) queries them off the hot path and publishes into the same
   ring's GPU state and side area as :mod:`.gpu` does: *queued* until the replay's start is known, *started* (with
   that moment) until the end event completes, then *done*. A replay whose end never comes is "in flight on the
-  GPU: graph replay, N tokens" (``core/detect.py``) and names its rank;
+  GPU: graph replay, N tokens" (``core/detect/fetchstall.py``) and names its rank;
 - while a graph is being captured (the capture hooks' count, or ``torch.cuda.is_current_stream_capturing()``)
   no event is recorded and the replay runs untimed: an event recorded then would belong to the captured graph.
 

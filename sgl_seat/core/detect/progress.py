@@ -1,0 +1,76 @@
+"""Progress as the metrics and the probe records say it: tokens moving, calls starting and ending."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from sgl_seat.core.columns import ProbeColumns
+from sgl_seat.core.observation import Observation
+from sgl_seat.core.records import MetricsPoint
+
+RUNNING = "sglang:num_running_reqs"
+#: Counters (and slowly moving gauges) whose change means the engine made progress. SGLang bumps
+#: ``generation_tokens_total`` when a request finishes, so with few long requests it can stay flat
+#: while decode runs; ``num_used_tokens`` (KV in use) moves every decode step the scheduler reports.
+PROGRESS_METRICS: tuple[str, ...] = (
+    "sglang:generation_tokens_total",
+    "sglang:num_used_tokens",
+    "sglang:decode_sum_seq_lens",
+    "sglang:forward_execution_seconds_total",
+    "sglang:cuda_graph_passes_total",
+)
+
+
+def went_round(pc: ProbeColumns, pid: int, t0: float, t1: float) -> bool:
+    """Whether process ``pid`` started or finished a probed call in (t0, t1]: it went round its loop then.
+
+    Why: a healthy sim rank spends most of each step in one line (its sleep to the step's modelled end), and a
+    real scheduler in one kernel launch or sync, so 1 Hz samples can find it at the same line five times running
+    while it steps. The stacks alone cannot tell that from a rank stuck in one call, and the metrics that
+    should (tokens moving) can lag: the CI soak wrote a false stack-unchanged bundle for a healthy rank (5
+    samples at ``Scheduler._step`` over 4 s) on a loaded box. A probed call that began or ended between the
+    samples is the rank's own word that it was not stuck. A process without probe records gives no such word.
+    """
+    mine = pc.pid == pid
+    if not bool(np.any(mine)):
+        return False
+    start, end = pc.start[mine], pc.end[mine]  # NaN end: in flight (compares false)
+    return bool(np.any((t0 < start) & (start <= t1)) or np.any((t0 < end) & (end <= t1)))
+
+
+def last_fetch_end(pc: ProbeColumns, now: float) -> float | None:
+    """When the latest probed call that had finished by ``now`` finished (None: none had).
+
+    A finished row fetch is progress as much as a token is (the sidecar's latch counts it so too): a stepping
+    engine makes one each forward, while /metrics can lag seconds behind on a loaded host.
+    """
+    done = pc.end[pc.end <= now]
+    return float(done.max()) if done.size else None
+
+
+def progress_sig(m: MetricsPoint) -> tuple[float, ...]:
+    return tuple(m.values.get(k, math.nan) for k in PROGRESS_METRICS if k in m.values)
+
+
+def metrics_upto(obs: Observation, now: float) -> list[MetricsPoint]:
+    pts = [m for m in obs.metrics if m.t <= now]
+    pts.sort(key=lambda m: (m.t, m.node))
+    return pts
+
+
+def window_state(pts: Sequence[MetricsPoint], t0: float, t1: float) -> tuple[bool, bool] | None:
+    """(requests ran throughout, progress happened) over [t0, t1], from the points in it plus the one
+    just before; None if no point covers the window."""
+    before = [m for m in pts if m.t <= t0]
+    inside = [m for m in pts if t0 < m.t <= t1]
+    span = ([before[-1]] if before else []) + inside
+    if len(span) < 2 or not any(RUNNING in m.values for m in span):
+        return None
+    ran = all(m.values.get(RUNNING, 0.0) > 0 for m in span)
+    sigs = [progress_sig(m) for m in span]
+    progressed = any(a != b for a, b in itertools.pairwise(sigs))
+    return ran, progressed
