@@ -450,6 +450,29 @@ class SeatSpec(_Strict):
                              "watchdog.enabled is false; enable the watchdog or set on_hang: capture")
         return self
 
+    def to_json(self) -> dict[str, Any]:
+        """The validated spec as JSON data, what the seat record keeps of it (:meth:`from_json` rebuilds it): every
+        field, ``watchdog.on_hang`` and ``watchdog.remediation`` included (they are left out of :meth:`model_dump`),
+        ``source`` left out (the record keeps it apart, for display and for paths relative to the file)."""
+        doc = self.model_dump(mode="json")
+        doc["watchdog"] |= {"on_hang": self.watchdog.on_hang,
+                            "remediation": self.watchdog.remediation.model_dump(mode="json")}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], *, source: str | None = None) -> SeatSpec:
+        """The spec :meth:`to_json` wrote, validated again as a file is (a damaged one is a :class:`SpecError`);
+        ``source``: the file it was first loaded from (model.config and draft.config are found beside it)."""
+        if "source" in doc:
+            raise SpecError("'source' is not a spec key", path=source, field="source", fix="remove the key")
+        try:
+            return cls.model_validate({**doc, "source": source})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "<spec>"
+            raise SpecError(f"a recorded spec does not validate ({exc.error_count()} errors): {err['msg']}",
+                            path=source, field=field, fix="take the seat down and bring it up again") from None
+
     def model_config_path(self) -> Path | None:
         """The planning config.json: relative to the spec file, else a built-in model by name
         (:func:`planning_config_path`)."""

@@ -44,12 +44,13 @@ class SidecarsStarted:
     detail: str
 
 
-def context_of(rec: SeatRecord) -> SidecarContext:
-    """The watchdog's view of a recorded seat: names, the filled plan, the spec's source and the bundles' place."""
+def context_of(rec: SeatRecord, *, settings: bool = True) -> SidecarContext:
+    """The watchdog's view of a recorded seat: names, the filled plan, the bundles' place and the spec as the record
+    holds it (:meth:`SeatRecord.seat_spec`); ``settings`` False: no spec, for a context that only stops sidecars."""
     return SidecarContext(
         seat=rec.name, namespace=rec.namespace, pg_name=rec.pg_name, plan_json=json.dumps(rec.plan),
-        nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip, n.node_id) for n in rec.nodes), spec_source=rec.spec_source,
-        bundles_dir=str(bundles_dir_of(rec)),
+        nodes=tuple(SidecarNode(n.node_rank, n.agent, n.ip, n.node_id) for n in rec.nodes),
+        bundles_dir=str(bundles_dir_of(rec)), spec=rec.seat_spec() if settings else None,
     )
 
 
@@ -97,12 +98,13 @@ def stop_sidecars(ctx: SidecarContext, *, brief: Collection[int] = (), brief_s: 
 
 def prometheus_config_of(rec: SeatRecord) -> ScrapeConfig:
     """`prometheus-config`: the scrape config of a recorded seat, every node's sidecar at the address and port `up`
-    gave it (the spec's ``watchdog.exporter_bind``, read as the sidecars read it: from the spec's source)."""
-    from sgl_seat.spec import WatchdogSpec, load_spec
+    gave it (the spec's ``watchdog.exporter_bind``, read as the sidecars read it: from the seat record)."""
+    from sgl_seat.spec import WatchdogSpec
 
     if rec.plan is None:
         raise SeatError(f"seat {rec.name!r} has no filled plan recorded (its `up` did not get that far)",
                         fix=f"run `sgl-seat status {rec.name}`, or bring the seat up again")
-    bind = (load_spec(rec.spec_source).watchdog if rec.spec_source else WatchdogSpec()).exporter_bind
+    spec = rec.seat_spec()
+    bind = (spec.watchdog if spec is not None else WatchdogSpec()).exporter_bind
     return scrape_config(rec.name, int(rec.plan["http_port"]), [(n.node_rank, n.ip) for n in rec.nodes], bind,
                          endpoint=rec.endpoint, rule_files=[str(ALERT_RULES)])

@@ -208,7 +208,7 @@ def _teardown_ray(rec: SeatRecord, st: Stages, survivors: list[str], reached: se
             brief = {n for n, w in why.items() if w == AGENT_NOT_FOUND}
             stop = answered | brief
             try:
-                ctx = context_of(rec)
+                ctx = context_of(rec, settings=False)
                 stop_sidecars(dataclasses.replace(ctx, nodes=tuple(n for n in ctx.nodes if n.node_rank in stop)),
                               brief=brief, brief_s=REACH_S)
             except Exception as exc:  # a sidecar bug must not keep engines alive

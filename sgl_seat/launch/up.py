@@ -151,7 +151,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
     rec = SeatRecord(
         name=plan.seat, state=SeatState.PLACING, engine=plan.engine, draft=plan.draft,
         cluster_address=spec.cluster.address, namespace=namespace_of(plan.seat), pg_name=pg_name(plan.seat),
-        spec_source=spec.source, bundles_dir=str(seat_bundles_dir(spec.name, spec.bundles.dir)),
+        spec_source=spec.source, spec=spec.to_json(), bundles_dir=str(seat_bundles_dir(spec.name, spec.bundles.dir)),
         token_env=spec.cluster.token_env, busy_pid=os.getpid(), busy_host=host_id(),
         no_watchdog=opts.no_watchdog or not spec.watchdog.enabled,  # the spec's `watchdog.enabled: false` too
         kv_predicted=predicted_kv(plan), plan=plan.to_json(),

@@ -22,7 +22,7 @@ from typing import Any
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
 from sgl_seat.niceness import restore_raylet_niceness
-from sgl_seat.spec import WatchdogSpec, load_spec
+from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.capture import wire
 from sgl_seat.watchdog.config import (
     SidecarConfig,
@@ -446,11 +446,11 @@ def _rget(ref: Any, timeout: float) -> Any:
 
 
 def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
-    """One config per node from the `up` context (filled plan JSON, the spec for thresholds)."""
+    """One config per node from the `up` context (filled plan JSON, the recorded spec for thresholds)."""
     import ray
 
     plan = json.loads(ctx.plan_json)
-    spec = load_spec(ctx.spec_source) if ctx.spec_source else None
+    spec = ctx.spec
     wd = spec.watchdog if spec is not None else WatchdogSpec()
     quota = spec.bundles.quota_mb if spec is not None else 2048
     rank_nodes = {int(r["tp_rank"]): int(n["node_rank"]) for n in plan["nodes"] for r in n["ranks"]}

@@ -1,8 +1,9 @@
 """What a sidecar is configured from: the `up` context, one :class:`SidecarConfig` per node, names and ports.
 
 `up` and `down` (``sgl_seat.launch.sidecars``) hand the watchdog a :class:`SidecarContext`: the seat's
-names, the filled plan as JSON and the spec's source. :func:`sgl_seat.watchdog.actors.create_sidecar_actors` turns
-it into one :class:`SidecarConfig` per node (plain data that crosses Ray as JSON). The port arithmetic of
+names, the filled plan as JSON and the spec as `up` recorded it (never the seat file read again).
+:func:`sgl_seat.watchdog.actors.create_sidecar_actors` turns it into one :class:`SidecarConfig` per node (plain
+data that crosses Ray as JSON). The port arithmetic of
 the sidecars' own exporters and the actor names live here, so `watch` and the tests find them the same way.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sgl_seat.engines.base import argv_value
-from sgl_seat.spec import WatchdogSpec
+from sgl_seat.spec import SeatSpec, WatchdogSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,10 @@ class SidecarNode:
 
 @dataclass(frozen=True, slots=True)
 class SidecarContext:
-    """What a sidecar needs to find the seat: names, the filled plan (JSON), the spec's source and where the seat's
-    bundles go (``bundles_dir``, as `up` resolved it: ``sgl_seat.forensics.format.layout.seat_bundles_dir``).
+    """What a sidecar needs to find the seat: names, the filled plan (JSON), where the seat's bundles go
+    (``bundles_dir``, as `up` resolved it: ``sgl_seat.forensics.format.layout.seat_bundles_dir``) and the spec as the
+    seat record holds it (``spec``: thresholds, quota, raw prompts, the exporter's bind; None: the defaults, and a
+    context that only stops sidecars needs none).
 
     The driver is connected to Ray in the seat's ``namespace`` when the watchdog is handed one; each node's
     sidecar goes on bundle ``node_rank`` of the placement group ``pg_name``, beside that node's agent.
@@ -50,8 +53,8 @@ class SidecarContext:
     pg_name: str
     plan_json: str
     nodes: tuple[SidecarNode, ...]
-    spec_source: str | None
     bundles_dir: str
+    spec: SeatSpec | None = None
     timeout: float = 60.0
 
 

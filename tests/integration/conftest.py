@@ -6,10 +6,10 @@ timeouts); one at a time they would not fit the CI tier's 20 minutes on 2 cores.
 * ``sglang``: the real-engine modules that bring SGLang up through `sgl-seat up` (a local Ray cluster of each seat's
   own; ports 24100-24199 and, for the watchdog on real schedulers, 24200-24299);
 * ``ray``: the modules whose sim seats run on a local Ray cluster on 127.0.0.1 (launch and two seats 23000-23999,
-  runbooks 30500-30599, the watchdog seat 26600-26716, the remediation seat 27200-27240, the demo 30600-30699), one
-  module at a time, in :data:`RAY_LOCAL`'s order (test_two_seats runs its two seats' clusters side by side: the
-  point of it), then the gate's module (gate 30740-30799; :data:`RAY_TAIL`: no Ray, placed here to even the
-  streams' lengths);
+  runbooks 30500-30599, the watchdog seat 26600-26716, the remediation seat 27200-27240, the recorded-settings seat
+  27500-27516, the demo 30600-30699), one module at a time, in :data:`RAY_LOCAL`'s order (test_two_seats runs its
+  two seats' clusters side by side: the point of it), then the gate's module (gate 30740-30799; :data:`RAY_TAIL`:
+  no Ray, placed here to even the streams' lengths);
 * ``other``: the other modules without a local Ray cluster (sim 32000-32767, soak 30800-30899,
   Prometheus 30900-30930, raw prompts 26750-26766, the sidecar 26110-26111, test_sim_vs_real's real seat started
   without Ray 24500-24599, and the two-namespace cluster, whose Ray lives in network namespaces of its own).
@@ -35,8 +35,8 @@ import os
 import pytest
 
 #: The modules that start a local Ray cluster on 127.0.0.1 (one at a time, in this order: the longest first).
-RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_remediation", "test_launch_shared", "test_launch_lifecycle",
-             "test_demo", "test_two_seats")
+RAY_LOCAL = ("test_runbooks", "test_watchdog_seat", "test_remediation", "test_recorded_settings", "test_launch_shared",
+             "test_launch_lifecycle", "test_demo", "test_two_seats")
 #: Modules without a local Ray cluster that run at the end of stream ``ray`` instead of in ``other``: ``other``
 #: starts only after the unit tests, so it ended last (by about 100 s in the CI tier's durations table) while
 #: ``ray`` ended first; the gate's module (about 70 s under that load) evens them.

@@ -21,7 +21,7 @@ from sgl_seat.launch.seatrecord.record import NodeRecord, SeatRecord, save_recor
 from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import ALERT_RULES, prometheus_config_of
 from sgl_seat.launch.status import capture_failure_line, capture_failures_of, latched_failure, status_json
-from sgl_seat.spec import WatchdogSpec, builtin_seats_dir
+from sgl_seat.spec import WatchdogSpec, builtin_seats_dir, load_spec
 from sgl_seat.watchdog.config import SidecarConfig, exporter_address, metrics_port_for, scrape_host
 from sgl_seat.watchdog.prometheus.exporter import Exporter
 from sgl_seat.watchdog.prometheus.scrape_config import WATCHDOG_JOB, scrape_config
@@ -115,7 +115,7 @@ def _record(tmp_path: Path, bind: str) -> SeatRecord:
     if not (tmp_path / "models").exists():
         (tmp_path / "models").symlink_to(builtin_seats_dir().parent / "models")
     return SeatRecord(name="two", state=SeatState.READY, engine="sim", draft=False, cluster_address="x",
-                      namespace="ns", pg_name="pg", spec_source=str(spec), endpoint=f"http://{NODE0}:31210",
+                      namespace="ns", pg_name="pg", spec_source=str(spec), spec=load_spec(str(spec)).to_json(), endpoint=f"http://{NODE0}:31210",
                       plan={"http_port": 31210, "nodes": []},
                       nodes=[NodeRecord(node_rank=0, agent="a0", ip=NODE0), NodeRecord(node_rank=1, agent="a1",
                                                                                       ip=NODE1)])

@@ -12,6 +12,7 @@ from sgl_seat.core.remediation import Action, Decision, Outcome, Policy, Remedia
 from sgl_seat.errors import SeatStateError, UsageError
 from sgl_seat.launch.seatrecord.home import HOME_ENV, seat_home
 from sgl_seat.launch.seatrecord.record import (
+    RECORD_SCHEMA_VERSION,
     NodeRecord,
     RankRecord,
     SeatRecord,
@@ -50,7 +51,7 @@ def test_record_round_trips_through_json(home: Path) -> None:
     rec = _rec()
     save_record(rec)
     doc = json.loads(record_path("s1").read_text())
-    assert doc["state"] == "PLACING" and doc["schema_version"] == 2
+    assert doc["state"] == "PLACING" and doc["schema_version"] == RECORD_SCHEMA_VERSION == 3
     back = load_record("s1")
     assert back.to_dict() == rec.to_dict()
     assert back.nodes[0].ranks[0].pid == 12
@@ -102,7 +103,7 @@ def test_missing_record_names_what_is_recorded() -> None:
 
 def test_a_schema_1_record_still_loads_with_no_policy_and_no_history(home: Path) -> None:
     """GIVEN a record as schema 1 wrote it (no on_hang, no remediations) WHEN loaded THEN on_hang capture, the
-    default budget, an empty history; saved back it is schema 2."""
+    default budget, an empty history; saved back it is schema 3."""
     save_record(_rec())
     path = record_path("s1")
     doc = json.loads(path.read_text())
@@ -113,7 +114,7 @@ def test_a_schema_1_record_still_loads_with_no_policy_and_no_history(home: Path)
     rec = load_record("s1")
     assert (rec.on_hang, rec.remediations, rec.policy()) == ("capture", [], Policy())
     save_record(rec)
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == 3
 
 
 def test_policy_and_history_round_trip(home: Path) -> None:

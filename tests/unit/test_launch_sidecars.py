@@ -28,7 +28,7 @@ from sgl_seat.launch.sidecars import start_sidecars
 from sgl_seat.watchdog import actors as watchdog_sidecar
 from sgl_seat.watchdog.config import SidecarContext, SidecarNode
 
-CTX = SidecarContext(seat="s", namespace="ns", pg_name="pg", plan_json="{}", spec_source=None, bundles_dir="/nowhere",
+CTX = SidecarContext(seat="s", namespace="ns", pg_name="pg", plan_json="{}", bundles_dir="/nowhere",
                      timeout=2.0,
                      nodes=(SidecarNode(0, "a0", "127.0.0.1"), SidecarNode(1, "a1", "127.0.0.1")))
 

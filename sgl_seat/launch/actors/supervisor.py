@@ -42,7 +42,6 @@ from sgl_seat.launch.seatrecord.state import SeatState
 from sgl_seat.launch.sidecars import context_of, start_sidecars, stop_sidecars
 from sgl_seat.launch.stages import NullReporter, Stages
 from sgl_seat.plan import LaunchPlan, build_plan
-from sgl_seat.spec import load_spec
 from sgl_seat.watchdog.actors import count_remediations, snapshots
 
 log = logging.getLogger(__name__)
@@ -190,12 +189,12 @@ class Supervisor:
 
     def _draft_shape(self, rec: SeatRecord) -> DraftShape:
         """The draft as the seat runs it: on or off from the record, its slots from the plan (`up --slots` included),
-        its tokens per slot from the spec (the plan carries them only inside the engine's flags)."""
+        its tokens per slot from the spec `up` recorded (the plan carries them only inside the engine's flags)."""
         slots = int((rec.plan or {}).get("slots") or 0)
         tokens = 0
-        if rec.spec_source:
-            with contextlib.suppress(SeatError, OSError):  # a spec moved since `up`: a verify's size is unknown
-                tokens = load_spec(rec.spec_source).draft.draft_tokens
+        with contextlib.suppress(SeatError, OSError):  # an old record's spec moved: a verify's size is unknown
+            spec = rec.seat_spec()
+            tokens = spec.draft.draft_tokens if spec is not None else 0
         return DraftShape(enabled=rec.draft, slots=slots, draft_tokens=tokens)
 
     def _save(self, entry: RemediationRecord, *, new: bool = False, state: SeatState | None = None,
@@ -249,7 +248,7 @@ class Supervisor:
     def _kill_engines(self, rec: SeatRecord, *, sidecars: bool = True) -> list[str]:
         if sidecars and not rec.no_watchdog:
             with contextlib.suppress(Exception):  # a sidecar that does not stop must not keep the hang serving
-                stop_sidecars(context_of(rec))
+                stop_sidecars(context_of(rec, settings=False))
         clients = self._agents(rec)
         refs = [(c, c.submit("kill_engine", KILL_GRACE_S)) for c in clients]
         survivors: list[str] = []
@@ -336,12 +335,14 @@ class Supervisor:
 
     def _draft_off_plan(self, rec: SeatRecord, plan: LaunchPlan, clients: list[AgentClient],
                         backend: Any) -> LaunchPlan:
-        """The seat's plan with the draft off, from its spec as `up` planned it (its mem_fraction and faults; the
-        spec's own draft-off slots, not `up --slots`, which sized the draft-on seat; its ports where `up --port-base`
-        moved them), bound to the same nodes; refused where the spec no longer plans the same seat (nodes, ports)."""
-        if not rec.spec_source:
-            raise SeatError("the seat record names no spec: the plan cannot be rebuilt with the draft off")
-        fresh = build_plan(load_spec(rec.spec_source).with_port_base(plan.http_port), draft=False, slots=None,
+        """The seat's plan with the draft off, from the spec `up` recorded (its mem_fraction and faults; the spec's own
+        draft-off slots, not `up --slots`, which sized the draft-on seat; its ports where `up --port-base` moved
+        them), bound to the same nodes; refused where the spec no longer plans the same seat (nodes, ports: only an
+        old record's spec, read again from its file, can have changed)."""
+        spec = rec.seat_spec()
+        if spec is None:
+            raise SeatError("the seat record holds no spec: the plan cannot be rebuilt with the draft off")
+        fresh = build_plan(spec.with_port_base(plan.http_port), draft=False, slots=None,
                            mem_fraction=self.cfg.mem_fraction, faults=self.cfg.faults)
         same = (len(fresh.nodes) == len(plan.nodes) and fresh.http_port == plan.http_port
                 and fresh.dist_init_port == plan.dist_init_port)

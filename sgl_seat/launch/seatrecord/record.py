@@ -11,12 +11,18 @@ seat's spec for it; ``capture_failures`` added later, optional: empty in records
 26): ``on_hang``, ``remediation_policy`` and ``remediations`` (the seat's healing by policy), and the states
 REMEDIATING and REMEDIATION-EXHAUSTED, which a schema-1 reader would take for a damaged record. A schema-1 record
 still loads (``on_hang: capture``, the spec's budget or the defaults, no history) and is written back as schema 2.
+Schema 3 (issue 47): ``spec``, the spec as `up` resolved it (:meth:`SeatSpec.to_json`, its ports moved by
+``--port-base``), which sidecars, the supervisor, `status` and healing read instead of the seat file, so an edit of
+the file while the seat runs changes nothing of it. A record without it (schema 1 or 2, from an older sgl-seat) still
+loads: :meth:`SeatRecord.seat_spec` then reads the file again, as it is now, with a warning saying so; it is written
+back as schema 3 without a spec (it cannot know what the file held at `up`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -26,15 +32,17 @@ from typing import Any
 
 from sgl_seat.core.records import RecordError
 from sgl_seat.core.remediation import Policy, RemediationRecord
-from sgl_seat.errors import SeatError, SeatStateError, UsageError
+from sgl_seat.errors import SeatError, SeatStateError, SpecError, UsageError
 from sgl_seat.forensics.format.layout import seat_bundles_dir
 from sgl_seat.launch.seatrecord.home import home_error, read_json, seats_dir, write_json_atomic
 from sgl_seat.launch.seatrecord.state import SeatState, parse_state, transition
-from sgl_seat.spec import load_spec
+from sgl_seat.spec import SeatSpec, load_spec
 
-RECORD_SCHEMA_VERSION = 2
+RECORD_SCHEMA_VERSION = 3
 #: The versions this code reads (an older one is upgraded in memory: its new fields take their defaults).
-READABLE_RECORD_VERSIONS = (1, 2)
+READABLE_RECORD_VERSIONS = (1, 2, 3)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -93,7 +101,12 @@ class SeatRecord:
     pg_name: str
     reason: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    #: The seat file `up` read (display, and where model.config paths are relative to); never read again, except
+    #: for a record without ``spec`` (:meth:`seat_spec`).
     spec_source: str | None = None
+    #: The spec as `up` resolved it (:meth:`SeatSpec.to_json`): what everything after `up` reads; None in records
+    #: written before schema 3.
+    spec: dict[str, Any] | None = None
     gcs_address: str | None = None
     local_cluster: bool = False
     token_env: str | None = None
@@ -143,6 +156,8 @@ class SeatRecord:
                          "schema_version": RECORD_SCHEMA_VERSION})
             rec.policy()  # a damaged policy or history is found on load, not when the supervisor needs it
             rec.remediation_history()
+            if rec.spec is not None:  # as is a damaged spec
+                rec.seat_spec()
             return rec
         except (TypeError, KeyError) as exc:
             raise SeatStateError(f"{path}: damaged seat record ({exc})",
@@ -150,6 +165,23 @@ class SeatRecord:
         except RecordError as exc:
             raise SeatStateError(f"{path}: damaged seat record ({exc})",
                                  fix="fix or remove the `remediation_policy` / `remediations` entry") from None
+        except SpecError as exc:
+            raise SeatStateError(f"{path}: damaged seat record (its spec: {exc.message})",
+                                 fix="take the seat down by hand and remove the file") from None
+
+    def seat_spec(self) -> SeatSpec | None:
+        """The seat's spec as `up` resolved it, rebuilt from the record; None for a seat recorded without a spec file.
+
+        A record written before the record kept the spec (schema 1 or 2) gets its spec file read again, as it is
+        now, with a warning: what the file held at `up` is not known. Its load errors are the caller's."""
+        if self.spec is not None:
+            return SeatSpec.from_json(self.spec, source=self.spec_source)
+        if not self.spec_source:
+            return None
+        log.warning("seat %r's record holds no spec (written by an older sgl-seat): reading %s again, as it is now, "
+                    "which may differ from what `up` read; bring the seat up again to record it", self.name,
+                    self.spec_source)
+        return load_spec(self.spec_source)
 
     def policy(self) -> Policy:
         """The seat's effective on_hang policy: as `up` recorded it; for a schema-1 record, ``on_hang`` with the
@@ -157,9 +189,9 @@ class SeatRecord:
         if self.remediation_policy is not None:
             return Policy.from_json({**self.remediation_policy, "on_hang": self.on_hang})
         wd = None
-        if self.spec_source:
-            with contextlib.suppress(SeatError, OSError):  # the spec moved or no longer parses
-                wd = load_spec(self.spec_source).watchdog
+        with contextlib.suppress(SeatError, OSError):  # a schema-1 record's spec moved or no longer parses
+            spec = self.seat_spec()
+            wd = spec.watchdog if spec is not None else None
         return Policy.of(wd, self.on_hang) if wd is not None else Policy(on_hang=self.on_hang)
 
     def remediation_history(self) -> list[RemediationRecord]:
@@ -278,9 +310,9 @@ def bundles_dir_of(rec: SeatRecord) -> Path:
     if rec.bundles_dir:
         return Path(rec.bundles_dir)
     configured = None
-    if rec.spec_source:
-        with contextlib.suppress(SeatError, OSError):  # the spec moved or no longer parses
-            configured = load_spec(rec.spec_source).bundles.dir
+    with contextlib.suppress(SeatError, OSError):  # an old record's spec moved or no longer parses
+        spec = rec.seat_spec()
+        configured = spec.bundles.dir if spec is not None else None
     return seat_bundles_dir(rec.name, configured)
 
 
