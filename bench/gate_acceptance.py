@@ -5,7 +5,7 @@ Cases (each a whole `sgl-seat gate` battery, arms brought up and down per slot t
 
 1. ``shape``: baseline, candidate, hybrid and control with the shipped workloads; expected from the field report:
    single-stream up, aggregate_at_64 FAIL, DO_NOT_SHIP, a crossover; the hybrid arm measured like the others.
-2. ``free-draft``: the draft's costs zeroed in the sim (``SGL_SEAT_SIM_DRAFT_COST=0``, a sim-only knob: no draft
+2. ``free-draft``: the draft's costs zeroed in the sim (``SGLSEAT_SIM_DRAFT_COST=0``, a sim-only knob: no draft
    forwards, no extra prefill, no per-request KV look-ahead) and no KV cost in the plan (``draft.extra_weights_gb
    0`` and the draft-off slot count ``draft.slots = slots``); expected: aggregate_at_64 PASS. The draft's per-token
    KV cell stays in the planner's pool (SGLang folds it into every token), so kv_pool may still FAIL.
@@ -16,7 +16,7 @@ Cases (each a whole `sgl-seat gate` battery, arms brought up and down per slot t
 
 ``--quick`` (default) uses the workloads' quick block (2 runs, sweep 1/8/64); ``--full`` the full block (3 runs,
 sweep 1-96: about an hour per case on 2 cores). The sim's step floor is the profile's 30 ms in every case: nothing is
-tuned per case. Ports 30700-30799; ``SGL_SEAT_HOME`` as set (default a temporary directory).
+tuned per case. Ports 30700-30799; ``SGLSEAT_HOME`` as set (default a temporary directory).
 
 Usage::
 
@@ -96,8 +96,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("SGL_SEAT_HOME", tempfile.mkdtemp(prefix="sgl-seat-gate-bench-"))
-    out = a.out or Path(os.environ["SGL_SEAT_HOME"]) / "gate-acceptance"
+    os.environ.setdefault("SGLSEAT_HOME", tempfile.mkdtemp(prefix="sgl-seat-gate-bench-"))
+    out = a.out or Path(os.environ["SGLSEAT_HOME"]) / "gate-acceptance"
     out.mkdir(parents=True, exist_ok=True)
     quick = not a.full
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]

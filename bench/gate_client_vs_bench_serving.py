@@ -82,7 +82,7 @@ def main() -> int:
     if a.draft:
         argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                  "--speculative-num-draft-tokens", "4"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
     with open(work / "engine.log", "wb") as log:
         engine = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

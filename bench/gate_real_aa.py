@@ -32,7 +32,7 @@ WORKLOADS = REPO / "launch" / "workloads" / "cpu-rehearsal.yaml"
 
 
 def cli(args: list[str], home: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    env = {**os.environ, "SGLSEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     return subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)

@@ -49,9 +49,9 @@ class Ev:
 
 
 def main() -> int:
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="graph-cpu-")
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"
-    os.environ["SGL_SEAT_PROBE_GRAPH"] = "0"
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="graph-cpu-")
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"
+    os.environ["SGLSEAT_PROBE_GRAPH"] = "0"
     calls, rounds = 20000, 25
     from sgl_seat.watchdog import probe
     from sgl_seat.watchdog.probe import graph, writer

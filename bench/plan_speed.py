@@ -2,14 +2,14 @@
 """`sgl-seat plan` wall time with SGLang's own sizing code vs the mirror, side by side.
 
 Each run is a fresh ``sgl-seat plan --seat <seat> --draft on --json`` process (what an operator pays), once
-with ``SGL_SEAT_SIZING=sglang`` (the child process importing SGLang 0.5.23 and running its sizing) and once
-with ``SGL_SEAT_SIZING=mirror``. Printed: the median and worst of ``--runs`` runs for each, their ratio, and the
+with ``SGLSEAT_SIZING=sglang`` (the child process importing SGLang 0.5.23 and running its sizing) and once
+with ``SGLSEAT_SIZING=mirror``. Printed: the median and worst of ``--runs`` runs for each, their ratio, and the
 KV pool tokens each reported (they must agree within 1 %). Targets from issue 10: SGLang under 10 s, the
 mirror under 0.5 s of plan time; the mirror's figure is measured in-process too (``build_plan`` alone, no
-interpreter start). The SGLang path is measured cold (``SGL_SEAT_SIZING_CACHE=off``: the child imports SGLang
+interpreter start). The SGLang path is measured cold (``SGLSEAT_SIZING_CACHE=off``: the child imports SGLang
 and runs its sizing, what the first plan of a seat pays) and warm (the same plan again: SGLang's answers for
 the identical inputs read back from the sizing cache, sgl_seat/sizing/cache.py), in a temporary
-``SGL_SEAT_HOME`` so no earlier cache entry counts.
+``SGLSEAT_HOME`` so no earlier cache entry counts.
 
 Usage::
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plan_process(seat: str, source: str, *, cache: str = "off") -> tuple[float, dict[str, Any]]:
-    env = {**os.environ, "SGL_SEAT_SIZING": source, "SGL_SEAT_SIZING_CACHE": cache}
+    env = {**os.environ, "SGLSEAT_SIZING": source, "SGLSEAT_SIZING_CACHE": cache}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", "plan", "--seat", seat, "--draft", "on",
                            "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False)
@@ -45,7 +45,7 @@ def _plan_process(seat: str, source: str, *, cache: str = "off") -> tuple[float,
 
 
 def _in_process_mirror(seat: str, runs: int) -> list[float]:
-    os.environ["SGL_SEAT_SIZING"] = "mirror"
+    os.environ["SGLSEAT_SIZING"] = "mirror"
     from sgl_seat.plan import build_plan
     from sgl_seat.spec import load_spec
 
@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows: dict[str, Any] = {}
-    os.environ["SGL_SEAT_HOME"] = tempfile.mkdtemp(prefix="plan-speed-")
+    os.environ["SGLSEAT_HOME"] = tempfile.mkdtemp(prefix="plan-speed-")
     _plan_process(args.seat, "sglang", cache="on")  # fills the cache for the warm rows
     for key, source, cache in (("sglang", "sglang", "off"), ("sglang_cached", "sglang", "on"),
                                ("mirror", "mirror", "off")):
@@ -80,7 +80,7 @@ def main() -> int:
             raise SystemExit(f"{key}: expected {'a' if key == 'sglang_cached' else 'no'} cache note, got {notes}")
         rows[key] = {"median_s": statistics.median(walls), "max_s": max(walls), "source": label,
                      "tokens_off_on": tokens}
-    shutil.rmtree(os.environ["SGL_SEAT_HOME"], ignore_errors=True)
+    shutil.rmtree(os.environ["SGLSEAT_HOME"], ignore_errors=True)
     inproc = _in_process_mirror(args.seat, max(args.runs, 5))
     rows["mirror_build_plan_only"] = {"median_s": statistics.median(inproc), "max_s": max(inproc)}
     s, m = rows["sglang"], rows["mirror"]

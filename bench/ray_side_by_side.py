@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two local Ray clusters side by side: N `up`/`down` pairs on each of two sides at once, each `up` starting its own
 local Ray cluster (``cluster.address: local``: the holder in sgl_seat/launch/host/localcluster.py), with its own ports
-and its own ``SGL_SEAT_HOME``.
+and its own ``SGLSEAT_HOME``.
 
 Why: the test command runs the real-engine stream (local Ray clusters of its own) beside the sim seats' stream
 (tests/integration/conftest.py). Two local clusters on one host share nothing by design (each head takes a free GCS
@@ -63,7 +63,7 @@ def _spec(work: Path, name: str, port: int) -> Path:
 
 def _cli(args: list[str], home: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).parent / "sgl-seat"
-    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "NO_COLOR": "1"}
+    env = {**os.environ, "SGLSEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "NO_COLOR": "1"}
     return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -93,11 +93,11 @@ def _pairs(side: Side, n: int, timeout: float) -> None:
 
 
 def _left(names: set[str]) -> list[int]:
-    """Processes of either side's seats still alive (the engines carry SGL_SEAT_NAME in their environment)."""
+    """Processes of either side's seats still alive (the engines carry SGLSEAT_NAME in their environment)."""
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.environ().get("SGL_SEAT_NAME") in names:
+            if p.environ().get("SGLSEAT_NAME") in names:
                 out.append(p.pid)
         except psutil.Error:
             continue

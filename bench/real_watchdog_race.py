@@ -91,7 +91,7 @@ class Case:
 
 
 def cli(args: list[str], home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    env = {**os.environ, "SGLSEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     return subprocess.run([sys.executable, "-m", "sgl_seat.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
@@ -170,7 +170,7 @@ def in_flight_request(endpoint: str, out: dict[str, Any], started: threading.Eve
 def engine_alive(home: Path) -> bool:
     for q in psutil.process_iter():
         try:
-            if q.environ().get("SGL_SEAT_NAME") == NAME and q.status() != psutil.STATUS_ZOMBIE:
+            if q.environ().get("SGLSEAT_NAME") == NAME and q.status() != psutil.STATUS_ZOMBIE:
                 return True
         except (psutil.Error, OSError):
             continue

@@ -58,7 +58,7 @@ HEAL_TIMEOUT = {"local-sim": 180.0, "local-sglang": 900.0}
 
 
 def cli(args: list[str], home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    env = {**os.environ, "SGLSEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
     exe = shutil.which("sgl-seat") or str(Path(sys.executable).parent / "sgl-seat")
     return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)

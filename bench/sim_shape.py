@@ -80,7 +80,7 @@ class Seat:
         self.url = f"http://{HOST}:{p0}"
         for node in plan.nodes:
             cmd = _set(_set(list(node.command), "--port", str(p0)), "--dist-init-addr", f"{HOST}:{dist}")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
             env.update(node.env_dict())
             if self.floor_ms is not None:
                 env[SIM_ENV_STEP_FLOOR_MS] = str(self.floor_ms)

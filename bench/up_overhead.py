@@ -5,7 +5,7 @@ Runs the real library calls (``sgl_seat.launch.up.up`` / ``sgl_seat.launch.teard
 ``local-sim`` profile: each run starts the background local Ray cluster of two simulated nodes, places the group, starts
 the node agents, runs preflight, starts the sim engines, waits for READY, then takes everything
 down and verifies. Stage times come from the same reporter the CLI prints. Everything runs on
-127.0.0.1 under a temporary ``$SGL_SEAT_HOME``; ports are the profile's unless ``--port`` moves them.
+127.0.0.1 under a temporary ``$SGLSEAT_HOME``; ports are the profile's unless ``--port`` moves them.
 The engine is the sim: the engine stages measure sgl-seat's overhead plus the sim's start-up, not
 SGLang's weight loading.
 
@@ -92,7 +92,7 @@ def main() -> int:
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="sgl-seat-bench-") as tmp:
-        os.environ["SGL_SEAT_HOME"] = str(Path(tmp) / "home")
+        os.environ["SGLSEAT_HOME"] = str(Path(tmp) / "home")
         spec = _spec(a.seat, a.port, Path(tmp))
         backend = backend_for(spec.engine)
         if a.draft is None:

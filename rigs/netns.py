@@ -29,7 +29,7 @@ from rigs.checkout import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv
 from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 SCRIPT = REPO / "scripts" / "netns-cluster.sh"
-TOKEN_ENV = "SGL_SEAT_TEST_RAY_TOKEN"
+TOKEN_ENV = "SGLSEAT_TEST_RAY_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class NetnsCluster:
                 ns: str | None = None) -> subprocess.CompletedProcess[str]:
         """The CLI as a driver on host a (a driver needs a raylet on its own host), or in namespace ``ns``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a real cluster: no one-host mode
-        env.update({"SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", "RAY_USAGE_STATS_ENABLED": "0"})
+        env.update({"SGLSEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", "RAY_USAGE_STATS_ENABLED": "0"})
         if token:
             env[TOKEN_ENV] = self.token
         return subprocess.run(["ip", "netns", "exec", ns or self.ns_a, *cli_argv(), *args], env=env,

@@ -105,7 +105,7 @@ class SimSeat:
 
     @property
     def request_log_dir(self) -> Path:
-        """Node 0's SGLang request log (what the node agent makes ``$SGL_SEAT_HOME/logs/<seat>/requests``)."""
+        """Node 0's SGLang request log (what the node agent makes ``$SGLSEAT_HOME/logs/<seat>/requests``)."""
         return self.workdir / "requests"
 
     def start(self, timeout: float = 180.0) -> None:
@@ -147,7 +147,7 @@ class SimSeat:
         self.procs.clear()
         if self.plan is not None:
             for n in self.plan.nodes:
-                d = n.env_dict().get("SGL_SEAT_PROBE_DIR")
+                d = n.env_dict().get("SGLSEAT_PROBE_DIR")
                 if d:
                     ProbeReader(d, node=n.node_rank).remove_all()
 
@@ -182,7 +182,7 @@ class SimSeat:
         return [SidecarConfig(
             seat=self.spec.name, node=n.node_rank, nnodes=len(self.plan.nodes), thresholds=th,
             bundle_dir=str(bundle_dir), quota_mb=self.spec.bundles.quota_mb,
-            probe_dir=n.env_dict().get("SGL_SEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
+            probe_dir=n.env_dict().get("SGLSEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
             metrics_url=f"{self.url}/metrics", metrics_port=(metrics_port + n.node_rank) if metrics_port else None,
             rank_nodes=rank_nodes, root_pid=self.procs[n.node_rank].pid, plan=self.plan.to_json(), gpu=gpu,
             recover_s=recover_s, raw_prompts=self.spec.bundles.raw_prompts,

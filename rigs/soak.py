@@ -9,7 +9,7 @@ then at random between faults as the time allows:
 - ``idle``: every client stops for 5-20 s (the seat idles, then traffic comes back);
 - ``burst``: clients past the slot cap (32 draft off, 8 draft on) for 8-15 s, so requests queue;
 - ``prefill``: one uncached 400,000-token prompt while the background traffic runs. The sim's prefill cost is set
-  (``SGL_SEAT_SIM_PREFILL_TOKEN_MS``, SYNTHETIC) so that this prompt is one forward of >= 30 s on every rank;
+  (``SGLSEAT_SIM_PREFILL_TOKEN_MS``, SYNTHETIC) so that this prompt is one forward of >= 30 s on every rank;
 - ``slow``: one rank 5x slower but alive (``slow:factor=5``) for 15-25 s.
 
 Faults, ``--faults`` of each kind (default 20) at random times and random ranks, each followed by recovery:
@@ -659,7 +659,7 @@ def main(real: Callable[[argparse.Namespace], int] | None = None) -> int:
         return real(a)
     if a.faults is None:
         a.faults = 20
-    home = Path(os.environ.get("SGL_SEAT_HOME") or tempfile.gettempdir())
+    home = Path(os.environ.get("SGLSEAT_HOME") or tempfile.gettempdir())
     home.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="watchdog-soak-", dir=home))
     drafts = {"both": (False, True), "on": (True,), "off": (False,)}[a.draft]

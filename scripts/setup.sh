@@ -63,10 +63,10 @@ python -c "import torch" 2>/dev/null || { echo "setup: installing torch==2.13.0 
 # sgl-seat[sim,test] in 36 s where pip took 400 s. pip stays the fallback. torch is installed by then, so
 # no requirement below pulls another one.
 [ -x .venv/bin/uv ] || pip_q --no-compile uv==0.13.9
-export SGL_SEAT_UV=""
-[ -x .venv/bin/uv ] && SGL_SEAT_UV="$PWD/.venv/bin/uv"
+export SGLSEAT_UV=""
+[ -x .venv/bin/uv ] && SGLSEAT_UV="$PWD/.venv/bin/uv"
 inst() {
-  if [ -n "$SGL_SEAT_UV" ]; then "$SGL_SEAT_UV" pip install -q --python "$PWD/.venv/bin/python" "$@"; else pip_q "$@"; fi
+  if [ -n "$SGLSEAT_UV" ]; then "$SGLSEAT_UV" pip install -q --python "$PWD/.venv/bin/python" "$@"; else pip_q "$@"; fi
 }
 # The engines' environments (each its own venv, a per-user cache: scripts/install-<engine>-engine.sh) are made or
 # checked in the background beside the rest: they share nothing but pip's and uv's caches, and a check alone

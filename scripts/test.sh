@@ -29,7 +29,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 # Tests talk to 127.0.0.1 only: never through a proxy the environment may name.
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 # The tests read the tier: a few keep a long form of a window for the full tier (tests/tiers.py).
-export SGL_SEAT_TEST_TIER=$tier
+export SGLSEAT_TEST_TIER=$tier
 table() { python scripts/durations.py "$run" --out "$run/durations.txt" --tier "$tier" \
   $([ "$tier" = full ] && echo "--budget-s 5400"); }
 
@@ -79,7 +79,7 @@ units() {
     tests/contract tests/unit
 }
 stream() {
-  SGL_SEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" tests/integration
+  SGLSEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" tests/integration
 }
 run_part sglang stream sglang & pids+=($!)
 run_part ray stream ray & pids+=($!)

@@ -135,7 +135,7 @@ class ArchiveLimitError(BundleError):
 
 
 class HomeError(SeatError):
-    """``$SGL_SEAT_HOME`` (seat records, logs, bundles) cannot be written: read-only, full, or not permitted."""
+    """``$SGLSEAT_HOME`` (seat records, logs, bundles) cannot be written: read-only, full, or not permitted."""
 
 
 class FormatVersionError(SeatError):

@@ -25,7 +25,7 @@ __all__ = ["HOST", "PORTS_ENV", "any_free_port", "free_block", "held", "is_free"
 
 HOST: Final = "127.0.0.1"
 #: ``LO-HI``: the range a test's ports come from instead of its default (an engineer testing beside others picks one).
-PORTS_ENV: Final = "SGL_SEAT_TEST_PORTS"
+PORTS_ENV: Final = "SGLSEAT_TEST_PORTS"
 
 
 def any_free_port(host: str = HOST) -> int:
@@ -67,7 +67,7 @@ def random_starts(lo: int, hi: int, tries: int = 500) -> Iterator[int]:
 
 
 def port_range(default: tuple[int, int]) -> tuple[int, int]:
-    """``$SGL_SEAT_TEST_PORTS`` (``LO-HI``) if set, else ``default``."""
+    """``$SGLSEAT_TEST_PORTS`` (``LO-HI``) if set, else ``default``."""
     raw = os.environ.get(PORTS_ENV)
     if not raw:
         return default

@@ -36,11 +36,11 @@ from sgl_seat.topology import RankInfo, Topology, topology_of
 
 PLAN_SCHEMA_VERSION = 1
 
-SEAT_ENV_NAME = "SGL_SEAT_NAME"
+SEAT_ENV_NAME = "SGLSEAT_NAME"
 # The watchdog probe (sgl_seat.watchdog.probe): targets, ring directory, and for engines without a hook of
 # ours (real SGLang) the directory of its sitecustomize loader, first on PYTHONPATH.
-PROBE_ENV_TARGETS = "SGL_SEAT_PROBE"
-PROBE_ENV_DIR = "SGL_SEAT_PROBE_DIR"
+PROBE_ENV_TARGETS = "SGLSEAT_PROBE"
+PROBE_ENV_DIR = "SGLSEAT_PROBE_DIR"
 
 
 class Placeholder(str, Enum):
@@ -50,12 +50,12 @@ class Placeholder(str, Enum):
     AGENT_PYTHON = "${agent_python}"
     WATCHDOG_BOOT = "${watchdog_boot}"
     #: Node 0's directory for SGLang's request log (``--log-requests-target``); the node agent fills it with
-    #: ``$SGL_SEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
+    #: ``$SGLSEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
     REQUEST_LOG_DIR = "${request_log_dir}"
     #: The engine's own environment on the node (engines that run from one: SGLang's CPU engine, .venv-sglang).
     ENGINE_VENV = ENGINE_VENV
     #: The node's directory of the plan's files (:attr:`LaunchPlan.files`); the node agent fills it with
-    #: ``$SGL_SEAT_HOME/logs/<seat>/files`` and writes the files there before the engine starts.
+    #: ``$SGLSEAT_HOME/logs/<seat>/files`` and writes the files there before the engine starts.
     SEAT_FILES = SEAT_FILES
 
 

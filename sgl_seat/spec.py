@@ -95,8 +95,8 @@ class HostSpec(_Strict):
         for key in value:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key.startswith("SGL_SEAT_"):
-                raise ValueError(f"{key!r}: SGL_SEAT_* variables are set by sgl-seat itself")
+            if key.startswith("SGLSEAT_"):
+                raise ValueError(f"{key!r}: SGLSEAT_* variables are set by sgl-seat itself")
         return value
 
     @model_validator(mode="after")
@@ -330,7 +330,7 @@ class WatchdogSpec(_Strict):
 class BundleSpec(_Strict):
     """Where forensic bundles go and how much disk they may take."""
 
-    dir: str | None = Field(default=None, description="Default: $SGL_SEAT_HOME/bundles/<seat>.")
+    dir: str | None = Field(default=None, description="Default: $SGLSEAT_HOME/bundles/<seat>.")
     quota_mb: int = Field(default=2048, ge=1)
     raw_prompts: bool = Field(default=False, description="Keep raw prompt/output text (off: redacted).")
 

@@ -1,4 +1,4 @@
-"""The test tier a run is in: ``SGL_SEAT_TEST_TIER`` as scripts/test.sh sets it (``CI`` or ``full``; unset: CI).
+"""The test tier a run is in: ``SGLSEAT_TEST_TIER`` as scripts/test.sh sets it (``CI`` or ``full``; unset: CI).
 
 The CI tier (`bash scripts/test.sh`) must fit 20 minutes in a fresh clone on 2 cores; the full tier
 (`bash scripts/test.sh --full`) adds the tests marked ``slow`` and, through :func:`by_tier`, the long form of a few
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-TIER_ENV = "SGL_SEAT_TEST_TIER"
+TIER_ENV = "SGLSEAT_TEST_TIER"
 
 
 def full_tier() -> bool:

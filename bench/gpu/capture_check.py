@@ -135,8 +135,8 @@ def case_query(torch: Any, relaxed: bool) -> dict[str, Any]:
 
 
 def case_probe(torch: Any) -> dict[str, Any]:
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="capture-check-")
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="capture-check-")
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"
     from sgl_seat.watchdog import probe
 
     def fetch(table: object, ids: Any) -> None:

@@ -105,8 +105,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         for r in range(world):
             node = r // a.gpus_per_node
             gpus = ",".join(str(node * a.gpus_per_node + i) for i in range(a.gpus_per_node))
-            env = {**os.environ, **NCCL_ENV, "CUDA_VISIBLE_DEVICES": gpus, "SGL_SEAT_RANK": str(r),
-                   "SGL_SEAT_PROBE_DIR": str(work / "rings"),
+            env = {**os.environ, **NCCL_ENV, "CUDA_VISIBLE_DEVICES": gpus, "SGLSEAT_RANK": str(r),
+                   "SGLSEAT_PROBE_DIR": str(work / "rings"),
                    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--rank", str(r), "--world", str(world), "--port", str(port),

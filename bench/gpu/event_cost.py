@@ -70,7 +70,7 @@ def main() -> None:
     if hooks is not None:
         out["capture test through the CUDAGraph hooks"] = per_call(hooks)
     # The probe in auto mode, as an engine process uses it.
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp()
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp()
     from sgl_seat.watchdog import probe
 
     def fetch(table: object, ids: object) -> None:

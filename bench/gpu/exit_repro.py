@@ -22,8 +22,8 @@ from sgl_seat.watchdog.probe import graph
 
 def main() -> int:
     variant = sys.argv[1]
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="exit-", dir="/dev/shm")
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="exit-", dir="/dev/shm")
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"
     os.environ[graph.ENV_GRAPH] = "0" if variant == "notimer" else "auto"
     torch.cuda.init()
     x = torch.randn(64, 64, device="cuda")

@@ -78,7 +78,7 @@ def main() -> int:
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     eng = Path(ns.engine_venv).resolve()
-    env = dict(os.environ, SGL_SEAT_HOME=str(ns.home), SGL_SEAT_ENGINE_VENV=str(eng),
+    env = dict(os.environ, SGLSEAT_HOME=str(ns.home), SGLSEAT_ENGINE_VENV=str(eng),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1", NO_COLOR="1", COLUMNS="200")
     doc: dict[str, Any] = {"model": MODEL_NOTE, "started": time.time()}
     spec = ns.out / "h200-1-eagle.yaml"

@@ -249,12 +249,12 @@ class Seat:
         for node in range(self.nodes):
             gpus = ",".join(str(node * self.gpn + i) for i in range(self.gpn))
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus,
-                   "SGL_SEAT_PROBE": f"{TARGET},{GRAPH_TARGET}" if self.graphs else TARGET,
-                   "SGL_SEAT_PROBE_DIR": str(self.tmp / "rings" / f"node{node}"), "GLOO_SOCKET_IFNAME": "lo",
+                   "SGLSEAT_PROBE": f"{TARGET},{GRAPH_TARGET}" if self.graphs else TARGET,
+                   "SGLSEAT_PROBE_DIR": str(self.tmp / "rings" / f"node{node}"), "GLOO_SOCKET_IFNAME": "lo",
                    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
             if node > 0:
-                env["SGL_SEAT_SIM_NODE_PORT"] = str(self.ports[node])
+                env["SGLSEAT_SIM_NODE_PORT"] = str(self.ports[node])
             log = open(self.tmp / f"node{node}.log", "wb")  # noqa: SIM115 - the child owns it
             self.procs[node] = subprocess.Popen(
                 [sys.executable, "-m", "sgl_seat.sim.launch_server", *common, "--node-rank", str(node)],

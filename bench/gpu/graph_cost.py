@@ -5,10 +5,10 @@ small decode-shaped body (an ``index_select`` of ``tokens`` rows from a device t
 matter to the probe's host cost, which is what is measured), behind a backend class shaped like SGLang's
 ``FullCudaGraphBackend`` (``replay(self, shape_key, static_forward_batch)`` -> ``graph.replay()``). Arms, interleaved
 block by block so that drift hits them alike: the bare replay, the replay wrapped by the probe with host timing only
-(``SGL_SEAT_PROBE_GRAPH=0``: no events), wrapped with its CUDA events as a process gets them by default (its reader
+(``SGLSEAT_PROBE_GRAPH=0``: no events), wrapped with its CUDA events as a process gets them by default (its reader
 thread running; ``with_events``: an end event after every replay, a start event only where the stream's previous
 replay was already seen done, else the start bounded by that one's end: one event per replay in steady state), and
-wrapped with both events around every replay (``with_events_two``: ``SGL_SEAT_PROBE_GRAPH_START_EVENTS=always``, the
+wrapped with both events around every replay (``with_events_two``: ``SGLSEAT_PROBE_GRAPH_START_EVENTS=always``, the
 behaviour before that change, side by side in the same run); each wrapped arm on both paths: ``native`` (the C
 writer's ``GraphWrapper`` and, with events, its ``NativeReplayTimer``: what a process gets where the C writer builds)
 and ``python`` (the Python wrapper and ``ReplayTimer``: the fallback). ``paths`` in the output says which path each
@@ -95,8 +95,8 @@ def main() -> int:
 
     import torch
 
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="graph-cost-", dir="/dev/shm")
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"  # only the graph timer here
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="graph-cost-", dir="/dev/shm")
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"  # only the graph timer here
     from sgl_seat.watchdog import probe
     from sgl_seat.watchdog.probe import graph
 

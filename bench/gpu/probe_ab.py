@@ -10,7 +10,7 @@ call by call in one process:
   ``_CudaEventBase.record`` (cached stream) and ctypes ``cudaEventRecord``; ``ev_base_w<W>``: calls within
   W us (``--coalesce-us``, default 200,1000; 1000 is the probe's default) of their stream's last event riding on the
   next one;
-- ``ev_base_w1000_plain`` (``--plain``): the default window with plain events (``SGL_SEAT_PROBE_GPU_TIMING=0``);
+- ``ev_base_w1000_plain`` (``--plain``): the default window with plain events (``SGLSEAT_PROBE_GPU_TIMING=0``);
 - ``old_pair`` (``--old PATH``, a copy of the previous probe.py): two events per call through ctypes, the reader
   querying every pending pair.
 
@@ -63,12 +63,12 @@ def main() -> int:
     ap.add_argument("--plain", action="store_true", help="also the 1 ms window with plain (no timing) events")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="probe-ab-", dir="/dev/shm")
     # The Python writer: each arm here is a separate copy of the probe package with its own ring, and the C
     # writer's ring is one per process (the shared object's state), so its arms would write into one another's
     # rings. What this script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
-    os.environ["SGL_SEAT_PROBE_NATIVE"] = "0"
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"  # each copy's GPU timing is turned on explicitly below
+    os.environ["SGLSEAT_PROBE_NATIVE"] = "0"
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"  # each copy's GPU timing is turned on explicitly below
     torch.set_num_threads(1)
     torch.zeros(1, device="cuda")
     rowfetch.use_cuda(torch.device("cuda", 0), cycles_per_s=1e9, max_rows=max(GATHER_SIZES))

@@ -41,12 +41,12 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=4000)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="rec-after-copy-", dir="/dev/shm")
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="rec-after-copy-", dir="/dev/shm")
     # The Python writer: each arm here is a separate copy of the probe package with its own ring, and the C
     # writer's ring is one per process (the shared object's state), so its arms would write into one another's
     # rings. What this script measured (session 4) was the Python writer; bench/gpu/writer_cost.py measures the C one.
-    os.environ["SGL_SEAT_PROBE_NATIVE"] = "0"
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"
+    os.environ["SGLSEAT_PROBE_NATIVE"] = "0"
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"
     torch.set_num_threads(1)
     torch.zeros(1, device="cuda")
     rowfetch.use_cuda(torch.device("cuda", 0), cycles_per_s=1e9, max_rows=32)

@@ -5,7 +5,7 @@ end on its stream, so unprobed work between calls (a collective) counts into the
 sim synchronises every step, so its runs cannot show what happens when a rank's host has already enqueued the next
 step's fetch while its stream waits in an all-reduce for a stalled peer (SGLang's overlap scheduler runs one
 step ahead). Here two NCCL ranks (one GPU each, ``CUDA_VISIBLE_DEVICES``) loop: the sim's CUDA-mode
-``fetch_rows`` (wrapped by the probe, GPU timing on: the production path, ``SGL_SEAT_PROBE_GPU=1``), a spin of
+``fetch_rows`` (wrapped by the probe, GPU timing on: the production path, ``SGLSEAT_PROBE_GPU=1``), a spin of
 ``--step-ms`` of GPU time (the rest of a step), an all-reduce; then the host waits for the previous step
 (``--ahead 1``: one step ahead, as SGLang's overlap scheduler) or for this one (``--ahead 0``: the sim's way).
 At step ``--fault-step`` rank 1's fetch spins its stream for 60 s (a kernel-side stall). Four seconds later this
@@ -87,8 +87,8 @@ def run_case(ahead: int, step_ms: float, fault_step: int, port: int) -> dict[str
     procs = []
     for rank in (0, 1):
         d = tmp / f"r{rank}"
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(rank), "SGL_SEAT_PROBE_DIR": str(d),
-               "SGL_SEAT_PROBE_GPU": "1", "SGL_SEAT_RANK": str(rank), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(rank), "SGLSEAT_PROBE_DIR": str(d),
+               "SGLSEAT_PROBE_GPU": "1", "SGLSEAT_RANK": str(rank), "PYTHONUNBUFFERED": "1"}
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(rank), "--ahead", str(ahead),
                                        "--step-ms", str(step_ms), "--fault-step", str(fault_step),
                                        "--port", str(port)],

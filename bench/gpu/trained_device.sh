@@ -32,7 +32,7 @@ case $mode in
     rm -rf /tmp/repo && mkdir -p /tmp/repo $out
     tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
     cat $parts/part-0 $parts/part-1 $parts/part-2 > /tmp/smollm2.gguf
-    export SGL_SEAT_CACHE=/tmp/sgl-seat-cache
+    export SGLSEAT_CACHE=/tmp/sgl-seat-cache
     t0=$SECONDS
     (cd /tmp/repo && PYTHONPATH=/tmp/repo /tmp/sgl-seat-eng/bin/python sgl_seat/engines/trainedmodel.py ensure \
       --dtype bfloat16 --gguf /tmp/smollm2.gguf --link /tmp/models/smollm2-135m-instruct) > $out/convert.json \

@@ -2,7 +2,7 @@
 
 Why: the other GPU benches start the sim by hand; this one goes through the product's own path: ``up`` starts
 the local Ray cluster (each simulated node's raylet seeing its own GPU, ``localcluster.node_gpu_env``), the
-placement group, the node agents, the engines (sim in CUDA mode: ``SGL_SEAT_SIM_DEVICE=auto``) and the watchdog
+placement group, the node agents, the engines (sim in CUDA mode: ``SGLSEAT_SIM_DEVICE=auto``) and the watchdog
 sidecars; then traffic, a ``gpu-stall`` fault on rank 1 (``--fault gpu-stall:rank=1,after_steps=N``), the bundle
 the watchdog writes, and ``down``. Printed as JSON (``--out``/up_seat.json too): seconds per stage, each rank's
 ``CUDA_VISIBLE_DEVICES`` / sim device as its process sees them and the GPU it holds memory on (nvidia-smi), the
@@ -83,7 +83,7 @@ def main() -> int:
     a = ap.parse_args()
     home = Path(a.home)
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SGL_SEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "NO_COLOR": "1",
+    env = {**os.environ, "SGLSEAT_HOME": str(home), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "NO_COLOR": "1",
            "COLUMNS": "200"}
     spec = write_spec(home / f"{SEAT}.yaml", a.port)
     res: dict[str, Any] = {"spec": yaml.safe_load(spec.read_text())["cluster"]}
@@ -106,7 +106,7 @@ def main() -> int:
                 pids.append(pid)
                 ranks.append({"node": n.get("node_rank"), "gpu_ids": n.get("gpu_ids"),
                               "tp_rank": r.get("tp_rank"), "pid": pid, "alive": r.get("alive"),
-                              **proc_env(pid, ("CUDA_VISIBLE_DEVICES", "SGL_SEAT_SIM_DEVICE")),
+                              **proc_env(pid, ("CUDA_VISIBLE_DEVICES", "SGLSEAT_SIM_DEVICE")),
                               "gpu_memory": smi.get(str(pid))})
         res["ranks"] = ranks
         res["nvidia_smi_apps"] = smi

@@ -9,7 +9,7 @@ mode, so every arm sees the same timer:
 
 - ``host``: GPU timing off (the host-only probe);
 - ``events``: the probe's default (timing events, 1 ms coalescing window, the reader thread running);
-- ``plain``: plain events (``SGL_SEAT_PROBE_GPU_TIMING=0``), same window;
+- ``plain``: plain events (``SGLSEAT_PROBE_GPU_TIMING=0``), same window;
 - ``every``: an event after every call (window 0), timing events;
 - ``nofast``: as ``events``, but the C writer calls the timer's Python ``end`` for every call (``timer._fast``
   None: what the C writer did before it took the timer's work over);
@@ -97,8 +97,8 @@ def main() -> int:
                     help="also: what the stream key's torch calls cost right after the fetch, by gather size")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    os.environ["SGL_SEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="writer-cost-", dir="/dev/shm")
-    os.environ["SGL_SEAT_PROBE_GPU"] = "0"  # turned on per mode below
+    os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="writer-cost-", dir="/dev/shm")
+    os.environ["SGLSEAT_PROBE_GPU"] = "0"  # turned on per mode below
     out: dict[str, Any] = {"build_env": build_env()}
     print(json.dumps(out), flush=True)
 
@@ -109,7 +109,7 @@ def main() -> int:
     from sgl_seat.watchdog import probe
 
     out["writer"] = probe.native_state()
-    out["commit"] = os.environ.get("SGL_SEAT_COMMIT")
+    out["commit"] = os.environ.get("SGLSEAT_COMMIT")
     out["torch"] = torch.__version__
     out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     print(json.dumps({"writer": out["writer"], "gpu": out["gpu"]}), flush=True)

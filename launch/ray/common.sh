@@ -7,7 +7,7 @@ die() { echo "$(basename "$0"): $*" >&2; exit 2; }
 
 # The env file: NODE_IP (this host's address on the cluster network), and optionally NCCL_SOCKET_IFNAME,
 # GLOO_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX, NUM_GPUS, NUM_CPUS, HOST_RESOURCE, GCS_PORT, TOKEN_FILE.
-ENV_FILE=${1:-${SGL_SEAT_RAY_ENV:-/etc/sgl-seat/ray.env}}
+ENV_FILE=${1:-${SGLSEAT_RAY_ENV:-/etc/sgl-seat/ray.env}}
 [ -r "$ENV_FILE" ] || die "no env file $ENV_FILE (copy launch/ray/ray.env.example and fill it in)"
 # shellcheck disable=SC1090
 . "$ENV_FILE"

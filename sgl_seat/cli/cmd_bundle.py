@@ -31,7 +31,7 @@ app = typer.Typer(help="List, show, verify, pack, unpack and merge forensic bund
 @app.command("ls")
 def ls(
     seat: Annotated[str | None, typer.Option("--seat", "-s", help="Only this seat's bundles.")] = None,
-    root: Annotated[Path | None, typer.Option("--root", help="Bundles root (default $SGL_SEAT_HOME/bundles).")] = None,
+    root: Annotated[Path | None, typer.Option("--root", help="Bundles root (default $SGLSEAT_HOME/bundles).")] = None,
     json_out: PlainJsonOpt = False,
 ) -> None:
     """List bundles, newest first, with trigger, verdict and size (also those of recorded seats whose spec puts

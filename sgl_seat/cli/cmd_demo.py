@@ -24,7 +24,7 @@ def demo(
     quick: Annotated[bool, typer.Option("--quick", help="One question and 5 s of traffic before the stall "
                                                         "(instead of three and a minute).")] = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here (default: "
-                                                             "$SGL_SEAT_HOME/reports/<seat>/<bundle id>.html).")]
+                                                             "$SGLSEAT_HOME/reports/<seat>/<bundle id>.html).")]
     = None,
     port_base: PortBaseOpt = None,
     json_out: JsonOpt = False,

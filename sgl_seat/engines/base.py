@@ -38,11 +38,11 @@ from sgl_seat.topology import Topology
 #: writes it into the interpreter, library and model paths of engines that run from one (``sglang.py``).
 ENGINE_VENV = "${engine_venv}"
 #: Where the engine's environment is on a host, when set (else :func:`engine_venv`'s default).
-ENGINE_VENV_ENV = "SGL_SEAT_ENGINE_VENV"
+ENGINE_VENV_ENV = "SGLSEAT_ENGINE_VENV"
 
 
 def engine_venv() -> str:
-    """The engine's environment on this host: ``$SGL_SEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv
+    """The engine's environment on this host: ``$SGLSEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv
     this interpreter runs in (the repository's ``.venv``, where setup puts both)."""
     return os.environ.get(ENGINE_VENV_ENV) or str(Path(sys.prefix).parent / ".venv-sglang")
 

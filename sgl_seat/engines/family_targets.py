@@ -2,7 +2,7 @@
 
 Which functions of an engine to probe is engine knowledge, so the backends answer it (their ``probe_family``,
 carried by :meth:`~sgl_seat.engines.base.EngineFacts.probe_targets`); the plan reads them (pure: a packaged file,
-no environment) to fill ``SGL_SEAT_PROBE`` on every node.
+no environment) to fill ``SGLSEAT_PROBE`` on every node.
 In a checkout the file is the top-level ``watchdog/probe-targets.yaml``; a wheel carries it as
 ``sgl_seat/_assets/watchdog/probe-targets.yaml``. Without either, only the sim's own target is known.
 """

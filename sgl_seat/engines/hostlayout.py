@@ -115,7 +115,7 @@ def write_env(env: dict[str, str], dest: str) -> str:
 
 def write_python(env: dict[str, str], dest: str, python: str) -> str:
     """``DEST/bin/python``: the image's interpreter with the package on its paths, so that ``DEST`` stands where a seat
-    expects an engine environment (``${engine_venv}/bin/python``, ``SGL_SEAT_ENGINE_VENV=DEST``). What the caller
+    expects an engine environment (``${engine_venv}/bin/python``, ``SGLSEAT_ENGINE_VENV=DEST``). What the caller
     already has on ``PYTHONPATH`` stays first (the seat's probe boot directory must precede every other
     ``sitecustomize``); the package still precedes the image's own site-packages, which is what shadowing needs."""
     os.makedirs(os.path.join(dest, "bin"), exist_ok=True)

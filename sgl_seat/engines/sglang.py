@@ -51,8 +51,8 @@ COLOCATED_PORT_STEP = 10
 
 #: The probe's rehearsal switches (``sgl_seat/watchdog/probe/fault.py`` ENV_REHEARSAL / ENV_FAULTS; a unit test
 #: holds them equal: the engines layer does not import the watchdog's).
-ENV_PROBE_REHEARSAL = "SGL_SEAT_PROBE_REHEARSAL"
-ENV_PROBE_FAULTS = "SGL_SEAT_PROBE_FAULTS"
+ENV_PROBE_REHEARSAL = "SGLSEAT_PROBE_REHEARSAL"
+ENV_PROBE_FAULTS = "SGLSEAT_PROBE_FAULTS"
 
 CPU_DRAFT_REFUSED = (
     "SGLang's CPU engine cannot run speculative decoding with the registry packages: NGRAM needs"

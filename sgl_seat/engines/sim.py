@@ -31,7 +31,7 @@ class SimBackend(EngineBackend):
     checks: ClassVar[frozenset[Check]] = frozenset(
         {Check.GPUS, Check.SOCKET_IFNAME, Check.PORTS, Check.DIST_INIT_REACHABLE}
     )
-    #: Each sim scheduler installs the probe at start when ``SGL_SEAT_PROBE`` is set.
+    #: Each sim scheduler installs the probe at start when ``SGLSEAT_PROBE`` is set.
     loads_probe_itself: ClassVar[bool] = True
     kv_actual_source: ClassVar[str] = "synthetic: the sim echoes the plan's prediction, nothing is measured"
     synthetic: ClassVar[bool] = True

@@ -10,7 +10,7 @@ naming both digests).
 The conversion runs in the engine's environment (its transformers and gguf): the GGUF's tensors dequantized by
 transformers' own GGUF reader into a plain ``LlamaForCausalLM``, saved as safetensors with the tokenizer and chat
 template (``../shared/reference/vllm-cpu-and-trained-model.md``). It is written into a per-user cache
-(``${SGL_SEAT_CACHE:-~/.cache/sgl-seat}/models``) under a temporary name and renamed into place, with a manifest
+(``${SGLSEAT_CACHE:-~/.cache/sgl-seat}/models``) under a temporary name and renamed into place, with a manifest
 (source, digests, dtype, config), so a second run finds it and only checks it, offline.
 
 Standard library at module level (the file also runs as a script in an engine environment without sgl-seat:
@@ -59,8 +59,8 @@ class ModelFileError(Exception):
 
 
 def cache_root() -> Path:
-    """``$SGL_SEAT_CACHE``, else ``$XDG_CACHE_HOME/sgl-seat``, else ``~/.cache/sgl-seat`` (the engine's too)."""
-    env = os.environ.get("SGL_SEAT_CACHE")
+    """``$SGLSEAT_CACHE``, else ``$XDG_CACHE_HOME/sgl-seat``, else ``~/.cache/sgl-seat`` (the engine's too)."""
+    env = os.environ.get("SGLSEAT_CACHE")
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sgl-seat"

@@ -205,7 +205,7 @@ def _first_dead(states: Sequence[dict[str, Any]]) -> int | None:
 def _logs_fix(rec: SeatRecord) -> str:
     """Where to read more once `up` has taken the seat down (the record is gone, the logs are not)."""
     paths = [f"node {n.node_rank}: {n.log_path}" for n in rec.nodes if n.log_path]
-    return "the seat was taken down; its engine logs are kept: " + ("; ".join(paths) or "$SGL_SEAT_HOME/logs")
+    return "the seat was taken down; its engine logs are kept: " + ("; ".join(paths) or "$SGLSEAT_HOME/logs")
 
 
 def deadline_passed(left: Callable[[], float]) -> bool:

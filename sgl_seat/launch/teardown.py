@@ -360,7 +360,7 @@ def down_local(name: str) -> LocalDown:
                           for n in rec.nodes)
         raise SeatError(f"no node of seat {name!r} runs on this host ({where})",
                         fix="run `sgl-seat down --local` on the host of the node to stop, with this seat's record "
-                            "(SGL_SEAT_HOME) readable there")
+                            "(SGLSEAT_HOME) readable there")
     stopped: dict[int, list[int]] = {}
     survivors: list[str] = []
     with sigint_ignored():

@@ -145,7 +145,7 @@ def up(spec: SeatSpec, opts: UpOptions, reporter: Reporter | None = None) -> tup
         rem = deadline - time.monotonic()
         if rem <= 0:
             raise EngineError(f"`up` did not finish within --timeout {opts.timeout:.0f} s",
-                              fix="raise --timeout; the node logs stay under $SGL_SEAT_HOME/logs/<seat>/")
+                              fix="raise --timeout; the node logs stay under $SGLSEAT_HOME/logs/<seat>/")
         return rem
 
     rec = SeatRecord(

@@ -12,23 +12,23 @@ processes receive.
 
 Environment (the first four are written by the planner, through ``sgl_seat.engines.sim``):
 
-- ``SGL_SEAT_SIM_KV_TOKENS``: KV pool in tokens (``max_total_num_tokens``); default 890,368 draft off,
+- ``SGLSEAT_SIM_KV_TOKENS``: KV pool in tokens (``max_total_num_tokens``); default 890,368 draft off,
   260,352 draft on (the paper's large seat).
-- ``SGL_SEAT_SIM_ACCEPT_RATE``: accepted / proposed draft tokens, default 0.81.
-- ``SGL_SEAT_SIM_STEP_FLOOR_MS``: the per-step floor of the cost model, default 30.
-- ``SGL_SEAT_SIM_PREFILL_TOKEN_MS``: the cost model's prefill milliseconds per uncached prompt token (default
+- ``SGLSEAT_SIM_ACCEPT_RATE``: accepted / proposed draft tokens, default 0.81.
+- ``SGLSEAT_SIM_STEP_FLOOR_MS``: the per-step floor of the cost model, default 30.
+- ``SGLSEAT_SIM_PREFILL_TOKEN_MS``: the cost model's prefill milliseconds per uncached prompt token (default
   0.02; 0.08 makes a 400k-token prompt one forward of about 32 s, the long prefill a watchdog must not call a
   hang). Synthetic, as every sim figure.
-- ``SGL_SEAT_SIM_FAULTS``: ``;``-separated fault specs (see :mod:`sgl_seat.sim.faults`).
-- ``SGL_SEAT_SIM_NODE_PORT``: the port this node listens on instead of ``--port`` (and its admin port is
+- ``SGLSEAT_SIM_FAULTS``: ``;``-separated fault specs (see :mod:`sgl_seat.sim.faults`).
+- ``SGLSEAT_SIM_NODE_PORT``: the port this node listens on instead of ``--port`` (and its admin port is
   this + 2), so several simulated nodes can share one host; SGLang itself uses ``--port`` on every node.
-- ``SGL_SEAT_SIM_TABLE_ROWS``: rows of each rank's host embedding table (default 4096 x 7168 bf16).
-- ``SGL_SEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
-- ``SGL_SEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
-- ``SGL_SEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
-- ``SGL_SEAT_SIM_DEVICE``: ``cpu`` (default), ``cuda`` or ``auto`` (cuda where torch sees a GPU) when
+- ``SGLSEAT_SIM_TABLE_ROWS``: rows of each rank's host embedding table (default 4096 x 7168 bf16).
+- ``SGLSEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
+- ``SGLSEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
+- ``SGLSEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
+- ``SGLSEAT_SIM_DEVICE``: ``cpu`` (default), ``cuda`` or ``auto`` (cuda where torch sees a GPU) when
   ``--device`` is not given.
-- ``SGL_SEAT_SIM_DRAFT_COST``: sim-only (no SGLang flag or variable does this): a multiplier in [0, 1] on
+- ``SGLSEAT_SIM_DRAFT_COST``: sim-only (no SGLang flag or variable does this): a multiplier in [0, 1] on
   the draft's own costs (its forwards, its extra prefill, its per-request KV look-ahead); default 1, and 0
   is a free draft, the "what if the draft cost nothing" case of ``sgl-seat gate``'s acceptance bench.
 - ``SGLANG_LOG_REQUEST_EXCEEDED_MS``: as SGLang's, with ``--log-requests`` (:mod:`sgl_seat.sim.front.reqlog`).
@@ -54,19 +54,19 @@ from sgl_seat.sim.step.costmodel import DEFAULT_ACCEPT_RATE, DEFAULT_FLOOR_MS, C
 PROG = "python -m sgl_seat.sim.launch_server"
 
 # Environment the planner writes (sgl_seat.engines.sim imports these names).
-ENV_KV_TOKENS = "SGL_SEAT_SIM_KV_TOKENS"
-ENV_ACCEPT_RATE = "SGL_SEAT_SIM_ACCEPT_RATE"
-ENV_STEP_FLOOR_MS = "SGL_SEAT_SIM_STEP_FLOOR_MS"
-ENV_FAULTS = "SGL_SEAT_SIM_FAULTS"
+ENV_KV_TOKENS = "SGLSEAT_SIM_KV_TOKENS"
+ENV_ACCEPT_RATE = "SGLSEAT_SIM_ACCEPT_RATE"
+ENV_STEP_FLOOR_MS = "SGLSEAT_SIM_STEP_FLOOR_MS"
+ENV_FAULTS = "SGLSEAT_SIM_FAULTS"
 # The sim's own knobs (not written by the planner today).
-ENV_TABLE_ROWS = "SGL_SEAT_SIM_TABLE_ROWS"
-ENV_FLIP_NEAR_TIES = "SGL_SEAT_SIM_FLIP_NEAR_TIES"
-ENV_WATCHDOG_GRACE_S = "SGL_SEAT_SIM_WATCHDOG_GRACE_S"  # SGLang sleeps 5 s before SIGQUIT
-ENV_PROBE = "SGL_SEAT_PROBE"
-ENV_DEVICE = "SGL_SEAT_SIM_DEVICE"  # cpu | cuda | auto, when --device is not given
-ENV_DRAFT_COST = "SGL_SEAT_SIM_DRAFT_COST"  # sim-only: 0 makes the draft free (no SGLang equivalent)
-ENV_PREFILL_MS = "SGL_SEAT_SIM_PREFILL_TOKEN_MS"
-ENV_CUDA_GRAPHS = "SGL_SEAT_SIM_CUDA_GRAPHS"  # 1: decode steps replay CUDA graphs (--device cuda only; default 0)
+ENV_TABLE_ROWS = "SGLSEAT_SIM_TABLE_ROWS"
+ENV_FLIP_NEAR_TIES = "SGLSEAT_SIM_FLIP_NEAR_TIES"
+ENV_WATCHDOG_GRACE_S = "SGLSEAT_SIM_WATCHDOG_GRACE_S"  # SGLang sleeps 5 s before SIGQUIT
+ENV_PROBE = "SGLSEAT_PROBE"
+ENV_DEVICE = "SGLSEAT_SIM_DEVICE"  # cpu | cuda | auto, when --device is not given
+ENV_DRAFT_COST = "SGLSEAT_SIM_DRAFT_COST"  # sim-only: 0 makes the draft free (no SGLang equivalent)
+ENV_PREFILL_MS = "SGLSEAT_SIM_PREFILL_TOKEN_MS"
+ENV_CUDA_GRAPHS = "SGLSEAT_SIM_CUDA_GRAPHS"  # 1: decode steps replay CUDA graphs (--device cuda only; default 0)
 
 DEFAULT_KV_TOKENS_OFF = 890_368  # the paper's large seat, draft off
 DEFAULT_KV_TOKENS_ON = 260_352  # ... draft on
@@ -254,7 +254,7 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _device(flag: str | None, env: Mapping[str, str]) -> str:
-    """``--device`` if given, else ``SGL_SEAT_SIM_DEVICE`` (``auto``: cuda where torch sees a GPU), else cpu."""
+    """``--device`` if given, else ``SGLSEAT_SIM_DEVICE`` (``auto``: cuda where torch sees a GPU), else cpu."""
     if flag is not None:
         return flag
     raw = (env.get(ENV_DEVICE) or "cpu").strip().lower()

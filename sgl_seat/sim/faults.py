@@ -1,7 +1,7 @@
 """Fault specs for the sim engine: ``KIND:key=value,...`` text, parsed once and fired by a pure state machine.
 
 The same text arrives from three places: ``sgl-seat up --fault`` (the CLI calls :func:`parse_fault` to refuse
-a bad spec before anything starts), the seat spec's ``sim.faults`` and ``SGL_SEAT_SIM_FAULTS`` (``;``-joined,
+a bad spec before anything starts), the seat spec's ``sim.faults`` and ``SGLSEAT_SIM_FAULTS`` (``;``-joined,
 parsed at launch), and the loopback admin route at run time. Kinds:
 
 - ``rowfetch-stall``: the rank's host row fetch stops returning (it waits inside ``rowfetch.fetch_rows``)
@@ -131,7 +131,7 @@ def parse_fault(text: str) -> Fault:
 
 
 def parse_faults(text: str) -> tuple[Fault, ...]:
-    """``;``-separated specs (the form ``SGL_SEAT_SIM_FAULTS`` carries); blanks are ignored."""
+    """``;``-separated specs (the form ``SGLSEAT_SIM_FAULTS`` carries); blanks are ignored."""
     return tuple(parse_fault(part) for part in text.split(";") if part.strip())
 
 

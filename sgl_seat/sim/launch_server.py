@@ -4,7 +4,7 @@ Order of a launch, and why:
 
 1. parse the flags and the environment (bad input: one clear line, exit 2, no traceback);
 2. bind this node's sockets *before* starting anything (a port in use fails in milliseconds, clearly);
-   the listen port is ``--port`` (``SGL_SEAT_SIM_NODE_PORT`` overrides it where several simulated nodes share
+   the listen port is ``--port`` (``SGLSEAT_SIM_NODE_PORT`` overrides it where several simulated nodes share
    one host) and the admin port is that + 2 on 127.0.0.1 only;
 3. start the children (schedulers for the local TP ranks; on node 0 also the detokenizer) and wait until
    every one is ready, which includes the cross-node rendezvous, bounded by ``--dist-timeout``;

@@ -93,7 +93,7 @@ class NodeRuntime:
             title = contract.scheduler_title(r, cfg.ep_rank_of(r), cfg.tp_size, cfg.ep_size)
             direct = {"out": to_detok[0]} if (r == 0 and to_detok is not None) else None
             # The watchdog's probe labels its ring with these (it can also read the rank from the title).
-            rank_env = {"SGL_SEAT_RANK": str(r), "SGL_SEAT_NODE_RANK": str(cfg.node_rank)}
+            rank_env = {"SGLSEAT_RANK": str(r), "SGLSEAT_NODE_RANK": str(cfg.node_rank)}
             child = spawn("scheduler", title, {**base, "extra": {"tp_rank": r}}, ["ctl"], direct, rank_env)
             self.children.append(child)
             self.sched[r] = child

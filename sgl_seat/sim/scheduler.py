@@ -81,7 +81,7 @@ def _listen_fd(host: str, port: int) -> int:
 
 
 def _maybe_install_probe() -> None:
-    """The watchdog's probe wraps ``rowfetch.fetch_rows`` when ``SGL_SEAT_PROBE`` is set."""
+    """The watchdog's probe wraps ``rowfetch.fetch_rows`` when ``SGLSEAT_PROBE`` is set."""
     if not os.environ.get(ENV_PROBE):
         return
     try:
@@ -181,7 +181,7 @@ class Scheduler:
             self.log.warning(f"speculative_adaptive disabled: {cfg.extra['adaptive_disabled']}. "
                              "Falling back to static speculative params.")
         if self.tp_rank == 0 and cfg.draft_cost != 1.0 and self.spec is not None:
-            self.log.warning(f"sim-only: the draft's costs are scaled by {cfg.draft_cost:g} (SGL_SEAT_SIM_DRAFT_COST);"
+            self.log.warning(f"sim-only: the draft's costs are scaled by {cfg.draft_cost:g} (SGLSEAT_SIM_DRAFT_COST);"
                              " no real seat has this knob")
         if self.tp_rank == 0:
             self.log.info(contract.log_tp0_summary(

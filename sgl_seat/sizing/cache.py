@@ -13,7 +13,7 @@ while nothing it depends on has changed. The key covers all of it:
 - the ``SGLANG_*`` / ``SGL_*`` variables of this process, which the child inherits and SGLang reads.
 
 Nothing is fitted or guessed: a miss runs SGLang's code and stores its answer; a hit returns that answer and
-``plan`` says it was read from the cache. ``SGL_SEAT_SIZING_CACHE=off`` (or ``0``) recomputes every time.
+``plan`` says it was read from the cache. ``SGLSEAT_SIZING_CACHE=off`` (or ``0``) recomputes every time.
 Entries are JSON (never pickle), one file per key, written atomically.
 """
 
@@ -28,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
-CACHE_ENV = "SGL_SEAT_SIZING_CACHE"
+CACHE_ENV = "SGLSEAT_SIZING_CACHE"
 #: Bumped when the key or the entry layout changes (old entries are then simply never hit).
 FORMAT = 1
 #: Files in the model directory larger than this are weights or tokenizers, which sizing does not read.
@@ -37,10 +37,10 @@ _CHILD_SOURCE = Path(__file__).with_name("child.py")
 
 
 def cache_dir() -> Path | None:
-    """``$SGL_SEAT_HOME/cache/sizing`` (default home ``~/.sgl-seat``), or None when the cache is off."""
+    """``$SGLSEAT_HOME/cache/sizing`` (default home ``~/.sgl-seat``), or None when the cache is off."""
     if os.environ.get(CACHE_ENV, "on").strip().lower() in {"0", "off", "no", "false"}:
         return None
-    home = os.environ.get("SGL_SEAT_HOME")
+    home = os.environ.get("SGLSEAT_HOME")
     root = Path(home).expanduser() if home else Path.home() / ".sgl-seat"
     return root / "cache" / "sizing"
 

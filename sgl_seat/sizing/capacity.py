@@ -45,8 +45,8 @@ GIB = 1 << 30
 CUDA_CONTEXT_BYTES = 1 * GIB
 # APPROX: memory resident after load that is neither weights nor KV (NCCL buffers, runtime pools).
 RUNTIME_RESERVE_BYTES = 2 * GIB
-#: ``SGL_SEAT_SIZING``: ``auto`` (SGLang when installed, for SGLang seats), ``sglang`` (required) or ``mirror``.
-SIZING_ENV = "SGL_SEAT_SIZING"
+#: ``SGLSEAT_SIZING``: ``auto`` (SGLang when installed, for SGLang seats), ``sglang`` (required) or ``mirror``.
+SIZING_ENV = "SGLSEAT_SIZING"
 SOURCE_MIRROR = "mirror"
 SOURCE_SGLANG = f"sglang-{SGLANG_VERSION}"
 #: Flags of node 0's command line that only route logs; left out of the sizing run (their values are
@@ -297,7 +297,7 @@ def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement
 
 
 def sizing_source(spec: SeatSpec) -> str:
-    """Which source to use: ``SGL_SEAT_SIZING`` (auto/sglang/mirror); auto picks SGLang for SGLang seats when
+    """Which source to use: ``SGLSEAT_SIZING`` (auto/sglang/mirror); auto picks SGLang for SGLang seats when
     the installed SGLang is the release followed, the mirror otherwise (the sim's figures are synthetic anyway)."""
     want = os.environ.get(SIZING_ENV, "auto").strip().lower() or "auto"
     if want not in ("auto", "sglang", "mirror"):

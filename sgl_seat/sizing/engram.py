@@ -27,8 +27,8 @@ ENV_HOST_TABLE = "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"
 ENV_LAYOUT = "SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT"
 ENV_STAGING = "SGLANG_OPT_DSV41_ENGRAM_HOST_STAGING"
 #: sgl-seat's own variables beside SGLang's: what the node's preflight must find (bytes), set by the plan.
-ENV_SEAT_HOST_BYTES = "SGL_SEAT_ENGRAM_HOST_BYTES"
-ENV_SEAT_PIN_BYTES = "SGL_SEAT_ENGRAM_PIN_BYTES"
+ENV_SEAT_HOST_BYTES = "SGLSEAT_ENGRAM_HOST_BYTES"
+ENV_SEAT_PIN_BYTES = "SGLSEAT_ENGRAM_PIN_BYTES"
 Layout = Literal["shared", "per_rank"]
 THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 
@@ -80,7 +80,7 @@ def engram_tables(config: Mapping[str, Any]) -> EngramTables | None:
 def host_table_env(layout: Layout, *, staging: bool, host_bytes: int | None = None,
                    pinned_bytes: int | None = None) -> dict[str, str]:
     """The environment every node's SGLang needs for the host table (SGLang's own variable names), plus what
-    the node's preflight must find, when known (sgl-seat's ``SGL_SEAT_ENGRAM_*``; SGLang ignores them)."""
+    the node's preflight must find, when known (sgl-seat's ``SGLSEAT_ENGRAM_*``; SGLang ignores them)."""
     env = {ENV_HOST_TABLE: "1", ENV_LAYOUT: layout}
     if staging:
         env[ENV_STAGING] = "1"

@@ -31,11 +31,11 @@ log = logging.getLogger("sgl_seat.watchdog")
 
 _DENIED = re.compile(r"permission denied|operation not permitted|os error 1\)|os error 13\)", re.I)
 _GONE = re.compile(r"no such process|os error 3\)|process .* not found|failed to open process", re.I)
-ENV_PYSPY = "SGL_SEAT_PYSPY"
+ENV_PYSPY = "SGLSEAT_PYSPY"
 
 
 def find_pyspy() -> str | None:
-    """``$SGL_SEAT_PYSPY``, else the py-spy beside this interpreter (venv), else PATH."""
+    """``$SGLSEAT_PYSPY``, else the py-spy beside this interpreter (venv), else PATH."""
     env = os.environ.get(ENV_PYSPY)
     if env is not None:
         return env if os.path.isfile(env) and os.access(env, os.X_OK) else None

@@ -77,7 +77,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self.on_sample: Callable[[StackSample], None] | None = None
         if not self.pyspy:
-            self._warn("py-spy was not found (set SGL_SEAT_PYSPY or install py-spy): stack sampling is off; "
+            self._warn("py-spy was not found (set SGLSEAT_PYSPY or install py-spy): stack sampling is off; "
                        "the watchdog keeps running on metrics and the probe")
 
     # ---- processes

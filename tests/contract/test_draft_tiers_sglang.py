@@ -24,7 +24,7 @@ from tests.contract.conftest import require
 
 pytestmark = [pytest.mark.contract]
 
-OVERLAY = Path(os.environ.get("SGL_SEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
+OVERLAY = Path(os.environ.get("SGLSEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
 ENGINE = Path(engine_venv())
 SPEC_GRAPHS_64 = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4)]
 CASES = [(1, None), (7, None), (20, None), (47, None), (9, SPEC_GRAPHS_64), (12, SPEC_GRAPHS_64),

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.contract, pytest.mark.usefixtures("sglang_required", "
 def _mirror_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command lines are the point here: capacity through the mirror keeps the matrix fast (SGLang's own
     sizing of these plans is checked in test_sizing_sglang.py, the mirror against it in test_sizing_mirror.py)."""
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
 
 MATRIX = [
     (seat, draft, slots, mf)

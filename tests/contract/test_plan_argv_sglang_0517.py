@@ -27,7 +27,7 @@ from tests.contract.conftest import require
 pytestmark = [pytest.mark.contract]
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAY = Path(os.environ.get("SGL_SEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
+OVERLAY = Path(os.environ.get("SGLSEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
 ENGINE = Path(engine_venv())
 ENGINE_PYTHON = ENGINE / "bin" / "python"
 #: Parses each argv list of stdin's JSON with 0.5.17's parser; one JSON answer: the version and, per list, the
@@ -99,7 +99,7 @@ def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
 
 def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")  # the lines are the point; sizing is held elsewhere
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")  # the lines are the point; sizing is held elsewhere
     plans = _h200_plans(tmp_path)
     argvs = []
     for _, spec, plan in plans:
@@ -149,7 +149,7 @@ def test_the_tp2_seats_lines_parse_on_both_nodes_with_sglang_0517(tmp_path: Path
     environment keeps NVLink multicast off."""
     import yaml
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     base = yaml.safe_load((REPO / "launch" / "seats" / "h200x2-tp2.yaml").read_text())
     models = REPO / "launch" / "models"
     lines, meant = [], []

@@ -1,7 +1,7 @@
 """The probe really wraps SGLang 0.5.23's Engram functions when SGLang's own modules are imported.
 
 Issue 12: not a source-text check of the target names, but the boot path a real seat uses. The large seat's plan
-is built; node 0's environment (``SGL_SEAT_PROBE`` with the DeepSeek-V4 family's targets, ``PYTHONPATH`` with the
+is built; node 0's environment (``SGLSEAT_PROBE`` with the DeepSeek-V4 family's targets, ``PYTHONPATH`` with the
 probe's ``sitecustomize`` first, as the plan sets it) is filled as the node agent fills it, and a fresh interpreter
 started with it imports ``sglang.srt.layers.engram`` and ``sglang.srt.layers.engram_staging``: the import hook
 must have replaced every target by the probe's wrapper, and a call of the wrapped ``engram_gather`` must land in
@@ -65,16 +65,16 @@ print(json.dumps({"stubs": stubs, "pending_before_import": pending, "installed":
 
 def test_engram_targets_are_wrapped_when_sglang_imports_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")  # the plan's figures are not under test here
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")  # the plan's figures are not under test here
     plan = build_plan(load_spec("large"), draft=True)
     env = dict(plan.nodes[0].env_dict())
-    targets = env["SGL_SEAT_PROBE"].split(",")
+    targets = env["SGLSEAT_PROBE"].split(",")
     assert any(t.startswith("sglang.srt.layers.engram:engram_gather") for t in targets), targets
     assert env["PYTHONPATH"].split(":")[0] == Placeholder.WATCHDOG_BOOT.value  # the plan puts the boot dir first
     env["PYTHONPATH"] = env["PYTHONPATH"].replace(Placeholder.WATCHDOG_BOOT.value, boot_dir())
-    env["SGL_SEAT_PROBE_DIR"] = str(tmp_path / "rings")
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
-    child_env.update({k: env[k] for k in ("SGL_SEAT_PROBE", "SGL_SEAT_PROBE_DIR")})
+    env["SGLSEAT_PROBE_DIR"] = str(tmp_path / "rings")
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
+    child_env.update({k: env[k] for k in ("SGLSEAT_PROBE", "SGLSEAT_PROBE_DIR")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", CHILD], env=child_env, capture_output=True, text=True,
                           timeout=240, cwd=tmp_path, check=False)

@@ -4,7 +4,7 @@ SGLang decodes, and verifies the draft, by replaying captured graphs: ``DecodeCu
 ``self.backend.replay(self._replay_graph_key, forward_batch)`` (``decode_cuda_graph_runner.py``), the backend being
 ``FullCudaGraphBackend`` or ``BreakableCudaGraphBackend`` (``runner_backend/utils.py``, ``resolve_decode_backend``).
 As in ``test_probe_engram_wrap.py``, not a source-text check but the boot path a real seat uses: the large seat's
-plan is built, node 0's environment (``SGL_SEAT_PROBE`` with the DeepSeek-V4 family's targets, ``PYTHONPATH`` with
+plan is built, node 0's environment (``SGLSEAT_PROBE`` with the DeepSeek-V4 family's targets, ``PYTHONPATH`` with
 the probe's ``sitecustomize`` first) fills a fresh interpreter that imports SGLang's backend modules; each replay
 target must then be the probe's graph wrapper, and one replay of a ``FullCudaGraphBackend`` built around a stand-in
 graph (no GPU in CI: its ``replay()`` only counts) with a real SGLang ``ShapeKey`` and a runner that captured 4
@@ -72,16 +72,16 @@ print(json.dumps({"stubs": stubs, "pending_before_import": pending, "installed":
 def test_graph_replay_targets_are_wrapped_when_sglang_imports_them(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")  # the plan's figures are not under test here
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")  # the plan's figures are not under test here
     plan = build_plan(load_spec("large"), draft=True)
     env = dict(plan.nodes[0].env_dict())
-    targets = env["SGL_SEAT_PROBE"].split(",")
+    targets = env["SGLSEAT_PROBE"].split(",")
     graph_targets = [t for t in targets if t.endswith(":graph")]
     assert {t.split("@")[0] for t in graph_targets} == {FULL, BREAKABLE}, targets
     env["PYTHONPATH"] = env["PYTHONPATH"].replace(Placeholder.WATCHDOG_BOOT.value, boot_dir())
-    env["SGL_SEAT_PROBE_DIR"] = str(tmp_path / "rings")
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
-    child_env.update({k: env[k] for k in ("SGL_SEAT_PROBE", "SGL_SEAT_PROBE_DIR")})
+    env["SGLSEAT_PROBE_DIR"] = str(tmp_path / "rings")
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
+    child_env.update({k: env[k] for k in ("SGLSEAT_PROBE", "SGLSEAT_PROBE_DIR")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", CHILD], env=child_env, capture_output=True, text=True,
                           timeout=240, cwd=tmp_path, check=False)
@@ -142,16 +142,16 @@ def test_the_llama_familys_links_wrap_sglangs_backend_constructors(tmp_path: Pat
     constructors are the probe's link, SGLang's own ``FullCudaGraphBackend.__init__`` still runs and keeps its runner
     (the link changes nothing there), and a replay of 3 requests x 4 tokens lands in the ring as 12 tokens."""
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     plan = build_plan(load_spec("local-sglang"))
     env = dict(plan.nodes[0].env_dict())
-    targets = env["SGL_SEAT_PROBE"].split(",")
+    targets = env["SGLSEAT_PROBE"].split(",")
     links = [t for t in targets if t.endswith(":link")]
     assert {t.split("@")[0] for t in links} == {FULL_INIT, BREAKABLE_INIT}, targets
     assert {t.split("@")[0] for t in targets if t.endswith(":graph")} == {FULL, BREAKABLE}, targets
     env["PYTHONPATH"] = env["PYTHONPATH"].replace(Placeholder.WATCHDOG_BOOT.value, boot_dir())
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
-    child_env.update({"SGL_SEAT_PROBE": env["SGL_SEAT_PROBE"], "SGL_SEAT_PROBE_DIR": str(tmp_path / "rings")})
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
+    child_env.update({"SGLSEAT_PROBE": env["SGLSEAT_PROBE"], "SGLSEAT_PROBE_DIR": str(tmp_path / "rings")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", LINK_CHILD], env=child_env, capture_output=True, text=True,
                           timeout=240, cwd=tmp_path, check=False)

@@ -51,7 +51,7 @@ def _node0_flags(plan_json: dict[str, Any]) -> list[str]:
 @pytest.fixture(scope="module")
 def plans_and_sglang(monkeypatch_module: pytest.MonkeyPatch) -> list[tuple[tuple[bool, float, int], Any, Any]]:
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
-    monkeypatch_module.setenv("SGL_SEAT_SIZING", "sglang")  # no silent fallback to the mirror here
+    monkeypatch_module.setenv("SGLSEAT_SIZING", "sglang")  # no silent fallback to the mirror here
     spec = load_spec("large")
     weights_gb = spec.model.weights_gb
     assert weights_gb is not None, "the large seat must carry its weights as an input (model.weights_gb)"
@@ -149,8 +149,8 @@ def test_a_cached_answer_is_what_sglangs_code_computes(tmp_path: Path, monkeypat
     require(installed_version() == "0.5.23", "SGLang 0.5.23 is not installed")
     from sgl_seat.sizing import CACHE_ENV
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "sglang")
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path))
+    monkeypatch.setenv("SGLSEAT_SIZING", "sglang")
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path))
     monkeypatch.setenv(CACHE_ENV, "on")
     spec = load_spec("large")
     first, second = (build_plan(spec, draft=True, slots=8).capacity for _ in range(2))

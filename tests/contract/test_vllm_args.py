@@ -1,6 +1,6 @@
 """vLLM 0.32's own argument parser and config take the argv a ``vllm`` backend will emit (issue 48's groundwork).
 
-In the vLLM environment (``.venv-vllm``, made by ``scripts/setup.sh --engine vllm``; ``$SGL_SEAT_VLLM_VENV`` when
+In the vLLM environment (``.venv-vllm``, made by ``scripts/setup.sh --engine vllm``; ``$SGLSEAT_VLLM_VENV`` when
 set), one child process runs, for each command line below, what ``python -m vllm.entrypoints.openai.api_server``
 runs before it serves: ``make_arg_parser(FlexibleArgumentParser())`` and ``validate_parsed_serve_args`` (the API
 server's parse), ``AsyncEngineArgs.from_cli_args(...).create_engine_config()`` (the engine's config; it reads the
@@ -27,7 +27,7 @@ import pytest
 pytestmark = [pytest.mark.contract]
 
 REPO = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("SGL_SEAT_VLLM_VENV") or REPO / ".venv-vllm")
+VENV = Path(os.environ.get("SGLSEAT_VLLM_VENV") or REPO / ".venv-vllm")
 MODEL = VENV / "models" / "smollm2-135m-instruct"
 VERSION = "0.32.0"
 MAX_NUM_SEQS = 8
@@ -97,7 +97,7 @@ for name, argv in json.load(sys.stdin).items():
         case["stage"] = "ok"
     except Exception as e:
         case["error"] = {"type": type(e).__name__, "message": str(e)[:800]}
-print("SGL_SEAT_RESULT " + json.dumps(out, default=list))
+print("SGLSEAT_RESULT " + json.dumps(out, default=list))
 """
 
 
@@ -113,9 +113,9 @@ def vllm_says() -> dict[str, Any]:
            "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIGURE_LOGGING": "0"}
     res = subprocess.run([str(python), "-c", _CHILD], input=json.dumps(CASES), env=env, capture_output=True,
                          text=True, timeout=240, check=False)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("SGL_SEAT_RESULT ")]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("SGLSEAT_RESULT ")]
     assert res.returncode == 0 and lines, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-    doc: dict[str, Any] = json.loads(lines[-1].removeprefix("SGL_SEAT_RESULT "))
+    doc: dict[str, Any] = json.loads(lines[-1].removeprefix("SGLSEAT_RESULT "))
     assert doc["version"] == VERSION, doc["version"]
     return doc
 

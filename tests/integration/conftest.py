@@ -25,7 +25,7 @@ ports (10002-19999).
 Tiers: a test or module marked ``slow`` runs in the full tier only (`bash scripts/test.sh --full`); the README's
 "The tests" lists each with the reason, and tests/tiers.py gives the few windows that are longer in the full tier.
 
-``SGL_SEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order).
+``SGLSEAT_STREAM=ray|sglang|other`` selects a stream's modules (unset: every module, in file order).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ RAY_STREAM = RAY_LOCAL + RAY_TAIL
 #: Real SGLang seats through a local Ray cluster: stream ``sglang``, beside stream ``ray``.
 REAL_ENGINE = ("test_real_sglang_seat", "test_real_sglang_watchdog", "test_real_sglang_healing", "test_netns_sglang")
 STREAMS = ("ray", "sglang", "other")
-STREAM_ENV = "SGL_SEAT_STREAM"
+STREAM_ENV = "SGLSEAT_STREAM"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,7 +3,7 @@ a shared two-node local cluster, Ray inspection from a separate process, and pro
 
 Ports: the launch tests own 23000-23999 (below Linux's ephemeral range, 32768-60999, and above Ray's worker
 ports, 10002-19999) (other suites test concurrently in other ranges;
-``SGL_SEAT_TEST_PORTS=LO-HI`` moves the range, see simutil). Every
+``SGLSEAT_TEST_PORTS=LO-HI`` moves the range, see simutil). Every
 process check is by pid (with create time) or by process group of processes these tests started,
 never by name across the host: other engineers' sim engines carry the same ``sglang::`` titles.
 """
@@ -60,7 +60,7 @@ def write_spec(directory: Path, name: str, *, address: str, slot: int, nodes: in
     doc: dict[str, Any] = yaml.safe_load(LOCAL_SIM.read_text())
     http, dist = ports(slot)
     doc["name"] = name
-    doc["python"] = python or os.environ.get("SGL_SEAT_TEST_ENGINE_PYTHON", "${agent_python}")
+    doc["python"] = python or os.environ.get("SGLSEAT_TEST_ENGINE_PYTHON", "${agent_python}")
     doc["cluster"]["address"] = address
     doc["network"]["http_port"] = http
     doc["network"]["dist_init_port"] = dist
@@ -96,7 +96,7 @@ def local_sim_spec(directory: Path, name: str, http: int, *, draft: bool = False
 
 
 def cli_env(home: Path) -> dict[str, str]:
-    return {**os.environ, **ONE_HOST, "SGL_SEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
+    return {**os.environ, **ONE_HOST, "SGLSEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
 
 
 def run_cli(args: list[str], home: Path, *, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -156,7 +156,7 @@ def descendants(pid: int) -> list[Proc]:
 def seat_processes(seat: str, *, prefix: bool = False) -> list[Proc]:
     """Every process on this host of ``seat``'s engines (``prefix``: of every seat whose name starts with ``seat``),
     found across the whole process table:
-    the plan gives each node's engine ``SGL_SEAT_NAME=<seat>`` and every process of its tree inherits it; and each
+    the plan gives each node's engine ``SGLSEAT_NAME=<seat>`` and every process of its tree inherits it; and each
     engine's own parent, its engine host (``sgl_seat/launch/host/enginehost.py``, run on the seat's ``.engines``
     directory), which is not under Ray: the engines outlive their node agent's Ray worker."""
     out = []
@@ -168,7 +168,7 @@ def seat_processes(seat: str, *, prefix: bool = False) -> list[Proc]:
             host = any(a.endswith("enginehost.py") for a in cmd[:3]) and any(
                 f"/{seat}" in a and "/.engines/" in a if prefix else f"/{seat}/.engines/" in a for a in cmd[2:])
             if not host:
-                mark = q.environ().get("SGL_SEAT_NAME")
+                mark = q.environ().get("SGLSEAT_NAME")
                 if mark is None or not (mark.startswith(seat) if prefix else mark == seat):
                     continue
             title = f"engine host {cmd[-1]}" if host else (cmd[0] if cmd else q.name())

@@ -1,6 +1,6 @@
 """Helpers for the sim engine's integration tests: ports in 32000-32999, node processes, cleanup by pid.
 
-``SGL_SEAT_TEST_PORTS=LO-HI`` moves the port range (an engineer testing beside others picks their own).
+``SGLSEAT_TEST_PORTS=LO-HI`` moves the port range (an engineer testing beside others picks their own).
 
 Every node is started in its own session (process group) and stopped by that group and by the pids
 recorded while it ran, never by name: other engineers run sim engines with the same ``sglang::`` titles
@@ -48,10 +48,10 @@ def free_port(*, span: int = 1, avoid: set[int] | None = None) -> int:
 
 
 def sim_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_SIM_")}
-    env.pop("SGL_SEAT_PROBE", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_SIM_")}
+    env.pop("SGLSEAT_PROBE", None)
     # Gloo's own listeners on loopback too, as the local-sim seat's plan sets it.
-    env.update({"SGL_SEAT_SIM_STEP_FLOOR_MS": "3", "SGL_SEAT_SIM_WATCHDOG_GRACE_S": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    env.update({"SGLSEAT_SIM_STEP_FLOOR_MS": "3", "SGLSEAT_SIM_WATCHDOG_GRACE_S": "1", "GLOO_SOCKET_IFNAME": "lo"})
     env.update(extra)
     return env
 

@@ -1,9 +1,9 @@
-"""`sgl-seat demo --quick --json`, for real: a copy of the local-sim seat (our ports, our SGL_SEAT_HOME) goes up
+"""`sgl-seat demo --quick --json`, for real: a copy of the local-sim seat (our ports, our SGLSEAT_HOME) goes up
 with the draft on, gets traffic and a row-fetch stall injected on rank 3 through the sim's fault route; the
 watchdog's bundle must exist and verify, the verdict name rank 3 on node 1, the HTML report exist, and every
 process the demo started (seen while it ran, by pid and create time, and its engine process groups) be gone.
 
-Ports 30600-30699, below the ephemeral range (``SGL_SEAT_TEST_PORTS`` moves them); one seat uses http, +2,
+Ports 30600-30699, below the ephemeral range (``SGLSEAT_TEST_PORTS`` moves them); one seat uses http, +2,
 +5, +10, +12, +15, +16.
 """
 

@@ -73,7 +73,7 @@ def _engine(tmp: Path, draft: bool, taken: set[int], flags: list[str] | None = N
     if draft:
         argv += flags or ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
                           "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-    env = sim_env(SGL_SEAT_SIM_STEP_FLOOR_MS="30", SGL_SEAT_SIM_KV_TOKENS="677888" if draft else "1040128")
+    env = sim_env(SGLSEAT_SIM_STEP_FLOOR_MS="30", SGLSEAT_SIM_KV_TOKENS="677888" if draft else "1040128")
     node = SimNode(argv, env, tmp / f"draft-{'on' if draft else 'off'}{'-plan' if flags else ''}.log").start()
     return node, f"http://{HOST}:{port}"
 
@@ -110,7 +110,7 @@ def battery(engines: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
     tmp = tmp_path_factory.mktemp("gate-battery")
     wl = tmp / "tiny.yaml"
     wl.write_text(WORKLOADS)
-    env = {"SGL_SEAT_HOME": str(tmp / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
+    env = {"SGLSEAT_HOME": str(tmp / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
     out = tmp / "b"
     code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url",
                                   f"candidate={engines['candidate']}", "--arms", "baseline,candidate,control",
@@ -159,7 +159,7 @@ def test_resume_runs_only_what_is_missing(battery: tuple[Path, dict, str], engin
     victim = out / "cells" / "r01-candidate" / "sweep_c8.json"
     victim.unlink()
     before = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
-    env = {"SGL_SEAT_HOME": str(out.parent / "home"), "NO_COLOR": "1"}
+    env = {"SGLSEAT_HOME": str(out.parent / "home"), "NO_COLOR": "1"}
     code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--url",
                                   f"candidate={engines['candidate']}", "--resume", str(out), "--json"], env)
     assert code == EXIT_CODES[json.loads(stdout)["verdict"]], stdout + stderr
@@ -175,7 +175,7 @@ def test_aa_rehearsal_baseline_control_fails_no_gate(engines: dict[str, str], tm
     running seat."""
     wl = tmp_path / "tiny.yaml"
     wl.write_text(WORKLOADS)
-    env = {"SGL_SEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    env = {"SGLSEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
     code, stdout, stderr = _gate(["--url", f"baseline={engines['baseline']}", "--arms", "baseline,control",
                                   "--workloads", str(wl), "--out", str(tmp_path / "aa"), "--json"], env)
     rep = json.loads(stdout)
@@ -225,7 +225,7 @@ def test_gate_tune_plan_then_gate_the_hybrid(battery: tuple[Path, dict, str], en
     cross = rep["crossover"]
     print(f"crossover: {cross}; sweep: {rep['comparisons']['candidate']['sweep']}")
     seat = _tuned_seat(tmp_path)
-    env = {"SGL_SEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
+    env = {"SGLSEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
     res = CliRunner().invoke(app, ["tune", "draft", str(out), "--seat", str(seat), "--json"], env=env)
     assert res.exit_code == 0, res.output
     tuned = json.loads(res.stdout)

@@ -6,7 +6,7 @@ is. One seat serves the whole module (its start-up costs 1-3 minutes on 2 cores)
 (its idle schedulers spin: the watchdog must not take that for a hang); the tests that break it run last, in
 file order, and the two seats that must fail to start run first (never beside it: one local Ray cluster at a
 time). Processes are checked by the pids and process groups the seat reported, and by the
-seat's name that every engine process carries in its environment (SGL_SEAT_NAME), never by a name pattern.
+seat's name that every engine process carries in its environment (SGLSEAT_NAME), never by a name pattern.
 
 Under ``CI=true`` a missing engine environment FAILS the module (`scripts/setup.sh --engine sglang` makes it);
 elsewhere it skips with the reason. Runs in its own integration stream, ``sglang`` (tests/integration/conftest.py).
@@ -60,17 +60,17 @@ def test_up_without_the_engine_environment_fails_in_preflight_and_leaves_nothing
     require_engine()
     home = tmp_path / "home"
     spec = _write_spec(tmp_path, "rs-noenv")
-    env_before = os.environ.get("SGL_SEAT_ENGINE_VENV")
-    os.environ["SGL_SEAT_ENGINE_VENV"] = str(tmp_path / "no-such-venv")
+    env_before = os.environ.get("SGLSEAT_ENGINE_VENV")
+    os.environ["SGLSEAT_ENGINE_VENV"] = str(tmp_path / "no-such-venv")
     try:
         t0 = time.monotonic()
         up = run_cli(["up", "--seat", str(spec), "--timeout", "180"], home, timeout=240)
         took = time.monotonic() - t0
     finally:
         if env_before is None:
-            os.environ.pop("SGL_SEAT_ENGINE_VENV", None)
+            os.environ.pop("SGLSEAT_ENGINE_VENV", None)
         else:
-            os.environ["SGL_SEAT_ENGINE_VENV"] = env_before
+            os.environ["SGLSEAT_ENGINE_VENV"] = env_before
     out = up.stdout + up.stderr
     assert up.returncode != 0, out
     assert "engine-python" in out and "no-such-venv/bin/python does not exist" in out, out

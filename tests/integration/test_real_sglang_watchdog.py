@@ -173,7 +173,7 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
 
 
 def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: RealSeat) -> None:
-    """GIVEN the seat's plan (SGL_SEAT_PROBE through the sitecustomize boot path) WHEN a completion of a known
+    """GIVEN the seat's plan (SGLSEAT_PROBE through the sitecustomize boot path) WHEN a completion of a known
     prompt length runs THEN every scheduler process has its ring, whose records of VocabParallelEmbedding.forward
     carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step; and the
     sidecars count them."""

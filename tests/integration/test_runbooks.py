@@ -9,7 +9,7 @@ listed, never executed; ```bash vars blocks are the operator's settings, for whi
 The order comes from the README's "Rehearsal order"; each runbook starts where the one before it left the seat.
 
 The seat: launch/seats/local-sim.yaml under another name, ports 30500-30516 (HTTP, admins, dist-init, the
-sidecar exporters), ``SGL_SEAT_HOME`` in a tmp dir, and ``cluster.address`` pointing at one two-node local Ray
+sidecar exporters), ``SGLSEAT_HOME`` in a tmp dir, and ``cluster.address`` pointing at one two-node local Ray
 cluster that this module starts once (GCS on the first free port of 30590-30599) and stops at the end: the
 runbooks' `up`s then cost engine start-up only, and the seats run the way an operator's do (an existing
 cluster, ``address: auto``).
@@ -162,7 +162,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     env = {
         **os.environ,
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "SGL_SEAT_HOME": str(home),
+        "SGLSEAT_HOME": str(home),
         "NO_COLOR": "1",
         "COLUMNS": "200",
         "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",

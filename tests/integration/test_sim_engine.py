@@ -55,10 +55,10 @@ class Seat:
             "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "4", "--decode-log-interval", "10",
         ]
-        env = sim_env(SGL_SEAT_SIM_KV_TOKENS=str(KV))
+        env = sim_env(SGLSEAT_SIM_KV_TOKENS=str(KV))
         self.n0 = SimNode([*common, "--node-rank", "0"], env, tmp / "node0.log")
         # Both simulated nodes share this host, so node 1 listens on its own port (SGLang uses --port).
-        self.n1 = SimNode([*common, "--node-rank", "1"], {**env, "SGL_SEAT_SIM_NODE_PORT": str(self.p1)},
+        self.n1 = SimNode([*common, "--node-rank", "1"], {**env, "SGLSEAT_SIM_NODE_PORT": str(self.p1)},
                           tmp / "node1.log")
         self.url0 = f"http://{HOST}:{self.p0}"
         self.url1 = f"http://{HOST}:{self.p1}"

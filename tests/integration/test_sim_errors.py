@@ -38,8 +38,8 @@ def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 30
         (["--tp-size", "2"], {}, "the following arguments are required: --model-path"),
         (["--model-path", "m", "--tp-size", "two"], {}, "argument --tp-size"),
         (["--model-path", "m", "--nnodes", "2", "--tp-size", "2"], {}, "--dist-init-addr is required"),
-        (["--model-path", "m"], {"SGL_SEAT_SIM_FAULTS": "explode:rank=0"}, "unknown kind 'explode'"),
-        (["--model-path", "m"], {"SGL_SEAT_SIM_KV_TOKENS": "many"}, "SGL_SEAT_SIM_KV_TOKENS='many'"),
+        (["--model-path", "m"], {"SGLSEAT_SIM_FAULTS": "explode:rank=0"}, "unknown kind 'explode'"),
+        (["--model-path", "m"], {"SGLSEAT_SIM_KV_TOKENS": "many"}, "SGLSEAT_SIM_KV_TOKENS='many'"),
     ],
 )
 def test_broken_argv_exits_2_with_one_clear_line(argv: list[str], env: dict[str, str], needle: str) -> None:
@@ -199,7 +199,7 @@ def test_admin_route_errors_and_loopback_binding(one: One) -> None:
 def test_injected_crash_tears_the_tree_down(tmp_path: Path) -> None:
     port = free_port(span=3)
     node = SimNode(["--model-path", "m", "--tp-size", "2", "--host", HOST, "--port", str(port)],
-                   sim_env(SGL_SEAT_SIM_FAULTS="crash:rank=1,after_steps=3"), tmp_path / "crash.log")
+                   sim_env(SGLSEAT_SIM_FAULTS="crash:rank=1,after_steps=3"), tmp_path / "crash.log")
     node.start()
     try:
         wait_http(f"http://{HOST}:{port}/health", timeout=90, node=node)

@@ -13,7 +13,7 @@ What differs on purpose is listed in :data:`DIFFERS_ON_PURPOSE` (printed by a te
 entry still holds, so the list cannot go stale). Everything else that differs is a sim bug or a bug in the code
 that trusted the sim.
 
-Needs the engine's environment (``$SGL_SEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv, see
+Needs the engine's environment (``$SGLSEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv, see
 :func:`sgl_seat.engines.base.engine_venv`): without it the module skips, and under ``CI=true`` it fails. Ports:
 the real seat in 24500-24549, the sim in 24550-24599 (another free block in 24500-24599 if taken). One real seat
 only: each SGLang process is ~1.2 GB and CI has 2 cores.
@@ -267,7 +267,7 @@ def seats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seats]:
     venv = Path(engine_venv())
     if not _engine_python().is_file():
         why = (f"the real engine's environment is missing ({venv}/bin/python): bash scripts/setup.sh --engine sglang,"
-               " or set SGL_SEAT_ENGINE_VENV")
+               " or set SGLSEAT_ENGINE_VENV")
         if _in_ci():
             pytest.fail(f"CI=true and {why}")
         pytest.skip(why)

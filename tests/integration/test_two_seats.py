@@ -2,7 +2,7 @@
 
 The seat is local-sim copied out of launch/seats as an operator would copy it (its planning config still named
 ``../models/deepseek-v4-flash``, which is not beside the copy: the built-in model is found by name), its ports moved
-into the launch tests' range. It goes up in one ``SGL_SEAT_HOME``; the same file goes up in a second home with
+into the launch tests' range. It goes up in one ``SGLSEAT_HOME``; the same file goes up in a second home with
 ``--port-base`` (nothing edited); both are READY at once with their own endpoints. A third `up` of the same file on
 the first seat's ports is refused in its first stage, "ports", before any local cluster starts (what makes it take
 seconds: a cluster's start alone took 10 s and more, and the collision used to surface 50 s in, as a failed

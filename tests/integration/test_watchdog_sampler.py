@@ -115,7 +115,7 @@ def test_target_exits_mid_sampling(spawn) -> None:  # type: ignore[no-untyped-de
 def test_pyspy_missing_warns_once_and_samples_nothing(spawn, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
                                                       caplog: pytest.LogCaptureFixture) -> None:
     p = spawn()
-    monkeypatch.setenv("SGL_SEAT_PYSPY", "/nonexistent/py-spy")
+    monkeypatch.setenv("SGLSEAT_PYSPY", "/nonexistent/py-spy")
     sampler = Sampler(node=0, discover=lambda: _one(p))
     assert sampler.pyspy is None and sampler.state == "py-spy not found"
     assert sampler.sample_once() == [] and sampler.sample_once() == []
@@ -170,7 +170,7 @@ def test_a_target_stopped_before_us_stays_stopped(spawn) -> None:  # type: ignor
 
 
 def test_sitecustomize_loads_the_probe_into_a_foreign_engine(tmp_path: Path) -> None:
-    """What a real SGLang node gets: PYTHONPATH=<boot dir> + SGL_SEAT_PROBE; the target module is imported
+    """What a real SGLang node gets: PYTHONPATH=<boot dir> + SGLSEAT_PROBE; the target module is imported
     later by the engine; an existing sitecustomize keeps running."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "engram_like.py").write_text("def engram_gather(w, s, ids, out):\n    return len(ids)\n")
@@ -193,7 +193,7 @@ def test_sitecustomize_loads_the_probe_into_a_foreign_engine(tmp_path: Path) -> 
     # a normal exit removes the ring (nothing left in /dev/shm by engines that stop cleanly)
     subprocess.run([sys.executable, "-c", code, "exit"], env=env, capture_output=True, timeout=60, check=True)
     assert probe.list_rings(str(rings)) == {}
-    # without SGL_SEAT_PROBE the loader does nothing
+    # without SGLSEAT_PROBE the loader does nothing
     env.pop(probe.ENV_TARGETS)
     res = subprocess.run([sys.executable, "-c", "import sys; print('sgl_seat.watchdog.probe' in sys.modules)"],
                          env=env, capture_output=True, timeout=60, check=True)

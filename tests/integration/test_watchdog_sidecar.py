@@ -104,8 +104,8 @@ def _start_rig(tmp_path: Path, bundle_dir: Path, *, recover_s: float = 2.0, pysp
     (ctl / "engine.py").write_text(ENGINE)
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for rank in (0, 1):
-        env = {**os.environ, "SGL_SEAT_PROBE": "fakerows:fetch_rows@ids",
-               "SGL_SEAT_PROBE_DIR": str(tmp_path / "rings" / f"node{rank}")}
+        env = {**os.environ, "SGLSEAT_PROBE": "fakerows:fetch_rows@ids",
+               "SGLSEAT_PROBE_DIR": str(tmp_path / "rings" / f"node{rank}")}
         mport = str(METRICS_PORT if rank == 0 else 0)
         procs[rank] = subprocess.Popen([sys.executable, str(ctl / "engine.py"), str(rank), str(rank), str(ctl), mport],
                                        env=env, stdin=subprocess.DEVNULL)
@@ -258,7 +258,7 @@ def test_snapshot_is_plain_json(rig: Rig) -> None:
 
 def test_without_pyspy_the_probe_alone_catches_the_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """py-spy missing: one warning, no stacks, and still a bundle naming rank 1 from the probe records."""
-    monkeypatch.setenv("SGL_SEAT_PYSPY", "/nonexistent/py-spy")
+    monkeypatch.setenv("SGLSEAT_PYSPY", "/nonexistent/py-spy")
     r = _start_rig(tmp_path, tmp_path / "bundles")
     try:
         assert all(s.sampler.state == "py-spy not found" for s in r.sidecars.values())

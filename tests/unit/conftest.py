@@ -10,7 +10,7 @@ from sgl_seat.watchdog import probe
 
 @pytest.fixture(autouse=True)
 def _size_with_the_mirror(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
 
 
 def probe_writer(writer: str, monkeypatch: pytest.MonkeyPatch) -> None:

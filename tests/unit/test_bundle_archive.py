@@ -157,9 +157,9 @@ def test_cli_unpack_refuses_hostile_archive_without_traceback(tmp_path: Path, mo
 
 def test_cli_bundle_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    """ls/show/verify/pack/unpack over $SGL_SEAT_HOME/bundles/<seat>/<id>/."""
+    """ls/show/verify/pack/unpack over $SGLSEAT_HOME/bundles/<seat>/<id>/."""
     home = tmp_path / "home"
-    monkeypatch.setenv("SGL_SEAT_HOME", str(home))
+    monkeypatch.setenv("SGLSEAT_HOME", str(home))
     seat = json.loads((STALL / "manifest.json").read_text())["seat"]
     shutil.copytree(STALL, home / "bundles" / seat / "stall")
     (home / "bundles" / seat / "damaged").mkdir()
@@ -304,7 +304,7 @@ def test_cli_unpack_and_replay_refuse_the_3gb_claim_and_take_the_flag(tmp_path: 
     """GIVEN the 3 GB-claim archive WHEN `bundle unpack` or `replay` opens it THEN exit 2, the message names the
     claim and the flag, no traceback, nothing written; GIVEN an honest archive and a cap below it THEN refused,
     and --max-unpacked-bytes raised THEN accepted."""
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     tar, claimed = _claims_3gb()
     arc = tmp_path / "evil.tar.zst"
     arc.write_bytes(tar)

@@ -67,7 +67,7 @@ def test_merge_refuses_one_bundle_and_the_cli_merges(tmp_path: Path, monkeypatch
     with pytest.raises(BundleError, match="at least two"):
         merge_bundles([coord], tmp_path)
     local = _part(tmp_path, "local", 1, 0)
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     rc = run_cli(["bundle", "merge", str(coord), str(local), "--into", str(tmp_path / "cli"), "--json"], monkeypatch)
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["ok"] and doc["nodes"] == [0, 1]

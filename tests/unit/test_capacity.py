@@ -34,7 +34,7 @@ LLAMA = {
 
 @pytest.fixture(autouse=True)
 def _mirror(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
 
 
 def _model_dir(tmp_path: Path, cfg: dict[str, object], total: int | None) -> Path:

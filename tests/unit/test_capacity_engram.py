@@ -146,14 +146,14 @@ def test_plan_with_the_host_table_sets_the_env_on_every_node_and_takes_the_table
 ) -> None:
     from sgl_seat.plan import build_plan
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     t = _tables()
     plan = build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "per_rank"}), draft=False)
     for node in plan.nodes:
         env = node.env_dict()
         assert env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "1"
         assert env["SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT"] == "per_rank"
-        assert int(env["SGL_SEAT_ENGRAM_HOST_BYTES"]) == 2 * t.gpu_bytes_per_rank(4)
+        assert int(env["SGLSEAT_ENGRAM_HOST_BYTES"]) == 2 * t.gpu_bytes_per_rank(4)
     cap = plan.capacity
     assert cap is not None and cap.engram_host_bytes_per_node == 2 * t.gpu_bytes_per_rank(4)
     assert cap.draft_off.weights_bytes_per_gpu == int(475 * GIB) // 4 - t.gpu_bytes_per_rank(4)
@@ -165,7 +165,7 @@ def test_without_the_host_table_the_checkpoint_does_not_fit_and_the_env_is_absen
 ) -> None:
     from sgl_seat.sizing import plan_capacity
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     cap = plan_capacity(_v41_seat(tmp_path, None), slots_off=8, slots_on=8, mem_fraction=0.85)
     assert cap is not None and cap.engram_host_bytes_per_node is None
     assert cap.draft_off.weights_bytes_per_gpu == int(475 * GIB) // 4
@@ -177,7 +177,7 @@ def test_the_shared_layout_on_two_nodes_is_refused_by_the_plan(tmp_path: Path,
     from sgl_seat.errors import PlanError
     from sgl_seat.plan import build_plan
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     with pytest.raises(PlanError, match="PID namespace"):
         build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "shared"}), draft=False)
 
@@ -187,7 +187,7 @@ def test_node_preflight_fails_clearly_without_ram_or_huge_pages(tmp_path: Path,
     from sgl_seat.engines.preflight import Check, check_engram_host_table
     from sgl_seat.plan import build_plan
 
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
     plan = build_plan(_v41_seat(tmp_path, {"host_table": True, "layout": "per_rank"}), draft=False)
     env = plan.nodes[1].env_dict()
     assert check_engram_host_table(1, env, _machine()) == []

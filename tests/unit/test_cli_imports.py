@@ -28,7 +28,7 @@ sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
 
 
 def _modules_after(args: list[str]) -> set[str]:
-    env = {"SGL_SEAT_SIZING": "mirror", "PATH": "/usr/bin:/bin"}
+    env = {"SGLSEAT_SIZING": "mirror", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
                           timeout=120, env=env, check=False)
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES "))

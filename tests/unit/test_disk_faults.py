@@ -1,6 +1,6 @@
-"""Disk and home-directory faults (issue 24, item 4): ``$SGL_SEAT_HOME`` full during a capture and read-only at `up`.
+"""Disk and home-directory faults (issue 24, item 4): ``$SGLSEAT_HOME`` full during a capture and read-only at `up`.
 
-The full disk is a real one: a 1 MiB tmpfs mounted as ``$SGL_SEAT_HOME`` (these tests run as root in CI; where
+The full disk is a real one: a 1 MiB tmpfs mounted as ``$SGLSEAT_HOME`` (these tests run as root in CI; where
 ``mount`` is not permitted they skip and say so), filled by the watchdog sidecar's own capture path (its
 ``_capture`` with a recorded node part: no engine, no py-spy, no Ray) until the disk refuses a bundle. What must
 hold then: nothing under the bundles directory looks complete unless it is (every non-dot directory verifies), the
@@ -103,14 +103,14 @@ def _fill(path: Path) -> None:
 
 def test_a_full_home_during_capture_leaves_no_bundle_that_claims_to_be_complete(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GIVEN $SGL_SEAT_HOME on a 1 MiB tmpfs and a sidecar whose captures are ~300 KB each
+    """GIVEN $SGLSEAT_HOME on a 1 MiB tmpfs and a sidecar whose captures are ~300 KB each
     WHEN it captures until the disk refuses a bundle
     THEN every bundle under its own name verifies whole, the refused one is only a `.incomplete-<id>` directory
     whose INCOMPLETE.json lists the missing files, `bundle ls` shows only complete bundles, and the snapshot and
     the exporter report a disk-full failure; WHEN the disk then has no byte left at all THEN the next capture is
     still reported, its dot directory named, with no room for a marker."""
     with tmpfs(tmp_path / "home", "size=1m") as home:
-        monkeypatch.setenv("SGL_SEAT_HOME", str(home))
+        monkeypatch.setenv("SGLSEAT_HOME", str(home))
         bundles = layout.seat_bundles_dir(SEAT)
         sc = _sidecar(bundles, 300_000)
         try:
@@ -182,12 +182,12 @@ def test_a_capture_that_fits_again_clears_the_failure_gauge(tmp_path: Path) -> N
 
 def test_a_read_only_home_is_a_clear_error(tmp_path: Path) -> None:
     """GIVEN a home on a read-only mount (root ignores mode bits, a mount it cannot) THEN HomeError naming the
-    path and SGL_SEAT_HOME; a missing home is created; a home that is a file is refused too."""
+    path and SGLSEAT_HOME; a missing home is created; a home that is a file is refused too."""
     with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
         with pytest.raises(HomeError) as err:
             ensure_writable(ro)
         assert str(ro) in err.value.message and "read-only" in err.value.message
-        assert err.value.fix is not None and "SGL_SEAT_HOME" in err.value.fix
+        assert err.value.fix is not None and "SGLSEAT_HOME" in err.value.fix
         with pytest.raises(HomeError):
             ensure_writable(ro / "sub")  # cannot even be created
     fresh = tmp_path / "new" / "home"
@@ -199,7 +199,7 @@ def test_a_read_only_home_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_up_on_a_read_only_home_stops_before_any_cluster_work(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """GIVEN $SGL_SEAT_HOME on a read-only mount WHEN `sgl-seat up` THEN exit 1 with the path and what to do, and
+    """GIVEN $SGLSEAT_HOME on a read-only mount WHEN `sgl-seat up` THEN exit 1 with the path and what to do, and
     neither a local cluster was started nor any cluster contacted (both seams stubbed to record calls)."""
     from sgl_seat.launch import cluster, placement
     from sgl_seat.launch.host import localcluster
@@ -216,13 +216,13 @@ def test_up_on_a_read_only_home_stops_before_any_cluster_work(
     monkeypatch.setattr(cluster, "connect", stub("connect"))
     monkeypatch.setattr(placement, "create_group", stub("create_group"))
     with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
-        monkeypatch.setenv("SGL_SEAT_HOME", str(ro))
+        monkeypatch.setenv("SGLSEAT_HOME", str(ro))
         monkeypatch.chdir(tmp_path)
         code = run_cli(["up", "--seat", "local-sim"], monkeypatch)
         err = capsys.readouterr().err
     assert code == 1, err
     assert called == []
-    assert "read-only" in err and str(ro) in err and "SGL_SEAT_HOME" in err
+    assert "read-only" in err and str(ro) in err and "SGLSEAT_HOME" in err
     assert "Traceback" not in err
 
 
@@ -241,7 +241,7 @@ def _recorded_seat_with_a_process(home: Path) -> subprocess.Popen[bytes]:
                          node_rank=0, agent="a0", host_id=host_id(), engine_pid=proc.pid, pgid=proc.pid,
                          processes=[{"pid": proc.pid, "create_time": ctime, "ppid": 1, "pgid": proc.pid,
                                      "title": "sleep"}])])
-    os.environ["SGL_SEAT_HOME"] = str(home)
+    os.environ["SGLSEAT_HOME"] = str(home)
     save_record(rec)
     return proc
 
@@ -256,7 +256,7 @@ def test_down_on_a_home_that_takes_no_write_still_stops_the_seat_and_says_what_i
     `down` exits 1 saying the seat is down but its record could not be removed, and how to finish; no traceback.
     Then `status` on the read-only home still answers (shown, not saved)."""
     with tmpfs(tmp_path / "home", "size=1m") as home:
-        monkeypatch.setenv("SGL_SEAT_HOME", str(home))
+        monkeypatch.setenv("SGLSEAT_HOME", str(home))
         monkeypatch.chdir(tmp_path)
         proc = _recorded_seat_with_a_process(home)
         try:

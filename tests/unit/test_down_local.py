@@ -63,7 +63,7 @@ def test_same_host_needs_the_kernel_and_one_of_its_addresses() -> None:
 
 def test_down_local_stops_this_hosts_node_only_and_keeps_the_record(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path))
     here, here_entry = _engine()
     there, there_entry = _engine()
     try:
@@ -102,7 +102,7 @@ def test_down_local_stops_this_hosts_node_only_and_keeps_the_record(tmp_path: Pa
 
 def test_down_local_on_a_host_without_a_node_of_the_seat_says_where_they_are(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path))
     save_record(SeatRecord(name=SEAT, state=SeatState.NODE_LOST, engine="sim", draft=False, cluster_address="auto",
                            namespace="ns", pg_name="pg",
                            nodes=[NodeRecord(node_rank=0, agent="a0", ip=ELSEWHERE, host_id=host_id(), host="b")]))

@@ -27,7 +27,7 @@ CALLER = textwrap.dedent("""
     import psutil
     from sgl_seat.launch.host import processgroups
     work = Path(sys.argv[1])
-    env = {**os.environ, "SGL_SEAT_NAME": "hosted-test"}
+    env = {**os.environ, "SGLSEAT_NAME": "hosted-test"}
     eng = processgroups.spawn_hosted(["sh", "-c", "sleep 300 & wait"], env, work / "node0.log", work / "host")
     print(json.dumps({"pid": eng.pid, "parent": eng.parent}), flush=True)
     for child in psutil.Process().children():
@@ -56,8 +56,8 @@ def test_an_engine_outlives_a_caller_that_kills_its_children_and_its_exit_is_sti
         assert processgroups.is_alive(eng)  # the caller and all its children are gone; the engine runs
         assert os.getpgid(pid) == pid  # its own process group, as every engine's
         assert eng.ppid() == parent  # its parent is the host, not the caller (which is gone)
-        assert eng.environ().get("SGL_SEAT_NAME") == "hosted-test"
-        assert "SGL_SEAT_NAME" not in psutil.Process(parent).environ()  # never taken for an engine process
+        assert eng.environ().get("SGLSEAT_NAME") == "hosted-test"
+        assert "SGLSEAT_NAME" not in psutil.Process(parent).environ()  # never taken for an engine process
         assert not (tmp_path / "host" / "spec.json").exists()  # the environment is not left on disk
         hosted = processgroups.HostedEngine(pid, parent, tmp_path / "host")
         assert hosted.poll() is None

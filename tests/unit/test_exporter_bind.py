@@ -125,7 +125,7 @@ def test_prometheus_config_of_a_recorded_seat_and_its_cli(tmp_path: Path, monkey
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN a recorded two-node seat whose spec says exporter_bind: cluster THEN `prometheus-config` names both
     nodes' sidecars at their addresses, loads the shipped alert rules, and --json says the same."""
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     rec = _record(tmp_path, "cluster")
     cfg = prometheus_config_of(rec)
     assert [t for _, t in cfg.targets] == [f"{NODE0}:{metrics_port_for(31210, 0)}", f"{NODE1}:31226"]

@@ -31,8 +31,8 @@ LO, HI = port_range((30940, 30999))
 
 @pytest.fixture(autouse=True)
 def _home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
 

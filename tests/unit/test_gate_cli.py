@@ -68,7 +68,7 @@ def _invoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arms: str, kv: dict
     res = CliRunner().invoke(app, ["gate", "--url", "baseline=http://127.0.0.1:9", "--url",
                                    "candidate=http://127.0.0.1:8", "--arms", arms, "--workloads", str(wl), "--out",
                                    str(tmp_path / "b"), *extra],
-                             env={"SGL_SEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"})
+                             env={"SGLSEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"})
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     return res.exit_code, res.stdout, seen
 
@@ -83,7 +83,7 @@ def test_cli_accepts_baseline_control_as_an_aa_rehearsal(tmp_path: Path, monkeyp
     wl.write_text(WORKLOADS)
     res = CliRunner().invoke(app, ["gate", "--url", "baseline=http://127.0.0.1:9/", "--arms", "baseline,control",
                                    "--workloads", str(wl), "--out", str(tmp_path / "b"), "--json"],
-                             env={"SGL_SEAT_HOME": str(tmp_path / "home")})
+                             env={"SGLSEAT_HOME": str(tmp_path / "home")})
     assert res.exit_code == 0, res.output
     rep = json.loads(res.stdout)
     assert rep["design"]["arms"] == ["baseline", "control"] and rep["verdict_of"] == "control"
@@ -117,7 +117,7 @@ def test_usage_errors_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN arms without a baseline, or without a candidate or control, or an option click refuses WHEN the gate is
     called as a shell would THEN exit 2 (the usage error's status, apart from every verdict's) and no battery ran."""
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     ran: list[Any] = []
     monkeypatch.setattr(gate_pkg, "run_battery", _fake_battery({}, ran))
     for arms in ("candidate,control", "baseline", "baseline,control,control", "baseline,turbo"):

@@ -1,5 +1,5 @@
 """What the gate's battery needs from the sim: ``--speculative-adaptive`` step tiers with KV for the largest tier,
-and the sim-only free draft (``SGL_SEAT_SIM_DRAFT_COST=0``). Figures here are the sim's (synthetic)."""
+and the sim-only free draft (``SGLSEAT_SIM_DRAFT_COST=0``). Figures here are the sim's (synthetic)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_batcher_runs_zero_steps_at_64_running() -> None:
 
 def test_flags_and_the_sim_only_knob() -> None:
     """GIVEN the sim's argv WHEN --speculative-adaptive is given THEN it is on (off with a reason for topk 2, as SGLang
-    falls back); SGL_SEAT_SIM_DRAFT_COST is read in [0, 1] and refused outside it."""
+    falls back); SGLSEAT_SIM_DRAFT_COST is read in [0, 1] and refused outside it."""
     cfg = parse([*BASE, "--speculative-adaptive"], env={ENV_DRAFT_COST: "0"})
     assert cfg.speculative_adaptive and cfg.draft_cost == 0.0
     assert cfg.server_args()["speculative_adaptive"] is True

@@ -42,7 +42,7 @@ def test_engine_env_layers_plan_env_and_rays_gpus(plan: LaunchPlan) -> None:
     assert env["PATH"] == "/bin"
     assert env["GLOO_SOCKET_IFNAME"] == "lo"          # the plan's per-node env wins over the node's
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"       # Ray's assignment, written out explicitly
-    assert env["SGL_SEAT_NAME"] == "local-sim"
+    assert env["SGLSEAT_NAME"] == "local-sim"
 
 
 def test_names_are_per_seat() -> None:

@@ -32,8 +32,8 @@ def test_simulated_nodes_on_one_host_get_their_own_listen_port() -> None:
     plan = build_plan(load_spec("local-sim"))
     sim = backend_for("sim")
     out = _colocate(plan, sim, _nodes("h/1", "h/1"))
-    assert "SGL_SEAT_SIM_NODE_PORT" not in out.nodes[0].env_dict()
-    assert out.nodes[1].env_dict()["SGL_SEAT_SIM_NODE_PORT"] == str(plan.http_port + 10)
+    assert "SGLSEAT_SIM_NODE_PORT" not in out.nodes[0].env_dict()
+    assert out.nodes[1].env_dict()["SGLSEAT_SIM_NODE_PORT"] == str(plan.http_port + 10)
     assert sim.listen_ports(out, out.nodes[1]) == {"http": plan.http_port + 10, "sim admin": plan.http_port + 12}
     assert sim.listen_ports(out, out.nodes[0])["dist_init"] == plan.dist_init_port
     assert _colocate(plan, sim, _nodes("h/1", "h/2")) is plan

@@ -23,7 +23,7 @@ CASES = [("large", False), ("large", True), ("local-sim", False), ("local-sim", 
 def _mirror(monkeypatch: pytest.MonkeyPatch) -> None:
     """Goldens are the mirror's figures, the same with or without SGLang installed; the contract tests hold the
     mirror to SGLang's own sizing (tests/contract/test_sizing_mirror.py, test_sizing_sglang.py)."""
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
 
 
 def _check(name: str, actual: str) -> None:

@@ -64,7 +64,7 @@ def test_env_follows_the_host_ray_chose(order: tuple[str, str]) -> None:
         assert nd.host == host
         assert nd.env_dict()["GLOO_SOCKET_IFNAME"] == gloo  # the host's env wins over network.env ('lo')
         assert nd.env_dict()["NCCL_IB_HCA"] == hca
-        assert nd.env_dict()["SGL_SEAT_NAME"] == "local-sim"
+        assert nd.env_dict()["SGLSEAT_NAME"] == "local-sim"
     # The binding survives the JSON trip to the node agents.
     again = LaunchPlan.from_json(bound.to_json())
     assert [(n.host, n.expect_interfaces, n.env) for n in again.nodes] == [
@@ -96,7 +96,7 @@ def test_plan_without_hosts_is_unchanged() -> None:
     ([HOST_A, {**HOST_B, "address": "198.18.0.1"}], {}, r"address \['198.18.0.1'\] given more than once"),
     ([HOST_A], {}, "names 1 hosts for 2 nodes"),
     ([{**HOST_A, "ray_resource": "r", "node_rank": 2}, HOST_B], {}, "pins node rank 2, but the seat has 2 nodes"),
-    ([{**HOST_A, "env": {"SGL_SEAT_NAME": "x"}}, HOST_B], {}, "set by sgl-seat itself"),
+    ([{**HOST_A, "env": {"SGLSEAT_NAME": "x"}}, HOST_B], {}, "set by sgl-seat itself"),
 ])
 def test_malformed_hosts(hosts: list[dict[str, Any]], extra: dict[str, Any], match: str) -> None:
     doc = _doc(hosts=hosts)

@@ -1,7 +1,7 @@
 """The probe loads by path into an engine interpreter that has no sgl-seat: the route of watchdog/boot/sitecustomize.py.
 
 A child ``python -S -I`` (no site: neither sgl-seat's install nor torch nor numpy on its path; isolated: no
-PYTHONPATH, no script directory) imports the real ``sitecustomize`` from the boot directory with ``SGL_SEAT_PROBE``
+PYTHONPATH, no script directory) imports the real ``sitecustomize`` from the boot directory with ``SGLSEAT_PROBE``
 set. Its ``from sgl_seat.watchdog import probe`` fails there, so it loads the probe package from its directory as
 ``sgl_seat_probe`` (its modules import each other relatively); the target, imported after, is wrapped by the import
 hook and its call lands in the ring (read here, by the installed package's reader). The in-engine import stays
@@ -53,7 +53,7 @@ def test_sitecustomize_loads_the_probe_package_by_path_without_sgl_seat(writer: 
     targets_dir.mkdir()
     (targets_dir / "boot_target.py").write_text("def fetch_rows(table, ids):\n    return len(ids)\n")
     rings = tmp_path / "rings"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
     env.update({probe.ENV_TARGETS: "boot_target:fetch_rows@ids", probe.ENV_DIR: str(rings),
                 probe.ENV_NATIVE: "auto" if writer == "native" else "0"})
     if os.environ.get(probe.ENV_NATIVE_CACHE):
@@ -110,7 +110,7 @@ def test_a_launch_time_rehearsal_fault_stalls_a_call_of_a_by_path_probe(writer: 
     targets_dir.mkdir()
     (targets_dir / "boot_target.py").write_text("def fetch_rows(table, ids):\n    return len(ids)\n")
     rings = tmp_path / "rings"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_SEAT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLSEAT_")}
     env.update({probe.ENV_TARGETS: "boot_target:fetch_rows@ids", probe.ENV_DIR: str(rings),
                 probe.ENV_NATIVE: "auto" if writer == "native" else "0", probe.ENV_RANK: "1",
                 probe.ENV_REHEARSAL: "1",

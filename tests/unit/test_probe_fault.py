@@ -146,7 +146,7 @@ def test_grammar_errors_say_what_is_wrong_and_show_an_example(text: str, why: st
 
 @pytest.mark.parametrize("value", [None, "0", "yes", ""])
 def test_production_adds_no_gate(value: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without SGL_SEAT_PROBE_REHEARSAL=1 the probe wrapper wraps the function itself (every kind of target), the
+    """Without SGLSEAT_PROBE_REHEARSAL=1 the probe wrapper wraps the function itself (every kind of target), the
     gate is never built, and a launch-time fault (with a control file too) does nothing."""
     monkeypatch.setenv(probe.ENV_DIR, str(tmp_path))
     monkeypatch.setenv(probe.ENV_GPU, "0")

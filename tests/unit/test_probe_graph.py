@@ -4,7 +4,7 @@ SGLang decodes, and verifies the draft, by replaying CUDA graphs; the Engram hos
 graph, with no Python of its own. The probe wraps the replay entry (``FullCudaGraphBackend.replay(self, shape_key,
 static_forward_batch)``) and records CUDA events on the replay stream: an end event after each replay, a start event
 before it where the previous replay on the stream was already seen done (else its start is bounded by that one's end;
-``SGL_SEAT_PROBE_GRAPH_START_EVENTS=always``: both events every replay). CI has no GPU,
+``SGLSEAT_PROBE_GRAPH_START_EVENTS=always``: both events every replay). CI has no GPU,
 so a fake backend shaped like SGLang's (``_cuda_graph_runner`` with ``captured_req_width`` and
 ``ragged_verify_mode``) and fake events (completed only when the test says so, in record order per stream, as a
 stalled kernel keeps every later event of its stream pending) drive the real wrapper, ring and reader. The real
@@ -364,7 +364,7 @@ def test_a_burst_ahead_of_the_gpu_records_one_start_event(path: str, ring_dir: P
 
 def test_two_events_per_replay_where_the_switch_says_always(path: str, ring_dir: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """GIVEN SGL_SEAT_PROBE_GRAPH_START_EVENTS=always (the bench's two-event arm) WHEN 5 replays run ahead of the GPU
+    """GIVEN SGLSEAT_PROBE_GRAPH_START_EVENTS=always (the bench's two-event arm) WHEN 5 replays run ahead of the GPU
     THEN 10 events: a start and an end per replay, as before the change."""
     monkeypatch.setenv(graph.ENV_GRAPH_START_EVENTS, "always")
     mod, g = _install("fake_backend_k", width=1, path=path)

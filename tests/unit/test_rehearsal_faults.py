@@ -109,7 +109,7 @@ def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, rehearsal: bool) 
     plan = build_plan(load_spec("local-sglang"))
     node = plan.nodes[1]
     node = NodePlan(node_rank=1, ranks=node.ranks, command=(sys.executable, "-c", _TREE),
-                    env=(("SGL_SEAT_PROBE_DIR", str(probe_dir)),), serves_http=False)
+                    env=(("SGLSEAT_PROBE_DIR", str(probe_dir)),), serves_http=False)
     plan = dataclasses.replace(plan, nodes=(plan.nodes[0], node), rehearsal=rehearsal)
     agent = NodeAgent("local-sglang", 1, "sglang")
     monkeypatch.setattr(NodeAgent, "_gpu_ids", staticmethod(lambda: []))
@@ -196,7 +196,7 @@ def test_a_new_engine_starts_with_no_stale_run_time_fault(tmp_path: Path, monkey
     plan = build_plan(load_spec("local-sglang"))
     node = NodePlan(node_rank=1, ranks=plan.nodes[1].ranks,
                     command=(sys.executable, "-c", "import time; time.sleep(30)"),
-                    env=(("SGL_SEAT_PROBE_DIR", str(probe_dir)),), serves_http=False)
+                    env=(("SGLSEAT_PROBE_DIR", str(probe_dir)),), serves_http=False)
     plan = dataclasses.replace(plan, nodes=(plan.nodes[0], node), rehearsal=True)
     agent = NodeAgent("local-sglang", 1, "sglang")
     monkeypatch.setattr(NodeAgent, "_gpu_ids", staticmethod(lambda: []))

@@ -178,7 +178,7 @@ def test_unreachable_target_counts_failures(tmp_path: Path) -> None:
 
 def test_cli_traffic(serve: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                      capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     url = serve(Seat())
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "replay", str(STALL), "--traffic", "--target", url, "--speed",
                                       "500", "--max-requests", "5", "--max-seconds", "10", "--watch-grace", "0",
@@ -217,8 +217,8 @@ def test_cli_traffic_watches_the_seats_own_bundles_dir(serve: Any, tmp_path: Pat
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN a recorded seat whose spec sets ``bundles.dir`` WHEN its watchdog captures a bundle there during
     `replay --traffic --target-seat` THEN the replay reports it reproduced (it watched the default
-    ``$SGL_SEAT_HOME/bundles/<seat>`` instead and said "not reproduced")."""
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    ``$SGLSEAT_HOME/bundles/<seat>`` instead and said "not reproduced")."""
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     bdir = _seat_with_bundles_dir(tmp_path, "s9")
     url = serve(Seat(bundle_after=3, bundles_dir=bdir))
     monkeypatch.setattr(sys, "argv", ["sgl-seat", "replay", str(STALL), "--traffic", "--target", url, "--target-seat",
@@ -237,10 +237,10 @@ def test_a_bundle_id_in_a_seats_own_bundles_dir_resolves_and_is_listed(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """GIVEN a bundle in a recorded seat's ``bundles.dir`` WHEN `replay` and `bundle show` get its bare id and
-    `bundle ls` lists THEN they find it there (they looked only under ``$SGL_SEAT_HOME/bundles``)."""
+    `bundle ls` lists THEN they find it there (they looked only under ``$SGLSEAT_HOME/bundles``)."""
     import shutil
 
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     bdir = _seat_with_bundles_dir(tmp_path, "s9")
     bid = "20260101-000000.000-rowfetch-stall-r3"
     shutil.copytree(STALL, bdir / bid)

@@ -5,7 +5,7 @@ planning (its built-in model is found by name, not by a path relative to the pro
 Why these seams: the ports a seat binds on one host come from the plan and the engine backend (``local_port_failures``
 reads them as the agents' preflight does); `up` runs that check before it starts a local cluster, so the unit test
 drives `up` itself with the local cluster's start replaced by a failure: a refusal that reaches it came too late.
-Ports: a free block of 30940-30999 (``SGL_SEAT_TEST_PORTS`` moves it), held by the test where it needs one held.
+Ports: a free block of 30940-30999 (``SGLSEAT_TEST_PORTS`` moves it), held by the test where it needs one held.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ OFFSETS = (0, 2, 5, 10, 12, 15, 16)
 
 @pytest.fixture(autouse=True)
 def _mirror(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SGL_SEAT_SIZING", "mirror")
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
 
 
 def _base() -> int:

@@ -97,11 +97,11 @@ def test_semantic_errors_are_usage_errors(extra: list[str], needle: str) -> None
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"SGL_SEAT_SIM_KV_TOKENS": "lots"}, "is not a whole number"),
-        ({"SGL_SEAT_SIM_ACCEPT_RATE": "1.5"}, "outside [0, 1]"),
-        ({"SGL_SEAT_SIM_STEP_FLOOR_MS": "-1"}, "outside"),
-        ({"SGL_SEAT_SIM_FAULTS": "explode:rank=1"}, "unknown kind"),
-        ({"SGL_SEAT_SIM_FAULTS": "crash:rank=9"}, "names rank 9"),
+        ({"SGLSEAT_SIM_KV_TOKENS": "lots"}, "is not a whole number"),
+        ({"SGLSEAT_SIM_ACCEPT_RATE": "1.5"}, "outside [0, 1]"),
+        ({"SGLSEAT_SIM_STEP_FLOOR_MS": "-1"}, "outside"),
+        ({"SGLSEAT_SIM_FAULTS": "explode:rank=1"}, "unknown kind"),
+        ({"SGLSEAT_SIM_FAULTS": "crash:rank=9"}, "names rank 9"),
     ],
 )
 def test_bad_environment_is_refused(env: dict[str, str], needle: str) -> None:
@@ -117,8 +117,8 @@ def test_defaults_and_sglang_resolution() -> None:
     assert (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens) == (3, 1, 4)
     assert cfg.max_running_requests == 48  # SGLang's speculative default
     assert cfg.kv_tokens == args.DEFAULT_KV_TOKENS_ON
-    small = args.parse(["--model-path", "m", "--max-running-requests", "64"], {"SGL_SEAT_SIM_KV_TOKENS": "40"})
+    small = args.parse(["--model-path", "m", "--max-running-requests", "64"], {"SGLSEAT_SIM_KV_TOKENS": "40"})
     assert small.max_running_requests == 20  # min(requested, token_capacity // 2)
-    tp1 = args.parse(["--model-path", "m", "--port", "32500"], {"SGL_SEAT_SIM_NODE_PORT": "32510"})
+    tp1 = args.parse(["--model-path", "m", "--port", "32500"], {"SGLSEAT_SIM_NODE_PORT": "32510"})
     assert tp1.port == 32500 and tp1.node_port == 32510 and tp1.admin_port == 32512
     assert "sgl_seat.sim.launch_server --model-path m --port 32500" in tp1.launch_command

@@ -61,7 +61,7 @@ def test_slow_stall_slows_fetches_then_stalls_once() -> None:
 
 
 def test_prefill_knob_reaches_the_cost_model() -> None:
-    """GIVEN SGL_SEAT_SIM_PREFILL_TOKEN_MS=0.08 WHEN a 400k-token prompt is priced THEN it takes >= 30 s."""
+    """GIVEN SGLSEAT_SIM_PREFILL_TOKEN_MS=0.08 WHEN a 400k-token prompt is priced THEN it takes >= 30 s."""
     argv = ["--model-path", "m", "--tp-size", "1"]
     default = parse(argv, env={})
     slow = parse(argv, env={ENV_PREFILL_MS: "0.08"})

@@ -16,7 +16,7 @@ from sgl_seat.sizing import cache as sizing_cache
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SGL_SEAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SGLSEAT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(sizing_cache.CACHE_ENV, raising=False)
     for k in [k for k in os.environ if k.startswith("SGLANG_")]:
         monkeypatch.delenv(k)

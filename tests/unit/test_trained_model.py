@@ -100,7 +100,7 @@ def test_link_replaces_a_link_and_refuses_a_folder(tmp_path: Path) -> None:
 
 def test_cli_refuses_a_gguf_with_another_digest_with_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("SGL_SEAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SGLSEAT_CACHE", str(tmp_path / "cache"))
     bad = _junk(tmp_path / "model.gguf")
     assert run_cli(["model", "smollm2", "--gguf", str(bad)], monkeypatch) == 2
     err = capsys.readouterr().err
@@ -110,7 +110,7 @@ def test_cli_refuses_a_gguf_with_another_digest_with_exit_2(tmp_path: Path, monk
 def test_cli_reuses_the_cache_and_links_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "cache"
-    monkeypatch.setenv("SGL_SEAT_CACHE", str(root))
+    monkeypatch.setenv("SGLSEAT_CACHE", str(root))
     d = _fake_conversion(root, "float32")
     assert run_cli(["model", "smollm2", str(tmp_path / "here"), "--json"], monkeypatch) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -2,7 +2,7 @@
 
 Writing is atomic: every file and then ``manifest.json`` go into a temporary directory beside the
 destination, which is renamed into place, so a bundle under its own name is always complete. A disk that
-fails mid-write (ENOSPC above all: ``$SGL_SEAT_HOME`` full during a capture) leaves the partial directory as
+fails mid-write (ENOSPC above all: ``$SGLSEAT_HOME`` full during a capture) leaves the partial directory as
 ``.incomplete-<id>`` with a marker (``INCOMPLETE.json``) saying which files were written and which are missing,
 and the writer raises :class:`BundleWriteError` with the same facts, so the watchdog can report them; a crash
 leaves a ``.tmp-*`` directory, cleaned up by a later write. A disk quota then removes the oldest bundles of that

@@ -99,14 +99,14 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 def bundles_home() -> Path:
-    """``$SGL_SEAT_HOME/bundles`` (default ``~/.sgl-seat/bundles``)."""
-    home = os.environ.get("SGL_SEAT_HOME")
+    """``$SGLSEAT_HOME/bundles`` (default ``~/.sgl-seat/bundles``)."""
+    home = os.environ.get("SGLSEAT_HOME")
     base = Path(home).expanduser() if home else Path.home() / ".sgl-seat"
     return base / "bundles"
 
 
 def seat_bundles_dir(seat: str, configured: str | None = None) -> Path:
     """Where one seat's bundles go: ``configured`` (the spec's ``bundles.dir``) when set, else
-    ``$SGL_SEAT_HOME/bundles/<seat>``. The one place that decides it: `up` records the result for the
+    ``$SGLSEAT_HOME/bundles/<seat>``. The one place that decides it: `up` records the result for the
     sidecars, and `watch`, `replay` and `bundle` read it back from the seat's record."""
     return Path(configured).expanduser() if configured else bundles_home() / seat

@@ -24,7 +24,7 @@ _SECRET_NAME = re.compile(
 # Names that contain a secret-ish word but hold no secret and matter for a diagnosis.
 _NOT_SECRET_NAMES = frozenset({
     "PASSWORD_STORE_DIR", "SSH_AUTH_SOCK", "KEYTIMEOUT", "XAUTHORITY", "GPG_AGENT_INFO", "TOKENIZERS_PARALLELISM",
-    "SGL_SEAT_TOKENIZER", "MAX_TOKENS",
+    "SGLSEAT_TOKENIZER", "MAX_TOKENS",
 })
 
 # (kind, pattern); the first group, where present, is kept (e.g. the "Bearer " or "user:").

@@ -1,4 +1,4 @@
-"""Finding bundles on disk: ``$SGL_SEAT_HOME/bundles/<seat>/<id>/`` and the directories of seats whose spec sets
+"""Finding bundles on disk: ``$SGLSEAT_HOME/bundles/<seat>/<id>/`` and the directories of seats whose spec sets
 ``bundles.dir`` (``<dir>/<id>/``), listed newest first.
 
 Listing reads only each manifest (a full verify hashes every file, too slow for ``ls`` over many
@@ -76,7 +76,7 @@ def bundles_in(seat_dir: Path) -> list[BundleSummary]:
 
 def list_bundles(root: Path | None = None, *, seat: str | None = None,
                  seat_dirs: Iterable[Path] = ()) -> list[BundleSummary]:
-    """Every bundle under ``root`` (default ``$SGL_SEAT_HOME/bundles``), optionally one seat's, and every bundle in
+    """Every bundle under ``root`` (default ``$SGLSEAT_HOME/bundles``), optionally one seat's, and every bundle in
     ``seat_dirs`` (the directories of seats whose spec sets ``bundles.dir``), newest first, each once."""
     root = Path(root) if root is not None else layout.bundles_home()
     dirs: list[Path] = []

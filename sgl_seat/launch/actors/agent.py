@@ -8,7 +8,7 @@ its logic is testable on its own. Ray is imported lazily, only for the node's ad
 What it does on its node: resolves its address, runs the preflight checks its engine backend asks
 for, starts the engine for its node rank in a new process group with the plan's environment and
 ``CUDA_VISIBLE_DEVICES`` set from Ray's GPU ids, writes the engine's output to
-``$SGL_SEAT_HOME/logs/<seat>/node<r>.log``, reports the engine's processes and exit, hands out log
+``$SGLSEAT_HOME/logs/<seat>/node<r>.log``, reports the engine's processes and exit, hands out log
 tails and new log bytes, and kills the process group on request.
 """
 
@@ -86,7 +86,7 @@ class NodeAgent:
         self.seat = seat
         self.node_rank = node_rank
         self.backend = backend_for(engine)
-        # On the driver's own host the log goes under the driver's $SGL_SEAT_HOME (tests give each
+        # On the driver's own host the log goes under the driver's $SGLSEAT_HOME (tests give each
         # run its own home); on another host the node's own home is used.
         home = Path(driver_home) if driver_home and driver_host == host_id() else seat_home()
         self.log_path = logs_dir(seat, home) / f"node{node_rank}.log"
@@ -348,7 +348,7 @@ class NodeAgent:
         """A new engine starts with no run-time fault armed: the probe's control file lives in the node's probe
         directory, which outlives a seat (a stall armed on the last one, never cleared because its engine died
         first, stalled this one's first forward: its start-up hung). Faults given at start come from the plan."""
-        directory = node.env_dict().get("SGL_SEAT_PROBE_DIR")
+        directory = node.env_dict().get("SGLSEAT_PROBE_DIR")
         if directory:
             from sgl_seat.watchdog.probe.fault import CONTROL_FILE
 
@@ -374,9 +374,9 @@ class NodeAgent:
         if "probe" in a:
             from sgl_seat.watchdog.probe.fault import write_control
 
-            directory = self.node.env_dict().get("SGL_SEAT_PROBE_DIR")
+            directory = self.node.env_dict().get("SGLSEAT_PROBE_DIR")
             if not directory:
-                return json.dumps({"error": f"node {self.node_rank}: no probe in this engine (SGL_SEAT_PROBE_DIR)"})
+                return json.dumps({"error": f"node {self.node_rank}: no probe in this engine (SGLSEAT_PROBE_DIR)"})
             try:
                 path = write_control(directory, a["probe"], fault_id=str(a.get("id", "")))
             except (OSError, ValueError) as exc:

@@ -397,7 +397,7 @@ def start_supervisor(cfg: SupervisorConfig, namespace: str, timeout: float = 30.
     handle: Any = bounded("creating the seat's supervisor", ray.remote(SupervisorActor).options(
         name=supervisor_name(cfg.seat), namespace=namespace, lifetime="detached", num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-        runtime_env={"env_vars": {"SGL_SEAT_HOME": cfg.home}},
+        runtime_env={"env_vars": {"SGLSEAT_HOME": cfg.home}},
     ).remote, cfg.to_json(), timeout=timeout)
     get(handle.ping.remote(), timeout, "the seat's supervisor")
 

@@ -78,7 +78,7 @@ FIRST_ANSWER_S = 30.0
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     """``quick``: one question and :data:`QUICK_WARM_S` of traffic before the stall, else three questions and
-    :data:`FULL_WARM_S`. ``html``: where the report goes (default $SGL_SEAT_HOME/reports/<seat>/<bundle id>.html)."""
+    :data:`FULL_WARM_S`. ``html``: where the report goes (default $SGLSEAT_HOME/reports/<seat>/<bundle id>.html)."""
 
     quick: bool = False
     html: Path | None = None

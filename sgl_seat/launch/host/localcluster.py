@@ -5,7 +5,7 @@ section 8), but ``ray.cluster_utils.Cluster`` can. A ``Cluster`` lives as long a
 holds it, so `up` starts this module as a small detached holder process (its own session, so a
 Ctrl-C in the terminal does not reach it): a head with no GPUs and one added node per seat node
 with ``num_gpus = gpus_per_node`` and a fake ``sgl_seat_sim_node_<i>`` resource, dashboard off,
-everything on 127.0.0.1. The holder writes ``$SGL_SEAT_HOME/clusters/<seat>.json`` (its pid, the GCS
+everything on 127.0.0.1. The holder writes ``$SGLSEAT_HOME/clusters/<seat>.json`` (its pid, the GCS
 address, the Ray processes it started) and waits for SIGTERM, on which it calls
 ``cluster.shutdown()``. :func:`stop_local_cluster` signals it and then checks, by pid and create
 time, that every process it started is gone, SIGKILLing stragglers. Nothing is ever found or
@@ -81,7 +81,7 @@ def load_cluster_record(path: Path) -> LocalClusterRecord | None:
 
 
 #: The sim's device environment (``sgl_seat.sim.args``); spelled here: launch/ does not import the sim.
-SIM_DEVICE_ENV = "SGL_SEAT_SIM_DEVICE"
+SIM_DEVICE_ENV = "SGLSEAT_SIM_DEVICE"
 
 
 def host_gpu_count() -> int:
@@ -182,7 +182,7 @@ def serve(seat: str, nodes: int, gpus_per_node: int, cpus_per_node: int, record:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     me = psutil.Process()
     rec = LocalClusterRecord(seat=seat, pid=me.pid, create_time=me.create_time(), state="starting", nodes=nodes,
-                             gpus_per_node=gpus_per_node, log_path=os.environ.get("SGL_SEAT_CLUSTER_LOG"))
+                             gpus_per_node=gpus_per_node, log_path=os.environ.get("SGLSEAT_CLUSTER_LOG"))
     write_json_atomic(record, rec.to_dict())
     from ray.cluster_utils import Cluster
 
@@ -231,7 +231,7 @@ def start_local_cluster(seat: str, *, nodes: int, gpus_per_node: int, cpus_per_n
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     log_path = path.with_suffix(".log")
-    env = {**os.environ, ONE_HOST_ENV: "0", "SGL_SEAT_CLUSTER_LOG": str(log_path)}
+    env = {**os.environ, ONE_HOST_ENV: "0", "SGLSEAT_CLUSTER_LOG": str(log_path)}
     with log_path.open("wb") as logf:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sgl_seat.launch.host.localcluster", "--seat", seat, "--nodes", str(nodes),

@@ -1,4 +1,4 @@
-"""Where sgl-seat keeps its local state: ``$SGL_SEAT_HOME`` (default ``~/.sgl-seat``).
+"""Where sgl-seat keeps its local state: ``$SGLSEAT_HOME`` (default ``~/.sgl-seat``).
 
 Seat records (``seats/<name>.json``), local-cluster records (``clusters/<seat>.json``) and node logs
 (``logs/<seat>/node<r>.log``) live here. Writes go through a temporary file renamed into place so
@@ -16,17 +16,17 @@ from typing import Any
 
 from sgl_seat.errors import HomeError
 
-HOME_ENV = "SGL_SEAT_HOME"
+HOME_ENV = "SGLSEAT_HOME"
 
 
 def seat_home() -> Path:
-    """``$SGL_SEAT_HOME`` or ``~/.sgl-seat``; read on every call so tests can point it elsewhere."""
+    """``$SGLSEAT_HOME`` or ``~/.sgl-seat``; read on every call so tests can point it elsewhere."""
     raw = os.environ.get(HOME_ENV)
     return Path(raw).expanduser() if raw else Path.home() / ".sgl-seat"
 
 
 def ensure_writable(home: Path | None = None) -> Path:
-    """Create ``$SGL_SEAT_HOME`` if it is missing and prove it takes a write (a small temp file, fsynced and
+    """Create ``$SGLSEAT_HOME`` if it is missing and prove it takes a write (a small temp file, fsynced and
     removed); raise :class:`HomeError` naming the path and what to do when it does not.
 
     An actual write, not a look at mode bits: root ignores them, and neither a read-only mount nor a full disk
@@ -49,7 +49,7 @@ def ensure_writable(home: Path | None = None) -> Path:
 
 
 def home_error(path: Path, exc: OSError, what: str) -> HomeError:
-    """The :class:`HomeError` for an OS error writing under ``$SGL_SEAT_HOME``: why, in words, and the fix."""
+    """The :class:`HomeError` for an OS error writing under ``$SGLSEAT_HOME``: why, in words, and the fix."""
     why = {errno.EROFS: "is on a read-only file system", errno.ENOSPC: "is full",
            errno.EDQUOT: "is over its disk quota", errno.EACCES: "is not writable by this user",
            errno.EPERM: "is not writable by this user"}.get(exc.errno or 0, f"cannot be written ({exc.strerror})")
@@ -95,7 +95,7 @@ def host_id() -> str:
     """Identity of this machine's running kernel (hostname + boot id).
 
     Two processes with the same host id can see each other's files and pids: the driver uses it
-    to tell node agents on its own host to log under the driver's ``$SGL_SEAT_HOME``, and ``down``
+    to tell node agents on its own host to log under the driver's ``$SGLSEAT_HOME``, and ``down``
     uses it to re-check recorded pids with psutil.
     """
     try:

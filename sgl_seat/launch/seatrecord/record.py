@@ -1,4 +1,4 @@
-"""The local seat record: ``$SGL_SEAT_HOME/seats/<name>.json``, a cache of what Ray knows.
+"""The local seat record: ``$SGLSEAT_HOME/seats/<name>.json``, a cache of what Ray knows.
 
 ``up`` writes it as it goes (so an interrupted ``up`` or a crashed driver still leaves enough
 behind for ``down``), ``status`` reconciles it with Ray and the engines and writes it back, and

@@ -1,6 +1,6 @@
 """Where a simulated node listens: the sim's port arithmetic, in one place.
 
-A node serves HTTP on ``--port``, or on ``$SGL_SEAT_SIM_NODE_PORT`` where several simulated nodes share one
+A node serves HTTP on ``--port``, or on ``$SGLSEAT_SIM_NODE_PORT`` where several simulated nodes share one
 host (a local cluster); node r > 0 sharing node 0's host gets ``--port + NODE_PORT_STEP * r``
 (:func:`node_port`). Every node's admin (fault) routes listen on loopback only, at its listen port +
 ``ADMIN_PORT_OFFSET`` (:func:`admin_port`). The sim binds these; its backend (``sgl_seat.engines.sim``: the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 #: This node's listen port instead of ``--port`` (several simulated nodes on one host).
-ENV_NODE_PORT: Final = "SGL_SEAT_SIM_NODE_PORT"
+ENV_NODE_PORT: Final = "SGLSEAT_SIM_NODE_PORT"
 #: The admin routes' host: loopback only.
 ADMIN_HOST: Final = "127.0.0.1"
 ADMIN_PORT_OFFSET: Final = 2

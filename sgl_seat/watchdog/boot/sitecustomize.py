@@ -2,7 +2,7 @@
 
 The plan puts this directory first on ``PYTHONPATH`` when the watchdog is on, so every Python
 process of the engine (main, schedulers, detokenizer; spawned children inherit the environment)
-runs this at start-up. It installs the probe only when ``SGL_SEAT_PROBE`` is set, never raises, and
+runs this at start-up. It installs the probe only when ``SGLSEAT_PROBE`` is set, never raises, and
 then runs the ``sitecustomize`` this one shadows, if any (distributions ship one).
 """
 
@@ -14,7 +14,7 @@ import sys
 
 
 def _load_probe() -> None:
-    if not os.environ.get("SGL_SEAT_PROBE"):
+    if not os.environ.get("SGLSEAT_PROBE"):
         return
     try:
         from sgl_seat.watchdog import probe

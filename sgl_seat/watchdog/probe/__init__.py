@@ -1,7 +1,7 @@
 """The in-engine probe: times configured calls (row fetches) into a lock-free shared-memory ring.
 
-Loaded into every engine process through the plan's environment (``SGL_SEAT_PROBE`` names the
-targets, ``SGL_SEAT_PROBE_DIR`` the ring directory; see :mod:`sgl_seat.watchdog.boot` for engines
+Loaded into every engine process through the plan's environment (``SGLSEAT_PROBE`` names the
+targets, ``SGLSEAT_PROBE_DIR`` the ring directory; see :mod:`sgl_seat.watchdog.boot` for engines
 that have no hook of ours). Each wrapped call writes one 64-byte slot: start time, end time (0 while
 the call is in flight, so a fetch that never returns is visible with its age), gather size, thread
 and target. The ring is one mmap'd file per process, ``<dir>/probe-<pid>.ring``; the sidecar reads it
@@ -21,7 +21,7 @@ Its parts, one module each:
   :func:`install_from_env`);
 - :mod:`.guard`: warn once instead of raising, private directories only;
 - :mod:`.fault`: rehearsal faults (``probe-stall``: a probed call of a test seat stalls on purpose), only where
-  ``SGL_SEAT_PROBE_REHEARSAL=1`` (:func:`parse_probe_fault`, :func:`write_control`).
+  ``SGLSEAT_PROBE_REHEARSAL=1`` (:func:`parse_probe_fault`, :func:`write_control`).
 
 This package uses the standard library only (torch is imported lazily, where GPU timing starts) and never
 raises into the engine: a probe that cannot install or write warns once on stderr and gets out of the way. Its

@@ -24,13 +24,13 @@ Graph-replay targets are gated like the others: a stalled replay is in flight in
 written before the replay, its end after the stall), and the replay itself is only launched after it. ``link``
 targets (a backend's constructor, :data:`.targets.LINK_MODE`) are not gated and not counted by ``after_calls``.
 
-Where faults come from, only when ``SGL_SEAT_PROBE_REHEARSAL=1`` (:data:`ENV_REHEARSAL`; any other value, or
+Where faults come from, only when ``SGLSEAT_PROBE_REHEARSAL=1`` (:data:`ENV_REHEARSAL`; any other value, or
 unset, is production: the installer adds no gate at all, so the production hot path is untouched):
 
-- launch time: ``SGL_SEAT_PROBE_FAULTS`` (:data:`ENV_FAULTS`, fault texts joined by ``;``), armed when the first
+- launch time: ``SGLSEAT_PROBE_FAULTS`` (:data:`ENV_FAULTS`, fault texts joined by ``;``), armed when the first
   target is gated (the process's start), each firing once;
 - run time: the control file ``rehearsal-fault.json`` (:data:`CONTROL_FILE`) in the probe directory
-  (``SGL_SEAT_PROBE_DIR``, default :func:`.ring.default_dir`), ``{"schema_version": 1, "id": "...",
+  (``SGLSEAT_PROBE_DIR``, default :func:`.ring.default_dir`), ``{"schema_version": 1, "id": "...",
   "fault": "probe-stall:..."}``, written by :func:`write_control`. Its fault is armed while the file holds it;
   a new id re-arms, each id fires at most once per process; removing the file (or writing another id) disarms
   it and ends a stall it started. A malformed file is warned about once per version and ignored (what was armed
@@ -75,8 +75,8 @@ from .targets import TargetSpec, _size_position
 KIND = "probe-stall"
 KEYS = ("rank", "node", "after_calls", "gather_ge", "for_s", "target")
 EXAMPLE = "probe-stall:rank=1,after_calls=20,for_s=30"
-ENV_REHEARSAL = "SGL_SEAT_PROBE_REHEARSAL"
-ENV_FAULTS = "SGL_SEAT_PROBE_FAULTS"
+ENV_REHEARSAL = "SGLSEAT_PROBE_REHEARSAL"
+ENV_FAULTS = "SGLSEAT_PROBE_FAULTS"
 CONTROL_FILE = "rehearsal-fault.json"
 CONTROL_SCHEMA = 1
 #: How often a process looks at the control file (on calls, and while a file-armed stall lasts).
@@ -171,12 +171,12 @@ def parse_probe_fault(text: str) -> ProbeFault:
 
 
 def enabled() -> bool:
-    """Whether this process is a rehearsal (``SGL_SEAT_PROBE_REHEARSAL=1``); only then does the installer gate."""
+    """Whether this process is a rehearsal (``SGLSEAT_PROBE_REHEARSAL=1``); only then does the installer gate."""
     return os.environ.get(ENV_REHEARSAL, "").strip() == "1"
 
 
 def control_path(directory: str | os.PathLike[str] | None = None) -> Path:
-    """The control file of a probe directory (this process's, from ``SGL_SEAT_PROBE_DIR``, when None)."""
+    """The control file of a probe directory (this process's, from ``SGLSEAT_PROBE_DIR``, when None)."""
     base = directory if directory is not None else (os.environ.get(writer.ENV_DIR) or ring.default_dir())
     return Path(base) / CONTROL_FILE
 

@@ -1,13 +1,13 @@
 """The GPU stream timer: one CUDA event after wrapped calls, resolved by a reader thread in the engine process.
 
-GPU stream (``SGL_SEAT_PROBE_GPU``: ``auto`` (default: on when the process has initialised CUDA by its
+GPU stream (``SGLSEAT_PROBE_GPU``: ``auto`` (default: on when the process has initialised CUDA by its
 first wrapped call), ``1``, ``0``): on a GPU a wrapped call mostly *enqueues* work, and a stalled host read
 (SGLang's Engram table read over UVA) stalls a kernel, not the call. So each call also records one CUDA
 event on the current stream after it (pooled, no synchronisation on the hot path; skipped while a CUDA graph
-is captured; calls within ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (1000) of their stream's last event share the
-next one; ``SGL_SEAT_PROBE_GPU_PATH`` picks how events are recorded, see :func:`cuda_paths`). A reader
+is captured; calls within ``SGLSEAT_PROBE_GPU_COALESCE_US`` (1000) of their stream's last event share the
+next one; ``SGLSEAT_PROBE_GPU_PATH`` picks how events are recorded, see :func:`cuda_paths`). A reader
 thread in the engine process (``sgl-seat-probe-gpu``) resolves them every
-``SGL_SEAT_PROBE_GPU_POLL_S`` (0.02 s; less often while nothing is queued) and publishes into the same ring:
+``SGLSEAT_PROBE_GPU_POLL_S`` (0.02 s; less often while nothing is queued) and publishes into the same ring:
 the slot's last word says none / queued / started / done, and a side area after the slots holds the GPU
 start and end (wall clock). The end is when the reader saw the event complete; the start is a bound, not an
 event: the later of the host call's start and the previous probed end on the same stream (see
@@ -52,13 +52,13 @@ from .ring import (
     SLOT_BYTES,
 )
 
-ENV_GPU = "SGL_SEAT_PROBE_GPU"
-ENV_GPU_POLL = "SGL_SEAT_PROBE_GPU_POLL_S"
-ENV_GPU_PATH = "SGL_SEAT_PROBE_GPU_PATH"  # base | ctypes | method (see cuda_paths)
+ENV_GPU = "SGLSEAT_PROBE_GPU"
+ENV_GPU_POLL = "SGLSEAT_PROBE_GPU_POLL_S"
+ENV_GPU_PATH = "SGLSEAT_PROBE_GPU_PATH"  # base | ctypes | method (see cuda_paths)
 DEFAULT_GPU_PATH = "base"
-ENV_GPU_COALESCE = "SGL_SEAT_PROBE_GPU_COALESCE_US"  # see GpuTimer; 0: an event after every call
+ENV_GPU_COALESCE = "SGLSEAT_PROBE_GPU_COALESCE_US"  # see GpuTimer; 0: an event after every call
 DEFAULT_COALESCE_US = 1000.0
-ENV_GPU_TIMING = "SGL_SEAT_PROBE_GPU_TIMING"  # 1 (default): timing events, completion times to microseconds
+ENV_GPU_TIMING = "SGLSEAT_PROBE_GPU_TIMING"  # 1 (default): timing events, completion times to microseconds
 PREFILL_EVENTS = 1024  # events made when GPU timing starts (GpuTimer.prefill): ~10 ms once, none on the hot path
 
 
@@ -207,7 +207,7 @@ class GpuTimer(EventTimer):
     (the rest of a step), and the detectors name the oldest; where that work is shorter than the readers' poll
     jitter (``poll_s`` each) either rank can come out oldest.
 
-    Coalescing (``coalesce_us``, ``SGL_SEAT_PROBE_GPU_COALESCE_US``, default 1000; 0: an event every call): a call
+    Coalescing (``coalesce_us``, ``SGLSEAT_PROBE_GPU_COALESCE_US``, default 1000; 0: an event every call): a call
     that comes less than that after the last event recorded on its stream, while that stream still has
     unresolved calls, records none; it completes with the next event recorded on the stream (stream order), or,
     when no later call records one, when the stream is seen idle (``stream_idle``). Such calls cost the stream
@@ -544,7 +544,7 @@ def cuda_paths(torch: Any, how: str = "base", timing: bool = True) -> CudaPaths:
     torch's default (global) mode invalidates that capture (``bench/gpu/capture_check.py``). Raises where a path is
     not available.
 
-    ``timing`` (``SGL_SEAT_PROBE_GPU_TIMING``, default on): timing events, and ``event_time`` giving the wall-clock
+    ``timing`` (``SGLSEAT_PROBE_GPU_TIMING``, default on): timing events, and ``event_time`` giving the wall-clock
     moment an event completed (a reference event recorded on a private idle stream and synchronised, its wall time
     the midpoint of that wait; then ``elapsed_time``; re-anchored every 30 s). Why: the next call's start bound is
     when the previous event completed; seen by the reader's poll it is late by up to the poll period (20 ms), and
@@ -729,7 +729,7 @@ def enable_gpu(event_factory: Callable[[], Any], capturing: Callable[[], bool] =
     """Time wrapped calls on the GPU stream too (the ring must exist; created if need be). Tests pass fakes.
 
     ``start_thread=False`` leaves resolving to explicit :meth:`GpuTimer.poll` calls (deterministic tests);
-    ``coalesce_us`` None: ``SGL_SEAT_PROBE_GPU_COALESCE_US`` (default 1000).
+    ``coalesce_us`` None: ``SGLSEAT_PROBE_GPU_COALESCE_US`` (default 1000).
     """
     if not writer._ensure_ring() or writer._MM is None:
         return None
@@ -795,7 +795,7 @@ def _gpu_coalesce_us() -> float:
 
 
 def _maybe_enable_gpu(gpu_off: int, nslots: int) -> None:
-    """At ring creation: turn GPU timing on per ``SGL_SEAT_PROBE_GPU`` (auto: CUDA initialised here)."""
+    """At ring creation: turn GPU timing on per ``SGLSEAT_PROBE_GPU`` (auto: CUDA initialised here)."""
     mode = os.environ.get(ENV_GPU, "auto").strip().lower()
     if mode in ("0", "off", "false", "no"):
         return

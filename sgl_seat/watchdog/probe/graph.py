@@ -32,10 +32,10 @@ the stream that is not a replay (the sampling, the eager parts of a step) counts
 milliseconds against 3 s; and the start is seen at the poll after the previous end, up to a poll period late. Where
 the previous replay was dropped (a query failed), the next one has no start knowledge: it stays *queued* until its
 own end completes (no start is invented). The hot path decides from cheap state only (whether the stream's last
-queued replay is still unresolved), never a query. ``SGL_SEAT_PROBE_GRAPH_START_EVENTS=always`` records both events
+queued replay is still unresolved), never a query. ``SGLSEAT_PROBE_GRAPH_START_EVENTS=always`` records both events
 around every replay (the exact start; the bench's two-event arm); the timers count start events recorded
 (``start_events``) and starts bounded by the previous end (``start_shared``). Events are plain (no timing: half the
-record cost) unless ``SGL_SEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a
+record cost) unless ``SGLSEAT_PROBE_GRAPH_TIMING=1``; then times are the poll's (20 ms), which is nothing beside a
 3 s threshold.
 
 Two paths, as for the eager writer (:func:`.writer._native`): where the C writer builds, the wrapper is its
@@ -90,11 +90,11 @@ from .ring import (
 )
 from .targets import GRAPH_MODE, TargetSpec, _size_position
 
-ENV_GRAPH = "SGL_SEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
-ENV_GRAPH_TIMING = "SGL_SEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
+ENV_GRAPH = "SGLSEAT_PROBE_GRAPH"  # auto (default: events where CUDA is initialised) | 0 (host timing only)
+ENV_GRAPH_TIMING = "SGLSEAT_PROBE_GRAPH_TIMING"  # 1: timing events (start/end to microseconds); default 0
 #: shared (default): a start event only where the stream's previous replay was seen done (else bounded by its end);
 #: always: a start event before every replay (two events per replay, the exact start)
-ENV_GRAPH_START_EVENTS = "SGL_SEAT_PROBE_GRAPH_START_EVENTS"
+ENV_GRAPH_START_EVENTS = "SGLSEAT_PROBE_GRAPH_START_EVENTS"
 START_SHARED, START_ALWAYS = "shared", "always"
 __all__ = ["ENV_GRAPH", "ENV_GRAPH_START_EVENTS", "ENV_GRAPH_TIMING", "GRAPH_MODE", "START_ALWAYS", "START_SHARED",
            "NativeReplayTimer", "ReplayTimer", "disable_graph", "enable_graph", "enable_graph_native", "graph_path",
@@ -103,7 +103,7 @@ PREFILL_PAIRS = 256
 
 
 def start_events_mode(value: str | None = None) -> str:
-    """``always`` or ``shared`` (the default) from ``value`` or ``SGL_SEAT_PROBE_GRAPH_START_EVENTS``; an unknown
+    """``always`` or ``shared`` (the default) from ``value`` or ``SGLSEAT_PROBE_GRAPH_START_EVENTS``; an unknown
     value is warned about once and taken as the default."""
     raw = (os.environ.get(ENV_GRAPH_START_EVENTS, "") if value is None else value).strip().lower()
     if raw in ("always", "two", "2", "both"):
@@ -428,7 +428,7 @@ def enable_graph(event_factory: Callable[[], Any], capturing: Callable[[], bool]
                  start_events: str | None = None) -> ReplayTimer | None:
     """Time graph replays with these event paths (the ring must exist; created if need be). Tests pass fakes;
     ``start_thread=False`` leaves resolving to explicit :meth:`ReplayTimer.poll` calls; ``start_events`` None:
-    ``SGL_SEAT_PROBE_GRAPH_START_EVENTS`` (:func:`start_events_mode`)."""
+    ``SGLSEAT_PROBE_GRAPH_START_EVENTS`` (:func:`start_events_mode`)."""
     global _TIMER, _DECIDED
     if not writer._ensure_ring() or writer._MM is None:
         return None
@@ -490,7 +490,7 @@ def replay_timer() -> ReplayTimer | NativeReplayTimer | None:
 
 def _decide() -> ReplayTimer | NativeReplayTimer | None:
     """On the first replay (outside a capture): CUDA event paths where torch has initialised CUDA here, per
-    ``SGL_SEAT_PROBE_GRAPH`` (and ``SGL_SEAT_PROBE_GRAPH_START_EVENTS``: :func:`start_events_mode`); else none
+    ``SGLSEAT_PROBE_GRAPH`` (and ``SGLSEAT_PROBE_GRAPH_START_EVENTS``: :func:`start_events_mode`); else none
     (replays are timed on the host only). The C writer's timer where it is loaded and its CUDA round trip works
     (:func:`_native_timer`), else :class:`ReplayTimer`."""
     global _TIMER, _DECIDED
@@ -515,7 +515,7 @@ def _decide() -> ReplayTimer | NativeReplayTimer | None:
             capturing = gpu._graph_capture_hooks(torch) or torch.cuda.is_current_stream_capturing
             if not writer._ensure_ring() or writer._MM is None:
                 return None
-            start_events = start_events_mode()  # SGL_SEAT_PROBE_GRAPH_START_EVENTS
+            start_events = start_events_mode()  # SGLSEAT_PROBE_GRAPH_START_EVENTS
             if not timing and _NATIVE_ALLOWED:
                 native_timer = _native_timer(torch, paths, capturing, start_events)
                 if native_timer is not None:

@@ -1,6 +1,6 @@
 """Installing the probe: each target wrapped in its owner now, or the moment its module finishes importing.
 
-``install`` (or ``install_from_env``, which reads ``SGL_SEAT_PROBE``) replaces each target (a function, a method,
+``install`` (or ``install_from_env``, which reads ``SGLSEAT_PROBE``) replaces each target (a function, a method,
 a static or class method) by :func:`.writer.make_wrapper`'s wrapper in the module that holds it. A target whose
 module is not imported yet waits in ``_PENDING``; an import hook (:class:`_ProbeFinder`, first on
 ``sys.meta_path``) wraps it when that module has executed, before anyone else can fetch the function from it.
@@ -8,7 +8,7 @@ Installing is idempotent per target, and never raises into the engine (a target 
 warned about once and left as it is). A ``link`` target (:data:`.targets.LINK_MODE`) is not probed at all: its
 constructor gets :func:`.graph.make_runner_link`, which only gives the backend its runner.
 
-In a rehearsal seat (``SGL_SEAT_PROBE_REHEARSAL=1``, see :mod:`.fault`) each target is first put behind the
+In a rehearsal seat (``SGLSEAT_PROBE_REHEARSAL=1``, see :mod:`.fault`) each target is first put behind the
 rehearsal gate, inside the probe's wrapper (``probe_wrapper(gate(fn))``), so that a stall the gate makes is a call
 in flight in the ring. Without that variable no gate is added: the production hot path is the probe's alone.
 
@@ -32,7 +32,7 @@ from .guard import warn_once
 from .targets import TargetSpec, parse_target
 from .writer import make_wrapper
 
-ENV_TARGETS = "SGL_SEAT_PROBE"
+ENV_TARGETS = "SGLSEAT_PROBE"
 
 _INSTALLED: dict[str, str] = {}  # target spec -> "installed" | "pending" | "failed: ..."
 _PENDING: dict[str, list[TargetSpec]] = {}
@@ -150,7 +150,7 @@ def install(targets: Sequence[str | TargetSpec]) -> dict[str, str]:
 
 
 def install_from_env() -> dict[str, str]:
-    """Install the targets named in ``SGL_SEAT_PROBE`` (no-op when unset). Never raises."""
+    """Install the targets named in ``SGLSEAT_PROBE`` (no-op when unset). Never raises."""
     value = os.environ.get(ENV_TARGETS, "")
     if not value.strip():
         return {}

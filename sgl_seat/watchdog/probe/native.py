@@ -3,8 +3,8 @@
 The C writer is the hot path's twin: the same slot writes as :mod:`.writer`'s Python wrappers (0.13 us around an
 empty function against 0.9 us, and 0.4-0.9 us around the sim's real fetch against 1.4-3.1 us,
 bench/watchdog_overhead.py). It is built on first use with the engine interpreter's own compiler into a private
-cache (``SGL_SEAT_PROBE_NATIVE_CACHE``, default ``~/.cache/sgl-seat``), once per interpreter and source, and used
-wherever it builds (``SGL_SEAT_PROBE_NATIVE=0``: never); :func:`.writer._native` decides, once per process.
+cache (``SGLSEAT_PROBE_NATIVE_CACHE``, default ``~/.cache/sgl-seat``), once per interpreter and source, and used
+wherever it builds (``SGLSEAT_PROBE_NATIVE=0``: never); :func:`.writer._native` decides, once per process.
 
 Why a module of its own: building and loading a shared object (a compiler, a cache directory, its permissions)
 is a different job from writing the ring, and it runs once per process, off the hot path.
@@ -20,8 +20,8 @@ from types import ModuleType
 
 from .guard import check_private_dir
 
-ENV_NATIVE = "SGL_SEAT_PROBE_NATIVE"  # auto (default): the C writer where it builds; 0: the Python one
-ENV_NATIVE_CACHE = "SGL_SEAT_PROBE_NATIVE_CACHE"  # where the C writer is built (default ~/.cache/sgl-seat)
+ENV_NATIVE = "SGLSEAT_PROBE_NATIVE"  # auto (default): the C writer where it builds; 0: the Python one
+ENV_NATIVE_CACHE = "SGLSEAT_PROBE_NATIVE_CACHE"  # where the C writer is built (default ~/.cache/sgl-seat)
 
 
 def load() -> ModuleType:

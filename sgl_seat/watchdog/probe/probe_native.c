@@ -755,7 +755,7 @@ static PyTypeObject WrapperType = {
  * (never started from an invented start). The hot path decides from cheap state only: per stream (the last
  * GT_STREAMS streams that replayed), the last entry it queued and whether the reader has consumed it; no query.
  * A stream not in that table records its start event (two events: the exact start). graph_setup's always (graph.py:
- * SGL_SEAT_PROBE_GRAPH_START_EVENTS=always) records both events before and after every replay, as before;
+ * SGLSEAT_PROBE_GRAPH_START_EVENTS=always) records both events before and after every replay, as before;
  * graph_stats counts start events recorded ("start_events") and starts bounded by the previous end
  * ("start_shared").
  *
@@ -805,7 +805,7 @@ static Py_ssize_t gt_npool = 0, gt_pool_cap = 0, gt_created = 0;
 static pthread_mutex_t gt_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* the pool: hot path pops, reader pushes */
 static pthread_mutex_t gt_poll_mu = PTHREAD_MUTEX_INITIALIZER; /* one reader at a time (thread or a test) */
 static uint64_t gt_recorded = 0, gt_errors = 0, gt_start_events = 0, gt_start_shared = 0;
-static int gt_always = 0; /* 1: a start event before every replay (SGL_SEAT_PROBE_GRAPH_START_EVENTS=always) */
+static int gt_always = 0; /* 1: a start event before every replay (SGLSEAT_PROBE_GRAPH_START_EVENTS=always) */
 static gt_stream_last gt_lasts[GT_STREAMS];
 static int gt_nlasts = 0, gt_lasts_next = 0;
 static PyObject *str_timer = NULL, *str_decided = NULL, *str_size = NULL, *str_runner = NULL,

@@ -90,7 +90,7 @@ _GPU_PAIR = struct.Struct("<dd")
 
 
 def default_dir() -> str:
-    """Where rings go when ``SGL_SEAT_PROBE_DIR`` is unset: /dev/shm if present, else the temp dir."""
+    """Where rings go when ``SGLSEAT_PROBE_DIR`` is unset: /dev/shm if present, else the temp dir."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108
     return os.path.join(base, f"sgl-seat-probe-{os.getuid()}")
 

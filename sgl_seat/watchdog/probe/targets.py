@@ -1,6 +1,6 @@
 """Probe targets: what to wrap (a module's function or a class's method) and which argument is the gather.
 
-Target syntax (comma-separated in ``SGL_SEAT_PROBE``)::
+Target syntax (comma-separated in ``SGLSEAT_PROBE``)::
 
     module:function[@arg[:mode]]        e.g. sgl_seat.sim.rowfetch:fetch_rows@ids
     module:Class.method[@arg[:mode]]    e.g. sglang.srt.layers.engram:EngramEmbedding.forward@indices:numel

@@ -1,8 +1,8 @@
 """The ring's writer: this process's ring, the wrappers that time calls into it, and the state they share.
 
-The ring is created on the first wrapped call (:func:`_ensure_ring`), from the environment: ``SGL_SEAT_PROBE_DIR``
-(default :func:`.ring.default_dir`), ``SGL_SEAT_PROBE_SLOTS`` (a power of two, default 4096), the rank and node
-from ``SGL_SEAT_RANK`` / ``SGL_SEAT_NODE_RANK`` or the process title. Each wrapper writes one slot per call as
+The ring is created on the first wrapped call (:func:`_ensure_ring`), from the environment: ``SGLSEAT_PROBE_DIR``
+(default :func:`.ring.default_dir`), ``SGLSEAT_PROBE_SLOTS`` (a power of two, default 4096), the rank and node
+from ``SGLSEAT_RANK`` / ``SGLSEAT_NODE_RANK`` or the process title. Each wrapper writes one slot per call as
 :mod:`.ring` lays it out. Which writer writes is decided once per process, before its first ring
 (:func:`_native`): the C one (:mod:`.native` builds ``probe_native.c``) wherever it builds, else the Python
 wrappers here (a wrapper generated with the function's own signature, or a generic one).
@@ -46,10 +46,10 @@ class _GpuTimer(Protocol):
     def stop(self) -> None: ...
 
 
-ENV_DIR = "SGL_SEAT_PROBE_DIR"
-ENV_SLOTS = "SGL_SEAT_PROBE_SLOTS"
-ENV_RANK = "SGL_SEAT_RANK"
-ENV_NODE = "SGL_SEAT_NODE_RANK"
+ENV_DIR = "SGLSEAT_PROBE_DIR"
+ENV_SLOTS = "SGLSEAT_PROBE_SLOTS"
+ENV_RANK = "SGLSEAT_RANK"
+ENV_NODE = "SGLSEAT_NODE_RANK"
 
 _TITLE_RANK = re.compile(r"_TP(\d+)(?:_|$)")
 _TP1_SCHEDULER = "sglang::scheduler"
