@@ -94,10 +94,12 @@ def _pairs(side: Side, n: int, timeout: float) -> None:
 
 def _left(names: set[str]) -> list[int]:
     """Processes of either side's seats still alive (the engines carry SGLSEAT_NAME in their environment)."""
+    from sgl_seat import envcompat
+
     out = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.environ().get("SGLSEAT_NAME") in names:
+            if envcompat.lookup(p.environ(), "SGLSEAT_NAME") in names:
                 out.append(p.pid)
         except psutil.Error:
             continue

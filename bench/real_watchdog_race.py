@@ -168,9 +168,11 @@ def in_flight_request(endpoint: str, out: dict[str, Any], started: threading.Eve
 
 
 def engine_alive(home: Path) -> bool:
+    from sgl_seat import envcompat
+
     for q in psutil.process_iter():
         try:
-            if q.environ().get("SGLSEAT_NAME") == NAME and q.status() != psutil.STATUS_ZOMBIE:
+            if envcompat.lookup(q.environ(), "SGLSEAT_NAME") == NAME and q.status() != psutil.STATUS_ZOMBIE:
                 return True
         except (psutil.Error, OSError):
             continue

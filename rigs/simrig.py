@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from sgl_seat import envcompat
 from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan
 from sgl_seat.sim.front import ports as sim_ports
@@ -147,7 +148,7 @@ class SimSeat:
         self.procs.clear()
         if self.plan is not None:
             for n in self.plan.nodes:
-                d = n.env_dict().get("SGLSEAT_PROBE_DIR")
+                d = envcompat.lookup(n.env_dict(), "SGLSEAT_PROBE_DIR")
                 if d:
                     ProbeReader(d, node=n.node_rank).remove_all()
 
@@ -182,7 +183,7 @@ class SimSeat:
         return [SidecarConfig(
             seat=self.spec.name, node=n.node_rank, nnodes=len(self.plan.nodes), thresholds=th,
             bundle_dir=str(bundle_dir), quota_mb=self.spec.bundles.quota_mb,
-            probe_dir=n.env_dict().get("SGLSEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
+            probe_dir=envcompat.lookup(n.env_dict(), "SGLSEAT_PROBE_DIR"), log_path=str(self.log_path(n.node_rank)),
             metrics_url=f"{self.url}/metrics", metrics_port=(metrics_port + n.node_rank) if metrics_port else None,
             rank_nodes=rank_nodes, root_pid=self.procs[n.node_rank].pid, plan=self.plan.to_json(), gpu=gpu,
             recover_s=recover_s, raw_prompts=self.spec.bundles.raw_prompts,

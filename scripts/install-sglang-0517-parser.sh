@@ -14,6 +14,7 @@
 # the test finds it there. Idempotent; says what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/envcompat.sh  # old variable names, for one release (issue 49)
 log() { echo "[sglang 0.5.17 parser] $*"; }
 cache=${SGLSEAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgl-seat}
 dest=$cache/sglang-0.5.17-parser

@@ -27,6 +27,7 @@
 # Env: SGLSEAT_ENGINE_VENV, SGLSEAT_CACHE, PYTHON (the interpreter to make it with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/envcompat.sh  # old variable names, for one release (issue 49)
 repo=$PWD
 PY=${PYTHON:-python3}
 log() { echo "[engine sglang] $*"; }

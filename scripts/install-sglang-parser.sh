@@ -36,6 +36,7 @@
 #   PYTHON        interpreter to use (default: python3 from PATH, i.e. the active venv)
 #   SGLANG_WHEEL  path to a local sglang-0.5.23 wheel to install instead of PyPI
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/envcompat.sh"  # old variable names, for one release (issue 49)
 
 PY="${PYTHON:-python3}"
 SGLANG_VERSION="0.5.23"

@@ -43,6 +43,7 @@
 # interpreter to make the environment with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/envcompat.sh  # old variable names, for one release (issue 49)
 repo=$PWD
 PY=${PYTHON:-python3}
 TORCH=2.13.0

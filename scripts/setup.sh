@@ -10,6 +10,7 @@
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/envcompat.sh  # old variable names, for one release (issue 49)
 want_test=0 want_sglang=0 want_vllm=0
 usage="use --test, --engine sglang, --engine vllm (--engine more than once or as a list: --engine sglang,vllm)"
 add_engines() {

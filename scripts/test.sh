@@ -11,6 +11,7 @@
 # and leave nothing behind. .test-run/ keeps the last run's logs, JUnit XML and table (git ignores it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/envcompat.sh  # old variable names, for one release (issue 49)
 # Setup installs with --no-compile (byte-compiling all of torch costs minutes), so Python compiles each module on
 # first use and keeps it in __pycache__, unless PYTHONDONTWRITEBYTECODE is set, as in this project's CI
 # environment: then every process compiles SGLang, torch and Ray again (SGLang's scheduler import measured 20 s of

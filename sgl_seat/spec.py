@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sgl_seat import envcompat
 from sgl_seat.errors import SpecError
 
 SCHEMA_VERSION = 1
@@ -95,8 +96,9 @@ class HostSpec(_Strict):
         for key in value:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key.startswith("SGLSEAT_"):
-                raise ValueError(f"{key!r}: SGLSEAT_* variables are set by sgl-seat itself")
+            if envcompat.is_own(key):  # SGLSEAT_*, and the old names (issue 49)
+                raise ValueError(f"{key!r}: {envcompat.NEW_PREFIX}* variables (and their old names, "
+                                 f"{envcompat.OLD_PREFIX}*) are set by sgl-seat itself")
         return value
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from sgl_seat import envcompat
 from sgl_seat.deadline import bounded
 from sgl_seat.errors import ClusterError
 from sgl_seat.niceness import restore_raylet_niceness
@@ -475,7 +476,8 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
             log.warning("node %d: no engine state from agent %s (%s); finding engines by title", r, nd.agent, exc)
         out.append(SidecarConfig(
             seat=ctx.seat, node=r, nnodes=len(plan["nodes"]), thresholds=wd.model_dump(), bundle_dir=ctx.bundles_dir,
-            quota_mb=quota, probe_dir=node_env.get("SGLSEAT_PROBE_DIR"), log_path=log_path, metrics_url=metrics_url,
+            quota_mb=quota, probe_dir=envcompat.lookup(node_env, "SGLSEAT_PROBE_DIR"), log_path=log_path,
+            metrics_url=metrics_url,
             metrics_port=metrics_port_for(http_port, r), rank_nodes=rank_nodes, root_pid=root_pid,
             engine_port=http_port, plan=plan, namespace=ctx.namespace, request_log_dir=request_log_dir,
             raw_prompts=bool(spec is not None and spec.bundles.raw_prompts),

@@ -29,6 +29,7 @@ import psutil
 import yaml
 
 from rigs.checkout import LOCAL_SIM, MODEL_CONFIG, REPO, cli_argv  # noqa: F401  (the tests import them from here)
+from sgl_seat import envcompat
 from sgl_seat.netports import free_block, port_range
 
 PORT_BASE, PORT_TOP = port_range((23000, 23999))
@@ -168,7 +169,7 @@ def seat_processes(seat: str, *, prefix: bool = False) -> list[Proc]:
             host = any(a.endswith("enginehost.py") for a in cmd[:3]) and any(
                 f"/{seat}" in a and "/.engines/" in a if prefix else f"/{seat}/.engines/" in a for a in cmd[2:])
             if not host:
-                mark = q.environ().get("SGLSEAT_NAME")
+                mark = envcompat.lookup(q.environ(), "SGLSEAT_NAME")  # or a seat of the previous release
                 if mark is None or not (mark.startswith(seat) if prefix else mark == seat):
                     continue
             title = f"engine host {cmd[-1]}" if host else (cmd[0] if cmd else q.name())

@@ -3,8 +3,8 @@
 The engine is SGLang's own server on its CPU engine (the ``local-sglang`` profile: two nodes, one TP rank each,
 gloo, the trained SmolLM2-135M-Instruct in float32: ``sgl_seat/engines/trainedmodel.py``). Under ``CI=true`` a
 missing engine environment FAILS a module (`scripts/setup.sh --engine sglang` makes it); elsewhere it skips.
-Processes are found by the pids and process groups the seat reported and by the seat's name that every engine process carries in its
-environment (SGLSEAT_NAME), never by a name pattern.
+Processes are found by the pids and process groups the seat reported and by the seat's name that every engine process
+carries in its environment (SGLSEAT_NAME), never by a name pattern.
 """
 
 from __future__ import annotations

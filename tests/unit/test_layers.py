@@ -2,7 +2,7 @@
 
 The layers, low to high (ARCHITECTURE.md describes them):
 
-    L0  errors, deadline, niceness, netports, procstate (and the package root's ``__version__``)
+    L0  errors, deadline, niceness, netports, procstate, envcompat (and the package root, which runs envcompat)
     L1  core (records, observation, frames, detectors), spec, topology
     L2  sizing (the KV pool and slot ceiling), engines (the engine backends: everything engine-specific)
     L3  plan
@@ -38,7 +38,7 @@ PKG = ROOT / "sgl_seat"
 
 #: Layer of each top-level name under ``sgl_seat`` (a module or a package). ``""`` is the package root.
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "deadline": 0, "niceness": 0, "netports": 0, "procstate": 0,
+    "": 0, "errors": 0, "deadline": 0, "niceness": 0, "netports": 0, "procstate": 0, "envcompat": 0,
     "core": 1, "spec": 1, "topology": 1,
     "sizing": 2, "engines": 2,
     "plan": 3,

@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sgl_seat import envcompat
+
 __all__ = ["is_secret_name", "scrub_env", "scrub_json", "scrub_lines", "scrub_text"]
 
 _SECRET_NAME = re.compile(
@@ -24,7 +26,7 @@ _SECRET_NAME = re.compile(
 # Names that contain a secret-ish word but hold no secret and matter for a diagnosis.
 _NOT_SECRET_NAMES = frozenset({
     "PASSWORD_STORE_DIR", "SSH_AUTH_SOCK", "KEYTIMEOUT", "XAUTHORITY", "GPG_AGENT_INFO", "TOKENIZERS_PARALLELISM",
-    "SGLSEAT_TOKENIZER", "MAX_TOKENS",
+    "SGLSEAT_TOKENIZER", envcompat.old_name("SGLSEAT_TOKENIZER"), "MAX_TOKENS",  # and its name in older bundles
 })
 
 # (kind, pattern); the first group, where present, is kept (e.g. the "Bearer " or "user:").

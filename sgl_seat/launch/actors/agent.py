@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sgl_seat import envcompat
 from sgl_seat.engines import backend_for, preflight, preflight_facts
 from sgl_seat.engines.base import engine_venv
 from sgl_seat.engines.preflight import Check, Failure
@@ -348,7 +349,7 @@ class NodeAgent:
         """A new engine starts with no run-time fault armed: the probe's control file lives in the node's probe
         directory, which outlives a seat (a stall armed on the last one, never cleared because its engine died
         first, stalled this one's first forward: its start-up hung). Faults given at start come from the plan."""
-        directory = node.env_dict().get("SGLSEAT_PROBE_DIR")
+        directory = envcompat.lookup(node.env_dict(), "SGLSEAT_PROBE_DIR")
         if directory:
             from sgl_seat.watchdog.probe.fault import CONTROL_FILE
 
@@ -374,7 +375,7 @@ class NodeAgent:
         if "probe" in a:
             from sgl_seat.watchdog.probe.fault import write_control
 
-            directory = self.node.env_dict().get("SGLSEAT_PROBE_DIR")
+            directory = envcompat.lookup(self.node.env_dict(), "SGLSEAT_PROBE_DIR")
             if not directory:
                 return json.dumps({"error": f"node {self.node_rank}: no probe in this engine (SGLSEAT_PROBE_DIR)"})
             try:

@@ -14,7 +14,8 @@ import sys
 
 
 def _load_probe() -> None:
-    if not os.environ.get("SGLSEAT_PROBE"):
+    # SGL_SEAT_PROBE: the old name, in a seat planned by the previous release (issue 49)  # old-env-name
+    if not (os.environ.get("SGLSEAT_PROBE") or os.environ.get("SGL_SEAT_PROBE")):  # old-env-name
         return
     try:
         from sgl_seat.watchdog import probe

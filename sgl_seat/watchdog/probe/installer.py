@@ -18,6 +18,7 @@ start-up, done once per target; the writer's hot path knows nothing of it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from . import fault
+from . import fault, oldnames
 from .graph import make_graph_wrapper, make_runner_link
 from .guard import warn_once
 from .targets import TargetSpec, parse_target
@@ -150,7 +151,12 @@ def install(targets: Sequence[str | TargetSpec]) -> dict[str, str]:
 
 
 def install_from_env() -> dict[str, str]:
-    """Install the targets named in ``SGLSEAT_PROBE`` (no-op when unset). Never raises."""
+    """Install the targets named in ``SGLSEAT_PROBE`` (no-op when unset). Never raises.
+
+    A seat planned by the previous release names its variables the old way: they are adopted first
+    (:func:`.oldnames.adopt`), so every lazy read of this process finds the new names."""
+    with contextlib.suppress(Exception):
+        oldnames.adopt()
     value = os.environ.get(ENV_TARGETS, "")
     if not value.strip():
         return {}
