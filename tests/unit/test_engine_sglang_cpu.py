@@ -33,7 +33,8 @@ def test_every_node_gets_the_cpu_engines_flags_and_environment(plan: LaunchPlan)
         assert argv[0] == "${engine_venv}/bin/python" and argv[1:3] == ("-m", "sglang.launch_server")
         assert argv_value(argv, "--device") == "cpu"
         assert argv_value(argv, "--attention-backend") == "torch_native"
-        assert argv_value(argv, "--load-format") == "dummy"
+        # The trained model's own weights, in float32 (its greedy answers are the model's: bf16 ties its first tokens)
+        assert argv_value(argv, "--load-format") == "auto" and argv_value(argv, "--dtype") == "float32"
         assert argv_value(argv, "--max-total-tokens") == "65536"
         assert "--sleep-on-idle" in argv and "--enable-metrics" in argv
         assert argv_value(argv, "--tp-size") == "2" and argv_value(argv, "--nnodes") == "2"

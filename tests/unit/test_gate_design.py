@@ -118,7 +118,9 @@ def test_an_engine_that_fails_to_start_is_started_once_more(monkeypatch: pytest.
     sa = arms_mod.SeatArms(spec, say=said.append)
     s = sa.start("candidate")
     assert (s.starts, s.endpoint) == (2, "http://127.0.0.1:9") and "graph failed" in (s.failed_start or "")
-    assert downs == ["local-sim-candidate"] and "once more" in said[0]
+    # `up` takes a failed start down itself and removes its record: nothing is left for `down` (issue 49: the
+    # retry used to run `down` on the removed record and end the battery on "no seat named ...").
+    assert downs == [] and "once more" in said[0]
     with pytest.raises(EngineError):
         sa.start("candidate")
 
