@@ -98,7 +98,7 @@ def test_an_engine_that_fails_to_start_is_started_once_more(monkeypatch: pytest.
     second failure is raised."""
     from types import SimpleNamespace
 
-    from sgl_seat.errors import EngineError
+    from sgl_seat.errors import ArmStartError, EngineError
     from sgl_seat.gate import arms as arms_mod
 
     calls: list[str] = []
@@ -121,7 +121,7 @@ def test_an_engine_that_fails_to_start_is_started_once_more(monkeypatch: pytest.
     # `up` takes a failed start down itself and removes its record: nothing is left for `down` (issue 49: the
     # retry used to run `down` on the removed record and end the battery on "no seat named ...").
     assert downs == [] and "once more" in said[0]
-    with pytest.raises(EngineError):
+    with pytest.raises(ArmStartError):  # a second failure: no verdict (exit 4), never DO_NOT_SHIP's 1
         sa.start("candidate")
 
 
