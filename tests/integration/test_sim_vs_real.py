@@ -515,6 +515,11 @@ def _busy(url: str) -> Iterator[_LongRequest]:
     try:
         assert req.started.wait(REQUEST_TIMEOUT_S), "the long request never streamed a token"
         assert not req.error, req.error
+        # SGLang refreshes its running-requests gauge with its decode log (every 40 decode steps): seconds after
+        # the first token on the trained model's slower steps. Sampled before that, a running seat reads 0.
+        deadline = time.monotonic() + 60.0
+        while _point(url, 0.0).values.get(RUNNING, 0.0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         yield req
     finally:
         req.done.set()
@@ -724,7 +729,14 @@ def _idle_frames_differ(seats: Seats, _subject: str) -> bool:
     frames = {}
     for engine in ("real", "sim"):
         _wait_idle(seats.url(engine))
-        frames[engine] = classify_thread(_samples(seats, engine, 1, 0.0)[0].main_thread())
+        # The gauge reads 0 once the requests are gone; the scheduler can still be ending its last step (an aborted
+        # long request's forward is ~0.1 s a token on the trained model, 2 cores shared): sample until it waits.
+        deadline = time.monotonic() + 30.0
+        while True:
+            frames[engine] = classify_thread(_samples(seats, engine, 1, 0.0)[0].main_thread())
+            if frames[engine].state == "idle" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     return frames["real"].frame != frames["sim"].frame and frames["real"].state == frames["sim"].state
 
 
