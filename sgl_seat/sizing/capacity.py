@@ -138,9 +138,10 @@ def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
     if spec.model.weights_gb is not None:
         return int(spec.model.weights_gb * GIB)
     index = config_path.parent / "model.safetensors.index.json"
-    single = config_path.parent / "model.safetensors"
-    if not index.is_file() and single.is_file() and (spec.gpu.load_format != "dummy" or spec.device != "cuda"):
-        return safetensors_data_bytes(single)
+    if not index.is_file() and (spec.gpu.load_format != "dummy" or spec.device != "cuda"):
+        single = checkpoint_bytes(config_path)
+        if single is not None:
+            return single
     if not index.is_file():
         if spec.gpu.load_format == "dummy" and spec.device == "cuda":
             try:  # random weights made by the engine: exactly the parameters the config describes
@@ -152,6 +153,19 @@ def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
         return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
+
+
+def checkpoint_bytes(config_path: Path) -> int | None:
+    """The weights beside a config.json on disk: its safetensors index's total, else one model.safetensors file's
+    tensors; None when neither is there."""
+    index = config_path.parent / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
+    single = config_path.parent / "model.safetensors"
+    return safetensors_data_bytes(single) if single.is_file() else None
 
 
 def safetensors_data_bytes(path: Path) -> int:
@@ -275,7 +289,8 @@ class MemoryBudget:
 
 
 def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement, draft: bool,
-                  draft_cfg: Mapping[str, Any] | None = None) -> MemoryBudget:
+                  draft_cfg: Mapping[str, Any] | None = None, draft_weights_total: int | None = None,
+                  ) -> MemoryBudget:
     """``gpu.cuda_context_gb`` / ``gpu.runtime_reserve_gb`` where the spec gives them (measured on the node),
     else the approximations above; the draft's weights are its config's parameters with dummy weights, else
     ``draft.extra_weights_gb``."""
@@ -289,6 +304,8 @@ def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement
     if draft and spec.draft.algorithm != "NGRAM":
         if draft_cfg is not None and spec.gpu.load_format == "dummy":
             draft_weights = mirror.dense_param_bytes(draft_cfg) // tp
+        elif draft_weights_total is not None:  # the draft's own checkpoint on disk
+            draft_weights = draft_weights_total // tp
         else:
             draft_weights = int(spec.draft.extra_weights_gb * GIB)
     return MemoryBudget(gpu_memory_bytes=gpu, pre_load_bytes=pre,
@@ -413,10 +430,12 @@ def plan_capacity(
         draft_path = spec.draft_config_path()
         draft_cfg = read_planning_config(draft_path) if draft_path is not None else None
         draft_dir = _model_dir(draft_path, cleanup) if draft_path is not None else None
+        draft_total = checkpoint_bytes(draft_path) if draft_path is not None else None
         states = [(False, slots_off, argv_off), (True, slots_on, argv_on)]
         budgets, cases = [], []
         for draft, slots, argv in states:
-            budget = memory_budget(spec, weights_total=total, engram=engram, draft=draft, draft_cfg=draft_cfg)
+            budget = memory_budget(spec, weights_total=total, engram=engram, draft=draft, draft_cfg=draft_cfg,
+                                   draft_weights_total=draft_total)
             flags = argv if argv is not None else sizing_argv(spec, draft=draft, slots=slots, mem_fraction=mem_fraction)
             budgets.append(budget)
             cases.append(SizingCase(

@@ -208,3 +208,25 @@ def test_a_single_safetensors_file_without_an_index_gives_its_tensors_bytes(tmp_
     assert weights_total_bytes(_spec(d), d / "config.json") == 16
     cap = plan_capacity(_spec(d), slots_off=64, slots_on=8, mem_fraction=0.85)
     assert cap is not None and cap.draft_off.predicted is True and cap.draft_off.kv_pool_tokens > 0
+
+
+def test_a_draft_checkpoint_on_disk_gives_the_draft_its_own_weights(tmp_path: Path) -> None:
+    """A STANDALONE draft whose directory holds its weights (one model.safetensors): the plan takes them, not
+    draft.extra_weights_gb's 2 GiB default (the H100 run of 2026-12-06: the plan 2.5 % under the engine's pool)."""
+    from sgl_seat.sizing.capacity import EngramPlacement, checkpoint_bytes, memory_budget
+
+    d = _model_dir(tmp_path, LLAMA, 10 * GIB)
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 2}))
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    (draft / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    assert checkpoint_bytes(draft / "config.json") == 8
+    spec = _spec(d, tp=8, draft={"enabled": True, "algorithm": "STANDALONE", "model_path": str(draft),
+                                  "config": str(draft)})
+    none = EngramPlacement(tables=None, host_table=False, layout="shared", staging=False)
+    on = memory_budget(spec, weights_total=10 * GIB, engram=none, draft=True, draft_weights_total=8 * 8)
+    guess = memory_budget(spec, weights_total=10 * GIB, engram=none, draft=True)
+    assert on.draft_weights_bytes == 8 and guess.draft_weights_bytes == 2 * GIB
+    cap = plan_capacity(spec, slots_off=64, slots_on=8, mem_fraction=0.85)
+    assert cap is not None and cap.draft_on.draft_weights_bytes_per_gpu == 1  # 8 bytes over TP8
