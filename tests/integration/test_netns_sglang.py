@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from rigs.netns import (
     NetnsCluster,
@@ -46,7 +47,9 @@ from sgl_seat.engines.base import engine_venv
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAME = "netns-sglang"
-MODEL = "tiny-llama"
+#: The served model, as the profile names it (the trained model since 2026-12-06).
+MODEL = yaml.safe_load((Path(__file__).resolve().parents[2] / "launch" / "seats" / "local-sglang.yaml").read_text())[
+    "model"]["served_name"]
 PORT = 31240
 #: `down` from host a with host b's raylet gone (the sim's bound, README's control-plane table).
 DOWN_WITHIN_S = 20.0
