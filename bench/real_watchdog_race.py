@@ -20,8 +20,8 @@ killing the tree; whether each named the culprit (sgl-seat: the verdict's rank, 
 watchdog line from the culprit's own process, which cannot log while it is stopped); what each left behind; and
 whether the request in flight got its answer within the window. Times are this host's ``time.time()``: the
 fault's from `sgl-seat fault` (the agent's clock as it acted), SGLang's lines as this script read them from the
-node logs (polled every 0.2 s). The engine and its watchdog are real; the model is the profile's (the trained SmolLM2-135M-Instruct since 2026-12-06;
-the committed results were measured on a tiny model with random weights).
+node logs (polled every 0.2 s). The engine and its watchdog are real; the model is the profile's (the trained
+SmolLM2-135M-Instruct since 2026-12-06; the committed results were measured on a tiny model with random weights).
 
 Usage::
 
@@ -150,7 +150,8 @@ class LogWatch:
 
 def in_flight_request(endpoint: str, out: dict[str, Any], started: threading.Event, window_s: float) -> None:
     """One streamed completion; ``out['answered']`` True when its stream ended with [DONE] in the window."""
-    body = {"model": yaml.safe_load(PROFILE.read_text())["model"]["served_name"], "prompt": "the request in flight", "max_tokens": 1500, "ignore_eos": True,
+    model = yaml.safe_load(PROFILE.read_text())["model"]["served_name"]
+    body = {"model": model, "prompt": "the request in flight", "max_tokens": 1500, "ignore_eos": True,
             "stream": True}
     out["answered"] = False
     try:
