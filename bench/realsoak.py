@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 import yaml
 
+from rigs.faulttimes import bundle_written_t, stalled_call_start
 from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,15 +105,6 @@ def _bundles(home: Path, name: str) -> dict[Path, dict[str, Any]]:
 def _latched(home: Path, name: str) -> bool:
     r = _cli(["watch", name, "--once", "--json"], home, timeout=60)
     return r.returncode != 0 or any(n.get("latched") for n in json.loads(r.stdout)["nodes"])
-
-
-def _stall_start(bundle: Path, rank: int) -> float | None:
-    """The start of ``rank``'s in-flight probed call in the bundle (the stalled one)."""
-    from sgl_seat.forensics.format.bundle import read_bundle
-
-    b = read_bundle(bundle)
-    starts = [p.start for p in b.probes if p.rank == rank and p.end is None]
-    return max(starts) if starts else None
 
 
 def soak_seat(sleep_on_idle: bool, minutes: float, faults: int, rng: random.Random, work: Path,
@@ -230,13 +222,13 @@ def _fault(kind: str, name: str, home: Path, endpoint: str, rng: random.Random, 
             return
         path, m = found
         v = m["verdict"]
-        start = _stall_start(path, rank) if kind == "stall" else float(doc.get("applied_t") or doc["t"])
+        start = stalled_call_start(path, rank) if kind == "stall" else float(doc.get("applied_t") or doc["t"])
         rec.update(bundle=path.name, verdict=f"{v['kind']} rank {v['rank']}",
                    wrong=not (v["kind"] == EXPECT[kind] and v["rank"] == rank),
                    threshold=next((e.split("threshold ", 1)[1] for e in v.get("evidence", [])[:1]
                                    if "threshold " in e), ""))
         late = m.get("late") or {}
-        written = float(late["t"]) - float(late["after_bundle_s"]) if late else float(m["created"])
+        written = bundle_written_t(m)
         detected = float(m["trigger"]["t"])
         rec["native_after_bundle_s"] = late.get("after_bundle_s")
         rec["python_stacks_s"] = max((float(c["detail"].split("Python-only ", 1)[1].split("s", 1)[0])

@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from rigs.faulttimes import bundle_written_t, stalled_call_start
+
 REPO = Path(__file__).resolve().parents[2]
 PORT = 31300
 ARMS: dict[str, dict[str, Any]] = {
@@ -325,15 +327,6 @@ def stopped(seat: str, ns: argparse.Namespace, env: dict[str, str], d: Path) -> 
     return out
 
 
-def _stall_start(bundle: Path, rank: int) -> float | None:
-    """The start of ``rank``'s in-flight probed call in the bundle (the stalled one)."""
-    from sgl_seat.forensics.format.bundle import read_bundle
-
-    b = read_bundle(bundle)
-    starts = [p.start for p in b.probes if p.rank == rank and p.end is None]
-    return max(starts) if starts else None
-
-
 def wait_unlatched(seat: str, env: dict[str, str], timeout: float) -> float:
     """Wait until no sidecar of the seat is latched (`watch --once --json`); the seconds waited."""
     t0 = time.monotonic()
@@ -378,9 +371,8 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
                 # As the CPU soak (bench/realsoak.py) measures: from the stalled call's start in the bundle, or
                 # the SIGSTOP's own time, to the bundle written (the manifest's, before its late native stacks).
                 v = man.get("verdict") or {}
-                late = man.get("late") or {}
-                written = float(late["t"]) - float(late["after_bundle_s"]) if late else float(man["created"])
-                start = _stall_start(bundle, ns.stall_rank) if kind == "stall" else \
+                written = bundle_written_t(man)
+                start = stalled_call_start(bundle, ns.stall_rank) if kind == "stall" else \
                     float((as_json(fault) or {}).get("applied_t") or (as_json(fault) or {}).get("t") or 0) or None
                 rec.update(verdict=f"{v.get('kind')} rank {v.get('rank')}", detected=float(man["trigger"]["t"]),
                            evidence=(v.get("evidence") or [""])[0][:300])
