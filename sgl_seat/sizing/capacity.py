@@ -134,25 +134,18 @@ def read_planning_config(config_path: Path) -> dict[str, Any]:
 
 
 def weights_total_bytes(spec: SeatSpec, config_path: Path) -> int | None:
-    """The checkpoint's weights: ``model.weights_gb`` (GiB), else the safetensors index beside config.json."""
+    """The checkpoint's weights: ``model.weights_gb`` (GiB), else what is on disk beside config.json (its
+    safetensors index, or one model.safetensors), else, for random weights a GPU engine makes, the config's
+    parameters."""
     if spec.model.weights_gb is not None:
         return int(spec.model.weights_gb * GIB)
-    index = config_path.parent / "model.safetensors.index.json"
-    if not index.is_file() and (spec.gpu.load_format != "dummy" or spec.device != "cuda"):
-        single = checkpoint_bytes(config_path)
-        if single is not None:
-            return single
-    if not index.is_file():
-        if spec.gpu.load_format == "dummy" and spec.device == "cuda":
-            try:  # random weights made by the engine: exactly the parameters the config describes
-                return mirror.dense_param_bytes(read_planning_config(config_path))
-            except mirror.MirrorUnsupported:
-                return None
+    dummy = spec.gpu.load_format == "dummy" and spec.device == "cuda"
+    if not dummy or (config_path.parent / "model.safetensors.index.json").is_file():
+        return checkpoint_bytes(config_path)
+    try:  # random weights made by the engine: exactly the parameters the config describes
+        return mirror.dense_param_bytes(read_planning_config(config_path))
+    except mirror.MirrorUnsupported:
         return None
-    try:
-        return int(json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f"safetensors index unreadable: {exc}", path=str(index)) from None
 
 
 def checkpoint_bytes(config_path: Path) -> int | None:
