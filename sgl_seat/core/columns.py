@@ -48,6 +48,17 @@ class ProbeGroup:
     graph_key: int | None = None
 
 
+#: What a heartbeat target's name ends with (the probe's ``targets.BEAT_SUFFIX``; a unit test holds them equal): its
+#: records are instants that say a process went round inside a long step (``went_round``), not calls to time, so
+#: learning, buckets, reports and the frames a probed call is matched by leave them out.
+BEAT_SUFFIX = "@beat"
+
+
+def is_beat(target: str) -> bool:
+    """Whether records of ``target`` are heartbeats (see :data:`BEAT_SUFFIX`)."""
+    return target.endswith(BEAT_SUFFIX)
+
+
 #: The fields of a record that go to its group, and to its row (attrgetter builds the tuples in C).
 _GROUP_FIELDS = attrgetter("node", "rank", "pid", "thread", "target", "graph_key")
 _ROW_FIELDS = attrgetter("seq", "start", "end", "gather_size", "gpu", "gpu_start", "gpu_end")
@@ -275,12 +286,24 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
         """Row ``i``'s replayed shape key (None: an eager call)."""
         return self.groups[int(self.group[i])].graph_key
 
+    def beat_rows(self) -> Mask:
+        """Rows that are heartbeats (:func:`is_beat`), not timed calls."""
+        hit = np.array([is_beat(g.target) for g in self.groups] or [False], dtype=np.bool_)
+        return hit[self.group]
+
+    def calls(self) -> ProbeColumns:
+        """These rows without the heartbeats: the timed calls (row fetches, graph replays) alone."""
+        beats = self.beat_rows() if len(self) else np.zeros(0, np.bool_)
+        return self.take(~beats) if bool(beats.any()) else self
+
     def targets(self) -> list[str]:
-        """The distinct probe targets that rows name, sorted."""
+        """The distinct probe targets of timed calls that rows name, sorted (heartbeats left out: a stack inside a
+        heartbeat's function is not inside a probed call)."""
         hit = self._cache.get("targets")
         if hit is None:
             used = np.bincount(self.group, minlength=len(self.groups)) > 0
-            hit = self._cache["targets"] = sorted({g.target for g, u in zip(self.groups, used, strict=True) if u})
+            hit = self._cache["targets"] = sorted({g.target for g, u in zip(self.groups, used, strict=True)
+                                                   if u and not is_beat(g.target)})
         return list(hit)
 
     # ---- the detectors' questions, vectorised (each mirrors a ProbeRecord method) ---------------------

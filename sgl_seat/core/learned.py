@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sgl_seat.core.columns import ProbeColumns
+from sgl_seat.core.columns import ProbeColumns, is_beat
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.core.stats import gather_bucket, gather_bucket_label, rank_index
 from sgl_seat.spec import WatchdogSpec
@@ -142,8 +142,10 @@ class Learner:
 
     def observe(self, records: Iterable[ProbeRecord], *, healthy: bool = True) -> None:
         """Feed completed records. ``healthy`` False (the sidecar is latched on a hang): they update the warm-up
-        bookkeeping and teach nothing, and neither does a call that took its threshold or longer."""
-        for r in sorted((r for r in records if r.end is not None), key=lambda r: (r.pid, r.start)):
+        bookkeeping and teach nothing, and neither does a call that took its threshold or longer. Heartbeats
+        (:func:`~sgl_seat.core.columns.is_beat`) are not calls: left out."""
+        for r in sorted((r for r in records if r.end is not None and not is_beat(r.target)),
+                        key=lambda r: (r.pid, r.start)):
             end = r.end
             assert end is not None
             key = shape_key(r.node, r.target, r.gather_size, r.graph_key)

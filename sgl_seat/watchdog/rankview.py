@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sgl_seat.core.columns import is_beat
 from sgl_seat.core.frames import collective_frame, stuck_frame
 from sgl_seat.core.observation import Observation, in_flight, latest_by_pid, node_of, probe_targets, python_samples
 from sgl_seat.core.records import MetricsPoint
@@ -48,7 +49,7 @@ def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[
     for r in ranks:
         s = latest.get(r)
         proc = procs.get(r)
-        mine = [p for p in obs.probes if p.rank == r and p.start <= now]
+        mine = [p for p in obs.probes if p.rank == r and p.start <= now and not is_beat(p.target)]
         done = [p.duration(now) for p in mine if p.end is not None and p.end <= now and p.end >= now - window_s]
         infl = [now - p.start for p in mine if in_flight(p, now)]
         gpu_infl = [p.gpu_age(now) for p in mine if not in_flight(p, now) and p.gpu_in_flight(now)]

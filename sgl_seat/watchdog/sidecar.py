@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sgl_seat.core.columns import is_beat
 from sgl_seat.core.detect import detect
 from sgl_seat.core.isolation import SelfCheck, own_side_gone
 from sgl_seat.core.learned import LearnedThresholds, Learner
@@ -237,7 +238,10 @@ class Sidecar:
                        for p in self.probes.in_flight())
 
     def _on_fetch(self, rec: ProbeRecord) -> None:
-        """Each completed probe record: the exporter's histogram, and the learner (healthy while not latched)."""
+        """Each completed probe record: the exporter's histogram, and the learner (healthy while not latched);
+        a heartbeat is neither's (the latch's progress check reads it from the records)."""
+        if is_beat(rec.target):
+            return
         self.exporter.observe_fetch(rec)
         with self._learn_lock:
             self.learner.observe((rec,), healthy=self.latched_at is None)

@@ -175,8 +175,8 @@ def test_a_burst_past_the_slot_cap_beside_a_long_prompt_gives_no_bundle(seat: Re
 def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: RealSeat) -> None:
     """GIVEN the seat's plan (SGLSEAT_PROBE through the sitecustomize boot path) WHEN a completion of a known
     prompt length runs THEN every scheduler process has its ring, whose records of VocabParallelEmbedding.forward
-    carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step; and the
-    sidecars count them."""
+    carry the gather size of each forward: the prompt's token count for the prefill, 1 per decode step, beside the
+    decoder layers' heartbeats; and the sidecars count the calls."""
     pids = scheduler_pids(seat)
     body = {"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog " * 3, "max_tokens": 8,
             "ignore_eos": True}
@@ -188,7 +188,11 @@ def test_the_probe_times_the_embedding_lookup_in_every_real_scheduler(seat: Real
         node = rank  # one rank per node
         path = Path(probe_ring.ring_path(f"/dev/shm/sgl-seat-{seat.name}/node{node}", pid))
         assert path.is_file(), f"rank {rank} (pid {pid}) has no probe ring at {path}"
-        recs = [x for x in probe_ring.read_ring(str(path)) if x.start >= t0 - 1.0]
+        every = [x for x in probe_ring.read_ring(str(path)) if x.start >= t0 - 1.0]
+        # The decoder layers' heartbeats (instants named ...@beat) beside the timed embedding calls.
+        beats = [x for x in every if x.target == "sglang.srt.models.llama:LlamaDecoderLayer.forward@beat"]
+        assert beats and all(x.end == x.start and x.gather_size == -1 for x in beats), beats[:3]
+        recs = [x for x in every if x not in beats]
         assert recs and all(EMBEDDING in x.target for x in recs), recs[:3]
         sizes = [x.gather_size for x in recs]
         # The prefill's gather is the prompt, less what the radix cache already held (nothing: a new prompt).

@@ -266,6 +266,67 @@ def test_a_long_prefill_on_both_ranks_is_not_a_hang_before_engine_timeout() -> N
     assert verdicts_over(o, T0 + 11, T0 + 130) == []
 
 
+BEAT = "sglang.srt.models.llama:LlamaDecoderLayer.forward@beat"
+
+
+def lagging_prefill(*, beats: bool, hang: bool = False) -> Observation:
+    """The fault-free soak's two false bundles (bench/results/real_watchdog_soak_trained_nofault.txt): rank 0 in a
+    1,390-token prefill of the trained 30-layer model, sampled at one line of attention 5 s running, rank 1 done with
+    its heads and waiting in the layer's all-reduce, 3 requests running, no token. With ``beats``, rank 0's decoder
+    layers beat every 0.17 s (5 s / 30 layers), rank 1's as it enters each layer; with ``hang``, both stop at T0+21
+    (rank 0 stuck in that line)."""
+    samples, probes, pts = busy(T0, T0 + 10)
+    tokens = pts[-1].values["sglang:generation_tokens_total"]
+    probes += [call(r, 10_000, T0 + 10.5, T0 + 10.51) for r in (0, 1)]  # the prefill's embedding, done
+    t = T0 + 11
+    while t <= T0 + 30:
+        samples += [sample(t, 0, PREFILL), sample(t, 1, LAYER_ALLREDUCE, state="S")]
+        pts.append(metrics(t, running=3, tokens=tokens))
+        t += 1.0
+    if beats:
+        seq, t = 20_000, T0 + 10.52
+        while t <= (T0 + 21 if hang else T0 + 30):
+            probes += [ProbeRecord(node=RANK_NODES[r], rank=r, pid=100 + r, thread=1, seq=seq, target=BEAT,
+                                   start=t, end=t, gather_size=-1) for r in (0, 1)]
+            seq += 1
+            t += 0.17
+    return obs(samples, probes, pts)
+
+
+def test_a_long_prefill_on_one_rank_beside_a_waiting_peer_fires_without_beats_and_not_with_them() -> None:
+    """Without the layers' heartbeats the shape is a hang's (one rank at one frame of work, its peer in a
+    collective, no token): stack unchanged names rank 0 within the stack window, as the soak's false bundles did.
+    With them, rank 0 went round its layer loop between every pair of samples: nothing fires; and once the beats
+    stop (a real hang in that line), stack unchanged names rank 0 again, counted from the last beat."""
+    blind = verdicts_over(lagging_prefill(beats=False), T0 + 11, T0 + 30)
+    assert blind and blind[0].kind is VerdictKind.STACK_UNCHANGED and blind[0].rank == 0
+    assert blind[0].t <= T0 + 16
+    assert verdicts_over(lagging_prefill(beats=True), T0 + 11, T0 + 30) == []
+    hung = verdicts_over(lagging_prefill(beats=True, hang=True), T0 + 11, T0 + 30)
+    assert hung and hung[0].kind is VerdictKind.STACK_UNCHANGED and hung[0].rank == 0
+    assert T0 + 21 + TH.stack_unchanged_samples - 1 <= hung[0].t <= T0 + 28
+    assert "_run_sdpa_forward_extend" in (hung[0].frame or "")
+
+
+def test_beats_are_not_calls_to_time_learn_or_match_frames() -> None:
+    """A heartbeat's records are never in flight and never a probed frame: a stack inside LlamaDecoderLayer.forward
+    is not inside a probed call, and the learner learns no beat shape."""
+    from sgl_seat.core.columns import BEAT_SUFFIX
+    from sgl_seat.core.learned import Learner
+    from sgl_seat.watchdog.probe import targets as probe_targets_mod
+
+    assert BEAT_SUFFIX == probe_targets_mod.BEAT_SUFFIX
+    o = lagging_prefill(beats=True)
+    assert o.probes.targets() == [TARGET]
+    assert int(o.probes.beat_rows().sum()) > 100 and len(o.probes.calls()) == len(o.probes) - int(
+        o.probes.beat_rows().sum())
+    assert not o.probes.take(o.probes.beat_rows()).in_flight_at(T0 + 20).any()
+    lr = Learner(TH)
+    lr.observe(list(o.probes))
+    assert lr.thresholds() is not None and all("@beat" not in k for k in lr.stats()["shapes"])
+    assert lr.learned_calls + lr.warmups == len(o.probes.calls())
+
+
 # ---- the rehearsal stall: several probed calls in flight -------------------------------------------------------
 
 

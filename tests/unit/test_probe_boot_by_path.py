@@ -64,7 +64,7 @@ def test_sitecustomize_loads_the_probe_package_by_path_without_sgl_seat(writer: 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["by_path"], out
     assert out["sgl_seat_imported"] == [], "the child had no sgl-seat: the probe came by path, not by import"
-    assert out["parts"] == ["sgl_seat_probe.fault", "sgl_seat_probe.gpu", "sgl_seat_probe.graph",
+    assert out["parts"] == ["sgl_seat_probe.beat", "sgl_seat_probe.fault", "sgl_seat_probe.gpu", "sgl_seat_probe.graph",
                             "sgl_seat_probe.guard", "sgl_seat_probe.installer", "sgl_seat_probe.native",
                             "sgl_seat_probe.oldnames", "sgl_seat_probe.ring", "sgl_seat_probe.targets",
                             "sgl_seat_probe.writer"], out["parts"]

@@ -42,8 +42,10 @@ def test_the_rehearsal_profile_probes_the_embedding_lookup_and_carries_the_gate(
         env = n.env_dict()
         targets = env[PROBE_ENV_TARGETS].split(",")
         assert targets[0] == "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward@input_:numel"
-        # the graph backends' links and replays (the GPU engine's; on the CPU engine they are never called)
-        assert targets == list(family_targets("LlamaForCausalLM")) and len(targets) == 5
+        # the decoder layer's heartbeat, the graph backends' links and replays (the GPU engine's; on the CPU engine
+        # they are never called)
+        assert targets[1] == "sglang.srt.models.llama:LlamaDecoderLayer.forward@:beat"
+        assert targets == list(family_targets("LlamaForCausalLM")) and len(targets) == 6
         assert env[probe_fault.ENV_REHEARSAL] == "1"
         assert probe_fault.parse_probe_fault(env[probe_fault.ENV_FAULTS]) == probe_fault.parse_probe_fault(FAULT)
     back = LaunchPlan.from_json(json.loads(json.dumps(plan.to_json())))

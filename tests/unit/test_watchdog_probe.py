@@ -68,7 +68,9 @@ def test_parse_target_forms() -> None:
     assert (t.module, t.qualname, t.size_arg, t.mode) == ("pkg.mod", "func", 2, "dim0")
     assert probe.parse_target("a.b:c@").mode == "none"
     assert probe.parse_target("a.b:c").size_arg is None
-    for bad in ("nodots", "a.b:c@x:bogus", "a b:c", ":c", "a.b:c@1x"):
+    t = probe.parse_target("a.b:C.forward@:beat")
+    assert (t.mode, t.size_arg, t.beat, t.name) == ("beat", None, True, "a.b:C.forward@beat")
+    for bad in ("nodots", "a.b:c@x:bogus", "a b:c", ":c", "a.b:c@1x", "a.b:c@x:beat"):
         with pytest.raises(ValueError):
             probe.parse_target(bad)
 
@@ -92,6 +94,34 @@ def test_wrapped_calls_land_in_the_ring(ring_dir: Path) -> None:
     # installing again is a no-op, not a double wrap
     probe.install(["probe_t1:fetch_rows@ids"])
     assert not hasattr(mod.fetch_rows.__wrapped__, "__sgl_seat_probe__")
+
+
+def test_a_heartbeat_writes_instant_records_at_most_every_tenth_of_a_second_and_is_never_gated(
+        ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``beat`` target's calls write instants (start = end, no gather size, the name ``...@beat``), throttled per
+    process; a rehearsal fault aimed at every target neither stalls a beat nor counts it (``after_calls``)."""
+    from sgl_seat.watchdog.probe import beat
+
+    monkeypatch.setenv(probe.ENV_REHEARSAL, "1")
+    monkeypatch.setenv(probe.ENV_FAULTS, "probe-stall:for_s=30")  # any target, the next call
+    monkeypatch.setattr(beat, "_last_ns", 0)
+    mod = _module("probe_beat1", """
+        class Layer:
+            def forward(self, x):
+                return x + 1
+    """)
+    assert probe.install(["probe_beat1:Layer.forward@:beat"])["probe_beat1:Layer.forward@:beat"] == "installed"
+    layer = mod.Layer()
+    t0 = time.time()
+    for i in range(200):  # a burst well within 0.1 s: one beat
+        assert layer.forward(i) == i + 1
+    assert time.time() - t0 < 10.0  # not stalled by the armed fault (it would hold the first call 30 s)
+    time.sleep(beat.BEAT_EVERY_S + 0.02)
+    assert layer.forward(0) == 1  # the next beat
+    recs = [r for r in _records(ring_dir) if r.target.endswith("@beat")]
+    assert [r.target for r in recs] == ["probe_beat1:Layer.forward@beat"] * 2
+    assert all(r.end == r.start and r.gather_size == -1 and r.start >= t0 for r in recs)
+    assert recs[1].start - recs[0].start >= beat.BEAT_EVERY_S
 
 
 def test_in_flight_call_is_visible_with_its_age(ring_dir: Path) -> None:

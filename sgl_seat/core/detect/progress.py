@@ -34,6 +34,8 @@ def went_round(pc: ProbeColumns, pid: int, t0: float, t1: float) -> bool:
     should (tokens moving) can lag: the CI soak wrote a false stack-unchanged bundle for a healthy rank (5
     samples at ``Scheduler._step`` over 4 s) on a loaded box. A probed call that began or ended between the
     samples is the rank's own word that it was not stuck. A process without probe records gives no such word.
+    Heartbeats count (records of a ``beat`` target, :func:`~sgl_seat.core.columns.is_beat`: a decoder layer's
+    start): inside one long forward the row fetch comes only at its start, the layers beat throughout.
     """
     mine = pc.pid == pid
     if not bool(np.any(mine)):
@@ -46,7 +48,8 @@ def last_fetch_end(pc: ProbeColumns, now: float) -> float | None:
     """When the latest probed call that had finished by ``now`` finished (None: none had).
 
     A finished row fetch is progress as much as a token is (the sidecar's latch counts it so too): a stepping
-    engine makes one each forward, while /metrics can lag seconds behind on a loaded host.
+    engine makes one each forward, while /metrics can lag seconds behind on a loaded host. A heartbeat counts too
+    (see :func:`went_round`): a long forward's layers go round while no token moves.
     """
     done = pc.end[pc.end <= now]
     return float(done.max()) if done.size else None

@@ -61,7 +61,7 @@ def _warmup(bundle: Bundle, now: float) -> dict[str, Any]:
     """The first :data:`WARMUP_CALLS` calls of each (process, target, graph shape), where the bundle holds the
     process's first call (call numbers count from 1 per process; :func:`~.analysis.warmup_rows`): their count, the
     slowest, and the first few. The completed ones are left out of the bucket statistics."""
-    pt = bundle.probes
+    pt = bundle.probes.calls()  # heartbeats are not calls
     listed: list[dict[str, Any]] = []
     for i in np.flatnonzero(warmup_rows(pt)).tolist():
         r = pt.record(i)

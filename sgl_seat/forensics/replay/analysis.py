@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sgl_seat.core.columns import F64, I64, Mask, ProbeColumns
+from sgl_seat.core.columns import F64, I64, Mask, ProbeColumns, is_beat
 from sgl_seat.core.frames import (
     REHEARSAL_GATE_FILE,
     collective_frame,
@@ -259,7 +259,7 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float, learned: Lea
     fetch says that threshold and where it came from, and its age at ``verdict_t`` too (the verdict's evaluation
     time, where the verdict's evidence timed it), beside its age at ``now`` (the trigger).
     """
-    pt = bundle.probes
+    pt = bundle.probes.calls()  # heartbeats are not timed calls
     stall_ms = stall_s * 1000.0
     own = row_thresholds(pt, learned, stall_s, now)
     limit = {(int(pt.pid[i]), int(pt.seq[i])): float(own.seconds[i]) for i in np.flatnonzero(own.learned).tolist()}
@@ -346,7 +346,7 @@ def rowfetch_scatter(bundle: Bundle, now: float, *,
                      limit: int = 4000) -> list[tuple[int, float, bool, bool, int, int]]:
     """(gather size, latency ms, in flight, warm-up call, pid, call number) points for the HTML scatter plot,
     evenly thinned to ``limit`` (never an in-flight call or a warm-up call thinned away)."""
-    pt = bundle.probes
+    pt = bundle.probes.calls()  # heartbeats are not timed calls
     n = len(pt)
     step = max(1, n // limit)
     d, fl = _latencies_ms(pt, now)
@@ -363,7 +363,7 @@ def rowfetch_scatter(bundle: Bundle, now: float, *,
 def _rowfetch_funcs(bundle: Bundle) -> frozenset[str]:
     """Qualified names of the probe targets (``pkg.mod:Class.method`` -> ``Class.method``; ``pkg.mod.func`` ->
     ``func``), as the detectors derive them (:func:`~sgl_seat.core.frames.target_qualname`)."""
-    return ROWFETCH_FUNCS | {target_qualname(g.target)[1] for g in bundle.probes.groups}
+    return ROWFETCH_FUNCS | {target_qualname(g.target)[1] for g in bundle.probes.groups if not is_beat(g.target)}
 
 
 def _is_rowfetch(f: Frame, funcs: frozenset[str]) -> bool:

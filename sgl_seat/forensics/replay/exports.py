@@ -114,7 +114,7 @@ def chrome_trace(result: ReplayResult) -> dict[str, Any]:
                        "cat": seg["state"], "ts": us(start),
                        "dur": max(1, round((seg["end_s"] - seg["start_s"]) * 1e6)),
                        "args": {"samples": seg["samples"], "frame": seg["frame"]}})
-    pt = b.probes
+    pt = b.probes.calls()  # heartbeats are not fetches
     n = len(pt)
     keep = set(range(max(0, n - MAX_TRACE_FETCHES), n)) | set(np.flatnonzero(np.isnan(pt.end)).tolist())
     for i in sorted(keep):

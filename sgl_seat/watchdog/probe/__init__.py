@@ -12,6 +12,8 @@ Its parts, one module each:
 - :mod:`.ring`: the ring's format (header, slots, the lap-tagged end word, the GPU side area) and its reader
   (:func:`read_ring`, :class:`RingReader`, :func:`list_rings`), the only part the sidecar needs;
 - :mod:`.targets`: target syntax (:func:`parse_target`) and which argument is a call's gather size;
+- :mod:`.beat`: heartbeat targets (mode ``beat``): instant records that say a process goes round inside a long
+  step of work;
 - :mod:`.writer`: this process's ring, the Python wrappers (:func:`make_wrapper`) and all the mutable state the
   hot path reads (the C writer and the generated wrappers read it through that module's dict);
 - :mod:`.native`: building and loading the C writer, ``probe_native.c`` beside it;

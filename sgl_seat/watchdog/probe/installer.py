@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from . import fault, oldnames
+from .beat import make_beat_wrapper
 from .graph import make_graph_wrapper, make_runner_link
 from .guard import warn_once
 from .targets import TargetSpec, parse_target
@@ -51,9 +52,12 @@ def _resolve_owner(module: ModuleType, qualname: str) -> tuple[Any, str]:
 def _probed(fn: Any, spec: TargetSpec) -> Any:
     """The probe's wrapper of ``fn``, with the rehearsal gate inside it only in a rehearsal (env, read per target); a
     graph-replay target (mode ``graph``) gets the replay wrapper and its CUDA events (:mod:`.graph`); a ``link``
-    target (a graph backend's constructor) only the runner link, never the gate: nothing of it is timed or stalled."""
+    target (a graph backend's constructor) only the runner link, never the gate: nothing of it is timed or stalled;
+    a ``beat`` target (:mod:`.beat`) only its heartbeat, never the gate either."""
     if spec.runner_link:
         return make_runner_link(fn, spec)
+    if spec.beat:
+        return make_beat_wrapper(fn, spec)
     inner = fault.gate(fn, spec) if fault.enabled() else fn
     return make_graph_wrapper(inner, spec) if spec.graph_replay else make_wrapper(inner, spec)
 

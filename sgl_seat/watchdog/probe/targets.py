@@ -39,6 +39,13 @@ GRAPH_MODE = "graph"
 #: The mode of a backend constructor whose named argument becomes ``self._cuda_graph_runner`` where it is missing
 #: (its wrapper is :func:`.graph.make_runner_link`: no ring slot, no timing, no rehearsal gate).
 LINK_MODE = "link"
+#: The mode of a heartbeat target (its wrapper is :func:`.beat.make_beat_wrapper`): a call inside each step of work
+#: (a decoder layer) whose start is written as an instant record, at most one per :data:`.beat.BEAT_EVERY_S`;
+#: not timed, no gather size, no rehearsal gate. Its records carry the name ``module:qualname@beat``.
+BEAT_MODE = "beat"
+#: What a heartbeat target's name ends with in the ring's target table and in every record (the watchdog's core
+#: tells beats from timed calls by it: ``sgl_seat.core.columns.BEAT_SUFFIX``, held equal by a unit test).
+BEAT_SUFFIX = "@beat"
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,18 @@ class TargetSpec:
 
     @property
     def name(self) -> str:
-        """What the ring's target table and the records carry: ``module:qualname``."""
-        return f"{self.module}:{self.qualname}"
+        """What the ring's target table and the records carry: ``module:qualname`` (``...@beat`` for a heartbeat)."""
+        return f"{self.module}:{self.qualname}" + (BEAT_SUFFIX if self.beat else "")
 
     @property
     def graph_replay(self) -> bool:
         """The target replays a captured CUDA graph (mode ``graph``)."""
         return self.mode == GRAPH_MODE
+
+    @property
+    def beat(self) -> bool:
+        """The target is a heartbeat (mode ``beat``): its calls say the process goes round, nothing is timed."""
+        return self.mode == BEAT_MODE
 
     @property
     def runner_link(self) -> bool:
@@ -83,9 +95,9 @@ def parse_target(raw: str) -> TargetSpec:
     if size:
         arg, _, m = size.partition(":")
         if m:
-            if m not in (*_MODES, GRAPH_MODE, LINK_MODE):
+            if m not in (*_MODES, GRAPH_MODE, LINK_MODE, BEAT_MODE):
                 raise ValueError(f"probe target {raw!r}: size mode {m!r} is not one of "
-                                 f"{(*_MODES, GRAPH_MODE, LINK_MODE)}")
+                                 f"{(*_MODES, GRAPH_MODE, LINK_MODE, BEAT_MODE)}")
             mode = m
         if arg.isdigit():
             size_arg = int(arg)
@@ -95,6 +107,8 @@ def parse_target(raw: str) -> TargetSpec:
             raise ValueError(f"probe target {raw!r}: {arg!r} is neither a parameter name nor a position")
     elif at:
         mode = "none"  # "target@": time it, no gather size
+    if mode == BEAT_MODE and size_arg is not None:
+        raise ValueError(f"probe target {raw!r}: a heartbeat has no gather size (write it module:qualname@:beat)")
     if mode == LINK_MODE and size_arg is None:
         raise ValueError(f"probe target {raw!r}: a link names the runner's parameter (@cuda_graph_runner:link)")
     return TargetSpec(raw=text, module=module, qualname=qual, size_arg=size_arg, mode=mode)

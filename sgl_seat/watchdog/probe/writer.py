@@ -275,6 +275,25 @@ def make_wrapper(fn: Callable[..., Any], spec: TargetSpec, *, python: bool = Fal
     return wrapper
 
 
+def write_beat(tidx: int) -> None:
+    """One instant record of target ``tidx``: start = end = now, no gather size (a heartbeat, :mod:`.beat`)."""
+    q = _Q
+    if q is None:
+        if not _ensure_ring():
+            return
+        q = _Q
+        assert q is not None
+    c = _NEXT()
+    b = ((c & _MASK) + HEADER_BYTES // SLOT_BYTES) << 3
+    t = time.time_ns()
+    try:
+        _PACK(_MM, b << 3, 2 * c + 1, c, t, 0, -1, threading.get_ident(), tidx, GPU_NONE)  # type: ignore[arg-type]
+        q[b] = 2 * c + 2
+        q[b + _W_END] = ((c >> _SHIFT & _LAP_MASK) << _END_BITS) | (t & _END_MASK)
+    except Exception:  # a ring gone: no beat
+        return
+
+
 def _generic_wrapper(fn: Callable[..., Any], tidx: int, pos: int, kw: str | None, mode: int) -> Callable[..., Any]:
     now = time.time_ns
     ident = threading.get_ident
