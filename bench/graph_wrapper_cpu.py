@@ -53,8 +53,8 @@ def main() -> int:
     os.environ["SGLSEAT_PROBE_GPU"] = "0"
     os.environ["SGLSEAT_PROBE_GRAPH"] = "0"
     calls, rounds = 20000, 25
-    from sgl_seat.watchdog import probe
-    from sgl_seat.watchdog.probe import graph, writer
+    from sgl_seat import probe
+    from sgl_seat.probe import graph, writer
 
     spec = probe.parse_target("bench_cpu:Backend.replay@shape_key:graph")
     arms = {"bare": Backend.replay, "native": graph.make_graph_wrapper(Backend.replay, spec),

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 # serves sgl_seat itself on a machine where it is not installed, e.g. the GPU host).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sgl_seat.watchdog import probe
+from sgl_seat import probe
 
 if TYPE_CHECKING:
     from rigs.simrig import SimSeat

@@ -15,7 +15,7 @@ For one release the old names still work:
 - :func:`lookup` reads a name from a recorded environment (a bundle's, a seat record's plan, a live process's
   ``/proc/<pid>/environ``) under either name: what the previous release recorded must still be read.
 - The in-engine probe (standard library only, loaded by path) has its own small fallback:
-  ``watchdog/probe/oldnames.py``.
+  ``probe/oldnames.py``.
 
 Standard library only, at the layer of ``errors``. The old prefix is spelt only here, in the probe's fallback and in
 their tests (and on lines marked ``old-env-name``), so the rename script leaves them alone.

@@ -37,7 +37,7 @@ from sgl_seat.topology import RankInfo, Topology, topology_of
 PLAN_SCHEMA_VERSION = 1
 
 SEAT_ENV_NAME = "SGLSEAT_NAME"
-# The watchdog probe (sgl_seat.watchdog.probe): targets, ring directory, and for engines without a hook of
+# The watchdog probe (sgl_seat.probe): targets, ring directory, and for engines without a hook of
 # ours (real SGLang) the directory of its sitecustomize loader, first on PYTHONPATH.
 PROBE_ENV_TARGETS = "SGLSEAT_PROBE"
 PROBE_ENV_DIR = "SGLSEAT_PROBE_DIR"

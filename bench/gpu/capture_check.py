@@ -137,7 +137,7 @@ def case_query(torch: Any, relaxed: bool) -> dict[str, Any]:
 def case_probe(torch: Any) -> dict[str, Any]:
     os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="capture-check-")
     os.environ["SGLSEAT_PROBE_GPU"] = "0"
-    from sgl_seat.watchdog import probe
+    from sgl_seat import probe
 
     def fetch(table: object, ids: Any) -> None:
         ids.mul_(1.0)

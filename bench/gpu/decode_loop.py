@@ -47,8 +47,8 @@ def rank_main(a: argparse.Namespace) -> int:
         import setproctitle
 
         setproctitle.setproctitle(f"sglang::scheduler_TP{a.rank}_EP{a.rank}")
+    from sgl_seat import probe
     from sgl_seat.sim import rowfetch
-    from sgl_seat.watchdog import probe
 
     stop = False
 

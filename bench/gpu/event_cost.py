@@ -60,7 +60,7 @@ def main() -> None:
     out["_CudaEventBase.record(timing ev, cached stream)"] = per_call(lambda: base_record(ev, cur))
     out["_CudaEventBase.record(plain ev, cached stream)"] = per_call(lambda: base_record(plain2, cur))
     out["plain ev.query() (completed)"] = per_call(plain2.query)
-    from sgl_seat.watchdog import probe as _probe
+    from sgl_seat import probe as _probe
 
     for how in ("method", "ctypes", "base"):  # the probe's own record paths, stream key included
         paths = _probe.cuda_paths(torch, how)
@@ -71,7 +71,7 @@ def main() -> None:
         out["capture test through the CUDAGraph hooks"] = per_call(hooks)
     # The probe in auto mode, as an engine process uses it.
     os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp()
-    from sgl_seat.watchdog import probe
+    from sgl_seat import probe
 
     def fetch(table: object, ids: object) -> None:
         torch.cuda._sleep(1000)
@@ -85,8 +85,10 @@ def main() -> None:
     torch.cuda.synchronize()
     if timer is not None:
         timer.poll()
+    from sgl_seat.core.records import ProbeRecord
+
     path = probe.ring_file()
-    out["ring_records"] = [r.to_json() for r in probe.read_ring(path)] if path else None
+    out["ring_records"] = [r.to_json() for r in probe.read_ring(path, record=ProbeRecord)] if path else None
     print(json.dumps(out, indent=1))
 
 

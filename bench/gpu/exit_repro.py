@@ -16,8 +16,8 @@ import tempfile
 
 import torch
 
-from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.probe import graph
+from sgl_seat import probe
+from sgl_seat.probe import graph
 
 
 def main() -> int:

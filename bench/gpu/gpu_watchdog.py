@@ -96,7 +96,7 @@ def probe_cost(batches: int = 200, batch: int = 1000) -> dict[str, Any]:
     ``probe.cuda_paths``); min over batches (the least disturbed)."""
     import torch
 
-    from sgl_seat.watchdog import probe
+    from sgl_seat import probe
 
     saved = {k: os.environ.get(k) for k in (probe.ENV_DIR, probe.ENV_GPU)}
     os.environ[probe.ENV_DIR] = tempfile.mkdtemp(prefix="probe-cost-")
@@ -161,8 +161,8 @@ def fetch_cost_cuda(calls: int = 3000) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "bench"))
     from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns
 
+    from sgl_seat import probe
     from sgl_seat.sim import rowfetch
-    from sgl_seat.watchdog import probe
 
     saved = {k: os.environ.get(k) for k in (probe.ENV_DIR, probe.ENV_GPU)}
     os.environ[probe.ENV_DIR] = tempfile.mkdtemp(prefix="probe-fetch-", dir="/dev/shm")

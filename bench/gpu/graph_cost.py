@@ -97,8 +97,8 @@ def main() -> int:
 
     os.environ["SGLSEAT_PROBE_DIR"] = tempfile.mkdtemp(prefix="graph-cost-", dir="/dev/shm")
     os.environ["SGLSEAT_PROBE_GPU"] = "0"  # only the graph timer here
-    from sgl_seat.watchdog import probe
-    from sgl_seat.watchdog.probe import graph
+    from sgl_seat import probe
+    from sgl_seat.probe import graph
 
     torch.cuda.init()
     dev = torch.device("cuda", 0)

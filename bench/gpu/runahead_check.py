@@ -40,9 +40,9 @@ def worker(rank: int, step_ms: float, ahead: int, fault_step: int, steps: int, p
     import torch
     import torch.distributed as dist
 
+    from sgl_seat import probe
     from sgl_seat.sim import rowfetch
     from sgl_seat.sim.step.device import calibrate_sleep
-    from sgl_seat.watchdog import probe
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -70,7 +70,7 @@ def worker(rank: int, step_ms: float, ahead: int, fault_step: int, steps: int, p
 
 
 def oldest_in_flight(ring_dir: Path, now: float) -> dict[str, Any] | None:
-    from sgl_seat.watchdog import probe
+    from sgl_seat import probe
 
     recs = [r for path in probe.list_rings(str(ring_dir)).values() for r in probe.read_ring(path)]
     infl = [r for r in recs if r.gpu_in_flight(now)]

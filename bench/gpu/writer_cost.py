@@ -1,7 +1,7 @@
 """The probe's cost per call on a GPU host, C writer against Python writer, around the sim's real CUDA-mode fetch.
 
 Why: issue 12 asks that the probe with its CUDA events add at most 2 us per call; session 4 measured that with
-the Python writer only (the C writer, ``sgl_seat/watchdog/probe/probe_native.c``, came in session 5 and was measured on
+the Python writer only (the C writer, ``sgl_seat/probe/probe_native.c``, came in session 5 and was measured on
 a CPU machine only). Both writers share one ring, one call counter and one GPU timer in a process
 (``make_wrapper(..., python=True)`` is the Python one), so they can be interleaved call by call with a bare call:
 arms ``bare``, ``c`` and ``py`` in rotating order, each call on the next of 1009 id lists. One session per GPU
@@ -105,8 +105,8 @@ def main() -> int:
     import torch
     from watchdog_overhead import GATHER_SIZES, added_ns, interleaved_ns, trimmed_mean
 
+    from sgl_seat import probe
     from sgl_seat.sim import rowfetch
-    from sgl_seat.watchdog import probe
 
     out["writer"] = probe.native_state()
     out["commit"] = os.environ.get("SGLSEAT_COMMIT")

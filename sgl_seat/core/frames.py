@@ -87,7 +87,7 @@ def target_qualname(target: str) -> tuple[str | None, str]:
     return mod or None, func
 
 
-#: The code file name of the probe's rehearsal gate of a target (``watchdog/probe/fault.py`` compiles it as
+#: The code file name of the probe's rehearsal gate of a target (``probe/fault.py`` compiles it as
 #: ``<sgl-seat rehearsal gate of 'Class.method'>``): its frame is a call of that target, stalled at its entry.
 REHEARSAL_GATE_FILE = "<sgl-seat rehearsal gate of "
 

@@ -172,7 +172,7 @@ class ProbeRecord:
     ``start``/``end`` time the Python call. On a GPU the call mostly *enqueues* work, and a stalled host
     read stalls a kernel, not the call: the GPU fields (optional, added compatibly in schema 1; absent in
     older bundles) time the call's work on its CUDA stream. ``gpu`` says the probe timed it there (a CUDA
-    event after the call, or after a later call of the same stream: see ``watchdog/probe/gpu.py``'s ``GpuTimer``);
+    event after the call, or after a later call of the same stream: see ``probe/gpu.py``'s ``GpuTimer``);
     ``gpu_start`` is a bound, not an event: the later of the call's start and when the engine's event reader
     saw the stream's previous probed work complete (None while the call is still queued behind earlier
     work), ``gpu_end`` when the reader saw its work complete (None while the work is in flight on the GPU).

@@ -136,7 +136,7 @@ SEAT_CHECK = """
 import json, sys, time
 import ray, sgl_seat, psutil, httpx, typer, zstandard
 from sgl_seat.cli.main import app
-from sgl_seat.watchdog.probe import ring
+from sgl_seat.probe import ring
 t = time.monotonic()
 ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
 answer = ray.get(ray.remote(lambda: 42).remote(), timeout=120)

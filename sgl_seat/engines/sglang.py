@@ -3,7 +3,7 @@ depend on the model's architecture, and faults are injected only into a rehearsa
 
 Faults on a real engine: a seat the spec marks ``rehearsal: true`` takes ``probe-stall:...`` faults
 (``up --fault``, and at run time ``sgl-seat fault``): the probe's rehearsal gate
-(``sgl_seat/watchdog/probe/fault.py``) stalls a probed call inside the scheduler, so real SGLang code blocks in
+(``sgl_seat/probe/fault.py``) stalls a probed call inside the scheduler, so real SGLang code blocks in
 its forward where the field report's hang did and its peers wait in the real all-reduce. Every other seat
 refuses them before anything starts; production processes carry no gate at all.
 
@@ -49,7 +49,7 @@ _GPU_CHECKS = frozenset({Check.GPUS, Check.IB_HCA, Check.ENGRAM_HOST})
 #: dummy health server, so two nodes on one host cannot share it).
 COLOCATED_PORT_STEP = 10
 
-#: The probe's rehearsal switches (``sgl_seat/watchdog/probe/fault.py`` ENV_REHEARSAL / ENV_FAULTS; a unit test
+#: The probe's rehearsal switches (``sgl_seat/probe/fault.py`` ENV_REHEARSAL / ENV_FAULTS; a unit test
 #: holds them equal: the engines layer does not import the watchdog's).
 ENV_PROBE_REHEARSAL = "SGLSEAT_PROBE_REHEARSAL"
 ENV_PROBE_FAULTS = "SGLSEAT_PROBE_FAULTS"
@@ -103,7 +103,7 @@ class SGLangBackend(EngineBackend):
                              "spec says `rehearsal: true` (never on a production seat)",
                              fix="drop --fault, or rehearse on a seat marked rehearsal: true (e.g. local-sglang)")
         # The gate's own parser (standard library only): what the plan accepts is what the engine will run.
-        from sgl_seat.watchdog.probe.fault import parse_probe_fault
+        from sgl_seat.probe.fault import parse_probe_fault
 
         out = []
         for f in faults:

@@ -4,7 +4,7 @@ A rehearsal (the spec's ``rehearsal: true``, or a sim seat) is where an operator
 the watchdog does with a real hang before production has one. What can be done to it:
 
 - ``probe-stall:rank=R[,after_calls=N][,gather_ge=K][,for_s=S][,target=T]``: the probe's rehearsal gate
-  (``sgl_seat/watchdog/probe/fault.py``) stalls rank R's next probed call that matches, inside the real engine:
+  (``sgl_seat/probe/fault.py``) stalls rank R's next probed call that matches, inside the real engine:
   its scheduler blocks in its forward and its peers wait in the real all-reduce. Written to every node's probe
   control file (the gate picks the rank), so it works whichever node holds the rank. ``clear`` ends it.
 - ``sigstop:rank=R`` / ``sigcont:rank=R`` / ``sigkill:rank=R``: the signal to rank R's scheduler process;

@@ -25,7 +25,7 @@ Environment (the first four are written by the planner, through ``sgl_seat.engin
 - ``SGLSEAT_SIM_TABLE_ROWS``: rows of each rank's host embedding table (default 4096 x 7168 bf16).
 - ``SGLSEAT_SIM_FLIP_NEAR_TIES``: ``1`` makes greedy near-ties depend on batch composition.
 - ``SGLSEAT_SIM_WATCHDOG_GRACE_S``: the pause between the watchdog line and SIGQUIT (SGLang: 5 s).
-- ``SGLSEAT_PROBE``: when set, each scheduler installs ``sgl_seat.watchdog.probe`` at start.
+- ``SGLSEAT_PROBE``: when set, each scheduler installs ``sgl_seat.probe`` at start.
 - ``SGLSEAT_SIM_DEVICE``: ``cpu`` (default), ``cuda`` or ``auto`` (cuda where torch sees a GPU) when
   ``--device`` is not given.
 - ``SGLSEAT_SIM_DRAFT_COST``: sim-only (no SGLang flag or variable does this): a multiplier in [0, 1] on

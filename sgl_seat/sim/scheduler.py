@@ -85,7 +85,7 @@ def _maybe_install_probe() -> None:
     if not os.environ.get(ENV_PROBE):
         return
     try:
-        importlib.import_module("sgl_seat.watchdog.probe").install_from_env()
+        importlib.import_module("sgl_seat.probe").install_from_env()
     except Exception as e:  # a missing or broken probe must not take the engine down
         simlog.get().warning(f"{ENV_PROBE} is set but the probe could not be installed: {type(e).__name__}: {e}")
 

@@ -3,8 +3,9 @@
 ``sidecar`` (the per-node core) over ``procfind``, ``pyspy`` and ``sampler`` (engine processes and their
 stacks), ``sources`` (probe rings, ``/metrics``, the engine log), ``rankview`` (what `watch` shows per
 rank), ``exporter`` (its own Prometheus metrics) and ``capture`` (one coordinated bundle); ``config``,
-``peers`` and ``actors`` (the Ray face `up`, `down` and `watch` call). ``probe`` and ``boot/`` run inside
-the engine's processes. The detectors themselves are ``sgl_seat.core`` (shared with offline replay).
+``peers`` and ``actors`` (the Ray face `up`, `down` and `watch` call). ``boot/`` runs inside the engine's
+processes and loads the probe there (``sgl_seat.probe``, at the bottom of the house: standard library only).
+The detectors themselves are ``sgl_seat.core`` (shared with offline replay).
 """
 
 from __future__ import annotations

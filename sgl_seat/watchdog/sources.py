@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sgl_seat import probe
 from sgl_seat.core.records import LogLine, MetricsPoint, ProbeRecord
-from sgl_seat.watchdog import probe
 
 log = logging.getLogger("sgl_seat.watchdog")
 
@@ -57,7 +57,7 @@ class ProbeReader:
                 continue
             reader = self._readers.get(pid)
             if reader is None or reader.path != path:
-                reader = self._readers[pid] = probe.RingReader(path)
+                reader = self._readers[pid] = probe.RingReader(path, record=ProbeRecord)
             try:
                 recs = reader.read(node=self.node, rank=rank if rank is not None else None)
             except (FileNotFoundError, probe.RingNotReady):

@@ -38,7 +38,7 @@ CHILD = r"""
 import json, sys
 from sgl_seat.sizing.child import _install_stubs
 stubs = _install_stubs()                      # torchvision only, and only if the real one fails to import
-probe = sys.modules.get("sgl_seat.watchdog.probe") or sys.modules.get("sgl_seat_probe")
+probe = sys.modules.get("sgl_seat.probe") or sys.modules.get("sgl_seat_probe")
 pending = dict(probe.installed()) if probe else None
 import sglang.srt.layers.engram as engram
 import sglang.srt.layers.engram_staging as staging

@@ -39,7 +39,7 @@ CHILD = r"""
 import json, sys, types
 from sgl_seat.sizing.child import _install_stubs
 stubs = _install_stubs()                      # torchvision only, and only if the real one fails to import
-probe = sys.modules.get("sgl_seat.watchdog.probe") or sys.modules.get("sgl_seat_probe")
+probe = sys.modules.get("sgl_seat.probe") or sys.modules.get("sgl_seat_probe")
 pending = dict(probe.installed()) if probe else None
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import BreakableCudaGraphBackend
@@ -105,7 +105,7 @@ LINK_CHILD = r"""
 import json, sys, types
 from sgl_seat.sizing.child import _install_stubs
 stubs = _install_stubs()
-probe = sys.modules.get("sgl_seat.watchdog.probe") or sys.modules.get("sgl_seat_probe")
+probe = sys.modules.get("sgl_seat.probe") or sys.modules.get("sgl_seat_probe")
 import sglang.srt.model_executor.runner_backend.full_cuda_graph_backend as full_mod
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import BreakableCudaGraphBackend

@@ -43,7 +43,7 @@ from realseat import (
 
 from sgl_seat.forensics.format.store import wait_for_bundle
 from sgl_seat.forensics.recording.loadgen import Load, posting, request_body
-from sgl_seat.watchdog.probe import ring as probe_ring
+from sgl_seat.probe import ring as probe_ring
 from sgl_seat.watchdog.sources import parse_metrics_text
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sgl_seat import probe
 from sgl_seat.procstate import pid_state
-from sgl_seat.watchdog import boot_dir, probe
+from sgl_seat.watchdog import boot_dir
 from sgl_seat.watchdog.procfind import EngineProc
 from sgl_seat.watchdog.pyspy import capture_stacks, ensure_not_stopped, find_pyspy, pyspy_dump
 from sgl_seat.watchdog.sampler import Sampler
@@ -195,7 +196,7 @@ def test_sitecustomize_loads_the_probe_into_a_foreign_engine(tmp_path: Path) -> 
     assert probe.list_rings(str(rings)) == {}
     # without SGLSEAT_PROBE the loader does nothing
     env.pop(probe.ENV_TARGETS)
-    res = subprocess.run([sys.executable, "-c", "import sys; print('sgl_seat.watchdog.probe' in sys.modules)"],
+    res = subprocess.run([sys.executable, "-c", "import sys; print('sgl_seat.probe' in sys.modules)"],
                          env=env, capture_output=True, timeout=60, check=True)
     assert res.stdout.decode().strip() == "False"
 

@@ -56,7 +56,7 @@ ENGINE = textwrap.dedent("""
     import setproctitle
     setproctitle.setproctitle(f"sglang::scheduler_TP{rank}_EP{rank}")
     sys.path.insert(0, ctl)
-    from sgl_seat.watchdog import probe
+    from sgl_seat import probe
     probe.install_from_env()
     import fakerows
     if mport:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_seat.watchdog import probe
+from sgl_seat import probe
 
 
 @pytest.fixture(autouse=True)

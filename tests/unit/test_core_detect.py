@@ -35,7 +35,7 @@ ALL_REDUCE = [Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py
               Frame("wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 81),
               Frame("Scheduler.step", "/src/sgl_seat/sim/scheduler.py", 210), LOOP, MAIN]
 FETCH = [Frame("fetch_rows", "/src/sgl_seat/sim/rowfetch.py", 88),
-         Frame("probe_wrapper", "/src/sgl_seat/watchdog/probe.py", 321),
+         Frame("probe_wrapper", "/src/sgl_seat/probe.py", 321),
          Frame("Scheduler.step", "/src/sgl_seat/sim/scheduler.py", 190), LOOP, MAIN]
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows"
 

@@ -87,7 +87,7 @@ SLEEP = [F("Poller.poll", f"{SITE}/zmq/sugar/poll.py", 106),
          F("Scheduler.maybe_sleep_on_idle", f"{SG}/managers/scheduler.py", 6162),
          F("Scheduler.on_idle", f"{SG}/managers/scheduler.py", 5328), LOOP_IDLE, *BOTTOM]
 EMBED_TOP = [F("VocabParallelEmbedding.forward", f"{SG}/layers/vocab_parallel_embedding.py", 533),
-             F("_probe_call", "/opt/sgl_seat/sgl_seat/watchdog/probe/writer.py", 270),
+             F("_probe_call", "/opt/sgl_seat/sgl_seat/probe/writer.py", 270),
              F("LlamaModel.forward", f"{SG}/models/llama.py", 330), *MODEL]
 #: Rank 0 waiting for a stalled rank 1 in the all-reduce inside its own probed embedding call.
 EMBED_ALLREDUCE = [F("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 3913),
@@ -101,10 +101,10 @@ LAYER_ALLREDUCE = [F("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.p
                    F("GroupCoordinator.all_reduce", f"{SG}/distributed/parallel_state.py", 699),
                    F("tensor_model_parallel_all_reduce", f"{SG}/distributed/communication_op.py", 14),
                    F("RowParallelLinear.forward", f"{SG}/layers/linear.py", 1400), *LAYER]
-#: The rehearsal stall (sgl_seat/watchdog/probe/fault.py): time.sleep in a loop inside the probe's wrapper.
-REHEARSAL = [F("rehearsal_stall", "/opt/sgl_seat/sgl_seat/watchdog/probe/fault.py", 88),
-             F("_gate", "/opt/sgl_seat/sgl_seat/watchdog/probe/fault.py", 120),
-             F("_probe_call", "/opt/sgl_seat/sgl_seat/watchdog/probe/writer.py", 268),
+#: The rehearsal stall (sgl_seat/probe/fault.py): time.sleep in a loop inside the probe's wrapper.
+REHEARSAL = [F("rehearsal_stall", "/opt/sgl_seat/sgl_seat/probe/fault.py", 88),
+             F("_gate", "/opt/sgl_seat/sgl_seat/probe/fault.py", 120),
+             F("_probe_call", "/opt/sgl_seat/sgl_seat/probe/writer.py", 268),
              F("LlamaModel.forward", f"{SG}/models/llama.py", 330), *MODEL]
 WORK_WAIT = Frame("c10d::Work::wait", "libtorch_cpu.so", 0, None, True)
 
@@ -313,7 +313,7 @@ def test_beats_are_not_calls_to_time_learn_or_match_frames() -> None:
     is not inside a probed call, and the learner learns no beat shape."""
     from sgl_seat.core.columns import BEAT_SUFFIX
     from sgl_seat.core.learned import Learner
-    from sgl_seat.watchdog.probe import targets as probe_targets_mod
+    from sgl_seat.probe import targets as probe_targets_mod
 
     assert BEAT_SUFFIX == probe_targets_mod.BEAT_SUFFIX
     o = lagging_prefill(beats=True)

@@ -27,8 +27,8 @@ from sgl_seat import envcompat
 from sgl_seat.errors import SpecError
 from sgl_seat.forensics.format.scrub import scrub_env
 from sgl_seat.plan import LaunchPlan, build_plan
+from sgl_seat.probe import oldnames
 from sgl_seat.spec import builtin_seats_dir, load_spec, parse_spec
-from sgl_seat.watchdog.probe import oldnames
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLES = REPO / "tests" / "fixtures" / "bundles"
@@ -80,7 +80,7 @@ def test_the_rehearsal_faults_variables_are_new_names_too() -> None:
 
 def test_no_module_of_the_package_names_an_old_variable() -> None:
     """The old prefix is spelt only by the compatibility code (and lines marked ``old-env-name``)."""
-    allowed = {"sgl_seat/envcompat.py", "sgl_seat/watchdog/probe/oldnames.py"}
+    allowed = {"sgl_seat/envcompat.py", "sgl_seat/probe/oldnames.py"}
     found = []
     for path in sorted((REPO / "sgl_seat").rglob("*")):
         rel = path.relative_to(REPO).as_posix()
@@ -220,7 +220,8 @@ def test_the_probe_loads_by_path_from_an_old_plans_environment(tmp_path: Path) -
     """GIVEN an engine interpreter without sgl-seat and the old names (a seat planned by the previous release)
     WHEN the boot directory's sitecustomize runs THEN the probe installs the target of ``SGL_SEAT_PROBE`` and its
     ring lands in ``SGL_SEAT_PROBE_DIR``."""
-    from sgl_seat.watchdog import boot_dir, probe
+    from sgl_seat import probe
+    from sgl_seat.watchdog import boot_dir
 
     targets = tmp_path / "targets"
     targets.mkdir()

@@ -2,7 +2,7 @@
 
 A child ``python -S -I`` (no site: neither sgl-seat's install nor torch nor numpy on its path; isolated: no
 PYTHONPATH, no script directory) imports the real ``sitecustomize`` from the boot directory with ``SGLSEAT_PROBE``
-set. Its ``from sgl_seat.watchdog import probe`` fails there, so it loads the probe package from its directory as
+set. Its ``from sgl_seat import probe`` fails there, so it loads the probe package from its directory as
 ``sgl_seat_probe`` (its modules import each other relatively); the target, imported after, is wrapped by the import
 hook and its call lands in the ring (read here, by the installed package's reader). The in-engine import stays
 standard-library only: neither torch nor numpy is in the child's ``sys.modules`` afterwards. Once per writer.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.watchdog import boot_dir, probe
+from sgl_seat import probe
+from sgl_seat.watchdog import boot_dir
 
 CHILD = textwrap.dedent("""
     import json, os, sys

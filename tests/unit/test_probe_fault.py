@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.probe import fault, guard
+from sgl_seat import probe
+from sgl_seat.core.records import ProbeRecord
+from sgl_seat.probe import fault, guard
 from tests.unit.conftest import probe_writer
 
 FAST_S = 0.15  # a call that did not stall returns well within this
@@ -614,12 +615,12 @@ def test_the_stalled_call_is_in_flight_in_the_ring(rehearsal: Path) -> None:
     time.sleep(0.3)
     path = probe.ring_file()
     assert path is not None and Path(path).parent == rehearsal
-    infl = [r for r in probe.read_ring(path) if r.target == target and r.end is None]
+    infl = [r for r in probe.read_ring(path, record=ProbeRecord) if r.target == target and r.end is None]
     assert len(infl) == 1 and infl[0].gather_size == 64 and infl[0].thread == th.ident
     assert infl[0].rank == 3 and infl[0].node == 1
     assert infl[0].duration(time.time()) >= 0.3
     th.join(5)
-    done = [r for r in probe.read_ring(path) if r.target == target]
+    done = [r for r in probe.read_ring(path, record=ProbeRecord) if r.target == target]
     assert [r.gather_size for r in done] == [1, 64] and all(r.end is not None for r in done)
     assert done[1].duration(time.time()) >= 0.99 and out["took"] >= 0.99
 
@@ -681,13 +682,13 @@ def test_a_graph_replay_stalls_in_flight_and_a_link_is_not_gated(rehearsal: Path
     path = probe.ring_file()
     assert path is not None
     target = f"{mod.__name__}:FullCudaGraphBackend.replay"
-    infl = [r for r in probe.read_ring(path) if r.end is None]
+    infl = [r for r in probe.read_ring(path, record=ProbeRecord) if r.end is None]
     assert len(infl) == 1 and infl[0].target == target and infl[0].thread == th.ident, infl
     assert infl[0].graph_replay and infl[0].graph_key == 3 and infl[0].gather_size == 12
     assert infl[0].rank == 0 and infl[0].duration(time.time()) >= 0.2
     th.join(5)
     assert b.replays == 4 and out["took"] >= 0.79
-    recs = [r for r in probe.read_ring(path) if r.target == target]
+    recs = [r for r in probe.read_ring(path, record=ProbeRecord) if r.target == target]
     assert [r.gather_size for r in recs] == [4, 12, 12, 12] and all(r.end is not None for r in recs)
     assert [(h["id"], h["call"], h["gather"]) for h in fault.state()["history"]] == [("graph", 4, 12)]
 

@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sgl_seat import probe
 from sgl_seat.core import detect as d
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint, ProbeRecord, VerdictKind
 from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
 from sgl_seat.forensics.replay.analysis import rowfetch_buckets
+from sgl_seat.probe import graph, guard, ring
 from sgl_seat.spec import WatchdogSpec
-from sgl_seat.watchdog import probe
-from sgl_seat.watchdog.probe import graph, guard, ring
 from tests.unit.conftest import probe_writer
 from tests.unit.test_watchdog_probe_gpu import FakeEvent, FakeGpu
 
@@ -160,7 +160,7 @@ def _backend_module(name: str, *, width: int, ragged: bool = False) -> types.Mod
 def _records() -> list[ProbeRecord]:
     path = probe.ring_file()
     assert path is not None
-    return sorted(probe.read_ring(path, node=0), key=lambda r: r.seq)
+    return sorted(probe.read_ring(path, node=0, record=ProbeRecord), key=lambda r: r.seq)
 
 
 def _install(name: str, width: int = 4, ragged: bool = False, *, path: str,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 CODE = textwrap.dedent("""
     import sys, threading
-    from sgl_seat.watchdog.probe.guard import reader_thread
+    from sgl_seat.probe.guard import reader_thread
     stop = threading.Event()
     def run():
         while not stop.wait(0.01):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sgl_seat.watchdog import probe
+from sgl_seat import probe
 from sgl_seat.watchdog.sources import ProbeReader
 
 

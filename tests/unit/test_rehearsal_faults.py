@@ -24,8 +24,8 @@ from sgl_seat.launch.actors.agent import NodeAgent
 from sgl_seat.launch.rehearse import DETOKENIZER_TITLE, _signal_target
 from sgl_seat.launch.seatrecord.home import HOME_ENV
 from sgl_seat.plan import PROBE_ENV_TARGETS, LaunchPlan, NodePlan, build_plan
+from sgl_seat.probe import fault as probe_fault
 from sgl_seat.spec import SeatSpec, load_spec
-from sgl_seat.watchdog.probe import fault as probe_fault
 
 FAULT = "probe-stall:rank=1,after_calls=20,for_s=30"
 

@@ -19,7 +19,7 @@ from sgl_seat.core.stats import percentile
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format.codec import decode_records, dumps_line, encode_records
 from sgl_seat.forensics.format.redact import RequestShape
-from sgl_seat.forensics.recording.request_table import RequestTable, decode_request_table
+from sgl_seat.forensics.format.request_table import RequestTable, decode_request_table
 from sgl_seat.forensics.replay import analysis
 
 T0 = 1_800_000_000.0

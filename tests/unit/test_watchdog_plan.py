@@ -6,10 +6,11 @@ from pathlib import Path
 
 import yaml
 
+from sgl_seat import probe
 from sgl_seat.engines.family_targets import SIM_TARGETS, family_targets, targets_file
 from sgl_seat.plan import PROBE_ENV_DIR, PROBE_ENV_TARGETS, Placeholder, build_plan
 from sgl_seat.spec import load_spec, parse_spec
-from sgl_seat.watchdog import boot_dir, probe
+from sgl_seat.watchdog import boot_dir
 
 
 def _spec(seat: str, **watchdog: object) -> object:

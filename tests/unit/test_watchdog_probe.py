@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sgl_seat import probe
 from sgl_seat.core.records import ProbeRecord
-from sgl_seat.watchdog import probe
 from tests.unit.conftest import probe_writer
 
 
@@ -56,7 +56,7 @@ def _module(name: str, src: str) -> types.ModuleType:
 def _records(ring_dir: Path) -> list[ProbeRecord]:
     path = probe.ring_file()
     assert path is not None and Path(path).parent == ring_dir
-    return probe.read_ring(path, node=1)
+    return probe.read_ring(path, node=1, record=ProbeRecord)
 
 
 def test_parse_target_forms() -> None:
@@ -100,7 +100,7 @@ def test_a_heartbeat_writes_instant_records_at_most_every_tenth_of_a_second_and_
         ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``beat`` target's calls write instants (start = end, no gather size, the name ``...@beat``), throttled per
     process; a rehearsal fault aimed at every target neither stalls a beat nor counts it (``after_calls``)."""
-    from sgl_seat.watchdog.probe import beat
+    from sgl_seat.probe import beat
 
     monkeypatch.setenv(probe.ENV_REHEARSAL, "1")
     monkeypatch.setenv(probe.ENV_FAULTS, "probe-stall:for_s=30")  # any target, the next call
@@ -377,7 +377,7 @@ def test_wrapper_keeps_the_signature_defaults_and_keywords(ring_dir: Path) -> No
 def test_a_process_title_names_its_tp_rank_and_a_tp1_scheduler_is_rank_0() -> None:
     """The rehearsal gate's rank= trigger reads the rank from the title; at TP1 SGLang (0.5.17 on the H200) names
     its one scheduler without a TP suffix, and a probe-stall:rank=0 aimed at it never fired."""
-    from sgl_seat.watchdog.probe.writer import rank_of_title
+    from sgl_seat.probe.writer import rank_of_title
 
     assert rank_of_title("sglang::scheduler_TP3_EP3") == 3
     assert rank_of_title("sglang::scheduler_TP1") == 1

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sgl_seat import probe
 from sgl_seat.core.records import ProbeRecord
-from sgl_seat.watchdog import probe
 from tests.unit.conftest import probe_writer
 
 
@@ -113,7 +113,7 @@ def _fetch_module(name: str) -> types.ModuleType:
 def _read() -> list[ProbeRecord]:
     path = probe.ring_file()
     assert path is not None
-    return sorted(probe.read_ring(path, node=0), key=lambda r: r.seq)
+    return sorted(probe.read_ring(path, node=0, record=ProbeRecord), key=lambda r: r.seq)
 
 
 def _poll(now: float) -> int:
@@ -196,7 +196,7 @@ def test_incremental_reader_sees_the_gpu_state_change(gpu: FakeGpu) -> None:
     mod.fetch_rows([1], [0])
     path = probe.ring_file()
     assert path is not None
-    reader = probe.RingReader(path)
+    reader = probe.RingReader(path, record=ProbeRecord)
     (first,) = reader.read(node=0)
     assert first.gpu and first.gpu_start is None
     assert first.end is not None

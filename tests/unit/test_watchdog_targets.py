@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sgl_seat import probe
 from sgl_seat.engines.family_targets import family_targets
-from sgl_seat.watchdog import probe
 
 
 def _source_of(module: str) -> Path | None:

@@ -47,8 +47,8 @@ from sgl_seat.forensics.format.codec import (
     loads_document,
 )
 from sgl_seat.forensics.format.manifest import BundleVersionError, FileEntry, Manifest
+from sgl_seat.forensics.format.request_table import RequestTable, decode_request_table
 from sgl_seat.forensics.format.scrub import scrub_json
-from sgl_seat.forensics.recording.request_table import RequestTable, decode_request_table
 
 __all__ = ["Bundle", "BundleWriteError", "failure_reason", "read_bundle", "rotate_bundles", "verify_bundle",
            "write_bundle"]

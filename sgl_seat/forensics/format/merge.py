@@ -23,8 +23,8 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format.bundle import Bundle, read_bundle, write_bundle
 from sgl_seat.forensics.format.encode import encode_bundle
+from sgl_seat.forensics.format.extras import learned_of, why_missing
 from sgl_seat.forensics.format.layout import REQUESTS
-from sgl_seat.forensics.replay.redetect import learned_of, why_missing
 
 MERGE_QUOTA_MB = 1 << 20  # a merge writes where the operator says; the seat's quota is not this command's to apply
 

@@ -42,7 +42,7 @@ from sgl_seat.core.nodeloss import missing_nodes, names
 from sgl_seat.core.records import Frame, MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile, rank_index
 from sgl_seat.forensics.format.bundle import Bundle
-from sgl_seat.forensics.recording.request_table import RequestTable
+from sgl_seat.forensics.format.request_table import RequestTable
 from sgl_seat.forensics.replay.redetect import learned_of, thresholds_of
 
 __all__ = [

@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from sgl_seat.core.detect import detect, thresholds_from
 from sgl_seat.core.isolation import checks_from_json
-from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.nodeloss import loss_verdict
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
 from sgl_seat.forensics.format.bundle import Bundle
+from sgl_seat.forensics.format.extras import learned_of, why_missing
 from sgl_seat.spec import WatchdogSpec
 
 __all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "learned_of", "observation_of", "rerun_detectors",
@@ -35,17 +35,6 @@ def observation_of(bundle: Bundle) -> Observation:
     b, m = bundle, bundle.manifest
     return Observation.of(samples=b.stacks, probes=b.probes, metrics=b.metrics, logs=b.logs, processes=b.processes,
                           rank_nodes=m.rank_nodes, learned=learned_of(bundle))
-
-
-def learned_of(bundle: Bundle) -> LearnedThresholds | None:
-    """The bundle's learned thresholds (None: none recorded, or unreadable)."""
-    doc = bundle.manifest.extra.get("learned")
-    if doc is None:
-        return None
-    try:
-        return LearnedThresholds.from_json(doc)
-    except ValueError:
-        return None
 
 
 def thresholds_of(bundle: Bundle) -> WatchdogSpec:
@@ -89,13 +78,3 @@ def first_warning_before(bundle: Bundle) -> PreHangWarning | None:
     except ValidationError:  # as the detectors: no valid thresholds, the rule's own defaults
         rule = WarningRule()
     return first_warning(bundle.probes, max(m.time_start, trig - WARNING_LOOKBACK_S), trig, rule=rule)
-
-
-def why_missing(bundle: Bundle) -> dict[int, str]:
-    """Per missing node, what the capture got instead of its part (the manifest's optional ``missing_nodes``)."""
-    out: dict[int, str] = {}
-    raw = bundle.manifest.extra.get("missing_nodes")
-    for d in raw if isinstance(raw, list) else []:
-        if isinstance(d, dict) and type(d.get("node")) is int and isinstance(d.get("detail"), str):
-            out[d["node"]] = d["detail"][:300]
-    return out

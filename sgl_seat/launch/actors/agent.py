@@ -351,7 +351,7 @@ class NodeAgent:
         first, stalled this one's first forward: its start-up hung). Faults given at start come from the plan."""
         directory = envcompat.lookup(node.env_dict(), "SGLSEAT_PROBE_DIR")
         if directory:
-            from sgl_seat.watchdog.probe.fault import CONTROL_FILE
+            from sgl_seat.probe.fault import CONTROL_FILE
 
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, CONTROL_FILE))
@@ -373,7 +373,7 @@ class NodeAgent:
         if not self.rehearsal:
             return json.dumps({"error": f"node {self.node_rank}: the seat is not a rehearsal (rehearsal: true)"})
         if "probe" in a:
-            from sgl_seat.watchdog.probe.fault import write_control
+            from sgl_seat.probe.fault import write_control
 
             directory = envcompat.lookup(self.node.env_dict(), "SGLSEAT_PROBE_DIR")
             if not directory:

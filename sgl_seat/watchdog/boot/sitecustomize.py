@@ -18,13 +18,14 @@ def _load_probe() -> None:
     if not (os.environ.get("SGLSEAT_PROBE") or os.environ.get("SGL_SEAT_PROBE")):  # old-env-name
         return
     try:
-        from sgl_seat.watchdog import probe
+        from sgl_seat import probe
     except Exception:
         # The engine's interpreter may not have sgl-seat installed: load the probe package (stdlib only, its modules
         # import each other relatively) by path, as the package "sgl_seat_probe".
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe")
+        # sgl_seat/watchdog/boot/sitecustomize.py -> sgl_seat/probe
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "probe")
         spec = importlib.util.spec_from_file_location("sgl_seat_probe", os.path.join(path, "__init__.py"),
                                                       submodule_search_locations=[path])
         if spec is None or spec.loader is None:

@@ -37,11 +37,9 @@ import os
 import re
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sgl_seat.core.records import ProbeRecord
+from typing import Any
 
 MAGIC = b"SGLPRB01"
 RING_VERSION = 3  # 3: graph replays in the target word; 2: integer ns times, lap-tagged end word; 1: float seconds
@@ -131,13 +129,36 @@ def read_header(buf: bytes | mmap.mmap) -> RingHeader:
     return RingHeader(pid=pid, rank=rank, node=node, nslots=nslots, created=created, targets=tuple(names))
 
 
-def read_ring(path: str, *, node: int | None = None, rank: int | None = None) -> list[ProbeRecord]:
-    """Every stable slot of a ring as :class:`ProbeRecord` (in-flight ones have ``end=None``), by call order.
+@dataclass(frozen=True, slots=True)
+class RingRecord:
+    """One slot as read: the fields of the watchdog's ``ProbeRecord`` (``sgl_seat.core.records``), which a reader
+    makes instead where it passes ``record=ProbeRecord`` (the sidecar does). Why a type of its own: this package
+    imports nothing of sgl-seat (it loads by path into engines that lack it), so it cannot name the core's."""
+
+    node: int
+    rank: int
+    pid: int
+    thread: int
+    seq: int
+    target: str
+    start: float
+    end: float | None
+    gather_size: int
+    gpu: bool = False
+    gpu_start: float | None = None
+    gpu_end: float | None = None
+    graph_key: int | None = None
+
+
+def read_ring(path: str, *, node: int | None = None, rank: int | None = None,
+              record: Callable[..., Any] = RingRecord) -> list[Any]:
+    """Every stable slot of a ring as ``record`` (:class:`RingRecord` unless given; in-flight ones have
+    ``end=None``), by call order.
 
     ``node``/``rank`` override the header's (the sidecar knows them from the process title). A torn
     slot (being written while read) is skipped, never returned half-updated.
     """
-    return RingReader(path).read(node=node, rank=rank)
+    return RingReader(path, record=record).read(node=node, rank=rank)
 
 
 class RingReader:
@@ -148,14 +169,15 @@ class RingReader:
     a slot whose word is odd or changed between the copies is torn and is looked at again next time.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, record: Callable[..., Any] = RingRecord) -> None:
         self.path = path
+        self._record = record  # what each slot becomes: RingRecord, or the core's ProbeRecord (same fields)
         self._seq: list[int] = []
         self._open: set[int] = set()  # slots in flight (or torn) at the last read
 
-    def read(self, *, node: int | None = None, rank: int | None = None) -> list[ProbeRecord]:
+    def read(self, *, node: int | None = None, rank: int | None = None) -> list[Any]:
         """Records of slots that are new or changed since the last read (every stable one the first time)."""
-        from sgl_seat.core.records import ProbeRecord
+        make = self._record
 
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -186,7 +208,7 @@ class RingReader:
         last = self._seq if len(self._seq) == hdr.nslots else [0] * hdr.nslots
         shift = hdr.nslots.bit_length() - 1
         todo = {i for i in range(hdr.nslots) if seq_before[i] != last[i]} | self._open
-        out: list[ProbeRecord] = []
+        out: list[Any] = []
         still_open: set[int] = set()
         for i in todo:
             s0 = seq_before[i]
@@ -208,10 +230,10 @@ class RingReader:
                 gpu_start = g0
                 gpu_end = g1 if gstate == GPU_DONE else None
             target = hdr.targets[tidx] if 0 <= tidx < len(hdr.targets) else f"target#{tidx}"
-            out.append(ProbeRecord(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
-                                   target=target, start=start_ns / 1e9, end=fin, gather_size=gs,
-                                   gpu=bool(gpu_area) and gstate != GPU_NONE, gpu_start=gpu_start,
-                                   gpu_end=gpu_end, graph_key=graph_key))
+            out.append(make(node=use_node, rank=use_rank, pid=hdr.pid, thread=thread, seq=call,
+                            target=target, start=start_ns / 1e9, end=fin, gather_size=gs,
+                            gpu=bool(gpu_area) and gstate != GPU_NONE, gpu_start=gpu_start,
+                            gpu_end=gpu_end, graph_key=graph_key))
         self._seq = seq_before
         self._open = still_open
         out.sort(key=lambda r: r.seq)
