@@ -4,7 +4,9 @@ Why: a fixed ``rowfetch_inflight_s`` (3 s) is about 200 times a healthy CPU fetc
 it is most of the time from a stall to its bundle. Each node learns, per probed target and call shape (a gather
 size's power-of-two bucket, or a CUDA graph replay's shape key), the distribution of its healthy calls; a call in
 flight is late once its age passes ``max(learn_floor_s, learn_k x the shape's learn_quantile)``. Until a shape has
-``learn_min_samples`` healthy calls the fixed threshold holds, and it always holds for a warm-up call.
+``learn_min_samples`` healthy calls it borrows the threshold of the nearest larger shape of the same target on the same
+node that has them (:meth:`LearnedThresholds.entry_for`), else the fixed threshold holds; the fixed one always holds
+for a warm-up call.
 
 A **warm-up call** is one of a process's first ``learn_warmup_calls`` calls of a shape (a new shape compiles or
 captures: the first prefill on the CPU engine took 31.7 s), or a process's first call after ``learn_idle_gap_s``
@@ -48,6 +50,17 @@ def shape_key(node: int, target: str, gather_size: int, graph_key: int | None) -
     return f"{node}|{target}|{shape}"
 
 
+def _shape_size(key: str) -> tuple[str, int] | None:
+    """(kind, size) of a shape name's last part: ("graph", the shape key) or ("gather", the bucket's low end);
+    None for a gather of unknown size."""
+    shape = key[key.rfind("|") + 1:]
+    kind, _, rest = shape.partition(" ")
+    head = rest.split("-", 1)[0]
+    if kind not in ("graph", "gather") or not head.isdigit():
+        return None
+    return kind, int(head)
+
+
 @dataclass(frozen=True, slots=True)
 class LearnedEntry:
     """One shape's learned threshold: ``threshold_s`` from ``quantile_s`` over ``samples`` healthy calls."""
@@ -89,6 +102,38 @@ class LearnedThresholds:
         return LearnedThresholds(entries={**self.entries, **other.entries}, floor_s=self.floor_s, k=self.k,
                                  quantile=self.quantile, min_samples=self.min_samples,
                                  warmup_calls=self.warmup_calls, idle_gap_s=self.idle_gap_s)
+
+    def entry_for(self, node: int, target: str, gather_size: int,
+                  graph_key: int | None) -> tuple[str, LearnedEntry] | None:
+        """The learned entry a call of this shape is judged by, with its shape's name: its own shape's where that has
+        ``min_samples`` healthy calls, else the nearest larger shape's of the same target on the same node that has
+        them (a graph replay of more requests, a gather of a higher bucket), else None (the fixed threshold).
+
+        Why borrow: on one H100 the first of ten stalls of a draft-on decode replay hit a batch shape that had not
+        yet had its 200 healthy calls (graph 14, beside graph 16's 2,196), was judged by the fixed 3 s and gave
+        its bundle 3.3 s after the stall where the nine others took 0.6-0.8 s
+        (``bench/gpu/results/2026-12-06-h100-trained-run2-ngram-faults.json``). The same call at a larger size
+        does at least the work of a smaller one, so the larger shape's healthy figure bounds the smaller's from
+        above; a shape larger than every learned one, or of an unknown size, has no such bound.
+        """
+        own = shape_key(node, target, gather_size, graph_key)
+        ent = self.entries.get(own)
+        if ent is not None and ent.samples >= self.min_samples:
+            return own, ent
+        mine = _shape_size(own)
+        if mine is None:
+            return None
+        prefix = own[: own.rindex("|") + 1]
+        best: tuple[int, str, LearnedEntry] | None = None
+        for key, e in self.entries.items():
+            if e.samples < self.min_samples or not key.startswith(prefix) or key.find("|", len(prefix)) >= 0:
+                continue
+            size = _shape_size(key)
+            if size is None or size[0] != mine[0] or size[1] < mine[1]:
+                continue
+            if best is None or (size[1], key) < (best[0], best[1]):
+                best = (size[1], key, e)
+        return None if best is None else (best[1], best[2])
 
     def to_json(self) -> dict[str, Any]:
         return {"floor_s": self.floor_s, "k": self.k, "quantile": self.quantile, "min_samples": self.min_samples,
@@ -157,8 +202,8 @@ class Learner:
                 self.warmups += 1
                 continue
             d = end - r.start
-            ent = self._current.entries.get(key)
-            limit = ent.threshold_s if ent is not None else self.th.rowfetch_inflight_s
+            found = self._current.entry_for(r.node, r.target, r.gather_size, r.graph_key)
+            limit = found[1].threshold_s if found is not None else self.th.rowfetch_inflight_s
             if not healthy or d >= limit:  # a hang's calls, or one that was late itself: not healthy traffic
                 self.unhealthy += 1
                 continue
@@ -178,12 +223,12 @@ class Learner:
         """The threshold an in-flight call is judged by now, from this learner's own bookkeeping (the sidecar's
         fast check; the detectors decide from the records, :func:`row_thresholds`)."""
         key = shape_key(r.node, r.target, r.gather_size, r.graph_key)
-        ent = self._current.entries.get(key)
+        found = self._current.entry_for(r.node, r.target, r.gather_size, r.graph_key)
         last = self._last_end.get(r.pid)
-        if (ent is None or last is None or r.start - last > self.th.learn_idle_gap_s
+        if (found is None or last is None or r.start - last > self.th.learn_idle_gap_s
                 or self._seen.get((r.pid, key), 0) < self.th.learn_warmup_calls):
             return self.th.rowfetch_inflight_s
-        return ent.threshold_s
+        return found[1].threshold_s
 
     def thresholds(self) -> LearnedThresholds:
         """The current thresholds (recomputed from the kept durations; also what ``near`` is judged by next)."""
@@ -214,6 +259,8 @@ class RowThresholds:
     seconds: npt.NDArray[np.float64]
     learned: npt.NDArray[np.bool_]
     warmup: npt.NDArray[np.bool_]
+    #: Rows judged by another shape's learned threshold (:meth:`LearnedThresholds.entry_for`): row -> that shape.
+    borrowed: Mapping[int, str] = field(default_factory=dict)
 
 
 def row_thresholds(pc: ProbeColumns, learned: LearnedThresholds | None, fixed: float, now: float) -> RowThresholds:
@@ -229,11 +276,13 @@ def row_thresholds(pc: ProbeColumns, learned: LearnedThresholds | None, fixed: f
     if learned is None or not learned.entries or n == 0:
         return RowThresholds(sec, lrn, warm)
     live = np.flatnonzero(pc.in_flight_at(now) | pc.gpu_in_flight_at(now))
+    borrowed: dict[int, str] = {}
     for i in live.tolist():
         r = pc.record(i)
-        ent = learned.entries.get(shape_key(r.node, r.target, r.gather_size, r.graph_key))
-        if ent is None or ent.samples < learned.min_samples:
+        found = learned.entry_for(r.node, r.target, r.gather_size, r.graph_key)
+        if found is None:
             continue
+        key, ent = found
         mine = np.flatnonzero((pc.pid == r.pid) & ~np.isnan(pc.end) & (pc.end <= r.start) & (pc.start < r.start))
         if not mine.size or r.start - float(np.max(pc.end[mine])) > learned.idle_gap_s:
             warm[i] = True
@@ -249,4 +298,6 @@ def row_thresholds(pc: ProbeColumns, learned: LearnedThresholds | None, fixed: f
                 continue
         sec[i] = ent.threshold_s
         lrn[i] = True
-    return RowThresholds(sec, lrn, warm)
+        if key != shape_key(r.node, r.target, r.gather_size, r.graph_key):
+            borrowed[i] = key
+    return RowThresholds(sec, lrn, warm, borrowed)

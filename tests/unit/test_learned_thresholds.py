@@ -124,6 +124,64 @@ def test_a_warm_up_or_unlearned_call_is_judged_by_the_fixed_threshold(why: str) 
         assert "threshold 3.0s (fixed: a warm-up call)" in v.evidence[0]
 
 
+GRAPH = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend:FullCudaGraphBackend.replay"
+
+
+def replays(n: int, key: int, *, start: float, pid: int = 100, seq0: int = 0, dur: float = 0.0003) -> list[ProbeRecord]:
+    """``n`` healthy decode replays of graph shape ``key`` (12 draft tokens per request), 20 ms apart."""
+    return [ProbeRecord(node=0, rank=0, pid=pid, thread=1, seq=seq0 + i, target=GRAPH, start=start + i * 0.02,
+                        end=start + i * 0.02 + dur, gather_size=12 * key, graph_key=key) for i in range(n)]
+
+
+def test_an_unlearned_shape_borrows_the_nearest_larger_learned_shapes_threshold() -> None:
+    """The H100 run's first stall: graph 14 had too few healthy replays while graph 16 had thousands; judged by the
+    fixed 3 s it took 3.3 s to a bundle. A larger replay of the same graph does the smaller's work and more, so graph
+    14 borrows graph 16's learned threshold (not graph 12's: smaller is no bound); a shape larger than every learned
+    one keeps the fixed threshold. The sidecar's fast check (Learner.threshold_for) and the detectors agree."""
+    lr = Learner(TH)
+    history = replays(300, 16, start=T0) + replays(300, 20, start=T0 + 6.5, seq0=300) \
+        + replays(30, 14, start=T0 + 13, seq0=600) + replays(300, 12, start=T0 + 14, seq0=700)
+    lr.observe(history)
+    learned = lr.thresholds()
+    assert set(learned.entries) == {shape_key(0, GRAPH, 12 * k, k) for k in (12, 16, 20)}
+    learned = LearnedThresholds(entries={**learned.entries, shape_key(0, GRAPH, 12 * 16, 16): LearnedEntry(
+        0.45, 0.05, 300)})  # graph 16's own figure apart from graph 20's, to see which one is lent
+    t = history[-1].end + 0.001  # type: ignore[operator]
+    for key, want, lent in ((14, 0.45, "graph 16"), (15, 0.45, "graph 16"), (16, 0.45, None), (24, 3.0, None)):
+        stalled = ProbeRecord(node=0, rank=0, pid=100, thread=1, seq=5000, target=GRAPH, start=t, end=None,
+                              gather_size=12 * key, graph_key=key)
+        pc = Observation.of(probes=[*history, *replays(3, key, start=t - 0.2, seq0=4000), stalled]).probes
+        rows = row_thresholds(pc, learned, TH.rowfetch_inflight_s, t + 0.1)
+        i = len(pc) - 1
+        assert float(rows.seconds[i]) == pytest.approx(want), key
+        assert (rows.borrowed.get(i, "").rsplit("|", 1)[-1] or None) == lent, key
+        fast = Learner(TH)
+        fast._current = learned  # the sidecar's learner after this learning
+        fast.observe([*history, *replays(3, key, start=t - 0.2, seq0=4000)])
+        assert fast.threshold_for(stalled) == pytest.approx(want), key
+    stalled = ProbeRecord(node=0, rank=0, pid=100, thread=1, seq=5000, target=GRAPH, start=t, end=None,
+                          gather_size=12 * 14, graph_key=14)
+    obs = Observation.of(probes=[*history, *replays(3, 14, start=t - 0.2, seq0=4000), stalled], learned=learned)
+    assert d.detect(obs, TH, t + 0.44) is None
+    v = d.detect(obs, TH, t + 0.46)
+    assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL
+    assert "threshold 0.45s (learned from 300 healthy calls of the nearest larger learned shape, graph 16 " \
+           "(its own has too few)" in v.evidence[0], v.evidence
+
+
+def test_a_gather_bucket_borrows_from_a_higher_bucket_not_from_a_lower_one() -> None:
+    learned = LearnedThresholds(entries={shape_key(0, TARGET, 4, None): LearnedEntry(0.5, 0.01, 300),
+                                         shape_key(0, TARGET, 64, None): LearnedEntry(0.9, 0.02, 300),
+                                         shape_key(0, TARGET, 16, None): LearnedEntry(0.7, 0.02, 50),  # too few
+                                         shape_key(1, TARGET, 32, None): LearnedEntry(0.1, 0.01, 300)})  # node 1
+    assert learned.entry_for(0, TARGET, 2, None) == (shape_key(0, TARGET, 4, None), LearnedEntry(0.5, 0.01, 300))
+    assert learned.entry_for(0, TARGET, 20, None) == (shape_key(0, TARGET, 64, None), LearnedEntry(0.9, 0.02, 300))
+    assert learned.entry_for(0, TARGET, 200, None) is None  # larger than every learned bucket
+    assert learned.entry_for(0, TARGET, -1, None) is None  # an unknown size has no bound
+    assert learned.entry_for(0, TARGET + "x", 2, None) is None  # another target's shapes lend nothing
+    assert learned.entry_for(0, TARGET, 4, 3) is None  # a graph replay borrows from graph shapes only
+
+
 def test_a_stop_is_named_from_the_20hz_proc_reads_at_stopped_s() -> None:
     p = EngineProcess(node=1, pid=101, title="sglang::scheduler_TP1", rank=1, alive=True, stopped_since=T0,
                       state_t=T0 + 0.3)

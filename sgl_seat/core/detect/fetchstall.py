@@ -132,8 +132,11 @@ def _threshold_words(obs: Observation, rows: RowThresholds, i: int, th: Watchdog
     """The threshold row ``i`` was judged by, and where it came from (learned, or fixed and why)."""
     if rows.learned[i] and obs.learned is not None:
         r = obs.probes.record(i)
-        ent = obs.learned.entries[shape_key(r.node, r.target, r.gather_size, r.graph_key)]
-        return (f"{fmt_th(float(rows.seconds[i]))} (learned from {ent.samples} healthy calls of its shape: "
+        key = rows.borrowed.get(i) or shape_key(r.node, r.target, r.gather_size, r.graph_key)
+        ent = obs.learned.entries[key]
+        whose = "its shape" if i not in rows.borrowed else \
+            f"the nearest larger learned shape, {key.rsplit('|', 1)[-1]} (its own has too few)"
+        return (f"{fmt_th(float(rows.seconds[i]))} (learned from {ent.samples} healthy calls of {whose}: "
                 f"p{obs.learned.quantile:g} {ent.quantile_s * 1e3:.2f} ms x {obs.learned.k:g}, "
                 f"floor {fmt_th(obs.learned.floor_s)})")
     if rows.warmup[i]:

@@ -264,6 +264,7 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float, learned: Lea
     own = row_thresholds(pt, learned, stall_s, now)
     limit = {(int(pt.pid[i]), int(pt.seq[i])): float(own.seconds[i]) for i in np.flatnonzero(own.learned).tolist()}
     warm_call = {(int(pt.pid[i]), int(pt.seq[i])) for i in np.flatnonzero(own.warmup).tolist()}
+    lent = {(int(pt.pid[i]), int(pt.seq[i])): key.rsplit("|", 1)[-1] for i, key in own.borrowed.items()}
     apart_all = warmup_rows(pt) & ~np.isnan(pt.end)
     graph = pt.graph_rows() if len(pt) else np.zeros(0, np.bool_)
     has_graph = bool(graph.any())
@@ -276,7 +277,8 @@ def rowfetch_buckets(bundle: Bundle, now: float, *, stall_s: float, learned: Lea
 
     def judged(pid: int, seq: int, t0: float, age: float) -> dict[str, Any]:
         th = limit.get((pid, seq), stall_s)
-        how = "learned" if (pid, seq) in limit else "fixed: a warm-up call" if (pid, seq) in warm_call else "fixed"
+        how = (f"learned: the nearest larger shape's, {lent[(pid, seq)]}" if (pid, seq) in lent else "learned") \
+            if (pid, seq) in limit else "fixed: a warm-up call" if (pid, seq) in warm_call else "fixed"
         return {"stalled": age >= th, "threshold_s": _r(th), "threshold_from": how,
                 **({} if verdict_t is None else {"age_at_verdict_ms": _r(max(0.0, verdict_t - t0) * 1000.0),
                                                   "verdict_after_s": _r(verdict_t - now)})}
