@@ -381,7 +381,12 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
                                fault_to_bundle_s=round(written - start, 3))
             rec["waited_for_rearm_s"] = rec0
             out.append(rec)
-            print(json.dumps(out[-1], default=str)[:400], flush=True)
+            # The timings first (a long evidence line cut them off the printed line), and every fault kept on disk
+            # as it comes: a device call that ends at its limit takes the bench with it (the H100 run 3 lost its
+            # last fault's timing so).
+            head = {k: rec.get(k) for k in ("i", "kind", "verdict", "fault_to_detect_s", "fault_to_bundle_s")}
+            print(json.dumps({**head, **rec}, default=str)[:400], flush=True)
+            (ns.out / "repeats.jsonl").open("a").write(json.dumps(rec, default=str) + "\n")
             if kind == "stall":
                 time.sleep(4)  # the 4 s stall ends
     return out
