@@ -386,7 +386,8 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
             # last fault's timing so).
             head = {k: rec.get(k) for k in ("i", "kind", "verdict", "fault_to_detect_s", "fault_to_bundle_s")}
             print(json.dumps({**head, **rec}, default=str)[:400], flush=True)
-            (ns.out / "repeats.jsonl").open("a").write(json.dumps(rec, default=str) + "\n")
+            with (ns.out / "repeats.jsonl").open("a") as fh:
+                fh.write(json.dumps(rec, default=str) + "\n")
             if kind == "stall":
                 time.sleep(4)  # the 4 s stall ends
     return out
