@@ -162,11 +162,16 @@ def probe_cost(calls: int = 6000, sizes: Sequence[int] = GATHER_SIZES) -> dict[s
         w_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"))
         p_empty = probe.make_wrapper(empty, probe.parse_target("bench:empty@ids"), python=True)
         lists = [list(range(32))]
-        arms: dict[str, Callable[[Any], Any]] = {"bare": lambda x: empty(None, x), "probe": lambda x: w_empty(None, x)}
+        # A heartbeat (mode beat, sgl_seat/probe/beat.py) around the same empty function: what a decoder layer's call
+        # pays for its beat (a clock read and a compare; a ring write at most every 0.1 s).
+        b_empty = probe.beat.make_beat_wrapper(empty, probe.parse_target("bench:empty@:beat"))
+        arms: dict[str, Callable[[Any], Any]] = {"bare": lambda x: empty(None, x), "probe": lambda x: w_empty(None, x),
+                                                 "beat": lambda x: b_empty(None, x)}
         if native:
             arms["python"] = lambda x: p_empty(None, x)
         t = interleaved_ns(arms, lists, calls * 5)
         out["empty"] = added_ns(t, "probe")
+        out["beat_empty"] = added_ns(t, "beat")
         if native:
             out["python_empty"] = added_ns(t, "python")
         try:
@@ -301,7 +306,8 @@ def print_probe(cost: dict[str, Any]) -> None:
             continue
         py = key.startswith("python_")
         k = key.removeprefix("python_")
-        label = "empty function" if k == "empty" else k.replace("fetch_rows_", "sim fetch_rows, ") + " rows"
+        label = "heartbeat (beat): empty function" if k == "beat_empty" else "empty function" if k == "empty" \
+            else k.replace("fetch_rows_", "sim fetch_rows, ") + " rows"
         label = ("Python writer: " if py else "") + label
         ci = f"{fig['ci95_low_ns']:.0f}..{fig['ci95_high_ns']:.0f}"
         print(f"{'  ' + label:48}{fig['base_median_ns']:10.0f}{fig['median_ns']:10.0f}{ci:>18}{'<= 1000':>10}")
