@@ -30,6 +30,7 @@ from simutil import HOST, SimNode, sim_env, wait_http
 from typer.testing import CliRunner
 
 from sgl_seat.cli.main import app
+from sgl_seat.errors import TuneRefused
 from sgl_seat.gate import EXIT_CODES
 
 pytestmark = pytest.mark.integration
@@ -227,6 +228,12 @@ def test_gate_tune_plan_then_gate_the_hybrid(battery: tuple[Path, dict, str], en
     seat = _tuned_seat(tmp_path)
     env = {"SGLSEAT_HOME": str(tmp_path / "home"), "NO_COLOR": "1", "COLUMNS": "200"}
     res = CliRunner().invoke(app, ["tune", "draft", str(out), "--seat", str(seat), "--json"], env=env)
+    if res.exit_code != 0 and isinstance(res.exception, TuneRefused) and "did not surely pay" in str(res.exception):
+        # Two runs give a t of 12.7: on a loaded CI host (a fresh-clone run of 2026-12-06: c=1 at 1.34 [0.003, 548],
+        # c=8 at 1.71 [0.20, 14.7]) no level is surely a win, and refusing is what tune must do then. The hybrid
+        # path runs on with more runs in bench/gate_acceptance.py; here it would need a crossover this run lacks.
+        assert cross.get("ci_low") is None, (cross, res.output)
+        pytest.skip(f"the battery's two runs gave no sure crossover on this host, and tune refused: {res.exception}")
     assert res.exit_code == 0, res.output
     tuned = json.loads(res.stdout)
     assert tuned["off_above"] == int(cross["ci_low"]) >= 1 and tuned["synthetic"] is True
