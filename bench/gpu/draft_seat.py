@@ -534,7 +534,10 @@ def main() -> int:
         print(json.dumps({k: res.get(k) for k in ("arm", "plan", "up", "real", "pool_plan_over_real", "slots_equal",
                                                    "stream", "bundle_after_fault_s", "down")}, default=str),
               flush=True)
-    print("\nplan vs real (RANDOM-WEIGHTS 8B-shaped Llama, one H200, SGLang 0.5.17):")
+    # The model as the report names it (trained or random weights) and the GPU the facts came from: this line said
+    # "RANDOM-WEIGHTS ... one H200" on the trained model's H100 runs.
+    gpu = (facts.get("device") if isinstance(facts, dict) else None) or "the GPU"
+    print(f"\nplan vs real ({report['model'][:60]}; {gpu}; SGLang 0.5.17):")
     print(f"{'arm':<11} {'plan pool':>11} {'real pool':>11} {'plan/real':>9} {'plan slots':>10} {'real slots':>10}")
     for r in report["arms"]:
         real = r.get("real") or {}
