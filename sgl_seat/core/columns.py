@@ -293,7 +293,7 @@ class ProbeColumns(RowsOnDemand[ProbeRecord]):
 
     def calls(self) -> ProbeColumns:
         """These rows without the heartbeats: the timed calls (row fetches, graph replays) alone."""
-        beats = self.beat_rows() if len(self) else np.zeros(0, np.bool_)
+        beats = self.beat_rows()
         return self.take(~beats) if bool(beats.any()) else self
 
     def targets(self) -> list[str]:

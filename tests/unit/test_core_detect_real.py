@@ -316,6 +316,7 @@ def test_beats_are_not_calls_to_time_learn_or_match_frames() -> None:
     from sgl_seat.probe import targets as probe_targets_mod
 
     assert BEAT_SUFFIX == probe_targets_mod.BEAT_SUFFIX
+    assert not len(Observation.of().probes.calls())  # no rows, no beats
     o = lagging_prefill(beats=True)
     assert o.probes.targets() == [TARGET]
     assert int(o.probes.beat_rows().sum()) > 100 and len(o.probes.calls()) == len(o.probes) - int(

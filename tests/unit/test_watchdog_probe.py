@@ -59,6 +59,15 @@ def _records(ring_dir: Path) -> list[ProbeRecord]:
     return probe.read_ring(path, node=1, record=ProbeRecord)
 
 
+def test_the_rings_own_record_has_the_fields_of_the_cores_probe_record() -> None:
+    """The probe (standard library only) cannot name the core's ProbeRecord, so its reader makes a RingRecord of the
+    same fields, or a ProbeRecord where the sidecar passes ``record=ProbeRecord``: the two lists must stay one."""
+    import dataclasses
+
+    assert [(f.name, f.default) for f in dataclasses.fields(probe.RingRecord)] == \
+        [(f.name, f.default) for f in dataclasses.fields(ProbeRecord)]
+
+
 def test_parse_target_forms() -> None:
     t = probe.parse_target("sgl_seat.sim.rowfetch:fetch_rows@ids")
     assert (t.module, t.qualname, t.size_arg, t.mode) == ("sgl_seat.sim.rowfetch", "fetch_rows", "ids", "len")
