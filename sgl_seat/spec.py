@@ -176,7 +176,8 @@ class DraftSpec(_Strict):
         default=None, ge=1, le=4096, description="The draft policy: draft at decode batches of up to this many "
         "running requests and not above (SGLang's --speculative-adaptive with a zero-step tier; "
         "sgl_seat.sizing.draft_tiers). Written by `sgl-seat tune draft` from a gate's crossover. The KV pool and slot "
-        "cap stay those of the draft on. EAGLE/EAGLE3 with topk 1 only.",
+        "cap stay those of the draft on. SGLang: EAGLE/EAGLE3 with topk 1 only; vLLM: NGRAM, as its own schedule "
+        "(num_speculative_tokens_per_batch_size).",
     )
 
     @model_validator(mode="after")
@@ -186,7 +187,9 @@ class DraftSpec(_Strict):
             raise ValueError(
                 f"with topk 1 SGLang forces draft_tokens = steps + 1 = {self.steps + 1}, got {self.draft_tokens}"
             )
-        if self.runs_adaptive and (self.algorithm not in ("EAGLE", "EAGLE3") or self.topk != 1):
+        # NGRAM with a policy is vLLM's schedule (num_speculative_tokens_per_batch_size); SGLang's backend refuses it.
+        ngram_policy = self.algorithm == "NGRAM" and not self.adaptive
+        if self.runs_adaptive and not ngram_policy and (self.algorithm not in ("EAGLE", "EAGLE3") or self.topk != 1):
             what = "off_above" if self.off_above is not None else "adaptive"
             raise ValueError(f"draft.{what} needs SGLang's --speculative-adaptive, which runs EAGLE/EAGLE3 with topk 1"
                              f" only (adaptive_unsupported_reason); this draft is {self.algorithm}, topk {self.topk}")
@@ -370,6 +373,9 @@ class CpuEngineSpec(_Strict):
         default=None, pattern=r"^[0-9,|-]+$",
         description="SGLANG_CPU_OMP_THREADS_BIND, one entry per rank separated by '|' (default: core i for rank i).",
     )
+    kv_cache_gb: int | None = Field(
+        default=None, ge=1, le=1024, description="vLLM's CPU engine: VLLM_CPU_KVCACHE_SPACE, its KV cache in whole "
+        "GiB (what capacity is on a vLLM CPU seat; SGLang's reads max_total_tokens).")
     sleep_on_idle: bool = Field(
         default=True, description="--sleep-on-idle: an idle scheduler sleeps (~1.5 % of a core) instead of spinning "
         "at ~100 % in its poll loop (off: the spin, which the watchdog must not take for a hang).")
@@ -410,10 +416,11 @@ class SeatSpec(_Strict):
 
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    engine: Literal["sglang", "sim"]
+    engine: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="The engine backend (sgl_seat.engines: "
+                        "sglang, sim, or one registered); `plan` refuses one it does not know.")
     python: str = Field(default="python3", min_length=1, description="Interpreter on the nodes.")
     device: Literal["cuda", "cpu"] = Field(
-        default="cuda", description="cuda: GPU nodes; cpu: SGLang's CPU engine (rehearsals; engine: sglang only).")
+        default="cuda", description="cuda: GPU nodes; cpu: CPU nodes (rehearsals; the engines that run there).")
     cpu: CpuEngineSpec = Field(default_factory=CpuEngineSpec)
     gpu: GpuEngineSpec = Field(default_factory=GpuEngineSpec)
     model: ModelSpec
@@ -443,10 +450,6 @@ class SeatSpec(_Strict):
         if self.network.node_env and self.cluster.hosts:
             raise ValueError("network.node_env (per node rank) and cluster.hosts (per host) both set; Ray picks"
                              " which host holds which rank, so give the per-machine env in cluster.hosts only")
-        if self.sim is not None and self.engine != "sim":
-            raise ValueError("a 'sim' block is only valid with engine: sim")
-        if self.device == "cpu" and self.engine != "sglang":
-            raise ValueError("device: cpu is SGLang's CPU engine: only valid with engine: sglang")
         if self.watchdog.on_hang != "capture" and not self.watchdog.enabled:
             raise ValueError(f"watchdog.on_hang: {self.watchdog.on_hang} acts on the watchdog's verdicts, but "
                              "watchdog.enabled is false; enable the watchdog or set on_hang: capture")

@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from sgl_seat.errors import TopologyError
 from sgl_seat.spec import SeatSpec, spec_location
 
-SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
 
+def rank_title(base: str, tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
+    """The title of the process that runs a pure TP(+EP) rank (pp=1, dp=1): the engine's ``base`` (its
+    :attr:`~sgl_seat.core.vocabulary.EngineWords.rank_title`), ``_TP{r}`` only when tp > 1, ``_EP{e}`` only when
+    ep > 1.
 
-def scheduler_title(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
-    """SGLang 0.5.23's scheduler process title for a pure TP(+EP) rank (pp=1, dp=1).
-
-    SGLang builds it as ``sglang::scheduler`` + ``_TP{r}`` only when tp > 1 + ``_EP{e}`` only when
-    ep > 1 (``setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}")`` in scheduler.py), so
-    a TP4/EP1 rank is ``sglang::scheduler_TP2`` and a single-GPU seat is ``sglang::scheduler``.
+    SGLang 0.5.23 builds it so (``setproctitle(f"sglang::scheduler{prefix.replace(' ', '_')}")`` in
+    scheduler.py): a TP4/EP1 rank is ``..._TP2`` and a single-GPU seat's is ``base`` alone.
     """
-    title = SCHEDULER_TITLE_PREFIX
+    title = base
     if tp_size > 1:
         title += f"_TP{tp_rank}"
     if ep_size > 1:
@@ -58,17 +57,17 @@ class Topology:
     def ranks_per_node(self) -> int:
         return self.world_size // self.nnodes
 
-    def ranks_on(self, node_rank: int) -> list[RankInfo]:
-        """TP ranks of ``node_rank``: SGLang places ``[r*tp/nnodes, (r+1)*tp/nnodes)`` on node r (pp=1)."""
+    def ranks_on(self, node_rank: int, title: str) -> list[RankInfo]:
+        """TP ranks of ``node_rank``: SGLang places ``[r*tp/nnodes, (r+1)*tp/nnodes)`` on node r (pp=1); ``title``
+        is the engine's rank title (:func:`rank_title`'s ``base``)."""
         per = self.ranks_per_node
         out = []
         for local in range(per):
             tp_rank = node_rank * per + local
             # SGLang's moe_ep_rank = tp_rank // (tp // ep).
             ep_rank = tp_rank // (self.tp // self.ep)
-            title = scheduler_title(tp_rank, ep_rank, self.tp, self.ep)
             out.append(RankInfo(tp_rank=tp_rank, ep_rank=ep_rank, node_rank=node_rank, local_rank=local,
-                                process_title=title))
+                                process_title=rank_title(title, tp_rank, ep_rank, self.tp, self.ep)))
         return out
 
     def node_of(self, tp_rank: int) -> int:
@@ -76,8 +75,8 @@ class Topology:
             raise TopologyError(f"rank {tp_rank} is outside 0..{self.world_size - 1}")
         return tp_rank // self.ranks_per_node
 
-    def all_ranks(self) -> list[RankInfo]:
-        return [r for n in range(self.nnodes) for r in self.ranks_on(n)]
+    def all_ranks(self, title: str) -> list[RankInfo]:
+        return [r for n in range(self.nnodes) for r in self.ranks_on(n, title)]
 
 
 def topology_of(spec: SeatSpec) -> Topology:

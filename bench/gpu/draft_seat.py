@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from rigs import promtext
+from rigs.closedloop import closed_loop
 from rigs.faulttimes import bundle_written_t, stalled_call_start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +101,7 @@ def gpu_facts(engine_python: str) -> dict[str, Any]:
 
 
 def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200-1",
-               trained: Path | None = None) -> Path:
+               trained: Path | None = None, eagle_head: Path | None = None) -> Path:
     doc: dict[str, Any] = yaml.safe_load((REPO / "launch" / "seats" / f"{profile}.yaml").read_text())
     models = REPO / "launch" / "models"
     doc["name"] = f"{profile}-{arm}"
@@ -114,6 +116,10 @@ def write_spec(arm: str, facts: dict[str, Any], dest: Path, profile: str = "h200
         if a.get("skip_layers"):
             skip = trained.parent / f"{trained.name}-skip{a['skip_layers']}"
             d.update(model_path=str(skip), config=str(skip))
+        elif arm == "eagle":  # the head eaglehead.py trained from this model's generations (SGLang's flavour)
+            if eagle_head is None:
+                raise SystemExit("the eagle arm of the trained model needs --eagle-head DIR (eaglehead.py's sglang/)")
+            d.update(model_path=str(eagle_head), config=str(eagle_head), steps=3, topk=1, draft_tokens=4)
         else:
             d.pop("model_path", None)
             d.pop("config", None)
@@ -166,14 +172,7 @@ def get_json(path: str) -> Any:
 
 def metric_sums(names: tuple[str, ...]) -> dict[str, float]:
     """Each named metric of /metrics summed over its label sets (SGLang's own counters)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    out = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
-    return out
+    return promtext.metric_sums(f"http://127.0.0.1:{PORT}/metrics", names)
 
 
 COUNTERS = ("sglang:generation_tokens_total", "sglang:spec_verify_calls_total")
@@ -208,40 +207,16 @@ def acceptance(requests: int) -> dict[str, Any]:
 
 
 def throughput(clients: int, seconds: float) -> dict[str, Any]:
-    """Closed loop, ``clients`` at once, the workloads in turn, sampled: output tokens/s over ``seconds``."""
-    stop = threading.Event()
-    lock = threading.Lock()
-    tally = {"tokens": 0, "ok": 0, "failed": 0}
-    prompts = list(WORKLOADS.values())
-
-    def run(i: int) -> None:
-        n = i
-        while not stop.is_set():
-            n += 1
-            try:
-                t = chat(prompts[n % len(prompts)])
-                with lock:
-                    tally["tokens"] += t
-                    tally["ok"] += 1
-            except Exception:
-                with lock:
-                    tally["failed"] += 1
-                time.sleep(0.2)
-
+    """Closed loop, ``clients`` at once, the workloads in turn, sampled, for ``seconds``: the answers finished inside
+    the window (``tokens``, ``ok``) and the engine's generated tokens over it. (Before 2026-12-06 14:30 UTC the
+    answers in flight at the window's end were waited for and counted, and the time with them: the H100 tables of
+    that day's runs 1-5 were measured so.)"""
     before = metric_sums(COUNTERS)
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join(timeout=200)
-    dt = time.monotonic() - t0
-    after = metric_sums(COUNTERS)
+    res = closed_loop(chat, list(WORKLOADS.values()), clients, seconds, at_stop=lambda: metric_sums(COUNTERS))
+    after = res.pop("at_stop")
     gen = after[COUNTERS[0]] - before[COUNTERS[0]]
     verify = after[COUNTERS[1]] - before[COUNTERS[1]]
-    return {"clients": clients, "s": round(dt, 1), **tally, "generated_tok_s": round(gen / dt, 1),
+    return {**res, "generated_tok_s": round(gen / res["s"], 1),
             "accept_length": round(gen / verify, 3) if verify else None}
 
 
@@ -396,7 +371,7 @@ def repeat_faults(seat: str, ns: argparse.Namespace, env: dict[str, str]) -> lis
 def run_arm(arm: str, ns: argparse.Namespace, facts: dict[str, Any], env: dict[str, str], out: Path) -> dict[str, Any]:
     d = out / arm
     d.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(arm, facts, d, ns.seat, ns.trained)
+    spec = write_spec(arm, facts, d, ns.seat, ns.trained, ns.eagle_head)
     seat = f"{ns.seat}-{arm}"
     draft = "on" if ARMS[arm]["enabled"] else "off"
     res: dict[str, Any] = {"arm": arm, "seat": seat, "draft": draft, "spec": spec.read_text()}
@@ -495,6 +470,8 @@ def main() -> int:
     ap.add_argument("--up-timeout", type=float, default=420.0)
     ap.add_argument("--trained", type=Path, help="the trained model's directory on this host (converted: "
                     "trainedmodel.py ensure); its layer-skip drafts beside it as NAME-skipK (made if missing)")
+    ap.add_argument("--eagle-head", type=Path, help="with --trained: the EAGLE head of sgl_seat/engines/eaglehead.py "
+                    "for this model, SGLang's flavour (its sglang/ directory), for the eagle arm")
     ap.add_argument("--accept-requests", type=int, default=6, help="sampled answers per workload, one client")
     ap.add_argument("--tput-clients", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--tput-s", type=float, default=15.0)
@@ -511,7 +488,10 @@ def main() -> int:
         from sgl_seat.engines import trainedmodel
 
         report["model"] = (f"TRAINED: {trainedmodel.TITLE}, {ns.trained}; drafts: NGRAM (no weights), STANDALONE "
-                           "layer-skip (the model's own first k layers, no training)")
+                           "layer-skip (the model's own first k layers, no training), EAGLE (a head trained from the "
+                           "model's own generations by eaglehead.py)")
+        if ns.eagle_head is not None:
+            report["eagle_head"] = json.loads((ns.eagle_head / "sgl-seat-eagle-head.json").read_text())
         for arm in ns.arms:
             k = ARMS[arm].get("skip_layers")
             skip = ns.trained.parent / f"{ns.trained.name}-skip{k}"

@@ -11,7 +11,7 @@ mode=${1:?start or poll}; wait_s=${2:-540}; out=/tmp/gate-out
 if [ "$mode" = start ]; then
   rm -rf /tmp/repo && mkdir -p /tmp/repo
   tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
-  /opt/torch/.venv/bin/python3 sgl_seat/engines/hostlayout.py .carry/seatpkg /tmp/sgl-seat-site --no-check | tail -2
+  /opt/torch/.venv/bin/python3 sgl_seat/engines/offline/hostlayout.py .carry/seatpkg /tmp/sgl-seat-site --no-check | tail -2
   (cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/sgl-seat-site/site PATH=/tmp/sgl-seat-site/site/bin:$PATH \
      setsid nohup /opt/torch/.venv/bin/python3 bench/gpu/gate_seat.py --engine-venv /tmp/sgl-seat-eng --out $out \
      > /tmp/gate-run.log 2>&1 < /dev/null &)

@@ -10,6 +10,10 @@
 #                                                      engine package's own transformers (trainedmodel.py ensure),
 #                                                      then starts bench/gpu/draft_seat.py --trained with ARGS under
 #                                                      setsid (it outlives the call while the machine stays warm)
+#                                                      (carry .carry/eaglehead too, eaglehead.py's head for the model
+#                                                      in bf16, SGLang's sglang/ directory, 8 MB: it is kept in
+#                                                      /tmp/eaglehead, and ARGS may name --eagle-head /tmp/eaglehead
+#                                                      for the eagle arm)
 #   bash bench/gpu/trained_device.sh poll [WAIT_S]     waits up to WAIT_S (default 540) for the bench to end
 # Each call ends by packing what there is into $OUT/trained-out.tgz. The GGUF (98 MB) is larger than one call's
 # carry, so it travels in three parts (split here with head/tail; their join is checked by the digest).
@@ -23,14 +27,15 @@ keep_parts() { mkdir -p $parts; for d in .carry/gguf/*/; do [ -d "$d" ] && cp "$
 case $mode in
   engine)
     keep_parts
-    $PY sgl_seat/engines/hostlayout.py .carry/eng /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
+    $PY sgl_seat/engines/offline/hostlayout.py .carry/eng /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
   seat)
     keep_parts
-    $PY sgl_seat/engines/hostlayout.py .carry/site /tmp/sgl-seat-site --no-check | tail -2 ;;
+    $PY sgl_seat/engines/offline/hostlayout.py .carry/site /tmp/sgl-seat-site --no-check | tail -2 ;;
   start)
     keep_parts
     rm -rf /tmp/repo && mkdir -p /tmp/repo $out
     tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
+    [ -d .carry/eaglehead ] && rm -rf /tmp/eaglehead && cp -r .carry/eaglehead/sglang /tmp/eaglehead
     cat $parts/part-0 $parts/part-1 $parts/part-2 > /tmp/smollm2.gguf
     export SGLSEAT_CACHE=/tmp/sgl-seat-cache
     t0=$SECONDS

@@ -61,7 +61,8 @@ def fault(
     action: Annotated[str, typer.Argument(
         help="What to do: probe-stall:rank=R[,after_calls=N][,gather_ge=K][,for_s=S][,target=T] (the probe stalls "
              "rank R's next matching probed call inside the engine), clear (ends it), sigstop:rank=R, "
-             "sigcont:rank=R, sigkill:rank=R, sigstop:detokenizer / sigcont:detokenizer; on a sim seat also the "
+             "sigcont:rank=R, sigkill:rank=R, sigstop:H / sigcont:H for the engine's helper process H (SGLang's "
+             "detokenizer, vLLM's engine-core); on a sim seat also the "
              "sim's own kinds (rowfetch-stall:rank=3, crash:rank=2, ...).")],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Seat name (default: the only recorded seat).")]
     = None,

@@ -1,5 +1,5 @@
 """`sgl-seat engine pack|targets`: an engine environment for a GPU host without a package registry (logic in
-``sgl_seat.engines.pack``)."""
+``sgl_seat.engines.offline.pack``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ app = typer.Typer(help="Offline engine packages for GPU hosts that have no packa
 @app.command("targets")
 def targets(json_out: JsonOpt = False) -> None:
     """The target images a package can be built for."""
-    from sgl_seat.engines.packtargets import TARGETS
+    from sgl_seat.engines.offline.packtargets import TARGETS
 
     if json_out:
         print_json({n: {"description": t.description, "python": t.python, "pins": list(t.pins)}
@@ -42,8 +42,8 @@ def pack(
     compressed (xz -9), with a manifest of every file's sha256, the versions and what was left out and why; beside
     it hostlayout.py, which lays it out on the host (standard library only) and checks that SGLang imports with
     CUDA. Prints its size."""
-    from sgl_seat.engines.pack import pack as build
-    from sgl_seat.engines.packtargets import target as find
+    from sgl_seat.engines.offline.pack import pack as build
+    from sgl_seat.engines.offline.packtargets import target as find
 
     cache = cache or Path.home() / ".cache" / "sgl-seat" / "engine-wheels"
     res = build(find(target), out, cache=cache, part_bytes=split_mb * 2**20 if split_mb else None,

@@ -126,8 +126,9 @@ def draft(
     """Write the seat's draft policy, draft.off_above: N, from the gate report's crossover.
 
     N is the crossover's lower bound (the earliest concurrency at which the draft may stop paying), rounded
-    down. `sgl-seat plan --draft on` then shows it as SGLang's --speculative-adaptive tiers (a zero-step tier
-    from N + 1 running requests) and what the hybrid cannot give back (the draft's KV pool and slot cap stay);
+    down. `sgl-seat plan --draft on` then shows it as the engine's own policy (SGLang's --speculative-adaptive
+    tiers: a zero-step tier from N + 1 running requests; vLLM's num_speculative_tokens_per_batch_size: no draft
+    tokens above N) and what the hybrid cannot give back (the draft's KV pool and slot cap stay);
     `sgl-seat gate --arms baseline,hybrid,control` gates it.
 
     Exit status: 0 written (or --dry-run), 3 the report supports no policy (the reason is printed: the draft
@@ -142,7 +143,7 @@ def draft(
     prev = "" if res.previous is None else f" (was {res.previous})"
     console.print(f"{'would write' if dry_run else 'wrote'} draft.off_above: {res.off_above}{prev} to {res.path}")
     console.print(f"  from {res.report}: {res.why}")
-    console.print(f"  SGLang: --speculative-adaptive, {res.tiers.how()}")
+    console.print(f"  the engine runs it as {res.how()}")
     for w in [*res.warnings, *(["the report is SYNTHETIC (the sim engine): this policy rehearses the flow only"]
                                if res.synthetic else [])]:
         err_console.print(f"  warning: {w}")

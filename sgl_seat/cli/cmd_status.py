@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def _print_status(rec: SeatRecord) -> None:
     from sgl_seat.launch.seatrecord.state import SeatState
-    from sgl_seat.launch.status import capture_failure_line, kv_line, remediation_lines
+    from sgl_seat.launch.status import capture_failure_line, kv_line, node_processes, remediation_lines
 
     color = {SeatState.READY: "green", SeatState.DEGRADED: "yellow", SeatState.HUNG: "red",
              SeatState.NODE_LOST: "red", SeatState.FAILED: "red", SeatState.REMEDIATING: "yellow",
@@ -46,6 +46,10 @@ def _print_status(rec: SeatRecord) -> None:
         for r in n.ranks:
             state = f" ({r.state})" if r.alive and r.state else ""
             console.print(f"    {r.title:<28} pid {r.pid or '-':<8} {'alive' if r.alive else 'not running'}{state}")
+        procs = [p for p in node_processes(rec, n) if p["kind"] != "scheduler"]
+        if procs:
+            console.print("    also: " + ", ".join(f"{p['kind']} pid {p['pid']}" + (
+                f" ({p['title'][:40]})" if p["kind"] in ("other",) else "") for p in procs), markup=False)
     for ln in rec.log_tail:
         console.print(f"  | {ln}", markup=False)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.learned import LearnedThresholds
 from sgl_seat.core.records import EngineProcess, LogLine, MetricsPoint, ProbeRecord, StackSample
+from sgl_seat.core.vocabulary import NO_WORDS, EngineWords
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class Observation:
 
     ``learned``: the row-fetch thresholds learned from healthy calls (:mod:`sgl_seat.core.learned`), the node's
     live, the bundle's in replay; None: the fixed threshold for every call.
+
+    ``words``: the engine's names for its processes and metrics (:mod:`sgl_seat.core.vocabulary`), from its
+    backend: the detectors ask by meaning, never by an engine's name.
     """
 
     samples: tuple[StackSample, ...] = ()
@@ -36,12 +40,13 @@ class Observation:
     processes: tuple[EngineProcess, ...] = ()
     rank_nodes: Mapping[int, int] = field(default_factory=dict)
     learned: LearnedThresholds | None = None
+    words: EngineWords = NO_WORDS
 
     @classmethod
     def of(cls, *, samples: Iterable[StackSample] = (), probes: Iterable[ProbeRecord] | ProbeColumns = (),
            metrics: Iterable[MetricsPoint] = (), logs: Iterable[LogLine] = (),
            processes: Iterable[EngineProcess] = (), rank_nodes: Mapping[int, int] | None = None,
-           learned: LearnedThresholds | None = None) -> Observation:
+           learned: LearnedThresholds | None = None, words: EngineWords) -> Observation:
         """Build from any iterables, in a canonical order (so live and replay see the same sequence)."""
         return cls(
             samples=tuple(sorted(samples, key=lambda s: (s.t, s.node, s.pid, s.native))),
@@ -51,6 +56,7 @@ class Observation:
             processes=tuple(sorted(processes, key=lambda p: (p.node, p.pid))),
             rank_nodes=dict(rank_nodes or {}),
             learned=learned,
+            words=words,
         )
 
     def merged(self, other: Observation) -> Observation:
@@ -60,6 +66,7 @@ class Observation:
             processes=(*self.processes, *other.processes), rank_nodes={**self.rank_nodes, **other.rank_nodes},
             learned=other.learned if self.learned is None else
             self.learned if other.learned is None else self.learned.merged(other.learned),
+            words=other.words if self.words == NO_WORDS else self.words,
         )
 
 

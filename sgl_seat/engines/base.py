@@ -21,14 +21,19 @@ import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
+from sgl_seat.core.vocabulary import NO_WORDS, EngineWords
 from sgl_seat.engines import preflight, preflight_facts
 from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.engines.preflight import Check, Failure
-from sgl_seat.errors import PlanError
+from sgl_seat.errors import PlanError, UsageError
+from sgl_seat.sizing import CapacityReport
+from sgl_seat.sizing.draft_tiers import SEAT_FILES
 from sgl_seat.spec import SeatSpec, spec_location
 from sgl_seat.topology import Topology
 
@@ -45,6 +50,23 @@ def engine_venv() -> str:
     """The engine's environment on this host: ``$SGLSEAT_ENGINE_VENV``, else ``.venv-sglang`` beside the venv
     this interpreter runs in (the repository's ``.venv``, where setup puts both)."""
     return os.environ.get(ENGINE_VENV_ENV) or str(Path(sys.prefix).parent / ".venv-sglang")
+
+class Placeholder(str, Enum):
+    """Late-bound values, written ``${name}`` in argv and env and filled at apply time (by the node agent, or by
+    `up` for the node-0 address): what a backend's command line may hold besides literal values."""
+
+    NODE0_ADDR = "${node0_addr}"
+    AGENT_PYTHON = "${agent_python}"
+    WATCHDOG_BOOT = "${watchdog_boot}"
+    #: Node 0's directory for the engine's request log (SGLang's ``--log-requests-target``); the node agent fills it
+    #: with ``$SGLSEAT_HOME/logs/<seat>/requests`` (mode 0700), the watchdog sidecar reads it.
+    REQUEST_LOG_DIR = "${request_log_dir}"
+    #: The engine's own environment on the node (engines that run from one: SGLang's CPU engine, .venv-sglang).
+    ENGINE_VENV = ENGINE_VENV
+    #: The node's directory of the plan's files (:attr:`LaunchPlan.files`); the node agent fills it with
+    #: ``$SGLSEAT_HOME/logs/<seat>/files`` and writes the files there before the engine starts.
+    SEAT_FILES = SEAT_FILES
+
 
 _KV_LINE = re.compile(r"KV Cache (?:is allocated|VA upper bound)\b.*?#tokens:\s*([\d,]+)")
 
@@ -67,6 +89,53 @@ def argv_value(argv: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+#: The probe's rehearsal switches (``sgl_seat/probe/fault.py`` ENV_REHEARSAL / ENV_FAULTS; a unit test holds them
+#: equal: importing the probe package here would load its writer into every plan).
+ENV_PROBE_REHEARSAL = "SGLSEAT_PROBE_REHEARSAL"
+ENV_PROBE_FAULTS = "SGLSEAT_PROBE_FAULTS"
+
+
+def rehearsal_env(spec: SeatSpec, faults: Sequence[str]) -> dict[str, str]:
+    """A rehearsal seat's processes carry the probe's fault gate (armed at start by ``faults``, at run time by
+    ``sgl-seat fault``); any other seat's carry none, so production pays nothing for it."""
+    if not spec.rehearsal:
+        return {}
+    env = {ENV_PROBE_REHEARSAL: "1"}
+    if faults:
+        env[ENV_PROBE_FAULTS] = ";".join(faults)
+    return env
+
+
+def missing_engine_python(node: PlannedNode, *, what: str, install: str) -> list[Failure]:
+    """The preflight failure of a node whose engine interpreter (a path) is not there; none when it is."""
+    python = node.command[0] if node.command else ""
+    if os.sep in python and not os.access(python, os.X_OK):
+        return [Failure(node.node_rank, "engine-python", f"{what} {python} does not exist on this node", install)]
+    return []
+
+
+def probe_faults(faults: Sequence[str], *, rehearsal: bool, engine: str, example_seat: str) -> tuple[str, ...]:
+    """A real engine's ``--fault`` values: probe stalls only (the probe's own rehearsal gate stalls a probed call
+    inside the engine), and only on a seat its spec marks ``rehearsal: true``; normalised, or a UsageError."""
+    if not faults:
+        return ()
+    if not rehearsal:
+        raise UsageError(f"this seat is not a rehearsal: a real {engine} seat takes injected faults only when its "
+                         "spec says `rehearsal: true` (never on a production seat)",
+                         fix=f"drop --fault, or rehearse on a seat marked rehearsal: true (e.g. {example_seat})")
+    # The gate's own parser (standard library only): what the plan accepts is what the engine will run.
+    from sgl_seat.probe.fault import parse_probe_fault
+
+    out = []
+    for f in faults:
+        try:
+            out.append(parse_probe_fault(f).spec())
+        except ValueError as exc:
+            raise UsageError(f"--fault {f!r}: {exc}", fix="a real engine takes probe-stall faults only, e.g. "
+                             "probe-stall:rank=1,after_calls=20,for_s=30") from None
+    return tuple(out)
 
 
 class PlannedNode(Protocol):
@@ -122,15 +191,27 @@ class EngineFacts:
     faults_need_probe: bool
     #: The family whose functions the probe times whatever the model is (``None``: the model's own family).
     probe_family: str | None
+    #: Put before the model's family to name this engine's targets of it (``vllm/``; SGLang's have none).
+    probe_family_prefix: str
     #: True when the engine installs the probe itself (no ``sitecustomize`` loader on its ``PYTHONPATH``).
     loads_probe_itself: bool
     #: True when the engine's answers and figures are synthetic (a stand-in, not a model).
     synthetic: bool
+    #: True when SGLang's own sizing code computes this engine's pool (real SGLang: not its double, nor another engine).
+    sized_by_sglang: bool
+    #: The title of a rank's process before its ``_TP``/``_EP`` suffix (:func:`sgl_seat.topology.rank_title`).
+    rank_title: str
+    #: The draft policy's description and the files that carry it, with the draft on (:meth:`EngineBackend.draft_policy`
+    #: bound to the seat: ``draft_policy(cap, slots, warnings)``).
+    draft_policy: Any = field(compare=False, repr=False, default=None)
+    #: Node ``node_rank``'s engine flags (after ``-m <module>``) for a draft state, slot cap and memory fraction:
+    #: :meth:`EngineBackend.argv` bound to the seat (``argv(node_rank=, draft=, slots=, mem_fraction=)``).
+    argv: Any = field(compare=False, repr=False, default=None)
 
     def probe_targets(self, model_family: str | None) -> tuple[str, ...]:
         """The functions the watchdog's probe times (``module:function@arg``) for a model of ``model_family``;
         () for none."""
-        family = self.probe_family or model_family
+        family = self.probe_family or (self.probe_family_prefix + model_family if model_family else None)
         return family_targets(family) if family else ()
 
     def node_env(self, kv_pool_tokens: int | None) -> dict[str, str]:
@@ -166,9 +247,29 @@ class EngineBackend(ABC):
     #: The family (``watchdog/probe-targets.yaml``) whose functions the probe times whatever the model is;
     #: ``None``: the model's own architecture, when known.
     probe_family: ClassVar[str | None] = None
+    #: Put before the model's family in ``watchdog/probe-targets.yaml`` for this engine's targets (``vllm/``).
+    probe_family_prefix: ClassVar[str] = ""
     #: The environment variable through which every node gets the plan's predicted KV pool (``None``: the
     #: engine sizes its own pool).
     kv_pool_env: ClassVar[str | None] = None
+    #: The spec's ``device`` values this engine runs on.
+    devices: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    #: True when the engine reads the spec's ``sim`` block (the stand-in's knobs).
+    reads_sim_block: ClassVar[bool] = False
+    #: True when SGLang's own sizing code computes this engine's pool (:func:`sgl_seat.sizing.plan_capacity`).
+    sized_by_sglang: ClassVar[bool] = False
+    #: True when the engine's draft policy is ``draft.off_above`` alone, run as its own schedule (vLLM's
+    #: ``num_speculative_tokens_per_batch_size``): the gate's hybrid arm is then the seat's draft with its policy.
+    #: False: the hybrid runs the engine's adaptive tiers (SGLang's ``--speculative-adaptive``, the seat's policy
+    #: tiers or SGLang's defaults).
+    policy_is_schedule: ClassVar[bool] = False
+    #: The engine's names for its processes and metrics (:mod:`sgl_seat.core.vocabulary`): what the watchdog,
+    #: replay and the gate read by.
+    words: ClassVar[EngineWords] = NO_WORDS
+
+    def is_main_cmdline(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` is the command line of one of this engine's node main processes (``python -m module``)."""
+        return any(a == "-m" and i + 1 < len(argv) and argv[i + 1] == self.module for i, a in enumerate(argv))
 
     # -- the plan ----------------------------------------------------------------------------------
 
@@ -178,6 +279,13 @@ class EngineBackend(ABC):
         ``faults`` are the ``--fault`` values as given (a UsageError when this engine does not take them);
         ``draft`` the chosen draft state (a PlanError when this engine cannot run the draft for ``spec``).
         """
+        if spec.device not in self.devices:
+            raise PlanError(f"device: {spec.device} is not one engine {self.name} runs on ({sorted(self.devices)})",
+                            fix="change device, or the engine", **spec_location(spec, "device"))
+        if spec.sim is not None and not self.reads_sim_block:
+            raise PlanError(f"a 'sim' block is only valid for the sim engine, not engine: {self.name}",
+                            fix="remove the sim block", **spec_location(spec, "sim"))
+        self.check_spec(spec, topo)
         valid = self.validate_faults(faults, rehearsal=spec.rehearsal)
         cannot_draft = self.draft_problem(spec)
         if draft and cannot_draft:
@@ -189,14 +297,25 @@ class EngineBackend(ABC):
             flags=tuple(self.engine_flags(spec)),
             env=tuple(sorted(self.node_env(spec, faults=valid).items())),
             kv_pool_env=self.kv_pool_env,
-            warnings=tuple(self.plan_warnings(spec, topo)),
+            warnings=tuple(self.plan_warnings(spec, topo)) + self._sampled_draft_warning(spec, draft),
             capacity_note=self.capacity_note(spec),
             faults=valid,
             faults_need_probe=self.faults_need_probe,
             probe_family=self.probe_family,
+            probe_family_prefix=self.probe_family_prefix,
             loads_probe_itself=self.loads_probe_itself,
             synthetic=self.synthetic,
+            rank_title=self.words.rank_title,
+            sized_by_sglang=self.sized_by_sglang,
+            argv=partial(self.argv, spec, topo),
+            draft_policy=partial(self.draft_policy, spec),
         )
+
+    @abstractmethod
+    def argv(self, spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, slots: int,
+             mem_fraction: float) -> list[str]:
+        """The engine's whole command line after ``python -m <module>`` for node ``node_rank``: its base flags, the
+        draft's (when ``draft``), :meth:`engine_flags` and whatever the watchdog needs of the engine."""
 
     @abstractmethod
     def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
@@ -204,6 +323,31 @@ class EngineBackend(ABC):
 
         ``rehearsal`` is the spec's ``rehearsal`` mark: a real engine takes faults on a rehearsal seat only.
         """
+
+    def draft_policy(self, spec: SeatSpec, cap: CapacityReport | None, slots: int,
+                     warnings: list[str]) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
+        """With the draft on: the draft policy (``draft.off_above``) as the engine runs it, for the plan's
+        ``draft_policy``, and the files (name, text) it needs on every node (``${seat_files}``); ``warnings`` gets
+        what the operator should know. None and () by default."""
+        return None, ()
+
+    def check_spec(self, spec: SeatSpec, topo: Topology) -> None:
+        """Raise a :class:`PlanError` (at the spec's line) for a seat this engine cannot run; nothing by default."""
+        return
+
+    def _sampled_draft_warning(self, spec: SeatSpec, draft: bool) -> tuple[str, ...]:
+        why = self.sampled_draft_problem(spec) if draft else None
+        return (f"with the draft on: {why}; greedy requests are the target's own",) if why else ()
+
+    def sampled_draft_problem(self, spec: SeatSpec) -> str | None:
+        """Why this engine's answers cannot be trusted when it drafts and samples (temperature above 0), as measured
+        on it; None (the default) where nothing is known against it. The gate refuses a sampled sweep with a draft
+        arm on such a seat, and the plan warns."""
+        return None
+
+    def engine_venv(self) -> str:
+        """The engine's own environment on this host (what ``${engine_venv}`` is filled with)."""
+        return engine_venv()
 
     def engine_flags(self, spec: SeatSpec) -> list[str]:
         """Flags of the engine's own that every node's command line gets after the plan's (none by default)."""
@@ -248,6 +392,11 @@ class EngineBackend(ABC):
         if node.node_rank == 0:
             ports["dist_init"] = plan.dist_init_port
         return ports
+
+    def startup_port(self, plan: PlannedSeat) -> int:
+        """The port node 0 listens on once its engine has started (`up` waits for it before the other nodes): SGLang's
+        dist-init store."""
+        return plan.dist_init_port
 
     def bind_host(self, argv: Sequence[str], port_name: str) -> str:
         """The address the engine binds the port named ``port_name`` (:meth:`listen_ports`' names) on.

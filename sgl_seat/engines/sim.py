@@ -8,21 +8,29 @@ anything is placed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from sgl_seat.core.vocabulary import EngineWords
+from sgl_seat.engines import sglang
 from sgl_seat.engines.base import EngineBackend, PlannedNode, PlannedSeat
 from sgl_seat.engines.family_targets import SIM_FAMILY
 from sgl_seat.engines.preflight import Check
+from sgl_seat.engines.registry import register
+from sgl_seat.sim import contract
 from sgl_seat.sim.args import ENV_ACCEPT_RATE, ENV_FAULTS, ENV_KV_TOKENS, ENV_STEP_FLOOR_MS
 from sgl_seat.sim.faults import parse_fault
 from sgl_seat.sim.front import ports
 from sgl_seat.sim.front.ports import ENV_NODE_PORT as NODE_PORT_ENV
+from sgl_seat.sizing import CapacityReport
 from sgl_seat.spec import SeatSpec
+from sgl_seat.topology import Topology
 
 __all__ = ["NODE_PORT_ENV", "SimBackend"]
 
 
+@register
 class SimBackend(EngineBackend):
     """``python -m sgl_seat.sim.launch_server``: SGLang's contract without a GPU."""
 
@@ -39,6 +47,25 @@ class SimBackend(EngineBackend):
     probe_family: ClassVar[str | None] = SIM_FAMILY
     #: The sim serves the pool the plan predicts (SGLang would size it from the GPU and the model).
     kv_pool_env: ClassVar[str | None] = ENV_KV_TOKENS
+    reads_sim_block: ClassVar[bool] = True
+    #: SGLang's words (the sim is its double, held to them by ``tests/contract/test_sim_contract.py``), and the
+    #: sim's own marker that its figures are synthetic.
+    words: ClassVar[EngineWords] = dataclasses.replace(sglang.WORDS, engine="sim",
+                                                       synthetic_marker=contract.SIM_ONLY_METRICS[0])
+
+    def argv(self, spec: SeatSpec, topo: Topology, *, node_rank: int, draft: bool, slots: int,
+             mem_fraction: float) -> list[str]:
+        """SGLang's line (the sim parses SGLang's flags: ``sgl_seat/sim/args.py``)."""
+        return sglang.sglang_argv(spec, topo, node_rank=node_rank, draft=draft, slots=slots,
+                                  mem_fraction=mem_fraction, flags=self.engine_flags(spec))
+
+    def draft_policy(self, spec: SeatSpec, cap: CapacityReport | None, slots: int,
+                     warnings: list[str]) -> tuple[dict[str, Any] | None, tuple[tuple[str, str], ...]]:
+        """SGLang's adaptive tiers, as the plan of a real SGLang seat of the same spec has them."""
+        return sglang.adaptive_policy(spec, cap, slots, warnings)
+
+    def check_spec(self, spec: SeatSpec, topo: Topology) -> None:
+        sglang.sglang_draft_rules(spec)
 
     def validate_faults(self, faults: Sequence[str], *, rehearsal: bool = False) -> tuple[str, ...]:
         # The sim is a stand-in engine: every sim seat is a rehearsal, marked or not.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sgl_seat.engines import backend_for
 from sgl_seat.errors import ArmStartError, NoVerdictError, SeatError, UsageError
 from sgl_seat.gate.arms import Arms, SeatArms, UrlArms
 from sgl_seat.gate.design import ARM_NAMES, BASELINE, CANDIDATE, CONTROL, HYBRID
@@ -107,6 +108,20 @@ def _arms_impl(opts: GateOptions, say: Callable[[str], None]) -> Arms:
     return SeatArms(opts.spec, watchdog=opts.watchdog, say=say)
 
 
+def _refuse_a_sampled_sweep_the_engine_corrupts(opts: GateOptions, temperature: float) -> None:
+    """A sampled sweep with a draft arm on a seat whose engine is known to corrupt sampled answers while it drafts
+    (its backend says so): the verdict would be on broken text, so none is given."""
+    drafted = [a for a in opts.arms if a in (CANDIDATE, HYBRID)]
+    if opts.spec is None or temperature <= 0 or not drafted:
+        return
+    why = backend_for(opts.spec.engine).sampled_draft_problem(opts.spec)
+    if why:
+        raise UsageError(f"the sweep samples (temperature {temperature:g}) and arm {drafted[0]} drafts on seat "
+                         f"{opts.spec.name!r}: {why}; a verdict on that text would not be the draft's",
+                         fix="gate this engine on a greedy sweep (temperature 0, the default), or gate "
+                             "baseline,control alone")
+
+
 def run_gate(opts: GateOptions, *, progress: Callable[[Progress], None] = lambda _p: None,
              say: Callable[[str], None] = lambda _s: None) -> GateResult:
     """Run (or resume) a battery, then build its report (also written as ``report.json`` in the directory)."""
@@ -117,6 +132,7 @@ def run_gate(opts: GateOptions, *, progress: Callable[[Progress], None] = lambda
         say(f"resuming the battery in {bd.root}")
     else:
         battery = load_battery(quick=opts.quick, path=opts.workloads).with_runs(opts.runs, opts.seed)
+        _refuse_a_sampled_sweep_the_engine_corrupts(opts, battery.sweep.temperature)
         name = opts.spec.name if opts.spec is not None else "urls"
         root = opts.out or seat_home() / "gate" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         arms_from: dict[str, Any] = ({"kind": "urls", "urls": dict(opts.urls)} if opts.urls else

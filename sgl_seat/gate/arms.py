@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from sgl_seat.engines import backend_for
 from sgl_seat.errors import (
     ArmStartError,
     ClusterError,
@@ -89,12 +90,19 @@ def arm_start_error(arm: str, exc: SeatError, starts: int, *, also: str = "") ->
 def arm_spec(spec: SeatSpec, arm: str, *, address: str | None = None) -> SeatSpec:
     """The seat spec of one arm: its own name; the battery's cluster; the draft static for the candidate (a seat's
     policy, ``draft.off_above``, is what the hybrid arm gates) and adaptive for the hybrid (the seat's policy
-    tiers, or SGLang's default tiers where it has none)."""
+    tiers, or SGLang's default tiers where it has none; an NGRAM draft's policy is its engine's own schedule)."""
     name = f"{spec.name[: 62 - len(arm)]}-{arm}"
     upd: dict[str, Any] = {"name": name}
     if arm == CANDIDATE:
         upd["draft"] = spec.draft.model_copy(update={"adaptive": False, "off_above": None})
-    if arm == HYBRID:
+    if arm == HYBRID and (spec.draft.algorithm == "NGRAM" or backend_for(spec.engine).policy_is_schedule):
+        # A policy that is its engine's own schedule (vLLM's num_speculative_tokens_per_batch_size), and any NGRAM
+        # policy: the hybrid is the seat's draft with its off_above, no adaptive tiers (SGLang's take EAGLE only).
+        if spec.draft.off_above is None:
+            raise UsageError(f"the hybrid arm of seat {spec.name!r} has no policy: its {spec.draft.algorithm} draft "
+                             "runs one only with draft.off_above", fix="`sgl-seat tune draft REPORT --seat SEAT` "
+                             "writes it from a gate's crossover; or gate baseline,candidate[,control]")
+    elif arm == HYBRID:
         try:
             upd["draft"] = DraftSpec.model_validate({**spec.draft.model_dump(), "adaptive": True})
         except ValueError as exc:

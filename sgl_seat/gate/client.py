@@ -8,7 +8,8 @@ Why these choices (bench-anchors sections 1 and 2.5):
   no per-chunk inter-token gaps. A cell's throughput is its output tokens over its wall time, as
   ``sglang.bench_serving`` computes ``output_throughput``.
 - Every request sends ``temperature: 0`` explicitly (an omitted one takes the checkpoint's default) and
-  ``ignore_eos`` so each one runs to ``max_tokens`` on every arm.
+  ``ignore_eos`` so each one runs to ``max_tokens`` on every arm; a sweep may sample as users are served instead
+  (:class:`Sampling`): greedy decoding with ``ignore_eos`` falls into repetition, which an n-gram draft feeds on.
 - Closed loop: ``concurrency`` workers, each sends its next request when its last one ended; the clock for a
   request starts just before its POST (client queueing excluded, as bench_serving does).
 - The client's own cost is measured in every cell: its CPU seconds per request and the event loop's lag (how late
@@ -95,19 +96,32 @@ class CellRun:
         }
 
 
-def _body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a cell's requests sample: greedy with ``ignore_eos`` by default (every arm runs each request to
+    ``max_tokens``), or as users are served (a temperature, the end of sequence honoured: a sweep's ``temperature``
+    and ``ignore_eos`` in the workloads file)."""
+
+    temperature: float = 0.0
+    ignore_eos: bool = True
+
+
+GREEDY = Sampling()
+
+
+def _body(model: str, prompt: str, max_tokens: int, sampling: Sampling = GREEDY) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": sampling.temperature,
+            "ignore_eos": sampling.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def one_request(client: httpx.AsyncClient, endpoint: str, model: str, prompt: str, max_tokens: int,
-                      *, timeout: float) -> RequestResult:
+                      *, timeout: float, sampling: Sampling = GREEDY) -> RequestResult:
     """One streamed completion; never raises for a failed request (``ok`` False with the error)."""
     res = RequestResult(ok=False)
     pieces: list[str] = []
     res.start = t0 = time.perf_counter()
     try:
-        async with client.stream("POST", f"{endpoint}/v1/completions", json=_body(model, prompt, max_tokens),
+        async with client.stream("POST", f"{endpoint}/v1/completions", json=_body(model, prompt, max_tokens, sampling),
                                  timeout=timeout) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:160]!r}"
@@ -155,7 +169,7 @@ async def _ticker(stop: asyncio.Event, lags: list[float]) -> None:
 
 
 async def _closed_loop(endpoint: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int,
-                       timeout: float) -> CellRun:
+                       timeout: float, sampling: Sampling) -> CellRun:
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     for i, p in enumerate(prompts):
         queue.put_nowait((i, p))
@@ -171,7 +185,8 @@ async def _closed_loop(endpoint: str, model: str, prompts: Sequence[str], concur
                     i, p = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                results[i] = await one_request(client, endpoint, model, p, max_tokens, timeout=timeout)
+                results[i] = await one_request(client, endpoint, model, p, max_tokens, timeout=timeout,
+                                               sampling=sampling)
 
         tick = asyncio.create_task(_ticker(stop, lags))
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -185,8 +200,8 @@ async def _closed_loop(endpoint: str, model: str, prompts: Sequence[str], concur
 
 
 def closed_loop(endpoint: str, model: str, prompts: Sequence[str], *, concurrency: int, max_tokens: int,
-                timeout: float = 600.0) -> CellRun:
+                timeout: float = 600.0, sampling: Sampling = GREEDY) -> CellRun:
     """Send ``prompts`` with ``concurrency`` closed-loop workers; return the cell's requests and timings."""
     if concurrency < 1 or not prompts:
         raise ValueError("closed_loop needs concurrency >= 1 and at least one prompt")
-    return asyncio.run(_closed_loop(endpoint, model, prompts, concurrency, max_tokens, timeout))
+    return asyncio.run(_closed_loop(endpoint, model, prompts, concurrency, max_tokens, timeout, sampling))

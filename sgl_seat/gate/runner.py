@@ -24,13 +24,13 @@ from sgl_seat.errors import UsageError
 from sgl_seat.forensics.format.store import bundles_in
 from sgl_seat.gate import engine_counters
 from sgl_seat.gate.arms import Arms, ArmSession
-from sgl_seat.gate.client import closed_loop
+from sgl_seat.gate.client import Sampling, closed_loop
 from sgl_seat.gate.design import COLD_CELLS, Slot, cell_names, schedule
-from sgl_seat.gate.workloads import Battery, prompt_words
+from sgl_seat.gate.workloads import Battery, prompt_words, sweep_prompt
 
 __all__ = ["BatteryDir", "Progress", "run_battery"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: cell counters keyed by meaning (engine_counters.COUNTERS), not by SGLang metric name
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +138,11 @@ class _SlotRun:
 
     def sweep(self, c: int) -> dict[str, Any]:
         w = self.b.sweep
-        prompts = [prompt_words(self.b.seed, w.prompt_tokens, tag=f"{self.tag}-sweep{c}-{i}")
+        prompts = [sweep_prompt(w.style, self.b.seed, w.prompt_tokens, tag=f"{self.tag}-sweep{c}-{i}")
                    for i in range(c * w.requests_per_client)]
         data, delta = _counter_delta(self.s.endpoint, lambda: closed_loop(
             self.s.endpoint, self.s.model, prompts, concurrency=c, max_tokens=w.max_tokens,
-            timeout=self.timeout).summary())
+            timeout=self.timeout, sampling=Sampling(w.temperature, w.ignore_eos)).summary())
         return {**data, "counters": delta}
 
     def prefix(self) -> dict[str, Any]:
@@ -157,7 +157,7 @@ class _SlotRun:
             data, delta = _counter_delta(self.s.endpoint, lambda: closed_loop(
                 self.s.endpoint, self.s.model, prompts, concurrency=p.concurrency, max_tokens=p.max_tokens,
                 timeout=self.timeout).summary())
-            prompt_t, cached = delta["sglang:prompt_tokens_total"], delta["sglang:cached_tokens_total"]
+            prompt_t, cached = delta["prompt_tokens"], delta["cached_tokens"]
             passes.append({"failed": data["failed"], "prompt_tokens": prompt_t, "cached_tokens": cached,
                            "hit_rate": cached / prompt_t if prompt_t else None})
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sgl_seat.engines import backend_for
 from sgl_seat.errors import SpecError, TuneRefused, UsageError
 from sgl_seat.gate.verdict import REPORT_SCHEMA_VERSION
-from sgl_seat.sizing.draft_tiers import DraftTiers, tiers_for
 from sgl_seat.spec import SeatSpec, builtin_seats_dir, parse_spec, resolve_seat_path
 
 __all__ = ["DraftTune", "load_report", "policy_from_report", "set_off_above", "tune_draft"]
@@ -45,14 +45,24 @@ class DraftTune:
     previous: int | None
     why: str
     synthetic: bool
-    tiers: DraftTiers
+    #: The policy as the seat's engine runs it (its backend's draft policy: SGLang's adaptive tiers, vLLM's schedule).
+    policy: dict[str, Any]
     written: bool
     warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"seat": self.seat, "path": str(self.path), "report": str(self.report), "off_above": self.off_above,
                 "previous": self.previous, "why": self.why, "synthetic": self.synthetic,
-                "tiers": self.tiers.to_json(), "written": self.written, "warnings": list(self.warnings)}
+                "policy": self.policy, "written": self.written, "warnings": list(self.warnings)}
+
+    def how(self) -> str:
+        """The policy in one line, as the engine runs it."""
+        p = self.policy
+        if "schedule" in p:
+            return f"{p.get('flag')}: {p['schedule']} ([first, last running requests, draft tokens])"
+        if "how" in p:
+            return f"--speculative-adaptive, {p['how']}"
+        return json.dumps(p)
 
 
 def load_report(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -159,7 +169,9 @@ def tune_draft(report: Path, seat: str, *, dry_run: bool = False) -> DraftTune:
     if new_spec.draft.off_above != n:  # set_off_above's contract, checked before the write
         raise SpecError(f"the edited seat reads draft.off_above {new_spec.draft.off_above}, not {n}", path=str(path),
                         fix="write off_above under draft: by hand")
-    warnings = []
+    warnings: list[str] = []
+    # What the plan says of the policy (a cap it never reaches, ...) it says there; here only how the engine runs it.
+    policy, _files = backend_for(new_spec.engine).draft_policy(new_spec, None, new_spec.draft.slots, [])
     src = (doc.get("design") or {}).get("arms_from") or {}
     if src.get("kind") == "seat" and src.get("seat") not in (None, new_spec.name):
         warnings.append(f"the report's battery ran seat {src['seat']!r}, not {new_spec.name!r}: its crossover is that "
@@ -169,5 +181,5 @@ def tune_draft(report: Path, seat: str, *, dry_run: bool = False) -> DraftTune:
         tmp.write_text(new_text, encoding="utf-8")
         os.replace(tmp, path)
     return DraftTune(seat=new_spec.name, path=path, report=rpath, off_above=n, previous=old_spec.draft.off_above,
-                     why=why, synthetic=synthetic, tiers=tiers_for(n, new_spec.draft.steps), written=not dry_run,
+                     why=why, synthetic=synthetic, policy=policy or {}, written=not dry_run,
                      warnings=tuple(warnings))

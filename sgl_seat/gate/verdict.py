@@ -104,8 +104,8 @@ def _arm_figures(battery: Battery, cells: dict[tuple[str, str], dict[str, Any]],
         d = data(f"sweep_c{c}")
         if d is not None:
             sweep[c] = d
-            gen += d["counters"].get("sglang:generation_tokens_total", 0.0)
-            verify += d["counters"].get("sglang:spec_verify_calls_total", 0.0)
+            gen += d["counters"].get("generated", 0.0)
+            verify += d["counters"].get("verify_steps", 0.0)
     info = (eng or {}).get("info") or {}
     return {
         "kv_pool_tokens": _num(info.get("kv_pool_tokens")),
@@ -294,9 +294,10 @@ def _recommendation(levels: list[int], ivs: list[Interval], caps: dict[str, floa
     if cap_c and cap_b and cap_c < cap_b:
         parts.append(f"running requests are capped at {cap_c:g} with the draft and {cap_b:g} without: above "
                      f"{cap_c:g} concurrent the draft arm queues")
-    action = ("SGLang has no 'speculation off above N running requests' switch; `sgl-seat tune draft REPORT --seat "
-              "SEAT` writes draft.off_above from this crossover's lower bound, which the plan runs as SGLang's "
-              "--speculative-adaptive tiers (the hybrid arm gates it)")
+    action = ("`sgl-seat tune draft REPORT --seat SEAT` writes draft.off_above from this crossover's lower bound, "
+              "which the plan runs as the seat's engine's own policy (`plan --json`'s draft_policy says how: "
+              "SGLang's --speculative-adaptive tiers, vLLM's num_speculative_tokens_per_batch_size; the hybrid arm "
+              "gates it)")
     if hybrid is not None:
         action += f"; the hybrid arm's verdict here is {hybrid['verdict']}"
     return {"bands": bands, "text": "; ".join(parts) or "no sweep measured", "action": action}

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sgl_seat.errors import UsageError
 
-__all__ = ["Battery", "GateRule", "load_battery", "prompt_words"]
+__all__ = ["Battery", "GateRule", "load_battery", "prompt_words", "sweep_prompt"]
 
 SCHEMA_VERSION = 1
 METRICS = ("sweep_output_tok_s", "cold_ttft_s", "prefix_hit_rate_warm", "kv_pool_tokens", "hangs",
@@ -43,6 +43,17 @@ class Sweep(_Strict):
     requests_per_client: int = Field(ge=1)
     prompt_tokens: int = Field(ge=1)
     max_tokens: int = Field(ge=1)
+    #: ``words``: random words (a draft that copies from the prompt finds little); ``copy``: the words, then an ask to
+    #: repeat them (what an n-gram draft is accepted on). A trained model answers the second as users' copy tasks go.
+    #: ``chatml``: users' requests of four kinds in turn (a list to copy, a question, code, a story; about
+    #: ``prompt_tokens`` words of list or topic), framed in the ChatML template (``<|im_start|>user ...``: SmolLM2's and
+    #: Qwen's) and sent as text, so a chat model answers them as its users are answered: what a draft trained on the
+    #: model's own answers (an EAGLE head) is accepted on. Only for a model whose template is ChatML.
+    style: Literal["words", "copy", "chatml"] = "words"
+    #: As users are served: a temperature above 0 and ``ignore_eos: false`` (requests may end before max_tokens;
+    #: throughput still counts the tokens served). Default greedy with ignore_eos: every arm runs each to max_tokens.
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    ignore_eos: bool = True
 
 
 class ColdTTFT(_Strict):
@@ -121,6 +132,39 @@ def load_battery(*, quick: bool = False, path: Path | None = None) -> Battery:
             raise UsageError(f"{src}: gate {g.name} reads the sweep at {g.at}, which is not a sweep level "
                              f"{battery.levels()}", fix="add the level to sweep.levels or change the gate's 'at'")
     return battery
+
+
+def sweep_prompt(style: str, seed: int | str, n: int, *, tag: str) -> str:
+    """A sweep prompt of about ``n`` words in ``style`` (:class:`Sweep`), the same on every arm."""
+    words = prompt_words(seed, n, tag=tag)
+    if style == "copy":
+        return f"Repeat these words exactly, in the same order: {words}\nRepeated:"
+    if style == "chatml":
+        return f"<|im_start|>user\n{chat_request(seed, n, tag=tag)}<|im_end|>\n<|im_start|>assistant\n"
+    return words
+
+
+# Other topics than engines/eaglehead.py trains its head on: the gate's requests are of the same kinds, not the same.
+_TOPICS = ("the sun", "earthquakes", "ants", "the telephone", "snow", "football", "cheese", "trains", "the brain",
+           "bridges", "deserts", "radio", "coffee", "whales", "magnets", "clocks")
+_CODE = ("finds the largest number in a list", "checks if a word is a palindrome", "computes a factorial",
+         "removes duplicates from a list", "converts Celsius to Fahrenheit", "counts the vowels in a string")
+_STORY = ("a cat who wants to fly", "an old clock that stops time", "a boy who finds a secret door",
+          "a whale that sings to ships", "a tiny town on a cloud", "a knight who is afraid of horses")
+
+
+def chat_request(seed: int | str, n: int, *, tag: str) -> str:
+    """A user's request of one of four kinds (chosen by ``tag``'s seed): a list of ``n`` words to copy, a question,
+    code, a story; deterministic in (``seed``, ``tag``)."""
+    rng = random.Random(f"{seed}:{tag}:chat")  # noqa: S311 (reproducible prompts, not secrets)
+    kind = rng.randrange(4)
+    if kind == 0:
+        return f"Repeat this list exactly, one item per line: {', '.join(prompt_words(seed, n, tag=tag).split())}"
+    if kind == 1:
+        return f"{rng.choice(('Tell me', 'Explain', 'Give three facts'))} about {rng.choice(_TOPICS)}."
+    if kind == 2:
+        return f"Write a Python function that {rng.choice(_CODE)}, with a short test."
+    return f"Write a short story about {rng.choice(_STORY)}."
 
 
 def prompt_words(seed: int | str, n: int, *, tag: str) -> str:

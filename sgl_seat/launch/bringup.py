@@ -105,7 +105,8 @@ def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchP
     plan_json = json.dumps(plan.to_json())
     others = list(clients[1:])
     together = bool(others) and backend.start_nodes_together
-    with stages.stage("engine-node0", "node 0 starts and listens on dist-init"
+    listen = backend.startup_port(plan)
+    with stages.stage("engine-node0", f"node 0 starts and listens on {listen}"
                       + (f" (nodes 1..{n - 1} start beside it)" if together else "")) as note:
         started = clients[0].call("start_engine", plan_json, timeout=min(left(), 60.0))
         starts = [started]
@@ -113,7 +114,7 @@ def start_engines(rec: SeatRecord, clients: Sequence[AgentClient], plan: LaunchP
             starts += call_all(others, "start_engine", lambda c: (plan_json,), timeout=min(left(), 60.0))
         refresh_nodes(rec, clients[:1] if not together else clients, timeout=CALL_TIMEOUT)
         save_record(rec)
-        res = clients[0].call("wait_listening", node0, plan.dist_init_port, left(), timeout=left() + 10.0)
+        res = clients[0].call("wait_listening", node0, listen, left(), timeout=left() + 10.0)
         if res.get("error"):
             dead = dead_reason([res]) if "started" in res else None
             if dead:

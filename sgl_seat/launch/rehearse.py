@@ -39,7 +39,6 @@ PROBE_STALL = "probe-stall"
 CLEAR = "clear"
 SIGNALS = {"sigstop": "STOP", "sigcont": "CONT", "sigkill": "KILL"}
 DETOKENIZER = "detokenizer"
-DETOKENIZER_TITLE = "sglang::detokenizer"
 CALL_TIMEOUT_S = 15.0
 EXAMPLES = ("probe-stall:rank=1,for_s=30 | clear | sigstop:rank=1 | sigcont:rank=1 | sigkill:rank=1"
             " | sigstop:detokenizer")
@@ -70,13 +69,20 @@ def _plan_of(rec: SeatRecord) -> LaunchPlan:
 
 
 def _signal_target(plan: LaunchPlan, what: str) -> tuple[int, str]:
-    """(node rank, process title) of ``rank=R`` or ``detokenizer``."""
-    if what == DETOKENIZER:
-        node = next((n for n in plan.nodes if n.serves_http), plan.nodes[0])
-        return node.node_rank, DETOKENIZER_TITLE
+    """(node rank, process title) of ``rank=R``, or of one of the engine's helper processes on node 0 by its kind
+    (:attr:`~sgl_seat.core.vocabulary.EngineWords.helper_titles`: SGLang's ``detokenizer``, vLLM's ``engine-core``)."""
+    words = backend_for(plan.engine).words
+    helpers = [kind for _, kind in words.helper_titles]
     key, _, val = what.partition("=")
+    if not val:
+        title = words.helper_title(what)
+        if title is None:
+            raise UsageError(f"seat {plan.seat}'s engine ({plan.engine}) has no {what!r} process",
+                             fix=f"name a rank (rank=R) or one of {helpers}")
+        node = next((n for n in plan.nodes if n.serves_http), plan.nodes[0])
+        return node.node_rank, title
     if key != "rank" or not val.isdigit():
-        raise UsageError(f"{what!r}: name the process as rank=R or {DETOKENIZER}", fix=f"e.g. {EXAMPLES}")
+        raise UsageError(f"{what!r}: name the process as rank=R or one of {helpers}", fix=f"e.g. {EXAMPLES}")
     rank = int(val)
     for n in plan.nodes:
         for r in n.ranks:

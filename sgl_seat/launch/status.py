@@ -297,6 +297,23 @@ def remediation_lines(rec: SeatRecord, now: float) -> list[str]:
     return out
 
 
+def node_processes(rec: SeatRecord, node: NodeRecord) -> list[dict[str, Any]]:
+    """Every live process of the node's engine, as its agent last saw them: pid, parent, title and what it is to the
+    engine (``main``, ``scheduler`` for a rank's process, a helper's kind such as ``detokenizer`` or ``engine-core``,
+    ``other``), by the engine's own words."""
+    words = backend_for(rec.engine).words
+    out = []
+    for p in sorted(node.processes, key=lambda p: int(p.get("pid") or 0)):
+        title = str(p.get("title") or "")
+        kind = words.kind_of_title(title)
+        if p.get("pid") == node.engine_pid:
+            kind = "main"
+        elif kind == "main":  # an untitled process that is not the node's engine main: the resource tracker, ...
+            kind = "other"
+        out.append({"pid": p.get("pid"), "ppid": p.get("ppid"), "title": title[:200], "kind": kind})
+    return out
+
+
 def status_json(rec: SeatRecord, *, now: float | None = None) -> dict[str, Any]:
     """What `status --json` prints: the record's view of the seat (stable keys; ``docs/status-json.md``)."""
     return {
@@ -333,6 +350,7 @@ def status_json(rec: SeatRecord, *, now: float | None = None) -> dict[str, Any]:
                 "pids": n.pids,
                 "ranks": [{"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "title": r.title, "pid": r.pid,
                            "alive": r.alive, "state": r.state} for r in n.ranks],
+                "processes": node_processes(rec, n),
             }
             for n in rec.nodes
         ],

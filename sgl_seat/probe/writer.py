@@ -50,9 +50,11 @@ ENV_DIR = "SGLSEAT_PROBE_DIR"
 ENV_SLOTS = "SGLSEAT_PROBE_SLOTS"
 ENV_RANK = "SGLSEAT_RANK"
 ENV_NODE = "SGLSEAT_NODE_RANK"
+#: The title of the engine's process that runs a rank, as it is at one rank (no ``_TP`` suffix): set by the node
+#: agent from the engine backend's words, so this module names no engine.
+ENV_RANK_TITLE = "SGLSEAT_PROBE_RANK_TITLE"
 
 _TITLE_RANK = re.compile(r"_TP(\d+)(?:_|$)")
-_TP1_SCHEDULER = "sglang::scheduler"
 
 # Writer state: module globals so the hot path reads them with LOAD_GLOBAL (cheap); rebound on
 # ring creation and reset in a forked child (which must not write its parent's ring).
@@ -90,13 +92,14 @@ def _own_rank() -> int:
     return rank_of_title(title)
 
 
-def rank_of_title(title: str) -> int:
-    """The TP rank a process title names (``sglang::scheduler_TP1``, ``..._TP3_EP3``), -1 where none."""
+def rank_of_title(title: str, sole: str | None = None) -> int:
+    """The TP rank a process title names (``..._TP1``, ``..._TP3_EP3``), -1 where none. A title equal to ``sole``
+    (default ``$SGLSEAT_PROBE_RANK_TITLE``: the rank process's title at one rank, which has no TP suffix) is rank 0."""
     m = _TITLE_RANK.search(title)
     if m:
         return int(m.group(1))
-    # One scheduler with no TP suffix (SGLang names it plain ``sglang::scheduler`` at TP1): it is rank 0.
-    return 0 if title.strip() == _TP1_SCHEDULER else -1
+    sole = os.environ.get(ENV_RANK_TITLE) if sole is None else sole
+    return 0 if sole and title.strip() == sole else -1
 
 
 def _own_node() -> int:

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from typing import Final
 
-from sgl_seat.topology import SCHEDULER_TITLE_PREFIX as _TITLE_PREFIX
-from sgl_seat.topology import scheduler_title as scheduler_title
+from sgl_seat.topology import rank_title
 
 SGLANG_VERSION: Final = "0.5.23"
 
 # --- process titles (sglang/srt/managers/scheduler.py, detokenizer_manager.py) -----------------------------
-# The scheduler title rule lives with the planner's rank placement (one rule for plan, agent and sim).
-SCHEDULER_TITLE_PREFIX: Final = _TITLE_PREFIX
+# The rank suffix rule lives with the planner's rank placement (one rule for plan, agent and sim).
+SCHEDULER_TITLE_PREFIX: Final = "sglang::scheduler"
 DETOKENIZER_TITLE: Final = "sglang::detokenizer"
+
+
+def scheduler_title(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:
+    """SGLang's scheduler title for a pure TP(+EP) rank: ``sglang::scheduler`` and the rank's suffix."""
+    return rank_title(SCHEDULER_TITLE_PREFIX, tp_rank, ep_rank, tp_size, ep_size)
 
 
 def scheduler_prefix(tp_rank: int, ep_rank: int, tp_size: int, ep_size: int) -> str:

@@ -306,14 +306,15 @@ def memory_budget(spec: SeatSpec, *, weights_total: int, engram: EngramPlacement
                         weights_bytes=weights, draft_weights_bytes=draft_weights)
 
 
-def sizing_source(spec: SeatSpec) -> str:
-    """Which source to use: ``SGLSEAT_SIZING`` (auto/sglang/mirror); auto picks SGLang for SGLang seats when
-    the installed SGLang is the release followed, the mirror otherwise (the sim's figures are synthetic anyway)."""
+def sizing_source(real_sglang: bool) -> str:
+    """Which source to use: ``SGLSEAT_SIZING`` (auto/sglang/mirror); auto picks SGLang for a seat of real SGLang
+    (``real_sglang``: its backend says so) when the installed SGLang is the release followed, the mirror otherwise
+    (the sim's figures are synthetic anyway)."""
     want = os.environ.get(SIZING_ENV, "auto").strip().lower() or "auto"
     if want not in ("auto", "sglang", "mirror"):
         raise SpecError(f"{SIZING_ENV}={want!r}", fix="use auto, sglang or mirror")
     if want == "auto":
-        return "sglang" if spec.engine == "sglang" and installed_version() == SGLANG_VERSION else "mirror"
+        return "sglang" if real_sglang and installed_version() == SGLANG_VERSION else "mirror"
     return want
 
 
@@ -381,9 +382,13 @@ def _unpredicted(draft: bool, slots: int) -> Capacity:
 
 def plan_capacity(
     spec: SeatSpec, *, slots_off: int, slots_on: int, mem_fraction: float,
-    argv_off: Sequence[str] | None = None, argv_on: Sequence[str] | None = None,
+    argv_off: Sequence[str] | None = None, argv_on: Sequence[str] | None = None, real_sglang: bool = False,
 ) -> CapacityReport | None:
     """Both draft states for a spec, or None when the spec names no config.json to plan from.
+
+    ``real_sglang``: the seat runs real SGLang (its backend's
+    :attr:`~sgl_seat.engines.EngineFacts.sized_by_sglang`), so SGLang's own sizing code may answer and the field
+    report's figures are set beside the plan's.
 
     ``argv_off`` / ``argv_on`` are node 0's flags for each state (``plan`` passes them); without them the
     sizing-relevant flags are built from the spec (:func:`sizing_argv`).
@@ -438,7 +443,7 @@ def plan_capacity(
             ))
         source, version, notes = SOURCE_MIRROR, None, []
         answers: list[dict[str, Any]]
-        want = sizing_source(spec)
+        want = sizing_source(real_sglang)
         if want == "sglang":
             try:
                 got = size_with_sglang(cases)
@@ -461,7 +466,7 @@ def plan_capacity(
             shutil.rmtree(path, ignore_errors=True)
     off, on = (_capacity(d, s, b, a) for (d, s, _), b, a in zip(states, budgets, answers, strict=True))
     label = f"SGLang {version}'s sizing" if source == SOURCE_SGLANG else f"the mirror of SGLang {SGLANG_VERSION}"
-    if has_report_shape(spec, arch):
+    if real_sglang and has_report_shape(spec, arch):
         notes += report_notes(source_label=label, off_tokens=off.kv_pool_tokens or None,
                               on_tokens=on.kv_pool_tokens or None, on_problem=on.problem,
                               mem_fraction=mem_fraction, model_type=model_type)

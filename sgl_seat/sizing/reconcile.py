@@ -19,10 +19,10 @@ OBSERVED_SLOTS_ON = 8
 
 
 def has_report_shape(spec: Any, model_architecture: str) -> bool:
-    """An SGLang seat of 2 nodes x 2 GPUs x 96 GiB, TP4, a DeepSeek-V4-family model at context 409,600: the
-    report's large seat (a sim seat of that shape is not compared: its figures are synthetic)."""
+    """A seat of 2 nodes x 2 GPUs x 96 GiB, TP4, a DeepSeek-V4-family model at context 409,600: the report's large
+    seat (asked of real SGLang seats only: a sim seat of that shape is not compared, its figures are synthetic)."""
     return bool(
-        spec.engine == "sglang" and spec.cluster.nodes == 2 and spec.cluster.gpus_per_node == 2
+        spec.cluster.nodes == 2 and spec.cluster.gpus_per_node == 2
         and spec.cluster.gpu_memory_gb == 96
         and spec.parallel.tp == 4 and spec.model.context_length == 409_600
         and model_architecture.startswith("DeepseekV4")

@@ -483,7 +483,8 @@ def configs_of(ctx: SidecarContext) -> list[SidecarConfig]:
             raw_prompts=bool(spec is not None and spec.bundles.raw_prompts),
             exporter_addr=exporter_address(wd.exporter_bind, nd.ip),
             interfaces=seat_interfaces(plan["nodes"][r], nd.ip), head_address=head,
-            agents=[n.agent for n in sorted(ctx.nodes, key=lambda n: n.node_rank)], node_id=nd.node_id))
+            agents=[n.agent for n in sorted(ctx.nodes, key=lambda n: n.node_rank)], node_id=nd.node_id,
+            engine=str(plan["engine"])))
     return out
 
 

@@ -40,6 +40,7 @@ from sgl_seat.core.records import (
     StackSample,
     Verdict,
 )
+from sgl_seat.core.vocabulary import EngineWords
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics import encode_bundle, write_bundle
 from sgl_seat.forensics.format import layout
@@ -285,17 +286,12 @@ def node_part(
     scrub_pool.shutdown(wait=False)
     logs = [LogLine(t=ln.t, node=ln.node, text=x) for ln, x in zip(logs, texts, strict=True)]
     steps.append(_step(node, "capture", "ok", f"{time.time() - t0:.2f}s"))
+    # The records stay objects (LOCAL): the coordinator's own part is used as it is, and wire() encodes a part only
+    # when it crosses Ray (a peer's part). Encoding them here cost ~0.1-0.3 s of the GIL-bound critical path on an
+    # H100 seat (10-40k probe records) for strings the coordinator never read.
     return {
         "node": node,
         "t": t0,
-        # In the bundle's own encodings (a stack table, probe column blocks): a part crosses Ray as JSON, and
-        # decoding its records one by one was most of a two-node capture's assembly.
-        "samples_enc": encode_stack_samples([*samples, *py_now]).decode("utf-8"),
-        "native_enc": encode_stack_samples(now_stacks).decode("utf-8"),
-        "probes_enc": encode_probe_records(probes).decode("utf-8"),
-        "metrics": [m.to_json() for m in metrics],
-        "logs": [ln.to_json() for ln in logs],
-        "processes": [p.to_json() for p in processes],
         "process_state": {"node": node, "processes": pstate},
         "gpu": gpu_text,
         "log_text": log_text,
@@ -303,11 +299,9 @@ def node_part(
         "env": dict(env),
         "capture": steps,
         "versions": {"python": platform.python_version(), "py_spy": _pyspy_version(pyspy)},
-        "requests": None if requests is None else [r.to_json() for r in requests],
+        "requests": None if requests is None else list(requests),
         "request_redaction": dict(request_redaction or {}),
         "learned": None if learned is None else dict(learned),
-        # The same records as objects, for a coordinator that took this part in its own process (decoding a
-        # part's JSON again was a third of a capture's time); dropped before a part crosses Ray (wire()).
         LOCAL: Parts(samples=[*samples, *py_now], native=now_stacks, probes=ProbeColumns.from_records(probes),
                      metrics=list(metrics),
                      logs=list(logs), processes=list(processes)),
@@ -319,8 +313,18 @@ LOCAL = "_records"
 
 
 def wire(part: Mapping[str, Any]) -> dict[str, Any]:
-    """A part as it crosses a process boundary: plain JSON values only."""
-    return {k: v for k, v in part.items() if k != LOCAL}
+    """A part as it crosses a process boundary: plain JSON values only (the records in the bundle's encodings)."""
+    out = {k: v for k, v in part.items() if k != LOCAL}
+    loc = part.get(LOCAL)
+    if isinstance(loc, Parts):
+        out |= {"samples_enc": encode_stack_samples(loc.samples).decode("utf-8"),
+                "native_enc": encode_stack_samples(loc.native).decode("utf-8"),
+                "probes_enc": encode_probe_records(loc.probes).decode("utf-8"),
+                "metrics": [m.to_json() for m in loc.metrics], "logs": [ln.to_json() for ln in loc.logs],
+                "processes": [p.to_json() for p in loc.processes]}
+    if part.get("requests") is not None:
+        out["requests"] = [r.to_json() if isinstance(r, RequestShape) else r for r in part["requests"]]
+    return out
 
 
 def node_native(*, node: int, procs: Sequence[EngineProc], pyspy: str | None, focus_ranks: Sequence[int] = (),
@@ -485,6 +489,7 @@ def assemble(
     plan: Mapping[str, Any] | None,
     dest_root: Path,
     quota_mb: int,
+    words: EngineWords,
     missing: Sequence[dict[str, Any]] = (),
     now: float | None = None,
 ) -> CaptureResult:
@@ -493,7 +498,7 @@ def assemble(
     dec = decode_parts(parts)
     learned = learned_of(parts)
     obs = Observation.of(samples=dec.samples, probes=dec.probes, metrics=dec.metrics, logs=dec.logs,
-                         processes=dec.processes, rank_nodes=rank_nodes, learned=learned)
+                         processes=dec.processes, rank_nodes=rank_nodes, learned=learned, words=words)
     t_eval = now if now is not None else time.time()
     verdict = detect(obs, thresholds, t_eval)
     nodes = sorted({int(p["node"]) for p in parts})
@@ -518,7 +523,8 @@ def assemble(
     recorded = [p for p in parts if p.get("requests") is not None]
     shapes: list[RequestShape] | None = None
     if recorded:
-        shapes = sorted((RequestShape.from_json(d) for p in recorded for d in p["requests"]), key=lambda r: r.t)
+        shapes = sorted((d if isinstance(d, RequestShape) else RequestShape.from_json(d)
+                         for p in recorded for d in p["requests"]), key=lambda r: r.t)
         redaction = {**{k: v for k, v in (recorded[0].get("request_redaction") or {}).items()
                         if v is None or isinstance(v, (bool, int, float, str))},
                      "requests": len(shapes), "locals": False}
@@ -555,6 +561,8 @@ def assemble(
         "redaction": redaction,
         "capture": steps,
     }
+    if words.engine:  # optional in schema 1: whose names the records carry (replay reads them by its words)
+        fields["engine"] = words.engine
     if learned is not None:  # optional in schema 1: the thresholds learned from healthy calls (core.learned)
         fields["learned"] = learned.to_json()
     if checks:  # optional in schema 1: the nodes' own looks at their side (core.isolation), node -> check

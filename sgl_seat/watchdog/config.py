@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sgl_seat.core.vocabulary import EngineWords
+from sgl_seat.engines import words_for
 from sgl_seat.engines.base import argv_value
 from sgl_seat.spec import SeatSpec, WatchdogSpec
 
@@ -101,6 +103,8 @@ class SidecarConfig:
     #: The Ray node this sidecar was placed on at `up`: a sidecar Ray restarts on another node (its bundle moved
     #: there) would watch nothing of its node, so it refuses to start, saying why (Ray takes that as its end).
     node_id: str | None = None
+    #: The seat's engine (``spec.engine``): whose process and metric names the sidecar reads by.
+    engine: str = "sglang"
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -112,6 +116,11 @@ class SidecarConfig:
         d = json.loads(text)
         d["rank_nodes"] = {int(k): int(v) for k, v in (d.get("rank_nodes") or {}).items()}
         return cls(**d)
+
+    @property
+    def words(self) -> EngineWords:
+        """The engine's names for its processes and metrics (its backend's)."""
+        return words_for(self.engine)
 
     @property
     def watchdog(self) -> WatchdogSpec:

@@ -190,9 +190,10 @@ def stop_local_keepers(seat: str, nodes: set[int], timeout: float = 5.0) -> list
 def _sampler(cfg: SidecarConfig) -> Sampler:
     if cfg.root_pid is not None:
         root = cfg.root_pid
-        return Sampler(node=cfg.node, discover=lambda: find_engine_processes(root_pid=root), pyspy=cfg.pyspy or True)
+        return Sampler(node=cfg.node, discover=lambda: find_engine_processes(cfg.words, root_pid=root),
+                       pyspy=cfg.pyspy or True)
     node, port = cfg.node, cfg.engine_port
-    return Sampler(node=cfg.node, discover=lambda: find_engine_processes(node_rank=node, port=port),
+    return Sampler(node=cfg.node, discover=lambda: find_engine_processes(cfg.words, node_rank=node, port=port),
                    pyspy=cfg.pyspy or True)  # never started: its process table and py-spy's path only
 
 
@@ -221,7 +222,7 @@ def capture_alone(cfg: SidecarConfig, sampler: Sampler, why: str, now: float,
                        trigger={"t": now, "source": "keeper", "node": cfg.node, "kind": verdict.kind.value,
                                 "rank": None},
                        trigger_verdict=verdict, thresholds=cfg.watchdog, rank_nodes=cfg.rank_nodes, plan=cfg.plan,
-                       dest_root=Path(cfg.bundle_dir), quota_mb=cfg.quota_mb, missing=missing)
+                       dest_root=Path(cfg.bundle_dir), quota_mb=cfg.quota_mb, missing=missing, words=cfg.words)
     return res.to_json()
 
 

@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from sgl_seat.watchdog.capture import wire
+
 
 class CoordinatorUnreachable(RuntimeError):
     """Node 0's sidecar does not answer a ping: the requester coordinates the capture itself."""
@@ -82,8 +84,7 @@ def local_peers(sidecars: Mapping[int, SidecarCore]) -> dict[int, Peers]:
                 mine = pool.submit(local)
                 theirs = [pool.submit(sc.part, capture_id, t) for sc in others]
                 # Across a process boundary a part is plain JSON: its in-process record objects ("_" keys) stay home.
-                return [mine.result()] + [json.loads(json.dumps({k: v for k, v in f.result().items()
-                                                                 if not k.startswith("_")})) for f in theirs], []
+                return [mine.result()] + [json.loads(json.dumps(wire(f.result()))) for f in theirs], []
 
         def collect_native(self, capture_id: str, nodes: list[int], local: Callable[[], dict[str, Any]]
                            ) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from sgl_seat.core.frames import collective_frame, stuck_frame
 from sgl_seat.core.observation import Observation, in_flight, latest_by_pid, node_of, probe_targets, python_samples
 from sgl_seat.core.records import MetricsPoint
 from sgl_seat.core.stats import percentile
+from sgl_seat.core.vocabulary import EngineWords
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,8 @@ class RankView:
 def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[RankView]:
     """State per scheduler rank: running / waiting (collective) / fetching / gpu fetch / exited / unknown."""
     latest = {s.rank: s for s in latest_by_pid(python_samples(obs, now)).values()
-              if s.rank is not None and s.title.startswith("sglang::scheduler")}
-    procs = {p.rank: p for p in obs.processes if p.rank is not None and p.title.startswith("sglang::scheduler")}
+              if s.rank is not None and obs.words.is_rank_process(s.title)}
+    procs = {p.rank: p for p in obs.processes if p.rank is not None and obs.words.is_rank_process(p.title)}
     ranks = sorted(set(latest) | set(procs) | {p.rank for p in obs.probes if p.rank >= 0} | set(obs.rank_nodes))
     targets = probe_targets(obs)
     out = []
@@ -76,9 +77,11 @@ def rank_views(obs: Observation, now: float, *, window_s: float = 30.0) -> list[
     return out
 
 
-def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, *, window_s: float = 10.0) -> float | None:
-    """Generation tokens per second over the last ``window_s`` of ``/metrics`` points."""
-    pts = [m for m in metrics if m.t <= now and "sglang:generation_tokens_total" in m.values]
+def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, words: EngineWords, *,
+                 window_s: float = 10.0) -> float | None:
+    """Generation tokens per second over the last ``window_s`` of ``/metrics`` points (the engine's counter)."""
+    name = words.generated
+    pts = [m for m in metrics if m.t <= now and name in m.values]
     pts.sort(key=lambda m: m.t)
     if len(pts) < 2:
         return None
@@ -86,5 +89,5 @@ def tokens_per_s(metrics: Sequence[MetricsPoint], now: float, *, window_s: float
     first = next((m for m in pts if m.t >= last.t - window_s), pts[0])
     if last.t <= first.t:
         return None
-    return (last.values["sglang:generation_tokens_total"] - first.values["sglang:generation_tokens_total"]) / (
+    return (last.values[name] - first.values[name]) / (
         last.t - first.t)

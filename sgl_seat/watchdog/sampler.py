@@ -20,7 +20,7 @@ import psutil
 
 from sgl_seat.core.records import EngineProcess, StackSample
 from sgl_seat.procstate import pid_state
-from sgl_seat.watchdog.procfind import EngineProc, find_engine_processes
+from sgl_seat.watchdog.procfind import EngineProc
 from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 
 log = logging.getLogger("sgl_seat.watchdog")
@@ -39,7 +39,7 @@ class Sampler:
         node: int,
         sample_hz: float = 1.0,
         history_s: float = 120.0,
-        discover: Callable[[], list[EngineProc]] | None = None,
+        discover: Callable[[], list[EngineProc]],
         pyspy: str | bool | None = True,
         timeout_s: float = 2.0,
         rediscover_s: float = 2.0,
@@ -51,7 +51,7 @@ class Sampler:
         self.history_s = history_s
         self.timeout_s = timeout_s
         self.rediscover_s = rediscover_s
-        self._discover = discover or (lambda: find_engine_processes(node_rank=node))
+        self._discover = discover
         self._clock = clock
         self.pyspy: str | None = find_pyspy() if pyspy is True else (pyspy or None)
         self._lock = threading.Lock()

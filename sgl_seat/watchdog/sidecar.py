@@ -97,13 +97,15 @@ class Sidecar:
         self.th = cfg.watchdog
         self.peers = peers
         self.clock = clock
+        #: The engine's names for its processes and metrics (its backend's): what the detectors read by.
+        self.words = words = cfg.words
         discover: Callable[[], list[EngineProc]]
         if cfg.root_pid is not None:
             root = cfg.root_pid
-            discover = lambda: find_engine_processes(root_pid=root)  # noqa: E731
+            discover = lambda: find_engine_processes(words, root_pid=root)  # noqa: E731
         else:
             node, port = cfg.node, cfg.engine_port
-            discover = lambda: find_engine_processes(node_rank=node, port=port)  # noqa: E731
+            discover = lambda: find_engine_processes(words, node_rank=node, port=port)  # noqa: E731
         self.sampler = sampler or Sampler(node=cfg.node, sample_hz=self.th.sample_hz, history_s=self.th.history_s,
                                           discover=discover, pyspy=cfg.pyspy if cfg.pyspy else True)
         self.exporter = Exporter(cfg.node, cfg.metrics_port, cfg.exporter_addr, bind_wait_s=bind_wait_s)
@@ -116,8 +118,8 @@ class Sidecar:
         self.learned: LearnedThresholds = self.learner.thresholds()
         if self.probes is not None:
             self.probes.on_complete = self._on_fetch
-        self.metrics = MetricsPoller(cfg.metrics_url, node=cfg.node, history_s=self.th.history_s) \
-            if cfg.metrics_url else None
+        self.metrics = MetricsPoller(cfg.metrics_url, node=cfg.node, prefix=words.metric_prefix,
+                                     history_s=self.th.history_s) if cfg.metrics_url else None
         self.logs = LogTailer(cfg.log_path, node=cfg.node)
         self.recorder: RequestRecorder | None = None
         self.request_log: RequestLogFollower | None = None
@@ -297,6 +299,7 @@ class Sidecar:
             processes=self.sampler.processes(),
             rank_nodes=self.cfg.rank_nodes,
             learned=self.learned if self.th.learn_enabled else None,
+            words=self.words,
         )
 
     def _urgent(self, now: float) -> bool:
@@ -412,7 +415,7 @@ class Sidecar:
             return True
         if self.metrics is not None:
             pts = [m for m in self.metrics.points() if m.t >= t]
-            gen = [m.values.get("sglang:generation_tokens_total") for m in pts]
+            gen = [m.values.get(self.words.generated) for m in pts]
             return len({g for g in gen if g is not None}) > 1
         return False
 
@@ -518,7 +521,7 @@ class Sidecar:
             trigger={k: v for k, v in trigger.items() if k != "verdict"} | {"capture_id": capture_id,
                                                                            "detect_to_capture_s": time.time() - t},
             trigger_verdict=trigger_verdict, thresholds=self.th, rank_nodes=self.cfg.rank_nodes, plan=self.cfg.plan,
-            dest_root=Path(self.cfg.bundle_dir), quota_mb=self.cfg.quota_mb, missing=missing)
+            dest_root=Path(self.cfg.bundle_dir), quota_mb=self.cfg.quota_mb, missing=missing, words=self.words)
         doc = res.to_json() | {"status": "ok" if res.error is None else "error", "capture_id": capture_id,
                                "detected_at": t, "written_at": time.time(), "collect_s": time.time() - t0}
         self.exporter.capture_done(None if res.error is None else res.reason or "other")
@@ -626,7 +629,7 @@ class Sidecar:
                 "sampler_errors": self.sampler.errors,
                 "metrics_port": self.exporter.port,
                 "ranks": [v.to_json() for v in rank_views(obs, now) if v.node in (None, self.cfg.node)],
-                "tokens_per_s": tokens_per_s(obs.metrics, now),
+                "tokens_per_s": tokens_per_s(obs.metrics, now, self.words),
                 "verdict": self.verdict.to_json() if self.verdict else None,
                 "warning": self.warning.to_json() if self.warning else None,
                 "latched": self.latched_at is not None,

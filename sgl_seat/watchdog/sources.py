@@ -154,8 +154,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def parse_metrics_text(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over labels}, ``sglang:*`` only, without buckets.
+def parse_metrics_text(text: str, prefix: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over labels}, the names that start with ``prefix`` (the
+    engine's :attr:`~sgl_seat.core.vocabulary.EngineWords.metric_prefix`) only, without buckets.
 
     A sample that is not a finite number (``NaN``, ``+Inf``) carries no value and is left out: real SGLang
     exports such gauges (seen on its CPU seat), and a bundle's JSON cannot hold them, so one NaN made every
@@ -166,7 +167,7 @@ def parse_metrics_text(text: str) -> dict[str, float]:
         for s in fam.samples:
             name = s.name
             value = float(s.value)
-            if not name.startswith("sglang:") or name.endswith(("_bucket", "_created")) or not math.isfinite(value):
+            if not name.startswith(prefix) or name.endswith(("_bucket", "_created")) or not math.isfinite(value):
                 continue
             out[name] = out.get(name, 0.0) + value
     return out
@@ -175,8 +176,10 @@ def parse_metrics_text(text: str) -> dict[str, float]:
 class MetricsPoller:
     """Scrapes one ``/metrics`` URL into a history of :class:`MetricsPoint`."""
 
-    def __init__(self, url: str, *, node: int, history_s: float = 120.0, timeout_s: float = 1.0) -> None:
+    def __init__(self, url: str, *, node: int, prefix: str, history_s: float = 120.0, timeout_s: float = 1.0) -> None:
         self.url = url
+        #: The engine's metric prefix: what is kept of each scrape.
+        self.prefix = prefix
         self.node = node
         self.history_s = history_s
         self.timeout_s = timeout_s
@@ -208,7 +211,7 @@ class MetricsPoller:
         try:
             resp = self._client.get(self.url)
             resp.raise_for_status()
-            values = parse_metrics_text(resp.text)
+            values = parse_metrics_text(resp.text, self.prefix)
         except Exception as exc:
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]

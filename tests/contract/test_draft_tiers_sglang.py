@@ -20,7 +20,7 @@ import pytest
 
 from sgl_seat.engines.base import engine_venv
 from sgl_seat.sizing.draft_tiers import tiers_for
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 
 pytestmark = [pytest.mark.contract]
 
@@ -58,7 +58,7 @@ def _ask(tmp_path: Path, overlay: bool) -> dict[str, Any]:
            "HF_HUB_OFFLINE": "1", "LD_LIBRARY_PATH": str(ENGINE / "lib" / "sgl-seat-stub"),
            **({"PYTHONPATH": str(OVERLAY)} if overlay else {})}
     res = subprocess.run([str(python), "-c", _CHILD], input=json.dumps(jobs), env=env, capture_output=True, text=True,
-                         timeout=240, check=False)
+                         timeout=CHILD_S, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
     return doc

@@ -22,7 +22,7 @@ import pytest
 
 from sgl_seat.plan import build_plan
 from sgl_seat.spec import load_spec
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 from tests.unit.test_envcompat import SGLANG_CLAIMS
 
 pytestmark = [pytest.mark.contract]
@@ -87,7 +87,7 @@ def test_sglang_warns_about_no_variable_of_a_real_seats_plan() -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SGL_", "SGLSEAT_"))}, **planned}
     env.pop("PYTHONPATH", None)  # ${watchdog_boot}: no probe in this child
     env["SGL_SEAT_CONTROL"] = "1"  # the control: an old-style name SGLang must warn about
-    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=CHILD_S)
     assert out.returncode == 0, out.stderr[-3000:]
     messages: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
     about_env = [m for m in messages if m.startswith("Environment variable")]

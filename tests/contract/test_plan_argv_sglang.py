@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_seat.engines import ENGINE_MODULES, backend_for
+from sgl_seat.engines import backend_for
 from sgl_seat.errors import CapacityError, PlanError
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import builtin_profiles, load_spec
@@ -25,9 +25,14 @@ def _mirror_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
     sizing of these plans is checked in test_sizing_sglang.py, the mirror against it in test_sizing_mirror.py)."""
     monkeypatch.setenv("SGLSEAT_SIZING", "mirror")
 
+#: The profiles whose engine takes SGLang's command line (SGLang's and its double's; vLLM's are parsed by vLLM in
+#: tests/contract/test_vllm_args.py).
+SGLANG_LINE = [seat for seat in builtin_profiles() if backend_for(load_spec(seat).engine).module
+               in (backend_for("sglang").module, backend_for("sim").module)]
+
 MATRIX = [
     (seat, draft, slots, mf)
-    for seat in builtin_profiles()
+    for seat in SGLANG_LINE
     for draft in (False, True)
     for slots in (None, 1, 4, 8, 32, 64)
     for mf in (None, 0.8, 0.85, 0.9)
@@ -35,7 +40,7 @@ MATRIX = [
 
 
 def _flags(command: tuple[str, ...], engine: str) -> list[str]:
-    assert command[1:3] == ("-m", ENGINE_MODULES[engine])
+    assert command[1:3] == ("-m", backend_for(engine).module)
     return list(command[3:])
 
 

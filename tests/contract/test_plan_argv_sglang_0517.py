@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from sgl_seat.engines import ENGINE_MODULES
+from sgl_seat.engines import backend_for
 from sgl_seat.engines.base import engine_venv
 from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.spec import load_spec
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 
 pytestmark = [pytest.mark.contract]
 
@@ -59,7 +59,7 @@ def _parse_0517(argvs: list[list[str]]) -> dict[str, Any]:
            "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "LD_LIBRARY_PATH": str(ENGINE / "lib" / "sgl-seat-stub")}
     res = subprocess.run([str(ENGINE_PYTHON), "-c", _CHILD], input=json.dumps(argvs), env=env, capture_output=True,
-                         text=True, timeout=240, check=False)
+                         text=True, timeout=CHILD_S, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["version"] == "0.5.17" and doc["file"].startswith(str(OVERLAY)), doc
@@ -104,7 +104,7 @@ def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
     argvs = []
     for _, spec, plan in plans:
         (node,) = plan.nodes
-        assert node.command[1:3] == ("-m", ENGINE_MODULES[spec.engine])
+        assert node.command[1:3] == ("-m", backend_for(spec.engine).module)
         argvs.append(list(node.command[3:]))
     doc = _parse_0517(argvs)
     for (arm, spec, plan), got in zip(plans, doc["parsed"], strict=True):

@@ -28,7 +28,7 @@ from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sizing import installed_version
 from sgl_seat.spec import load_spec
 from sgl_seat.watchdog import boot_dir
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 
 pytestmark = pytest.mark.contract
 
@@ -77,7 +77,7 @@ def test_engram_targets_are_wrapped_when_sglang_imports_them(tmp_path: Path, mon
     child_env.update({k: env[k] for k in ("SGLSEAT_PROBE", "SGLSEAT_PROBE_DIR")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", CHILD], env=child_env, capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, check=False)
+                          timeout=CHILD_S, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # The Engram targets (the family's graph-replay targets wait for modules this child does not import: see

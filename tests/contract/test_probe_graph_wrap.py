@@ -27,7 +27,7 @@ from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sizing import installed_version
 from sgl_seat.spec import load_spec
 from sgl_seat.watchdog import boot_dir
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 
 pytestmark = pytest.mark.contract
 
@@ -84,7 +84,7 @@ def test_graph_replay_targets_are_wrapped_when_sglang_imports_them(tmp_path: Pat
     child_env.update({k: env[k] for k in ("SGLSEAT_PROBE", "SGLSEAT_PROBE_DIR")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", CHILD], env=child_env, capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, check=False)
+                          timeout=CHILD_S, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # Waiting for SGLang's modules before any import, then wrapped by SGLang's own import of them.
@@ -154,7 +154,7 @@ def test_the_llama_familys_links_wrap_sglangs_backend_constructors(tmp_path: Pat
     child_env.update({"SGLSEAT_PROBE": env["SGLSEAT_PROBE"], "SGLSEAT_PROBE_DIR": str(tmp_path / "rings")})
     child_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.run([sys.executable, "-c", LINK_CHILD], env=child_env, capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, check=False)
+                          timeout=CHILD_S, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(out["installed"][t] == "installed" for t in links), out["installed"]

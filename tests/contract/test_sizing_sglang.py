@@ -22,7 +22,7 @@ from sgl_seat.errors import CapacityError
 from sgl_seat.plan import build_plan
 from sgl_seat.sizing import SOURCE_SGLANG, installed_version
 from sgl_seat.spec import load_spec
-from tests.contract.conftest import require
+from tests.contract.conftest import CHILD_S, require
 
 pytestmark = pytest.mark.contract
 
@@ -35,7 +35,7 @@ GRID = list(itertools.product((False, True), (0.80, 0.85, 0.90), (4, 8, 32)))
 def _driver(request: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "contract" / "sglang_sizing_driver.py")],
-        input=json.dumps(request), capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+        input=json.dumps(request), capture_output=True, text=True, timeout=CHILD_S, cwd=ROOT, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,7 +10,8 @@ core's scheduler passes it (``vllm/v1/core/sched/scheduler.py``): that is where 
 a schedule whose ranges overlap or do not start at 1; only the scheduler refuses it, at the engine's start, after the
 weights are loaded. So a backend must check the schedule before launching; the child names the stage that refused.
 
-Skips, saying why, where the vLLM environment is absent (it is not part of ``setup.sh --test``). One child for the
+The plan's own command lines for the ``local-vllm`` seat are among them (draft off, NGRAM, and ``draft.off_above``
+as vLLM's schedule). Skips, saying why, where the vLLM environment is absent. One child for the
 module: importing vLLM costs 20-35 s of CPU on a loaded 2-core machine.
 """
 
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.contract.conftest import CHILD_S
 
 pytestmark = [pytest.mark.contract]
 
@@ -60,6 +63,28 @@ CASES: dict[str, list[str]] = {
     "bad_int": [*BASE, "--max-num-seqs", "eight"],
 }
 
+
+def _plan_argv(draft: bool, off_above: int | None = None, eagle: Path | None = None) -> list[str]:
+    """What `sgl-seat plan --seat local-vllm` writes after ``-m <module>``, ``${engine_venv}`` filled with VENV;
+    with ``eagle``, the EAGLE head there as its draft."""
+    from sgl_seat.plan import build_plan
+    from sgl_seat.spec import load_spec
+
+    spec = load_spec("local-vllm")
+    if off_above is not None:
+        spec = spec.model_copy(update={"draft": spec.draft.model_copy(update={"off_above": off_above})})
+    if eagle is not None:
+        spec = spec.model_copy(update={"draft": spec.draft.model_copy(update={
+            "algorithm": "EAGLE", "steps": 3, "draft_tokens": 4, "model_path": str(eagle)})})
+    cmd = build_plan(spec, draft=draft).nodes[0].command
+    return [a.replace("${engine_venv}", str(VENV)) for a in cmd[3:]]
+
+
+#: The plan's own lines (the local-vllm seat: draft off, NGRAM, and the policy that `tune draft` writes as N = 2).
+PLAN_CASES: dict[str, list[str]] = {"plan_off": _plan_argv(False), "plan_ngram": _plan_argv(True),
+                                    "plan_off_above_2": _plan_argv(True, 2)}
+CASES.update(PLAN_CASES)
+
 _CHILD = r"""
 import contextlib, io, json, sys
 import vllm
@@ -68,8 +93,9 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-out = {"version": vllm.__version__, "cases": {}}
-for name, argv in json.load(sys.stdin).items():
+doc = json.load(sys.stdin)
+out = {"version": vllm.__version__, "cases": {}, "kv": []}
+for name, argv in doc["cases"].items():
     case = out["cases"][name] = {"stage": "parse"}
     try:
         parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
@@ -87,7 +113,9 @@ for name, argv in json.load(sys.stdin).items():
         case["speculative"] = None if spec is None else {
             "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
             "prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min,
-            "schedule": spec.num_speculative_tokens_per_batch_size}
+            "schedule": spec.num_speculative_tokens_per_batch_size,
+            "draft_architectures": list(spec.draft_model_config.hf_config.architectures or ())
+            if spec.method == "eagle" else None}
         case["stage"] = "scheduler"
         if spec is not None and spec.num_speculative_tokens_per_batch_size:
             # As the engine core's Scheduler calls it; index 0 is unused (the lookup is by batch size).
@@ -97,22 +125,52 @@ for name, argv in json.load(sys.stdin).items():
         case["stage"] = "ok"
     except Exception as e:
         case["error"] = {"type": type(e).__name__, "message": str(e)[:800]}
+# The KV pool as the CPU engine core computes it (v1/engine/core.py), fed the budget VLLM_CPU_KVCACHE_SPACE gives
+# (platforms/cpu.py) and the worker's per-layer specs, without a server.
+import os
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.core.kv_cache_utils import get_kv_cache_configs, generate_scheduler_kv_cache_config, get_kv_cache_capacity
+for gib, mml, dtype in doc["kv"]:
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    cfg = EngineArgs(model=doc["model"], dtype=dtype, enforce_eager=True, max_model_len=mml,
+                     max_num_seqs=8).create_engine_config()
+    mc = cfg.model_config
+    spec = FullAttentionSpec(block_size=cfg.cache_config.block_size, num_kv_heads=mc.get_num_kv_heads(
+        cfg.parallel_config), head_size=mc.get_head_size(), dtype=mc.dtype)
+    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(mc.get_num_layers(cfg.parallel_config))}
+    cfg.cache_config.kv_cache_layout = "LBHNC"  # what the CPU engine core resolves ("Using LBHNC KV cache layout")
+    budget = cfg.cache_config.kv_cache_memory_bytes
+    sched = generate_scheduler_kv_cache_config(get_kv_cache_configs(cfg, [specs], [budget]))
+    tokens, _ = get_kv_cache_capacity(cfg, sched)
+    out["kv"].append([gib, mml, dtype, int(tokens)])
 print("SGLSEAT_RESULT " + json.dumps(out, default=list))
 """
 
+#: (GiB, max_model_len, dtype): the seat's, twice the budget, a length that is not a multiple of the block, bf16.
+KV_CASES = [[1, 2048, "float32"], [2, 2048, "float32"], [1, 2000, "float32"], [1, 2048, "bfloat16"]]
+
 
 @pytest.fixture(scope="module")
-def vllm_says() -> dict[str, Any]:
+def vllm_says(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     python = VENV / "bin" / "python"
     if not python.is_file():
         pytest.skip(f"the vLLM environment ({VENV}) is not set up: bash scripts/setup.sh --engine vllm")
     if not (MODEL / "config.json").is_file():
         pytest.skip(f"the trained model is not in the vLLM environment ({MODEL}): bash scripts/setup.sh --engine vllm")
+    # An EAGLE head's directory as engines/eaglehead.py writes it for vLLM (the config is all the parse reads: the
+    # target's, one layer, architecture LlamaForCausalLM, which vLLM's EAGLEConfig names EagleLlamaForCausalLM).
+    head = tmp_path_factory.mktemp("eagle-head")
+    (head / "config.json").write_text(json.dumps({**json.loads((MODEL / "config.json").read_text()),
+                                                  "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}))
+    cases = {**CASES, "plan_eagle": _plan_argv(True, eagle=head), "plan_eagle_off_above_2": _plan_argv(True, 2, head)}
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_CONFIGURE_LOGGING": "0"}
-    res = subprocess.run([str(python), "-c", _CHILD], input=json.dumps(CASES), env=env, capture_output=True,
-                         text=True, timeout=240, check=False)
+    res = subprocess.run([str(python), "-c", _CHILD], input=json.dumps({"cases": cases, "kv": KV_CASES,
+                                                                          "model": str(MODEL)}),
+                         env=env, capture_output=True,
+                         text=True, timeout=CHILD_S, check=False)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("SGLSEAT_RESULT ")]
     assert res.returncode == 0 and lines, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     doc: dict[str, Any] = json.loads(lines[-1].removeprefix("SGLSEAT_RESULT "))
@@ -137,7 +195,8 @@ def test_ngram_speculation_parses_with_its_defaults(vllm_says: dict[str, Any]) -
     assert case["stage"] == "ok", case.get("error")
     # prompt_lookup_min defaults to prompt_lookup_max; no schedule means K=4 at every batch size.
     assert case["speculative"] == {"method": "ngram", "num_speculative_tokens": NUM_SPEC, "prompt_lookup_max": 4,
-                                   "prompt_lookup_min": 4, "schedule": None}
+                                   "prompt_lookup_min": 4, "schedule": None,
+                                   "draft_architectures": None}
     assert "k_by_batch" not in case
 
 
@@ -170,3 +229,40 @@ def test_an_invalid_schedule_is_refused_with_vllms_own_error(vllm_says: dict[str
     assert "error" in case, f"vLLM accepted {name}: {case}"
     assert (case["stage"], case["error"]["type"]) == (stage, error), case["error"]
     assert words in case["error"]["message"], case["error"]["message"]
+
+
+def test_the_plans_own_lines_parse_and_its_policy_is_vllms_schedule(vllm_says: dict[str, Any]) -> None:
+    """`plan --seat local-vllm`'s argv, as the backend writes it, goes through vLLM's parser, its config and its
+    scheduler; draft.off_above 2 is K = 4 up to two running requests and none above."""
+    off, on, pol = (_case(vllm_says, n) for n in ("plan_off", "plan_ngram", "plan_off_above_2"))
+    for case in (off, on, pol):
+        assert case["stage"] == "ok", case.get("error")
+    assert off["speculative"] is None and off["max_num_seqs"] == MAX_NUM_SEQS
+    assert on["speculative"]["method"] == "ngram" and on["speculative"]["num_speculative_tokens"] == NUM_SPEC
+    assert pol["speculative"]["schedule"] == [[1, 2, NUM_SPEC], [3, MAX_NUM_SEQS, 0]]
+    assert pol["k_by_batch"] == [NUM_SPEC, NUM_SPEC] + [0] * (MAX_NUM_SEQS - 2)
+
+
+def test_the_plans_kv_pool_is_vllms_own_arithmetic(vllm_says: dict[str, Any]) -> None:
+    """The backend's prediction (engines/vllm.cpu_kv_tokens, over the model's config.json) equals what vLLM's own
+    functions compute for the CPU engine core, for every budget, length and dtype here; the seat's 1 GiB is the
+    engine's logged 23,296 tokens (tests/integration/test_real_vllm_seat.py reads that line)."""
+    from sgl_seat.engines.vllm import cpu_kv_tokens
+
+    config = json.loads((MODEL / "config.json").read_text())
+    got = {(g, m, d): t for g, m, d, t in vllm_says["kv"]}
+    assert len(got) == len(KV_CASES)
+    for (gib, mml, dtype), tokens in got.items():
+        assert cpu_kv_tokens(config, gib=gib, dtype=dtype, max_model_len=mml) == tokens, (gib, mml, dtype, tokens)
+    assert got[(1, 2048, "float32")] == 23_296 and got[(1, 2000, "float32")] != 23_296
+
+
+def test_the_plans_eagle_line_is_vllms_eagle_over_the_heads_directory(vllm_says: dict[str, Any]) -> None:
+    """An EAGLE seat's line (the head of engines/eaglehead.py, 3 steps): vLLM's config reads the head's directory as
+    its EAGLE Llama and proposes 3 tokens a step; draft.off_above 2 is that K up to two running requests."""
+    on, pol = _case(vllm_says, "plan_eagle"), _case(vllm_says, "plan_eagle_off_above_2")
+    for case in (on, pol):
+        assert case["stage"] == "ok", case.get("error")
+    assert on["speculative"]["method"] == "eagle" and on["speculative"]["num_speculative_tokens"] == 3
+    assert on["speculative"]["draft_architectures"] == ["EagleLlamaForCausalLM"]
+    assert pol["k_by_batch"] == [3, 3] + [0] * (MAX_NUM_SEQS - 2)

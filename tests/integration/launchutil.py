@@ -100,13 +100,19 @@ def cli_env(home: Path) -> dict[str, str]:
     return {**os.environ, **ONE_HOST, "SGLSEAT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200"}
 
 
+#: The bound on a CLI call that reads or acts on a seat (status, watch, logs, fault, replay) where the call's own time
+#: is not what the test is about: the CLI's start alone (Python, Ray's client, the seat record) passed 60 s on a
+#: 2-core box under the CI tier's load (status in the CI run of 17:23, 2026-12-06).
+CLI_S = 180.0
+
+
 def run_cli(args: list[str], home: Path, *, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cli_argv(), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout,
                           check=False, cwd=home.parent)
 
 
 def status_json(name: str, home: Path) -> dict[str, Any]:
-    res = run_cli(["status", name, "--json"], home, timeout=60)
+    res = run_cli(["status", name, "--json"], home, timeout=CLI_S)
     assert res.returncode == 0, res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc

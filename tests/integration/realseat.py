@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 from launchutil import (
+    CLI_S,
     REPO,
     Proc,
     alive,
@@ -133,19 +134,20 @@ def seat_bundles(seat: RealSeat) -> set[Path]:
 
 def watch_once(seat: RealSeat) -> dict[str, Any]:
     """`sgl-seat watch --once --json` of the seat."""
-    res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=60)
+    res = run_cli(["watch", seat.name, "--once", "--json"], seat.home, timeout=CLI_S)
     assert res.returncode == 0, res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc
 
 
 @contextlib.contextmanager
-def brought_up(rs: RealSeat) -> Iterator[RealSeat]:
-    """`up` the seat (failing the module if it does not reach READY), yield it, and always `down` it: a process
-    left stopped is resumed first (it must drain), and every process it was seen with must be gone after."""
+def brought_up(rs: RealSeat, *up_args: str) -> Iterator[RealSeat]:
+    """`up` the seat (``up_args`` added: ``--draft on``; failing the module if it does not reach READY), yield it,
+    and always `down` it: a process left stopped is resumed first (it must drain), and every process it was seen with
+    must be gone after."""
     try:
         # Inside the try: a run interrupted during `up` (Ctrl-C, a stream stopped) still takes the seat down.
-        up = run_cli(["up", "--seat", str(rs.spec), "--timeout", str(UP_TIMEOUT_S)], rs.home,
+        up = run_cli(["up", "--seat", str(rs.spec), *up_args, "--timeout", str(UP_TIMEOUT_S)], rs.home,
                      timeout=UP_TIMEOUT_S + 60)
         rs.up_stdout = up.stdout
         print(up.stdout)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from launchutil import (
+    CLI_S,
     Proc,
     alive,
     descendants,
@@ -79,7 +80,7 @@ def test_up_stream_status_logs_down_on_a_local_cluster(tmp_path: Path) -> None:
     # from the planner's figure, so the two agree.
     assert st["kv_pool"]["actual"] == st["kv_pool"]["predicted"] and st["draft"] is True
 
-    logs = run_cli(["logs", "lt-local", "--node", "1", "--lines", "20"], home, timeout=60)
+    logs = run_cli(["logs", "lt-local", "--node", "1", "--lines", "20"], home, timeout=CLI_S)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
     # What `up` started, captured before `down`: the cluster holder and every process under it, and the engines

@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml
 from launchutil import (
+    CLI_S,
     Proc,
     alive,
     cli_argv,
@@ -290,6 +291,6 @@ def test_spec_watchdog_disabled_starts_no_sidecar(shared: Shared, clean: None, t
 def test_bad_fault_is_refused_before_anything_starts(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec = write_spec(tmp_path, "lt-badfault", address="127.0.0.1:1", slot=6)
-    res = run_cli(["up", "--seat", str(spec), "--fault", "explode:rank=1"], home, timeout=60)
+    res = run_cli(["up", "--seat", str(spec), "--fault", "explode:rank=1"], home, timeout=CLI_S)
     assert res.returncode == 2 and "unknown kind 'explode'" in res.stderr, res.stderr
     assert not (home / "seats").exists() or not any((home / "seats").iterdir())

@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from launchutil import stop_pid
+from launchutil import CLI_S, stop_pid
 
 from rigs.netns import (
     NetnsCluster,
@@ -86,7 +86,7 @@ def _up_check_down(cl: NetnsCluster, spec: Path, home: Path,
             nodes = [{"node_rank": n["node_rank"], "address": n["ip"], "host": n["host"], "pids": n["pids"]}
                      for n in rec["nodes"]]
         else:
-            st = cl.run_cli(["status", "netns-sim", "--json"], home, timeout=60)
+            st = cl.run_cli(["status", "netns-sim", "--json"], home, timeout=CLI_S)
             assert st.returncode == 0, st.stderr
             doc = json.loads(st.stdout)
             assert doc["state"] == "READY"
@@ -203,7 +203,7 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
         if cut == 1:
             b = _check_node1_unreachable(coord, bundles, "the link down")
             _check_isolated(local, 1, ifname, "node 1's link down")
-            rep = cl.run_cli(["replay", b["path"], "--json"], home, timeout=60)
+            rep = cl.run_cli(["replay", b["path"], "--json"], home, timeout=CLI_S)
             assert rep.returncode == 0, rep.stderr
             doc = json.loads(rep.stdout)
             assert doc["verdict"]["kind"] == "node-unreachable"
@@ -218,10 +218,10 @@ def _link_down(cl: NetnsCluster, home: Path, cut: int) -> Callable[[dict[int, st
         # Both sides reachable again: the two parts join into one bundle over every rank that replay reads, and
         # its verdict is the isolated side's.
         merged = cl.run_cli(["bundle", "merge", b["path"], local["path"], "--into", str(home / f"merged{cut}"),
-                             "--json"], home, timeout=60)
+                             "--json"], home, timeout=CLI_S)
         assert merged.returncode == 0, merged.stdout + merged.stderr
         assert json.loads(merged.stdout)["nodes"] == [0, 1]
-        rep = cl.run_cli(["replay", json.loads(merged.stdout)["path"], "--json"], home, timeout=60)
+        rep = cl.run_cli(["replay", json.loads(merged.stdout)["path"], "--json"], home, timeout=CLI_S)
         assert rep.returncode == 0, rep.stderr
         doc = json.loads(rep.stdout)
         assert "missing from this bundle" not in doc["divergence"]["summary"]
@@ -281,7 +281,7 @@ def test_a_prometheus_on_host_a_scrapes_node1s_sidecar(netns_cluster: NetnsClust
     def during(hosts: dict[int, str], bundles: Path) -> None:
         assert hosts == {0: "a", 1: "b"}
         cfg = tmp_path / "prometheus.yml"
-        res = cl.run_cli(["prometheus-config", "netns-sim", "--out", str(cfg)], home, timeout=60)
+        res = cl.run_cli(["prometheus-config", "netns-sim", "--out", str(cfg)], home, timeout=CLI_S)
         assert res.returncode == 0, res.stdout + res.stderr
         prom_doc = yaml.safe_load(cfg.read_text())
         jobs = {j["job_name"]: j for j in prom_doc["scrape_configs"]}

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from launchutil import CLI_S
 
 from rigs.netns import (
     NetnsCluster,
@@ -137,9 +138,9 @@ def test_real_seat_on_two_hosts_link_of_host_b_down_is_named_from_both_sides(net
         assert (v1["kind"], v1["node"], v1["node_ranks"]) == ("node-isolated", 1, [1]), v1
         assert any(f"interface {cl.if_b}: operstate " in e and "carrier 0" in e for e in v1["evidence"]), v1
         merged = cl.run_cli(["bundle", "merge", b0["path"], mine["path"], "--into", str(home / "merged"), "--json"],
-                            home, timeout=60)
+                            home, timeout=CLI_S)
         assert merged.returncode == 0, merged.stdout + merged.stderr
-        rep = cl.run_cli(["replay", json.loads(merged.stdout)["path"], "--json"], home, timeout=60)
+        rep = cl.run_cli(["replay", json.loads(merged.stdout)["path"], "--json"], home, timeout=CLI_S)
         assert rep.returncode == 0, rep.stderr
         rv = json.loads(rep.stdout)["verdict"]
         assert (rv["kind"], rv["node"]) == ("node-isolated", 1), rv

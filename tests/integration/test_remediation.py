@@ -31,6 +31,7 @@ import psutil
 import pytest
 import yaml
 from launchutil import (
+    CLI_S,
     LongRequest,
     alive,
     descendants,
@@ -170,7 +171,7 @@ def test_a_stall_on_rank3_during_decode_is_rolled_back_and_the_seat_serves_again
     assert manifest["verdict"]["kind"] == "row-fetch stall" and manifest["verdict"]["rank"] == 3
     assert manifest["remediation"] == {"action": "rollback-draft", "started": r["started"],
                                        "serving_again": r["serving_again"]}, manifest.get("remediation")
-    verify = run_cli(["bundle", "verify", str(bundle)], seat.home, timeout=60)
+    verify = run_cli(["bundle", "verify", str(bundle)], seat.home, timeout=CLI_S)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     for lr in long:
         lr.join(30)
@@ -178,7 +179,7 @@ def test_a_stall_on_rank3_during_decode_is_rolled_back_and_the_seat_serves_again
         assert lr.ended is not None and lr.outcome is not None, "an in-flight request still hangs"
         assert not lr.outcome.startswith("HTTP 200"), lr.outcome
         assert lr.ended - t_stall < r["serving_again"] - t_stall + 5.0 < IN_FLIGHT_TIMEOUT_S / 4
-    text = run_cli(["status", SEAT], seat.home, timeout=60).stdout
+    text = run_cli(["status", SEAT], seat.home, timeout=CLI_S).stdout
     assert "rollback-draft" in text, text
 
 

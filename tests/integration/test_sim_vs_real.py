@@ -42,10 +42,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rigs.simrig import SimSeat, sim_spec, wait_healthy
-from sgl_seat.core.detect import PROGRESS_METRICS, RUNNING, detect, one_forward
+from sgl_seat.core.detect import detect, one_forward
 from sgl_seat.core.frames import collective_frame, short_name
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint, StackSample
+from sgl_seat.engines import words_for
 from sgl_seat.engines.base import engine_venv, parse_kv_tokens
 from sgl_seat.engines.sglang import SGLangBackend
 from sgl_seat.forensics.replay.analysis import classify_thread
@@ -57,6 +58,8 @@ from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 from sgl_seat.watchdog.sources import parse_metrics_text
 
 pytestmark = pytest.mark.integration
+
+WORDS = words_for("sglang")
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -72,7 +75,8 @@ SIM_BASES = (24550, 24565, 24580, 24500, 24515, 24530)
 
 #: Where sgl-seat reads engine metrics: the watchdog (its detectors in core/detect/ too), the gate, the
 #: forensics over recorded metrics, and the Prometheus rules and Grafana dashboard shipped for the sidecars.
-METRIC_READERS = ("sgl_seat/watchdog/*.py", "sgl_seat/watchdog/prometheus/*.yml", "sgl_seat/watchdog/grafana/*.json",
+METRIC_READERS = ("sgl_seat/engines/sglang.py", "sgl_seat/watchdog/*.py", "sgl_seat/watchdog/prometheus/*.yml",
+                  "sgl_seat/watchdog/grafana/*.json",
                   "sgl_seat/gate/*.py", "sgl_seat/core/*.py", "sgl_seat/core/detect/*.py", "sgl_seat/forensics/*.py")
 _METRIC_NAME = re.compile(r"\bsglang:[a-z][a-z0-9_]*")  # not the titles' "sglang::"
 _PROMQL = re.compile(r"""(?:expr["']?\s*:\s*)(["']?)(.+?)\1\s*,?\s*$""", re.M)
@@ -450,7 +454,7 @@ def metrics(seats: Seats, answers: dict[str, dict[str, Answer]]) -> dict[str, di
 def _point(url: str, t: float) -> MetricsPoint:
     """Node 0's /metrics as the watchdog records it (``sglang:*`` summed over labels), through its own parser."""
     return MetricsPoint(t=t, node=0, values=parse_metrics_text(
-        httpx.get(f"{url}/metrics", timeout=30.0, trust_env=False).text))
+        httpx.get(f"{url}/metrics", timeout=30.0, trust_env=False).text, WORDS.metric_prefix))
 
 
 def _samples(seats: Seats, engine: str, n: int, gap_s: float) -> list[StackSample]:
@@ -518,7 +522,7 @@ def _busy(url: str) -> Iterator[_LongRequest]:
         # SGLang refreshes its running-requests gauge with its decode log (every 40 decode steps): seconds after
         # the first token on the trained model's slower steps. Sampled before that, a running seat reads 0.
         deadline = time.monotonic() + 60.0
-        while _point(url, 0.0).values.get(RUNNING, 0.0) < 1 and time.monotonic() < deadline:
+        while _point(url, 0.0).values.get(WORDS.running, 0.0) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         yield req
     finally:
@@ -528,7 +532,7 @@ def _busy(url: str) -> Iterator[_LongRequest]:
 
 def _wait_idle(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while _point(url, 0.0).values.get(RUNNING, 0.0) > 0:
+    while _point(url, 0.0).values.get(WORDS.running, 0.0) > 0:
         assert time.monotonic() < deadline, f"{url}: requests still running after {timeout:.0f} s"
         time.sleep(0.5)
 
@@ -573,7 +577,7 @@ def test_metrics_sgl_seat_reads_are_on_both_seats_with_the_same_labels(
     THEN it is on both with the same label names (less what DIFFERS_ON_PURPOSE lists: draft-only metrics on a
     draft-off seat), and every label the assets name is on it."""
     names, labels = used_metrics()
-    assert RUNNING in names and set(PROGRESS_METRICS) <= names, "the regex no longer finds the detector's metrics"
+    assert WORDS.running in names and set(WORDS.progress) <= names, "the regex no longer finds the detector's metrics"
     real, sim = metrics["real"], metrics["sim"]
     on_purpose = {k.split(":", 1)[1] for k in DIFFERS_ON_PURPOSE if k.startswith("metric ")}
     problems = []
@@ -641,7 +645,7 @@ def test_idle_ranks_are_neither_busy_nor_hung_to_the_detectors(seats: Seats) -> 
         _wait_idle(url)
         samples = _samples(seats, engine, th.stack_unchanged_samples, 1.0 / th.sample_hz)
         pts = [_point(url, s.t) for s in samples if s.rank == 0]
-        obs = Observation.of(samples=samples, metrics=pts, rank_nodes={0: 0, 1: 1})
+        obs = Observation.of(words=WORDS, samples=samples, metrics=pts, rank_nodes={0: 0, 1: 1})
         now = max(s.t for s in samples)
         states[engine] = {r: {_state(s) for s in samples if s.rank == r} for r in (0, 1)}
         print(f"{engine} idle: {states[engine]}")
@@ -650,13 +654,27 @@ def test_idle_ranks_are_neither_busy_nor_hung_to_the_detectors(seats: Seats) -> 
         for s in samples:
             st = classify_thread(s.main_thread())
             if s.rank == 1:
+                # TP1 waits in the request broadcast; a sample can catch it between two (its loop's Python, before
+                # the next one) while TP0 is slow to send on a loaded box (the CI run of 2026-12-06 18:37 did: real
+                # TP1 running at torch's RuntimeContext.config_bag), never idle and never in a forward.
                 frame = collective_frame(s.main_thread())
-                assert st.state == "collective" and frame is not None and short_name(frame) == "broadcast", \
+                assert st.state in ("collective", "running"), f"{engine} idle TP1: {_state(s)}"
+                assert st.state == "running" or (frame is not None and short_name(frame) == "broadcast"), \
                     f"{engine} idle TP1: {_state(s)}"
             else:
-                assert st.state in ("idle", "running"), f"{engine} idle TP0 classified {_state(s)}"
-    # The same state for each idle rank on both engines (the frames differ: see DIFFERS_ON_PURPOSE).
-    kinds = {e: {r: {x.split(" at ", 1)[0] for x in v} for r, v in by_rank.items()} for e, by_rank in states.items()}
+                # TP0 sends each loop's (empty) request list to TP1: on a loaded 2-core box a sample can catch it in
+                # that collective while TP1 is slow to take it (the CI runs of 2026-12-06 15:00 and 15:30 did: real
+                # SGLang in broadcast, the sim in Channel.send)
+                assert st.state in ("idle", "running", "collective"), f"{engine} idle TP0 classified {_state(s)}"
+        assert states[engine][0] - {x for x in states[engine][0] if x.startswith("collective")}, \
+            f"{engine} idle TP0 never seen waiting for requests: {states[engine][0]}"
+        assert any(x.startswith("collective") for x in states[engine][1]), \
+            f"{engine} idle TP1 never seen in the request broadcast: {states[engine][1]}"
+    # The same state for each idle rank on both engines (the frames differ: see DIFFERS_ON_PURPOSE); TP0's moments in
+    # the request broadcast, and TP1's between two, are luck, not a state of the engine.
+    kinds = {e: {r: {x.split(" at ", 1)[0] for x in v
+                     if not (r == 0 and x.startswith("collective")) and not (r == 1 and x.startswith("running"))}
+                 for r, v in by_rank.items()} for e, by_rank in states.items()}
     assert kinds["real"] == kinds["sim"], kinds
 
 
@@ -677,13 +695,15 @@ def test_busy_ranks_are_running_and_not_hung_to_the_detectors(seats: Seats) -> N
             samples = _samples(seats, engine, th.stack_unchanged_samples, 1.0 / th.sample_hz)
             pts = [_point(url, s.t) for s in samples if s.rank == 0]
         seats.record()
-        obs = Observation.of(samples=samples, metrics=pts, rank_nodes={0: 0, 1: 1})
+        obs = Observation.of(words=WORDS, samples=samples, metrics=pts, rank_nodes={0: 0, 1: 1})
         now = max(s.t for s in samples)
         states = {r: [_state(s) for s in samples if s.rank == r] for r in (0, 1)}
         print(f"{engine} busy: {states}")
-        assert all(p.values.get(RUNNING, 0.0) >= 1 for p in pts), f"{engine}: the long request was not running"
+        assert all(p.values.get(WORDS.running, 0.0) >= 1 for p in pts), f"{engine}: the long request was not running"
         kinds = [classify_thread(s.main_thread()).state for s in samples]
-        assert set(kinds) <= {"running", "collective"}, states
+        # at work: in its forward or step, the sim's host row fetch inside it (a loaded box's sample caught TP0 in
+        # fetch_rows, the CI run of 2026-12-06 15:30), or a collective
+        assert set(kinds) <= {"running", "rowfetch", "collective"}, states
         assert "running" in kinds, states
         assert detect(obs, th, now) is None, f"{engine}: a verdict on a busy seat: {detect(obs, th, now)}"
         _wait_idle(url)

@@ -33,7 +33,7 @@ from launchutil import (
     status_json,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # full tier only (README, "The tests")
 
 NAME = "two-seats"
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from rigs.simrig import SimSeat, sim_spec
+from sgl_seat.engines.sglang import REQUEST_LOG_LEVEL_RAW
 from sgl_seat.forensics import read_bundle
-from sgl_seat.plan import REQUEST_LOG_LEVEL_RAW
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from sgl_seat.core.records import (
     ThreadStack,
     VerdictKind,
 )
+from sgl_seat.engines import words_for
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.rankview import rank_views, tokens_per_s
 
@@ -28,6 +29,8 @@ RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
 T0 = 1_000_000.0
 SITE = "/venv/lib/python3.11/site-packages"
 STD = "/usr/lib/python3.11"
+
+WORDS = words_for("sglang")
 
 LOOP = Frame("Scheduler.event_loop", "/src/sgl_seat/sim/scheduler.py", 120)
 MAIN = Frame("main", "/src/sgl_seat/sim/scheduler.py", 300)
@@ -95,7 +98,7 @@ def healthy(until: float) -> dict[str, list]:  # type: ignore[type-arg]
 
 
 def obs(**kw: list) -> Observation:  # type: ignore[type-arg]
-    return Observation.of(rank_nodes=RANK_NODES, **kw)
+    return Observation.of(words=WORDS, rank_nodes=RANK_NODES, **kw)
 
 
 def stall_records(stall_at: float, now: float) -> dict[str, list]:  # type: ignore[type-arg]
@@ -298,7 +301,7 @@ def test_rank_views_and_tokens_per_s() -> None:
     assert views[0].state == "collective" and views[0].frame == "all_reduce (distributed_c10d.py:2801)"
     assert views[0].fetch_p50_ms == pytest.approx(2.0, rel=0.05)
     rec2 = healthy(T0 + 30)
-    assert tokens_per_s(rec2["metrics"], T0 + 30) == pytest.approx(100.0)
+    assert tokens_per_s(rec2["metrics"], T0 + 30, WORDS) == pytest.approx(100.0)
 
 
 def test_process_exited_names_the_first_to_die_in_a_cascade() -> None:

@@ -15,6 +15,7 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.detect import noprogress
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Frame, MetricsPoint, ProbeRecord, StackSample, ThreadStack, VerdictKind
+from sgl_seat.engines import words_for
 from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.rankview import rank_views
@@ -29,6 +30,8 @@ SYNC = [Frame("cuCtxSynchronize_v2", "libcuda.so.580.159.04", native=True),
         Frame("Scheduler._step", "/src/sgl_seat/sim/scheduler.py", 300),
         Frame("Scheduler._loop", "/src/sgl_seat/sim/scheduler.py", 250)]
 STALL_AT = T0 + 30.0
+
+WORDS = words_for("sglang")
 
 
 def sample(t: float, rank: int) -> StackSample:
@@ -72,7 +75,7 @@ def records(now: float, *, culprit_gpu_end: float | None, gpu: bool = True) -> d
 
 
 def obs(rec: dict[str, list]) -> Observation:  # type: ignore[type-arg]
-    return Observation.of(rank_nodes=RANK_NODES, **rec)
+    return Observation.of(words=WORDS, rank_nodes=RANK_NODES, **rec)
 
 
 def test_gpu_in_flight_fetch_names_its_rank_although_stacks_match() -> None:
@@ -131,7 +134,7 @@ def test_gpu_fields_survive_json_and_the_bundle_codec(end: float | None) -> None
         assert ProbeRecord.from_json(r.to_json()) == r
     table = decode_probe_records(io.BytesIO(encode_probe_records(recs)), "probes.jsonl")
     assert sorted(table, key=lambda r: r.seq) == recs
-    stall = d.detect_rowfetch_stall(Observation.of(probes=table), TH, STALL_AT + 9.0)
+    stall = d.detect_rowfetch_stall(Observation.of(words=WORDS, probes=table), TH, STALL_AT + 9.0)
     assert (stall is not None) == (end is None)
 
 

@@ -24,6 +24,7 @@ from sgl_seat.core.records import (
     Verdict,
     VerdictKind,
 )
+from sgl_seat.engines import words_for
 from sgl_seat.forensics.replay.analysis import classify_thread
 from sgl_seat.spec import WatchdogSpec
 
@@ -34,6 +35,8 @@ SG = f"{SITE}/sglang/srt"
 STD = "/usr/lib/python3.11"
 RANK_NODES = {0: 0, 1: 1}
 TARGET = "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward"
+
+WORDS = words_for("sglang")
 
 
 def F(name: str, path: str, line: int) -> Frame:
@@ -156,7 +159,8 @@ def call(rank: int, seq: int, start: float, end: float | None) -> ProbeRecord:
 
 
 def obs(samples: list[StackSample], probes: list[ProbeRecord], pts: list[MetricsPoint]) -> Observation:
-    return Observation.of(samples=samples, probes=probes, metrics=pts, processes=procs(), rank_nodes=RANK_NODES)
+    return Observation.of(words=WORDS, samples=samples, probes=probes, metrics=pts, processes=procs(),
+                          rank_nodes=RANK_NODES)
 
 
 def busy(t0: float, t1: float) -> tuple[list[StackSample], list[ProbeRecord], list[MetricsPoint]]:
@@ -316,7 +320,7 @@ def test_beats_are_not_calls_to_time_learn_or_match_frames() -> None:
     from sgl_seat.probe import targets as probe_targets_mod
 
     assert BEAT_SUFFIX == probe_targets_mod.BEAT_SUFFIX
-    assert not len(Observation.of().probes.calls())  # no rows, no beats
+    assert not len(Observation.of(words=WORDS).probes.calls())  # no rows, no beats
     o = lagging_prefill(beats=True)
     assert o.probes.targets() == [TARGET]
     assert int(o.probes.beat_rows().sum()) > 100 and len(o.probes.calls()) == len(o.probes) - int(
@@ -412,7 +416,7 @@ def test_a_stopped_rank_is_named_before_the_rowfetch_stall_it_causes(readable: b
     assert any(e.startswith("also: row-fetch stall") for e in v.evidence)
     # Replay: the same verdict from records that went through JSON.
     o = stopped_rank1(readable=readable)
-    back = Observation.of(samples=[StackSample.from_json(s.to_json()) for s in o.samples], probes=o.probes,
+    back = Observation.of(words=WORDS, samples=[StackSample.from_json(s.to_json()) for s in o.samples], probes=o.probes,
                           metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)
     assert d.detect(back, TH, T0 + 36) == v
 
@@ -426,12 +430,12 @@ def test_stopped_needs_stopped_s_and_two_samples_and_an_unbroken_run() -> None:
     assert d.detect_process_stopped(o, WatchdogSpec(stopped_s=10.0), T0 + 40) is None
     assert d.detect_process_stopped(o, th3, T0 + 34) is not None
     # One sample in state T is never enough, whatever stopped_s says.
-    one = Observation.of(samples=[x for x in o.samples if not (x.state == "T" and x.t > T0 + 31.5)],
+    one = Observation.of(words=WORDS, samples=[x for x in o.samples if not (x.state == "T" and x.t > T0 + 31.5)],
                          probes=o.probes, metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)
     assert d.detect_process_stopped(one, TH, T0 + 31.5) is None
     # Resumed: its latest sample is running again.
-    resumed = Observation.of(samples=[*o.samples, sample(T0 + 41, 1, decode_stack(3), state="R")], probes=o.probes,
-                             metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)
+    resumed = Observation.of(words=WORDS, samples=[*o.samples, sample(T0 + 41, 1, decode_stack(3), state="R")],
+                             probes=o.probes, metrics=o.metrics, processes=o.processes, rank_nodes=RANK_NODES)
     assert d.detect_process_stopped(resumed, TH, T0 + 41) is None
     # Stale: the last stopped sample is long ago (the sampler lost it): nothing said now.
     assert d.detect_process_stopped(o, TH, T0 + 60) is None
@@ -459,7 +463,8 @@ def test_a_gone_process_is_exited_not_stopped() -> None:
     o = stopped_rank1(readable=True)
     gone = [EngineProcess(node=p.node, pid=p.pid, title=p.title, rank=p.rank, alive=p.pid != 101, gone_t=T0 + 35)
             for p in o.processes]
-    o2 = Observation.of(samples=o.samples, probes=o.probes, metrics=o.metrics, processes=gone, rank_nodes=RANK_NODES)
+    o2 = Observation.of(words=WORDS, samples=o.samples, probes=o.probes, metrics=o.metrics, processes=gone,
+                        rank_nodes=RANK_NODES)
     v = d.detect(o2, TH, T0 + 36)
     assert v is not None and v.kind == VerdictKind.PROCESS_EXITED
 
@@ -490,7 +495,7 @@ def test_a_peer_error_told_in_a_traceback_names_the_killed_rank_not_the_victim(r
     gone_t = {0: T0 + 35.1, 1: T0 + 35.3} if rank0_first else {0: T0 + 35.6, 1: T0 + 35.1}
     gone = [EngineProcess(node=q.node, pid=q.pid, title=q.title, rank=q.rank, alive=q.rank is None,
                           gone_t=gone_t[q.rank] if q.rank is not None else None) for q in procs()]
-    o = Observation.of(samples=s, probes=p, metrics=m, processes=gone, logs=_traceback_lines(T0 + 35.2),
+    o = Observation.of(words=WORDS, samples=s, probes=p, metrics=m, processes=gone, logs=_traceback_lines(T0 + 35.2),
                        rank_nodes=RANK_NODES)
     v = d.detect(o, TH, T0 + 37)
     assert v is not None and v.kind == VerdictKind.PROCESS_EXITED

@@ -30,6 +30,7 @@ from sgl_seat.core.remediation import (
     verdict_gather_size,
     verdict_summary,
 )
+from sgl_seat.engines import words_for
 from sgl_seat.errors import UsageError
 from sgl_seat.spec import WatchdogSpec, load_spec
 
@@ -41,6 +42,8 @@ ROLLBACK = Policy(on_hang="rollback-draft", max=3, window_s=3600, cooldown_s=300
 RESTART = Policy(on_hang="restart", max=3, window_s=3600, cooldown_s=300)
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows"
 
+WORDS = words_for("sglang")
+
 
 def rowfetch_verdict(size: int, *, t: float = T0 + 5.0) -> Verdict:
     """A row-fetch stall as detect() makes it at ``t``: rank 3's fetch of ``size`` rows in flight for 5 s, its
@@ -50,7 +53,7 @@ def rowfetch_verdict(size: int, *, t: float = T0 + 5.0) -> Verdict:
                           end=t0 - 1 + s * 0.03 + 0.002, gather_size=size) for r in range(4) for s in range(20)]
     probes.append(ProbeRecord(node=1, rank=3, pid=103, thread=1, seq=999, target=TARGET, start=t0, end=None,
                               gather_size=size))
-    v = d.detect(Observation.of(probes=probes, rank_nodes={0: 0, 1: 0, 2: 1, 3: 1}), WatchdogSpec(), t)
+    v = d.detect(Observation.of(words=WORDS, probes=probes, rank_nodes={0: 0, 1: 0, 2: 1, 3: 1}), WatchdogSpec(), t)
     assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL and v.rank == 3
     return v
 

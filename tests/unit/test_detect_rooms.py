@@ -28,6 +28,7 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.detect import Detector
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import LogLine, VerdictKind
+from sgl_seat.engines import words_for
 from sgl_seat.forensics.format.bundle import read_bundle
 from sgl_seat.forensics.replay.redetect import observation_of, thresholds_of
 from sgl_seat.spec import WatchdogSpec
@@ -38,6 +39,8 @@ RUNBOOK = ROOT / "runbooks" / "watchdog-fired.md"
 VERDICT_TABLE = "## 5. Decide by verdict"
 FIXTURES = ROOT / "tests" / "fixtures" / "bundles"
 THRESHOLDS = ROOT / "watchdog" / "thresholds.yaml"
+
+WORDS = words_for("sglang")
 
 
 def schema_kinds() -> list[str]:
@@ -140,7 +143,7 @@ def _cases() -> list[tuple[str, Observation, WatchdogSpec, float]]:
         for now in [*ts[-40::4], end, end + 1.0, end + 10.0]:
             out += [(root.name, obs, th, now), (f"{root.name} (tighter)", obs, tight, now)]
     line = LogLine(t=1.0, node=1, text="[2026-11-29 10:00:00 TP2 EP2] Scheduler watchdog timeout (300 s)")
-    out.append(("engine watchdog line", Observation.of(logs=[line]), WatchdogSpec(), 2.0))
+    out.append(("engine watchdog line", Observation.of(words=WORDS, logs=[line]), WatchdogSpec(), 2.0))
     return out
 
 

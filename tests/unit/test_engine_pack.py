@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.engines import hostlayout, pack
-from sgl_seat.engines.packtargets import TARGETS, PackTarget, TrimRule
+from sgl_seat.engines.offline import hostlayout, pack
+from sgl_seat.engines.offline.packtargets import TARGETS, PackTarget, TrimRule
 from sgl_seat.errors import UsageError
 
 H200 = TARGETS["h200-sglang-0.5.17"]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sgl_seat.engines import SGLangBackend, tinymodel
+from sgl_seat.engines import tinymodel
 from sgl_seat.engines.base import argv_value
-from sgl_seat.errors import PlanError, SpecError
+from sgl_seat.engines.sglang import SGLangBackend
+from sgl_seat.errors import PlanError
 from sgl_seat.plan import LaunchPlan, Placeholder, build_plan, render_text
 from sgl_seat.spec import load_spec, parse_spec
 
@@ -98,10 +99,12 @@ def test_a_missing_engine_interpreter_fails_preflight_with_the_install_command(p
     assert "scripts/setup.sh --engine sglang" in failure.fix
 
 
-def test_cpu_device_needs_the_sglang_engine(tmp_path: Path) -> None:
+def test_cpu_device_needs_an_engine_that_runs_there(tmp_path: Path) -> None:
+    """The spec names the device; the engine's backend says where it runs (the sim does not run on `device: cpu`)."""
     text = Path(load_spec("local-sim").source or "").read_text() + "device: cpu\n"
-    with pytest.raises(SpecError, match="device: cpu is SGLang's CPU engine"):
-        parse_spec(text, path=str(tmp_path / "x.yaml"))
+    spec = parse_spec(text, path=str(tmp_path / "x.yaml"))
+    with pytest.raises(PlanError, match="device: cpu is not one engine sim runs on"):
+        build_plan(spec)
 
 
 needs_tokenizers = pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None,

@@ -72,7 +72,7 @@ def test_a_real_sglang_seats_plan_gives_the_engine_no_variable_sglang_claims_as_
 
 
 def test_the_rehearsal_faults_variables_are_new_names_too() -> None:
-    from sgl_seat.engines.sglang import ENV_PROBE_FAULTS, ENV_PROBE_REHEARSAL
+    from sgl_seat.engines.base import ENV_PROBE_FAULTS, ENV_PROBE_REHEARSAL
 
     for name in (ENV_PROBE_FAULTS, ENV_PROBE_REHEARSAL):
         assert name.startswith(envcompat.NEW_PREFIX) and not SGLANG_CLAIMS.match(name)

@@ -152,8 +152,8 @@ def _fake_cell(slot: Slot, cell: str, rng: random.Random, drift: float) -> dict[
     if cell.startswith("sweep_c"):
         c = int(cell.removeprefix("sweep_c"))
         return {"output_tok_s": noisy(BASE_TOK[c] * (t["tok"][c] if t else 1.0)), "ttft_s_median": 0.05,
-                "failed": 0, "counters": {"sglang:generation_tokens_total": 300.0,
-                                          "sglang:spec_verify_calls_total": 100.0 if t and t["kv"] < 1 else 0.0},
+                "failed": 0, "counters": {"generated": 300.0,
+                                          "verify_steps": 100.0 if t and t["kv"] < 1 else 0.0},
                 "client": {"cpu_s_per_request": 0.001, "loop_lag_ms_p50": 0.1, "loop_lag_ms_max": 2.0}}
     if cell == "prefix":
         return {"hit_rate_cold": 0.0, "hit_rate_warm": 0.8, "hit_rate_all": 0.64}
@@ -222,7 +222,7 @@ def test_cells_are_files_and_resume_repeats_none(tmp_path: Path, monkeypatch: py
     assert len(first | set(ran2)) == len(schedule(arms, 3)) * len(names)
     assert len(first) + len(ran2) == len(schedule(arms, 3)) * len(names) + 1
     doc = json.loads((bd.root / "cells" / "r00-baseline" / "engine.json").read_text())
-    assert doc["schema_version"].startswith("1.") and doc["arm"] == "baseline"
+    assert doc["schema_version"].startswith("2.") and doc["arm"] == "baseline"
     assert build_report(bd2)["complete"]
 
 
@@ -289,3 +289,57 @@ def test_aa_battery_never_fails_over_seeds(tmp_path: Path, monkeypatch: pytest.M
         rep = build_report(bd)
         assert all(g["outcome"] != "FAIL" for g in rep["gates"]), (seed, rep["gates"])
         assert rep["verdict"] in ("SHIP", "INCONCLUSIVE")
+
+
+def test_a_sweep_samples_as_users_are_served_only_when_its_workloads_say_so(tmp_path: Path) -> None:
+    """Greedy with ignore_eos is every request's default (each arm runs each request to max_tokens); a sweep with
+    ``temperature`` and ``ignore_eos: false`` sends those; a copying sweep's prompts repeat their words."""
+    from sgl_seat.gate.client import GREEDY, Sampling, _body
+    from sgl_seat.gate.workloads import load_battery, sweep_prompt
+
+    greedy = _body("m", "p", 8)
+    assert (greedy["temperature"], greedy["ignore_eos"]) == (0.0, True) and _body("m", "p", 8, GREEDY) == greedy
+    sampled = _body("m", "p", 8, Sampling(0.7, False))
+    assert (sampled["temperature"], sampled["ignore_eos"]) == (0.7, False)
+    text = load_battery(quick=False).model_dump_json()
+    assert '"temperature":0.0' in text and '"ignore_eos":true' in text  # the shipped battery stays greedy
+    f = tmp_path / "w.yaml"
+    f.write_text(_SAMPLED_WORKLOADS)
+    b = load_battery(path=f)
+    assert (b.sweep.temperature, b.sweep.ignore_eos, b.sweep.style) == (0.7, False, "copy")
+    words = sweep_prompt("words", 1, 5, tag="t")
+    copy = sweep_prompt("copy", 1, 5, tag="t")
+    assert words in copy and copy.startswith("Repeat these words exactly")
+
+
+def test_a_chatml_sweep_frames_users_requests_of_four_kinds_the_same_on_every_arm() -> None:
+    """``style: chatml``: each prompt one user turn in ChatML, then the assistant's turn open; the four kinds of
+    request appear over a sweep; a prompt is a pure function of (seed, tag), so every arm gets the same ones."""
+    from sgl_seat.gate.workloads import sweep_prompt
+
+    prompts = [sweep_prompt("chatml", 1, 6, tag=f"sweep1-{i}") for i in range(40)]
+    assert prompts == [sweep_prompt("chatml", 1, 6, tag=f"sweep1-{i}") for i in range(40)]
+    for p in prompts:
+        assert p.startswith("<|im_start|>user\n") and p.endswith("<|im_end|>\n<|im_start|>assistant\n"), p
+    kinds = {("list" if "Repeat this list" in p else "code" if "Python function" in p else
+              "story" if "short story" in p else "question") for p in prompts}
+    assert kinds == {"list", "code", "story", "question"}
+    listed = next(p for p in prompts if "Repeat this list" in p)
+    assert len(listed.split(": ", 1)[1].split("<|im_end|>")[0].split(", ")) == 6
+    assert sweep_prompt("chatml", 2, 6, tag="sweep1-0") != sweep_prompt("chatml", 1, 6, tag="sweep1-0") or \
+        sweep_prompt("chatml", 2, 6, tag="sweep1-1") != sweep_prompt("chatml", 1, 6, tag="sweep1-1")
+
+
+_SAMPLED_WORKLOADS = """schema_version: 1
+full:
+  runs: 2
+  greedy: {prompts: 1, max_tokens: 4}
+  sweep: {levels: [1], requests_per_client: 1, prompt_tokens: 8, max_tokens: 8, style: copy, temperature: 0.7,
+          ignore_eos: false}
+  cold_ttft: {prompt_tokens: 16}
+  prefix: {groups: 1, prompts_per_group: 1, system_tokens: 8, question_tokens: 4, max_tokens: 2, passes: 2,
+           concurrency: 1}
+  gates:
+    - {name: single_stream, metric: sweep_output_tok_s, at: 1, threshold: 1.0, higher_is_better: true}
+quick: {}
+"""

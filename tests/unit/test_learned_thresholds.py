@@ -13,6 +13,7 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.learned import LearnedEntry, LearnedThresholds, Learner, row_thresholds, shape_key
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import EngineProcess, ProbeRecord, VerdictKind
+from sgl_seat.engines import words_for
 from sgl_seat.forensics.format.archive import unpack_bundle
 from sgl_seat.forensics.format.bundle import read_bundle
 from sgl_seat.forensics.replay.redetect import observation_of, rerun_detectors
@@ -23,6 +24,8 @@ TH = WatchdogSpec()
 TARGET = "sgl_seat.sim.rowfetch:fetch_rows"
 T0 = 1_000_000.0
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+WORDS = words_for("sglang")
 
 
 def call(seq: int, start: float, dur: float | None, *, pid: int = 100, rank: int = 0, size: int = 4,
@@ -91,13 +94,13 @@ def test_a_late_call_of_a_learned_shape_is_a_stall_at_its_learned_threshold() ->
     history = steady(300)
     t = history[-1].end + 0.001  # type: ignore[operator]
     stalled = call(300, t, None)
-    obs = Observation.of(probes=[*history, stalled], learned=_learned())
+    obs = Observation.of(words=WORDS, probes=[*history, stalled], learned=_learned())
     assert d.detect(obs, TH, t + 0.29) is None
     v = d.detect(obs, TH, t + 0.31)
     assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL and v.rank == 0
     assert "threshold 0.3s (learned from 298 healthy calls of its shape: p99 4.00 ms x 8, floor 0.3s)" in v.evidence[0]
     # The same records without the learned thresholds (an older bundle): the fixed 3 s holds.
-    fixed = Observation.of(probes=[*history, stalled])
+    fixed = Observation.of(words=WORDS, probes=[*history, stalled])
     assert d.detect(fixed, TH, t + 2.9) is None and d.detect(fixed, TH, t + 3.01) is not None
     # Learning off in the spec: the fixed threshold, learned thresholds or not.
     assert d.detect(obs, WatchdogSpec(learn_enabled=False), t + 2.9) is None
@@ -112,7 +115,7 @@ def test_a_warm_up_or_unlearned_call_is_judged_by_the_fixed_threshold(why: str) 
     if why == "first of its shape":  # a learned shape (gather 512-1023) this process has not called in the window
         learned = LearnedThresholds(entries={**learned.entries, shape_key(0, TARGET, 600, None):
                                              LearnedEntry(0.3, 0.004, 500)})
-    obs = Observation.of(probes=[*history, stalled], learned=learned)
+    obs = Observation.of(words=WORDS, probes=[*history, stalled], learned=learned)
     rows = row_thresholds(obs.probes, learned, TH.rowfetch_inflight_s, t + 1)
     i = len(history)
     assert rows.seconds[i] == TH.rowfetch_inflight_s and not rows.learned[i]
@@ -150,7 +153,7 @@ def test_an_unlearned_shape_borrows_the_nearest_larger_learned_shapes_threshold(
     for key, want, lent in ((14, 0.45, "graph 16"), (15, 0.45, "graph 16"), (16, 0.45, None), (24, 3.0, None)):
         stalled = ProbeRecord(node=0, rank=0, pid=100, thread=1, seq=5000, target=GRAPH, start=t, end=None,
                               gather_size=12 * key, graph_key=key)
-        pc = Observation.of(probes=[*history, *replays(3, key, start=t - 0.2, seq0=4000), stalled]).probes
+        pc = Observation.of(words=WORDS, probes=[*history, *replays(3, key, start=t - 0.2, seq0=4000), stalled]).probes
         rows = row_thresholds(pc, learned, TH.rowfetch_inflight_s, t + 0.1)
         i = len(pc) - 1
         assert float(rows.seconds[i]) == pytest.approx(want), key
@@ -161,7 +164,8 @@ def test_an_unlearned_shape_borrows_the_nearest_larger_learned_shapes_threshold(
         assert fast.threshold_for(stalled) == pytest.approx(want), key
     stalled = ProbeRecord(node=0, rank=0, pid=100, thread=1, seq=5000, target=GRAPH, start=t, end=None,
                           gather_size=12 * 14, graph_key=14)
-    obs = Observation.of(probes=[*history, *replays(3, 14, start=t - 0.2, seq0=4000), stalled], learned=learned)
+    obs = Observation.of(words=WORDS, probes=[*history, *replays(3, 14, start=t - 0.2, seq0=4000), stalled],
+                         learned=learned)
     assert d.detect(obs, TH, t + 0.44) is None
     v = d.detect(obs, TH, t + 0.46)
     assert v is not None and v.kind is VerdictKind.ROWFETCH_STALL
@@ -185,7 +189,7 @@ def test_a_gather_bucket_borrows_from_a_higher_bucket_not_from_a_lower_one() -> 
 def test_a_stop_is_named_from_the_20hz_proc_reads_at_stopped_s() -> None:
     p = EngineProcess(node=1, pid=101, title="sglang::scheduler_TP1", rank=1, alive=True, stopped_since=T0,
                       state_t=T0 + 0.3)
-    obs = Observation.of(processes=[p], rank_nodes={0: 0, 1: 1})
+    obs = Observation.of(words=WORDS, processes=[p], rank_nodes={0: 0, 1: 1})
     assert d.detect(obs, TH, T0 + 0.2) is None
     v = d.detect(obs, TH, T0 + 0.3)
     assert v is not None and v.kind is VerdictKind.PROCESS_STOPPED and (v.rank, v.node) == (1, 1)
@@ -215,8 +219,9 @@ def test_the_bundle_carries_the_learned_thresholds_and_replay_judges_by_them(tmp
     history = steady(300)
     t = history[-1].end + 0.001  # type: ignore[operator]
     recs = [*history, call(300, t, None)]
-    res = cap.assemble(seat="s", parts=[_part(0, recs, _learned())], trigger={"t": t + 0.35}, trigger_verdict=None,
-                       thresholds=TH, rank_nodes={0: 0}, plan=None, dest_root=tmp_path, quota_mb=100, now=t + 0.35)
+    res = cap.assemble(words=WORDS, seat="s", parts=[_part(0, recs, _learned())], trigger={"t": t + 0.35},
+                       trigger_verdict=None, thresholds=TH, rank_nodes={0: 0}, plan=None, dest_root=tmp_path,
+                       quota_mb=100, now=t + 0.35)
     assert res.error is None and res.verdict is not None and res.verdict.kind is VerdictKind.ROWFETCH_STALL
     b = read_bundle(Path(res.path))  # type: ignore[arg-type]
     assert b.manifest.extra["learned"]["shapes"][shape_key(0, TARGET, 4, None)]["threshold_s"] == 0.3
@@ -265,7 +270,7 @@ def test_native_stacks_follow_the_written_bundle_and_a_reader_never_sees_half(tm
                      frames=(Frame("event_loop", "/x/scheduler.py", 10),))
     py = StackSample(t=T0, node=0, pid=100, title="sglang::scheduler_TP0", rank=0, native=False, threads=(th,))
     part = _part(0, steady(10), None) | {"samples": [py.to_json()], "native": [py.to_json()]}
-    res = cap.assemble(seat="s", parts=[part], trigger={"t": T0}, trigger_verdict=None, thresholds=TH,
+    res = cap.assemble(words=WORDS, seat="s", parts=[part], trigger={"t": T0}, trigger_verdict=None, thresholds=TH,
                        rank_nodes={0: 0}, plan=None, dest_root=tmp_path, quota_mb=100, now=T0 + 1)
     path = Path(res.path)  # type: ignore[arg-type]
     assert [s.native for s in read_bundle(path).native_stacks] == [False]
@@ -316,7 +321,7 @@ def test_a_nodes_part_scrubs_its_logs_and_the_bundle_keeps_no_secret(tmp_path: P
                          processes=[], log_text="password=hunter22 next\nplain line\n", env={}, gpu=False)
     assert part["scrubbed"] is True and "hunter22" not in part["log_text"] and "plain line" in part["log_text"]
     for p in (part, json.loads(json.dumps(cap.wire(part)))):
-        res = cap.assemble(seat="s", parts=[p], trigger={"t": T0}, trigger_verdict=None, thresholds=TH,
+        res = cap.assemble(words=WORDS, seat="s", parts=[p], trigger={"t": T0}, trigger_verdict=None, thresholds=TH,
                            rank_nodes={0: 0}, plan=None, dest_root=tmp_path / str(id(p)), quota_mb=100, now=T0 + 2)
         assert res.error is None
         text = b"".join(f.read_bytes() for f in Path(res.path).rglob("*") if f.is_file())  # type: ignore[arg-type]

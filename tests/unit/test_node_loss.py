@@ -15,10 +15,13 @@ import pytest
 
 from sgl_seat.core.nodeloss import missing_nodes, node_unreachable
 from sgl_seat.core.records import Verdict, VerdictKind
+from sgl_seat.engines import words_for
 from sgl_seat.forensics import encode_bundle, read_bundle, write_bundle
 from sgl_seat.forensics.replay.replayer import replay_bundle
 from sgl_seat.spec import WatchdogSpec
 from sgl_seat.watchdog.capture import assemble
+
+WORDS = words_for("sglang")
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "stall"
 RANK_NODES = {0: 0, 1: 0, 2: 1, 3: 1}
@@ -66,7 +69,7 @@ def test_assemble_without_node_1_writes_a_node_unreachable_bundle(tmp_path: Path
             "processes": [], "process_state": {"node": 0, "processes": []}, "gpu": None, "log_text": "",
             "env": {}, "capture": [{"node": 0, "step": "capture", "status": "ok", "detail": "0.1s"}]}
     missing = [{"node": 1, "step": "reach", "status": "unreachable", "detail": "ping: GetTimeoutError after 3 s"}]
-    res = assemble(seat="s", parts=[part], trigger={"t": 1000.0, "node": 0}, trigger_verdict=None,
+    res = assemble(words=WORDS, seat="s", parts=[part], trigger={"t": 1000.0, "node": 0}, trigger_verdict=None,
                    thresholds=WatchdogSpec(), rank_nodes=RANK_NODES, plan=None, dest_root=tmp_path, quota_mb=64,
                    missing=missing, now=1001.0)
     assert res.error is None and res.path is not None

@@ -27,12 +27,15 @@ from sgl_seat.core import detect as d
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint, ProbeRecord, VerdictKind
+from sgl_seat.engines import words_for
 from sgl_seat.forensics.format.codec import decode_probe_records, encode_probe_records
 from sgl_seat.forensics.replay.analysis import rowfetch_buckets
 from sgl_seat.probe import graph, guard, ring
 from sgl_seat.spec import WatchdogSpec
 from tests.unit.conftest import probe_writer
 from tests.unit.test_watchdog_probe_gpu import FakeEvent, FakeGpu
+
+WORDS = words_for("sglang")
 
 
 @dataclass(frozen=True)
@@ -822,7 +825,7 @@ def _seat(now: float) -> Observation:
     pts = [MetricsPoint(t=T0 + i, node=0, values={"sglang:num_running_reqs": 8.0,
                                                    "sglang:generation_tokens_total": 100.0 * min(T0 + i, STALL_AT)})
            for i in range(int(now - T0) + 1)]
-    return Observation.of(rank_nodes={0: 0, 1: 1}, probes=probes, samples=[], metrics=pts)
+    return Observation.of(words=WORDS, rank_nodes={0: 0, 1: 1}, probes=probes, samples=[], metrics=pts)
 
 
 def test_a_graph_replay_in_flight_on_the_gpu_names_its_rank() -> None:

@@ -14,12 +14,14 @@ from sgl_seat.cli.watchview import render
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import ProbeRecord
 from sgl_seat.core.warning import PreHangWarning, TailReading
+from sgl_seat.engines import words_for
 from sgl_seat.watchdog.config import SidecarConfig
 from sgl_seat.watchdog.prometheus.exporter import RANK_STATES, Exporter
 from sgl_seat.watchdog.rankview import RankView
 from sgl_seat.watchdog.sampler import Sampler
 from sgl_seat.watchdog.sidecar import Sidecar
 
+WORDS = words_for("sglang")
 
 def _value(ex: Exporter, name: str, **labels: str) -> float | None:
     v = ex.registry.get_sample_value(name, {"node": "1", **labels})
@@ -104,7 +106,7 @@ def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) ->
     try:
         recs = [_rec(i, 10.0 + 0.5 * i, 0.002, 700) for i in range(120)]  # t = 10 .. 69.5
         slow = [_rec(200 + i, 70.0 + i, 0.15, 700) for i in range(4)]
-        sc.warn(Observation.of(probes=recs + slow), 75.0)
+        sc.warn(Observation.of(words=WORDS, probes=recs + slow), 75.0)
         assert sc.warning is not None and (sc.warning.rank, sc.warning.gather) == (3, "512-1023")
         assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 1.0
         ratio = _value(sc.exporter, "sgl_seat_watchdog_rowfetch_tail_ratio")
@@ -112,7 +114,7 @@ def test_the_sidecar_raises_exports_and_snapshots_the_warning(tmp_path: Path) ->
         assert _value(sc.exporter, "sgl_seat_watchdog_rank_state", rank="3") is None  # no engine: no ranks seen
         assert sc.snapshot()["warning"]["rank"] == 3
         calm = [_rec(300 + i, 70.0 + i, 0.002, 700) for i in range(4)]
-        sc.warn(Observation.of(probes=recs + calm), 75.0)
+        sc.warn(Observation.of(words=WORDS, probes=recs + calm), 75.0)
         assert sc.warning is None and sc.snapshot()["warning"] is None
         assert _value(sc.exporter, "sgl_seat_watchdog_prehang_warning") == 0.0
     finally:

@@ -17,11 +17,10 @@ import psutil
 import pytest
 
 from sgl_seat.engines import backend_for
-from sgl_seat.engines import sglang as sglang_backend
 from sgl_seat.engines.family_targets import family_targets
 from sgl_seat.errors import PlanError, UsageError
 from sgl_seat.launch.actors.agent import NodeAgent
-from sgl_seat.launch.rehearse import DETOKENIZER_TITLE, _signal_target
+from sgl_seat.launch.rehearse import _signal_target
 from sgl_seat.launch.seatrecord.home import HOME_ENV
 from sgl_seat.plan import PROBE_ENV_TARGETS, LaunchPlan, NodePlan, build_plan
 from sgl_seat.probe import fault as probe_fault
@@ -53,8 +52,10 @@ def test_the_rehearsal_profile_probes_the_embedding_lookup_and_carries_the_gate(
 
 
 def test_the_engines_layer_names_the_probes_switches_as_the_probe_reads_them() -> None:
-    assert sglang_backend.ENV_PROBE_REHEARSAL == probe_fault.ENV_REHEARSAL
-    assert sglang_backend.ENV_PROBE_FAULTS == probe_fault.ENV_FAULTS
+    from sgl_seat.engines import base
+
+    assert base.ENV_PROBE_REHEARSAL == probe_fault.ENV_REHEARSAL
+    assert base.ENV_PROBE_FAULTS == probe_fault.ENV_FAULTS
 
 
 def test_a_production_seat_refuses_faults_and_carries_no_gate(real: SeatSpec) -> None:
@@ -88,7 +89,7 @@ def test_fault_targets_are_found_in_the_plan(real: SeatSpec) -> None:
     plan = build_plan(real)
     assert _signal_target(plan, "rank=1") == (1, "sglang::scheduler_TP1")
     assert _signal_target(plan, "rank=0") == (0, "sglang::scheduler_TP0")
-    assert _signal_target(plan, "detokenizer") == (0, DETOKENIZER_TITLE)
+    assert _signal_target(plan, "detokenizer") == (0, "sglang::detokenizer")
     with pytest.raises(UsageError, match="no rank 5"):
         _signal_target(plan, "rank=5")
     with pytest.raises(UsageError):

@@ -37,6 +37,7 @@ from sgl_seat.core.records import (
     VerdictKind,
 )
 from sgl_seat.core.stats import gather_bucket, percentile
+from sgl_seat.engines import words_for
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format import codec
 from sgl_seat.forensics.format.codec import decode_probe_records, decode_stack_samples, dumps_line, encode_probe_records
@@ -46,6 +47,8 @@ from sgl_seat.spec import WatchdogSpec
 T0 = 1_800_000_000.0
 TARGETS = ("sglang.srt.layers.engram.host_table:gather_rows", "sgl_seat.sim.rowfetch:fetch_rows")
 CASES = 200
+
+WORDS = words_for("sglang")
 
 
 # ---- the record forms this change replaced (verbatim but for names), the oracle ------------------------
@@ -222,7 +225,7 @@ def test_generated_cases_exercise_every_branch() -> None:
     """The generator is worth its cases: stalls on the host and on the GPU, ties, unknown ranks all occur."""
     kinds: set[str] = set()
     for recs, ctx, now, th in CASE_LIST:
-        v = _ref_rowfetch_stall(Observation.of(probes=recs, **ctx), th, now)
+        v = _ref_rowfetch_stall(Observation.of(words=WORDS, probes=recs, **ctx), th, now)
         if v is not None:
             kinds.add("gpu" if "[GPU record]" in (v.frame or "") else "host")
             kinds.add("also late" if any("also late" in e for e in v.evidence) else "alone")
@@ -241,13 +244,13 @@ def test_generated_cases_exercise_every_branch() -> None:
 
 def test_rowfetch_stall_over_columns_is_the_record_verdict() -> None:
     for i, (recs, ctx, now, th) in enumerate(CASE_LIST):
-        obs = Observation.of(probes=recs, **ctx)
+        obs = Observation.of(words=WORDS, probes=recs, **ctx)
         assert d.detect_rowfetch_stall(obs, th, now) == _ref_rowfetch_stall(obs, th, now), f"case {i}"
 
 
 def test_attribution_over_columns_is_the_record_one() -> None:
     for i, (recs, ctx, now, _th) in enumerate(CASE_LIST):
-        obs = Observation.of(probes=recs, **ctx)
+        obs = Observation.of(words=WORDS, probes=recs, **ctx)
         want = _ref_attribute_fetch(obs, now)
         got = noprogress._attribute(obs, now)
         if want is not None:
@@ -260,8 +263,8 @@ def test_live_and_replay_forms_reach_the_same_verdict() -> None:
     """Columns from the sidecar's records (live) and from a bundle's probe file (replay): same order, same detect()
     (half the cases: the whole detect() is the slow part, and each detector's probe logic is held above)."""
     for i, (recs, ctx, now, th) in enumerate(CASE_LIST[::2]):
-        live = Observation.of(probes=recs, **ctx)
-        replay = Observation.of(probes=_replayed(recs), **ctx)
+        live = Observation.of(words=WORDS, probes=recs, **ctx)
+        replay = Observation.of(words=WORDS, probes=_replayed(recs), **ctx)
         canonical = sorted(recs, key=lambda p: (p.start, p.node, p.pid, p.seq))
         assert [(p.start, p.node, p.pid, p.seq) for p in replay.probes] == \
             [(p.start, p.node, p.pid, p.seq) for p in canonical], f"case {i}"
@@ -288,7 +291,7 @@ def test_one_hour_shaped_columns_detect_fast() -> None:
     end[-1] = math.nan
     cols = ProbeColumns([ProbeGroup(0, 3, 103, 1, TARGETS[0])], np.zeros(n, np.int64), np.arange(n),
                         start, end, np.full(n, 64))
-    obs = Observation.of(probes=cols)
+    obs = Observation.of(words=WORDS, probes=cols)
     t = time.perf_counter()
     v = d.detect_rowfetch_stall(obs, WatchdogSpec(rowfetch_inflight_s=0.5), float(start[-1]) + 2.0)
     assert time.perf_counter() - t < 1.0
@@ -313,8 +316,8 @@ def test_columns_keep_live_records_and_rebuild_decoded_ones() -> None:
     half = both.take(np.arange(len(both)) % 2 == 0)
     assert list(half) == [both[i] for i in range(0, len(both), 2)]
     assert live.in_flight() == [r for r in recs if r.end is None]
-    merged = Observation.of(probes=recs[::2]).merged(Observation.of(probes=recs[1::2]))
-    assert list(merged.probes) == list(Observation.of(probes=recs).probes)
+    merged = Observation.of(words=WORDS, probes=recs[::2]).merged(Observation.of(words=WORDS, probes=recs[1::2]))
+    assert list(merged.probes) == list(Observation.of(words=WORDS, probes=recs).probes)
     with pytest.raises(ValueError, match="differ in length"):
         ProbeColumns(live.groups, live.group, live.seq[:-1], live.start, live.end, live.gather_size)
 
@@ -378,9 +381,10 @@ def test_stack_repeats_are_checked_with_their_types() -> None:
 
 def test_probe_targets_come_from_rows_present() -> None:
     recs = CASE_LIST[5][0] + CASE_LIST[6][0]
-    obs = Observation.of(probes=recs)
+    obs = Observation.of(words=WORDS, probes=recs)
     assert probe_targets(obs) == sorted({r.target for r in recs})
-    assert Observation.of(probes=obs.probes.take(np.zeros(len(obs.probes), np.bool_))).probes.targets() == []
+    none = obs.probes.take(np.zeros(len(obs.probes), np.bool_))
+    assert Observation.of(words=WORDS, probes=none).probes.targets() == []
 
 
 HOSTILE = ['plain', 'quote " inside', 'back\\slash\\', '\\"', ',"threads":[1],"error":null}}', '],"error":"x"}}',
@@ -454,7 +458,7 @@ def test_stack_detector_without_metrics_reads_probe_ends_as_the_record_form() ->
         quiet = not any(p.end is not None and t0 < p.end <= t1 for p in mine)
         # and the rank's own probed calls: one begun or ended between its samples means it was not stuck
         moved = any(p.pid == 100 and (t0 < p.start <= t1 or (p.end is not None and t0 < p.end <= t1)) for p in recs)
-        v = d.detect_stack_unchanged(Observation.of(samples=samples, probes=recs), th, now)
+        v = d.detect_stack_unchanged(Observation.of(words=WORDS, samples=samples, probes=recs), th, now)
         assert (v is not None) == (busy and quiet and not moved), f"case {i}: {recs}"
         seen.add(busy and quiet and not moved)
     assert seen == {True, False}

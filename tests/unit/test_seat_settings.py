@@ -62,7 +62,7 @@ def _record(spec: SeatSpec, *, keep_spec: bool = True) -> SeatRecord:
     return SeatRecord(name=spec.name, state=SeatState.READY, engine=spec.engine, draft=True, cluster_address="local",
                       namespace="ns", pg_name="pg", spec_source=spec.source,
                       spec=spec.to_json() if keep_spec else None, endpoint=f"http://{NODE0}:31000",
-                      plan={"http_port": 31000, "slots": 8, "nodes": []},
+                      plan={"engine": "sim", "http_port": 31000, "slots": 8, "nodes": []},
                       nodes=[NodeRecord(node_rank=0, agent="a0", ip=NODE0)])
 
 
@@ -131,7 +131,7 @@ def test_an_edit_of_the_seat_file_after_up_changes_nothing_the_seat_reads(tmp_pa
 
 def _with_plan(rec: SeatRecord) -> SeatRecord:
     """``rec`` with a one-node filled plan of the sim (what configs_of reads of it)."""
-    plan = {"http_port": 31000, "slots": 8, "nodes": [
+    plan = {"engine": "sim", "http_port": 31000, "slots": 8, "nodes": [
         {"node_rank": 0, "env": {}, "ranks": [{"tp_rank": 0}],
          "command": ["python", "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", "31000"]}]}
     rec.plan = plan

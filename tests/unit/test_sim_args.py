@@ -54,7 +54,7 @@ def test_plan_argv_parses_with_the_plans_figures(draft: bool) -> None:
 
 def test_titles_match_the_planner() -> None:
     topo = topology_of(load_spec("local-sim"))
-    for r in topo.all_ranks():
+    for r in topo.all_ranks(contract.SCHEDULER_TITLE_PREFIX):
         assert contract.scheduler_title(r.tp_rank, r.ep_rank, topo.tp, topo.ep) == r.process_title
     assert contract.scheduler_title(0, 0, 1, 1) == "sglang::scheduler"
 

@@ -36,7 +36,8 @@ CASES: list[tuple[str, str, str, int | None]] = [
     ("yaml-syntax", _edit("  nodes: 2", "  nodes: [2"), "YAML syntax error", None),
     ("not-a-mapping", "- just\n- a list\n", "must be a YAML mapping", 1),
     ("schema-version", _edit("schema_version: 1", "schema_version: 2"), "unknown schema_version 2", 3),
-    ("bad-engine", _edit("engine: sglang", "engine: vllm"), "engine", None),
+    ("bad-engine", _edit("engine: sglang", "engine: nosuch"), "unknown engine 'nosuch'", None),
+    ("bad-engine-name", _edit("engine: sglang", "engine: SGLang!"), "engine", None),
     ("mem-fraction-range", _edit("memory_fraction: 0.85", "memory_fraction: 1.5"), "memory_fraction", None),
     ("node-env-count", _edit("    - NCCL_SOCKET_IFNAME: enp1s0f0np0\n      GLOO_SOCKET_IFNAME: enp1s0f0np0\n"
                              "      NCCL_IB_HCA: mlx5_1\n", ""), "node_env has 1 entries for 2 nodes", None),

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from sgl_seat.errors import TopologyError
-from sgl_seat.topology import Topology, scheduler_title
+from sgl_seat.topology import Topology, rank_title
+
+BASE = "sglang::scheduler"
 
 
 def test_node_r_hosts_its_slice_of_tp_ranks() -> None:
     topo = Topology(nnodes=2, gpus_per_node=2, tp=4, ep=4, dp=1)
-    assert [r.tp_rank for r in topo.ranks_on(0)] == [0, 1]
-    assert [r.tp_rank for r in topo.ranks_on(1)] == [2, 3]
+    assert [r.tp_rank for r in topo.ranks_on(0, BASE)] == [0, 1]
+    assert [r.tp_rank for r in topo.ranks_on(1, BASE)] == [2, 3]
     assert [topo.node_of(r) for r in range(4)] == [0, 0, 1, 1]
     with pytest.raises(TopologyError):
         topo.node_of(4)
@@ -30,9 +32,9 @@ def test_node_r_hosts_its_slice_of_tp_ranks() -> None:
 def test_titles_follow_sglang_for_every_ep(tp: int, ep: int, titles: list[str]) -> None:
     """SGLang leaves out _TP when tp == 1 and _EP when ep == 1; moe_ep_rank = tp_rank // (tp // ep)."""
     topo = Topology(nnodes=2, gpus_per_node=2, tp=tp, ep=ep, dp=1)
-    assert [r.process_title for r in topo.all_ranks()] == titles
+    assert [r.process_title for r in topo.all_ranks(BASE)] == titles
 
 
 def test_single_gpu_title_has_no_suffix() -> None:
-    assert scheduler_title(0, 0, 1, 1) == "sglang::scheduler"
-    assert Topology(nnodes=1, gpus_per_node=1, tp=1, ep=1, dp=1).all_ranks()[0].process_title == "sglang::scheduler"
+    assert rank_title(BASE, 0, 0, 1, 1) == "sglang::scheduler"
+    assert Topology(nnodes=1, gpus_per_node=1, tp=1, ep=1, dp=1).all_ranks(BASE)[0].process_title == BASE

@@ -30,12 +30,12 @@ other_metric 5.0
 
 
 def test_values_are_summed_over_labels_and_non_finite_ones_left_out() -> None:
-    values = parse_metrics_text(TEXT)
+    values = parse_metrics_text(TEXT, "sglang:")
     assert values == {"sglang:num_running_reqs": 3.0}
 
 
 def test_a_point_from_such_a_scrape_is_written_into_a_bundle() -> None:
-    point = MetricsPoint(t=1.0, node=0, values=parse_metrics_text(TEXT))
+    point = MetricsPoint(t=1.0, node=0, values=parse_metrics_text(TEXT, "sglang:"))
     line = encode_records([point]).decode()
     assert '"sglang:num_running_reqs":3.0' in line
     assert MetricsPoint.from_json(json.loads(line)) == point

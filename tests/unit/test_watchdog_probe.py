@@ -390,6 +390,8 @@ def test_a_process_title_names_its_tp_rank_and_a_tp1_scheduler_is_rank_0() -> No
 
     assert rank_of_title("sglang::scheduler_TP3_EP3") == 3
     assert rank_of_title("sglang::scheduler_TP1") == 1
-    assert rank_of_title("sglang::scheduler") == 0
-    assert rank_of_title("sglang::detokenizer") == -1
-    assert rank_of_title("python3 -m sglang.launch_server") == -1
+    sole = "sglang::scheduler"  # the agent's SGLSEAT_PROBE_RANK_TITLE, from the backend's words
+    assert rank_of_title("sglang::scheduler", sole) == 0
+    assert rank_of_title("sglang::detokenizer", sole) == -1
+    assert rank_of_title("python3 -m sglang.launch_server", sole) == -1
+    assert rank_of_title("sglang::scheduler", "") == -1  # no title given: no rank guessed

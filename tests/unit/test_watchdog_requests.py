@@ -20,14 +20,18 @@ from typing import Any
 
 import pytest
 
+from sgl_seat.engines import words_for
+from sgl_seat.engines.sglang import REQUEST_LOG_LEVEL, REQUEST_LOG_LEVEL_RAW
 from sgl_seat.forensics import read_bundle
 from sgl_seat.forensics.format import layout
 from sgl_seat.forensics.recording.recorder import RequestRecorder
 from sgl_seat.forensics.recording.requestlog import MAX_LINE_BYTES, RequestLogFollower, parse_line
-from sgl_seat.plan import REQUEST_LOG_LEVEL, REQUEST_LOG_LEVEL_RAW, Placeholder, build_plan
+from sgl_seat.plan import Placeholder, build_plan
 from sgl_seat.sim.front import reqlog
 from sgl_seat.spec import WatchdogSpec, load_spec
 from sgl_seat.watchdog.capture import assemble
+
+WORDS = words_for("sglang")
 
 FIN_META = {"id": "r", "finish_reason": {"type": "length", "length": 4}, "prompt_tokens": 12,
             "weight_version": "default", "completion_tokens": 4, "cached_tokens": 0, "e2e_latency": 0.25}
@@ -301,7 +305,7 @@ def test_capture_writes_requests_jsonl_and_the_redaction(tmp_path: Path) -> None
     rec.ingest(_ev(reqlog.EVENT_RECEIVED, t0, rid="a", obj=o))
     rec.ingest(_finished("a", t0 + 1, o, prompt_tokens=33))
     shapes = [s.to_json() for s in rec.snapshot()]
-    res = assemble(seat="s", parts=[_part(0, shapes, rec.redaction), _part(1, None, {})],
+    res = assemble(words=WORDS, seat="s", parts=[_part(0, shapes, rec.redaction), _part(1, None, {})],
                    trigger={"t": time.time()}, trigger_verdict=None, thresholds=WatchdogSpec(), rank_nodes={0: 0, 1: 1},
                    plan=None, dest_root=tmp_path, quota_mb=100)
     assert res.error is None and res.path is not None
@@ -310,7 +314,7 @@ def test_capture_writes_requests_jsonl_and_the_redaction(tmp_path: Path) -> None
     assert [r.to_json() for r in b.requests] == shapes and b.requests[0].prompt_tokens == 33
     assert b.manifest.redaction == {"prompts": "redacted", "salt_id": rec.redactor.salt_id, "requests": 1,
                                     "locals": False}
-    none = assemble(seat="s", parts=[_part(0, None, {})], trigger={"t": time.time()}, trigger_verdict=None,
+    none = assemble(words=WORDS, seat="s", parts=[_part(0, None, {})], trigger={"t": time.time()}, trigger_verdict=None,
                     thresholds=WatchdogSpec(), rank_nodes={0: 0}, plan=None, dest_root=tmp_path / "n", quota_mb=100)
     assert none.path is not None
     nb = read_bundle(Path(none.path))

@@ -41,7 +41,7 @@ from sgl_seat.core.detect.exited import detect_process_exited
 from sgl_seat.core.detect.fetchstall import EVIDENCE_WINDOW_S, detect_rowfetch_stall
 from sgl_seat.core.detect.forward import OneForward, forward_last_seen, forward_span, one_forward
 from sgl_seat.core.detect.noprogress import detect_no_progress
-from sgl_seat.core.detect.progress import PROGRESS_METRICS, RUNNING, last_fetch_end, went_round
+from sgl_seat.core.detect.progress import last_fetch_end, went_round
 from sgl_seat.core.detect.stopped import detect_process_stopped
 from sgl_seat.core.detect.unchanged import detect_stack_unchanged
 from sgl_seat.core.detect.waits import collective_wait, waiting_ranks
@@ -53,8 +53,6 @@ __all__ = [
     "DETECTORS",
     "EVIDENCE_WINDOW_S",
     "NODE_KINDS",
-    "PROGRESS_METRICS",
-    "RUNNING",
     "Detector",
     "OneForward",
     "collective_wait",

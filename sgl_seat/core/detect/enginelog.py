@@ -13,12 +13,12 @@ from sgl_seat.core.observation import Observation, node_of, probe_targets, pytho
 from sgl_seat.core.records import Verdict, VerdictKind
 from sgl_seat.spec import WatchdogSpec
 
-WATCHDOG_LINE = "Scheduler watchdog timeout"
 _LOG_RANK = re.compile(r"\bTP(\d+)\b")
 
 
 def detect_engine_watchdog(obs: Observation, th: WatchdogSpec, now: float) -> Verdict | None:
-    hits = [ln for ln in obs.logs if ln.t <= now and WATCHDOG_LINE in ln.text]
+    line = obs.words.hang_log_line  # the engine's own watchdog's line (:class:`~sgl_seat.core.vocabulary.EngineWords`)
+    hits = [ln for ln in obs.logs if line and ln.t <= now and line in ln.text]
     if not hits:
         return None
     first = hits[0]

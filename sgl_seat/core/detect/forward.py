@@ -30,7 +30,7 @@ def _scheduler_stacks(obs: Observation, now: float, since: float) -> dict[int, l
     memo: dict[int, _Sig] = {}  # by stack identity: a bundle's samples share their stacks
     for s in python_samples(obs, now):
         main = s.main_thread()
-        if s.t < since or s.rank is None or not s.title.startswith("sglang::scheduler") or s.error is not None \
+        if s.t < since or s.rank is None or not obs.words.is_rank_process(s.title) or s.error is not None \
                 or main is None:
             continue
         sig = memo.get(id(main))

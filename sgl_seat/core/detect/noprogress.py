@@ -11,7 +11,7 @@ import numpy as np
 
 from sgl_seat.core.detect.descriptor import Detector
 from sgl_seat.core.detect.forward import forward_last_seen, one_forward
-from sgl_seat.core.detect.progress import RUNNING, last_fetch_end, metrics_upto, progress_sig
+from sgl_seat.core.detect.progress import last_fetch_end, metrics_upto, progress_sig
 from sgl_seat.core.detect.waits import rank_of_pid
 from sgl_seat.core.detect.words import fmt_s
 from sgl_seat.core.frames import collective_frame, stuck_frame
@@ -27,16 +27,16 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     last = pts[-1]
     if now - last.t > max(th.no_progress_s, 3.0):
         return None  # metrics went stale: nothing to say from them
-    sig = progress_sig(last)
+    sig = progress_sig(last, obs.words)
     if not sig:
         return None
     flat_since = last.t
     for m in reversed(pts[:-1]):
-        if progress_sig(m) != sig:
+        if progress_sig(m, obs.words) != sig:
             break
         flat_since = m.t
     span = [m for m in pts if m.t >= flat_since]
-    if last.t - flat_since < th.no_progress_s or not all(m.values.get(RUNNING, 0.0) > 0 for m in span):
+    if last.t - flat_since < th.no_progress_s or not all(m.values.get(obs.words.running, 0.0) > 0 for m in span):
         return None
     fetched = last_fetch_end(obs.probes, now)
     if fetched is not None and last.t - fetched < th.no_progress_s:
@@ -48,7 +48,7 @@ def detect_no_progress(obs: Observation, th: WatchdogSpec, now: float) -> Verdic
     if seen is not None and seen - flat_since < th.engine_timeout_s and last.t - seen < th.no_progress_s:
         return None  # flat only since a long forward ended (metrics lag it): count from its end
     rank, node, frame, why = _attribute(obs, now)
-    ev = [f"no token progress for {fmt_s(last.t - flat_since)} while {int(last.get(RUNNING))} requests run "
+    ev = [f"no token progress for {fmt_s(last.t - flat_since)} while {int(last.get(obs.words.running))} requests run "
           f"(threshold {fmt_s(th.no_progress_s)})"]
     if why:
         ev.append(why)
@@ -77,7 +77,7 @@ def _attribute(obs: Observation, now: float) -> tuple[int | None, int | None, st
                 f"{p.target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]} ({p.target})",
                 f"rank {rank} has a row fetch {where} for {fmt_s(now - since)}")
     latest = [s for s in latest_by_pid(python_samples(obs, now)).values()
-              if s.rank is not None and s.title.startswith("sglang::scheduler")]
+              if s.rank is not None and obs.words.is_rank_process(s.title)]
     free = [s for s in latest if collective_frame(s.main_thread()) is None]
     if latest and len(free) == 1 and len(latest) > 1:
         s = free[0]

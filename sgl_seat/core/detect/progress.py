@@ -11,18 +11,7 @@ import numpy as np
 from sgl_seat.core.columns import ProbeColumns
 from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import MetricsPoint
-
-RUNNING = "sglang:num_running_reqs"
-#: Counters (and slowly moving gauges) whose change means the engine made progress. SGLang bumps
-#: ``generation_tokens_total`` when a request finishes, so with few long requests it can stay flat
-#: while decode runs; ``num_used_tokens`` (KV in use) moves every decode step the scheduler reports.
-PROGRESS_METRICS: tuple[str, ...] = (
-    "sglang:generation_tokens_total",
-    "sglang:num_used_tokens",
-    "sglang:decode_sum_seq_lens",
-    "sglang:forward_execution_seconds_total",
-    "sglang:cuda_graph_passes_total",
-)
+from sgl_seat.core.vocabulary import EngineWords
 
 
 def went_round(pc: ProbeColumns, pid: int, t0: float, t1: float) -> bool:
@@ -55,8 +44,9 @@ def last_fetch_end(pc: ProbeColumns, now: float) -> float | None:
     return float(done.max()) if done.size else None
 
 
-def progress_sig(m: MetricsPoint) -> tuple[float, ...]:
-    return tuple(m.values.get(k, math.nan) for k in PROGRESS_METRICS if k in m.values)
+def progress_sig(m: MetricsPoint, words: EngineWords) -> tuple[float, ...]:
+    """The values of the engine's progress metrics (:attr:`EngineWords.progress`) ``m`` holds."""
+    return tuple(m.values.get(k, math.nan) for k in words.progress if k in m.values)
 
 
 def metrics_upto(obs: Observation, now: float) -> list[MetricsPoint]:
@@ -65,15 +55,16 @@ def metrics_upto(obs: Observation, now: float) -> list[MetricsPoint]:
     return pts
 
 
-def window_state(pts: Sequence[MetricsPoint], t0: float, t1: float) -> tuple[bool, bool] | None:
+def window_state(pts: Sequence[MetricsPoint], t0: float, t1: float, words: EngineWords) -> tuple[bool, bool] | None:
     """(requests ran throughout, progress happened) over [t0, t1], from the points in it plus the one
     just before; None if no point covers the window."""
     before = [m for m in pts if m.t <= t0]
     inside = [m for m in pts if t0 < m.t <= t1]
     span = ([before[-1]] if before else []) + inside
-    if len(span) < 2 or not any(RUNNING in m.values for m in span):
+    running = words.running
+    if len(span) < 2 or not running or not any(running in m.values for m in span):
         return None
-    ran = all(m.values.get(RUNNING, 0.0) > 0 for m in span)
-    sigs = [progress_sig(m) for m in span]
+    ran = all(m.values.get(running, 0.0) > 0 for m in span)
+    sigs = [progress_sig(m, words) for m in span]
     progressed = any(a != b for a, b in itertools.pairwise(sigs))
     return ran, progressed

@@ -71,7 +71,7 @@ def detect_process_stopped(obs: Observation, th: WatchdogSpec, now: float) -> Ve
           + ("; its stack could not be read while stopped" if unread else "")]
     if rank is None:
         # A stopped detokenizer (or main process) holds no collective: say whether the schedulers still step.
-        state = window_state(metrics_upto(obs, now), since, now)
+        state = window_state(metrics_upto(obs, now), since, now, obs.words)
         fetched = last_fetch_end(obs.probes, now)
         moved = (state is not None and state[1]) or (fetched is not None and fetched > since)
         if moved:

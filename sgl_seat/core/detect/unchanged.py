@@ -35,7 +35,7 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
     targets = probe_targets(obs)
     by_pid: dict[int, list[StackSample]] = {}
     for s in python_samples(obs, now):
-        if s.rank is not None and s.title.startswith("sglang::scheduler"):
+        if s.rank is not None and obs.words.is_rank_process(s.title):
             by_pid.setdefault(s.pid, []).append(s)
     cands: list[tuple[float, int, StackSample, int]] = []  # (window start, rank, latest sample, pid)
     for pid, ss in by_pid.items():
@@ -52,7 +52,7 @@ def detect_stack_unchanged(obs: Observation, th: WatchdogSpec, now: float) -> Ve
             continue
         if went_round(obs.probes, pid, t0, t1):
             continue  # sampled at one line each time, but its probed call ran in between: stuck in no call
-        state = window_state(pts, t0, t1)
+        state = window_state(pts, t0, t1, obs.words)
         if state is not None:
             ran, progressed = state
             if not ran or progressed:

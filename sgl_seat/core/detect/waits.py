@@ -15,7 +15,7 @@ def waiting_ranks(obs: Observation, now: float, *, exclude: Iterable[int | None]
     targets = probe_targets(obs)
     out = set()
     for s in latest_by_pid(python_samples(obs, now)).values():
-        if s.rank is None or s.rank in skip or not s.title.startswith("sglang::scheduler"):
+        if s.rank is None or s.rank in skip or not obs.words.is_rank_process(s.title):
             continue
         if collective_wait(s.main_thread(), targets) is not None:
             out.add(s.rank)

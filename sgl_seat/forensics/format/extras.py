@@ -1,4 +1,5 @@
-"""What a bundle's manifest extras say that more than one reader needs: the learned thresholds and the missing nodes.
+"""What a bundle's manifest extras say that more than one reader needs: the engine's words, the learned thresholds and
+the missing nodes.
 
 Why here, in the format: merging the nodes' parts at capture (:mod:`.merge`) and replay both read them; with them in
 replay, the format folder imported replay while replay imports the format (a folder loop, ``tests/unit/test_layers``).
@@ -7,9 +8,31 @@ replay, the format folder imported replay while replay imports the format (a fol
 from __future__ import annotations
 
 from sgl_seat.core.learned import LearnedThresholds
+from sgl_seat.core.vocabulary import EngineWords
+from sgl_seat.engines import engine_names, words_for
+from sgl_seat.errors import UsageError
 from sgl_seat.forensics.format.bundle import Bundle
 
-__all__ = ["learned_of", "why_missing"]
+__all__ = ["ENGINE_BEFORE_IT_WAS_RECORDED", "engine_of", "learned_of", "why_missing", "words_of"]
+
+#: Bundles written before the manifest named the engine are SGLang's or the sim's, which share SGLang's names.
+ENGINE_BEFORE_IT_WAS_RECORDED = "sglang"
+
+
+def engine_of(bundle: Bundle) -> str:
+    """The engine whose records the bundle holds (the manifest's optional ``engine``)."""
+    name = bundle.manifest.extra.get("engine")
+    return name if isinstance(name, str) and name else ENGINE_BEFORE_IT_WAS_RECORDED
+
+
+def words_of(bundle: Bundle) -> EngineWords:
+    """The names the bundle's records carry: its engine's (:func:`engine_of`)."""
+    try:
+        return words_for(engine_of(bundle))
+    except UsageError:
+        raise UsageError(f"bundle {bundle.manifest.bundle_id}: engine {engine_of(bundle)!r} is not one this "
+                         f"sgl-seat knows", fix=f"replay it with the sgl-seat that wrote it (this one knows "
+                                                f"{engine_names()})") from None
 
 
 def learned_of(bundle: Bundle) -> LearnedThresholds | None:

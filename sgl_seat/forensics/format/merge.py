@@ -23,7 +23,7 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.errors import BundleError
 from sgl_seat.forensics.format.bundle import Bundle, read_bundle, write_bundle
 from sgl_seat.forensics.format.encode import encode_bundle
-from sgl_seat.forensics.format.extras import learned_of, why_missing
+from sgl_seat.forensics.format.extras import learned_of, why_missing, words_of
 from sgl_seat.forensics.format.layout import REQUESTS
 
 MERGE_QUOTA_MB = 1 << 20  # a merge writes where the operator says; the seat's quota is not this command's to apply
@@ -83,7 +83,7 @@ def merge_bundles(paths: Sequence[Path], dest_root: Path) -> Path:
                                                     if node[k].isdigit() and mine(int(node[k]), b)})
             learned = one if learned is None else learned.merged(one)
     obs = Observation.of(samples=stacks, probes=probes, metrics=metrics, logs=logs, processes=processes,
-                         rank_nodes=rank_nodes, learned=learned)
+                         rank_nodes=rank_nodes, learned=learned, words=words_of(bundles[0]))
     verdict = detect(obs, thresholds_from(first.thresholds), t)
     lost = missing_nodes(rank_nodes, nodes)
     # Each node's own check from the bundle that holds the node: the side with the evidence names the node

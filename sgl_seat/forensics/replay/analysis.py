@@ -41,7 +41,9 @@ from sgl_seat.core.learned import LearnedThresholds, row_thresholds
 from sgl_seat.core.nodeloss import missing_nodes, names
 from sgl_seat.core.records import Frame, MetricsPoint, StackSample, ThreadStack
 from sgl_seat.core.stats import gather_bucket, percentile, rank_index
+from sgl_seat.core.vocabulary import EngineWords
 from sgl_seat.forensics.format.bundle import Bundle
+from sgl_seat.forensics.format.extras import words_of
 from sgl_seat.forensics.format.request_table import RequestTable
 from sgl_seat.forensics.replay.redetect import learned_of, thresholds_of
 
@@ -585,19 +587,20 @@ def activity(bundle: Bundle, trig: float) -> dict[str, Any]:
         s = _series(window, name)
         return _r(max(v for _, v in s)) if s else None
 
-    out["running_reqs_last"] = last("sglang:num_running_reqs")
-    out["running_reqs_max"] = peak("sglang:num_running_reqs")
-    out["queue_reqs_last"] = last("sglang:num_queue_reqs")
-    out["token_usage_last"] = last("sglang:token_usage")
+    w = words_of(bundle)
+    out["running_reqs_last"] = last(w.running)
+    out["running_reqs_max"] = peak(w.running)
+    out["queue_reqs_last"] = last(w.queued)
+    out["token_usage_last"] = last(w.kv_usage)
     # SGLang exports the gauge at 0.0 when no draft runs (an accepted length is >= 1 whenever one does): no figure.
-    acc = [(t, v) for t, v in _series(window, "sglang:spec_accept_length") if v > 0]
+    acc = [(t, v) for t, v in _series(window, w.accept_length) if v > 0]
     out["spec_accept_length_mean"] = _r(sum(v for _, v in acc) / len(acc)) if acc else None
     out["spec_accept_length_last"] = _r(acc[-1][1]) if acc else None
-    gen = _series(pts, "sglang:generation_tokens_total")
-    rates = throughput_series(pts)
+    gen = _series(pts, w.generated)
+    rates = throughput_series(pts, w)
     win_rates = [r for t, r in rates if t >= trig - ACTIVITY_WINDOW_S]
     out["throughput_tok_s_mean"] = (_r(sum(win_rates) / len(win_rates), 1) if win_rates
-                                    else last("sglang:gen_throughput"))
+                                    else last(w.gen_throughput))
     out["throughput_tok_s_last"] = _r(win_rates[-1], 1) if win_rates else None
     last_progress = None
     for (_t0, v0), (t1, v1) in itertools.pairwise(gen):
@@ -623,15 +626,16 @@ def _requests_before(reqs: RequestTable, trig: float) -> dict[str, Any]:
     }
 
 
-def throughput_series(points: Sequence[MetricsPoint]) -> list[tuple[float, float]]:
-    """Generated tokens per second between successive scrapes (counter resets clamp to 0)."""
-    gen = _series(sorted(points, key=lambda p: p.t), "sglang:generation_tokens_total")
+def throughput_series(points: Sequence[MetricsPoint], words: EngineWords) -> list[tuple[float, float]]:
+    """Generated tokens per second between successive scrapes (counter resets clamp to 0); else the engine's own
+    throughput gauge, where it has one."""
+    gen = _series(sorted(points, key=lambda p: p.t), words.generated)
     out = []
     for (t0, v0), (t1, v1) in itertools.pairwise(gen):
         if t1 > t0:
             out.append((t1, max(0.0, (v1 - v0) / (t1 - t0))))
     if not out:
-        out = _series(points, "sglang:gen_throughput")
+        out = _series(points, words.gen_throughput)
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from sgl_seat import __version__
 from sgl_seat.core.stats import gather_bucket_label
+from sgl_seat.forensics.format.extras import words_of
 from sgl_seat.forensics.replay.agree import age_words, cause_lines, progress_words, seconds, threshold_words
 from sgl_seat.forensics.replay.analysis import rowfetch_scatter, throughput_series
 from sgl_seat.forensics.replay.replayer import ReplayResult
@@ -275,10 +276,10 @@ def _timeline_plot(result: ReplayResult) -> str:
 
 def _throughput_plot(result: ReplayResult) -> str:
     trig = result.analysis.trigger_t
-    series = [(t - trig, v) for t, v in throughput_series(result.bundle.metrics) if t <= trig + 5]
-    running = [(p.t - trig, p.values["sglang:num_running_reqs"]) for p in sorted(result.bundle.metrics,
-                                                                                key=lambda p: p.t)
-               if "sglang:num_running_reqs" in p.values and p.t <= trig + 5]
+    w = words_of(result.bundle)
+    series = [(t - trig, v) for t, v in throughput_series(result.bundle.metrics, w) if t <= trig + 5]
+    running = [(p.t - trig, p.values[w.running]) for p in sorted(result.bundle.metrics, key=lambda p: p.t)
+               if w.running in p.values and p.t <= trig + 5]
     if not series and not running:
         return _Plot("plot-throughput", "throughput before the trigger: no metrics", x=(0, 1), y=(0, 1), xlabel="s",
                      ylabel="", h=120).svg()

@@ -16,6 +16,7 @@ import numpy as np
 
 from sgl_seat import __version__
 from sgl_seat.core.records import Frame, StackSample
+from sgl_seat.forensics.format.extras import words_of
 from sgl_seat.forensics.replay.analysis import throughput_series
 from sgl_seat.forensics.replay.replayer import ReplayResult
 
@@ -133,13 +134,14 @@ def chrome_trace(result: ReplayResult) -> dict[str, Any]:
     seat_pid = 1000
     ev.append({"ph": "M", "name": "process_name", "pid": seat_pid, "tid": 0,
                "args": {"name": "seat (rank 0 /metrics)"}})
-    for t, rate in throughput_series(b.metrics):
+    w = words_of(b)
+    for t, rate in throughput_series(b.metrics, w):
         ev.append({"ph": "C", "pid": seat_pid, "tid": 0, "name": "throughput tok/s", "ts": us(t),
                    "args": {"tok/s": round(rate, 3)}})
     for p in sorted(b.metrics, key=lambda p: p.t):
-        if "sglang:num_running_reqs" in p.values:
+        if w.running in p.values:
             ev.append({"ph": "C", "pid": seat_pid, "tid": 0, "name": "running requests", "ts": us(p.t),
-                       "args": {"running": p.values["sglang:num_running_reqs"]}})
+                       "args": {"running": p.values[w.running]}})
     v = result.verdict
     ev.append({"ph": "i", "s": "g", "pid": seat_pid, "tid": 0, "ts": us(trig),
                "name": f"trigger: {v.kind.value} rank {v.rank}" if v else "trigger",

@@ -17,7 +17,7 @@ from sgl_seat.core.observation import Observation
 from sgl_seat.core.records import Verdict
 from sgl_seat.core.warning import PreHangWarning, WarningRule, first_warning
 from sgl_seat.forensics.format.bundle import Bundle
-from sgl_seat.forensics.format.extras import learned_of, why_missing
+from sgl_seat.forensics.format.extras import learned_of, why_missing, words_of
 from sgl_seat.spec import WatchdogSpec
 
 __all__ = ["WARNING_LOOKBACK_S", "first_warning_before", "learned_of", "observation_of", "rerun_detectors",
@@ -34,7 +34,7 @@ def observation_of(bundle: Bundle) -> Observation:
     fixed thresholds, as it was written before they were learned)."""
     b, m = bundle, bundle.manifest
     return Observation.of(samples=b.stacks, probes=b.probes, metrics=b.metrics, logs=b.logs, processes=b.processes,
-                          rank_nodes=m.rank_nodes, learned=learned_of(bundle))
+                          rank_nodes=m.rank_nodes, learned=learned_of(bundle), words=words_of(bundle))
 
 
 def thresholds_of(bundle: Bundle) -> WatchdogSpec:

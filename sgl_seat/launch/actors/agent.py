@@ -27,12 +27,12 @@ from typing import Any
 
 from sgl_seat import envcompat
 from sgl_seat.engines import backend_for, preflight, preflight_facts
-from sgl_seat.engines.base import engine_venv
 from sgl_seat.engines.preflight import Check, Failure
 from sgl_seat.launch.host import processgroups
 from sgl_seat.launch.seatrecord.home import host_id, logs_dir, seat_home
 from sgl_seat.niceness import restore_raylet_niceness
 from sgl_seat.plan import LaunchPlan, NodePlan, Placeholder
+from sgl_seat.probe.writer import ENV_RANK_TITLE
 from sgl_seat.procstate import state_name
 from sgl_seat.watchdog import boot_dir
 from sgl_seat.watchdog.config import metrics_port_for
@@ -56,8 +56,11 @@ def tail_lines(path: Path, n: int, *, max_bytes: int = 1 << 20) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
 
 
-def engine_env(node: NodePlan, base: dict[str, str], gpu_ids: list[str]) -> dict[str, str]:
+def engine_env(node: NodePlan, base: dict[str, str], gpu_ids: list[str], *, rank_title: str = "") -> dict[str, str]:
     """The engine's environment: the agent's, then the plan's per-node env, then Ray's GPUs explicitly.
+
+    ``rank_title``: the engine's rank process title at one rank (its backend's words), for the probe, which reads a
+    process's rank from its title and names no engine itself (``probe.writer.ENV_RANK_TITLE``).
 
     Ray sets ``CUDA_VISIBLE_DEVICES`` in the actor's own environment, but whether it does depends
     on flags that changed across Ray versions (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``,
@@ -76,6 +79,8 @@ def engine_env(node: NodePlan, base: dict[str, str], gpu_ids: list[str]) -> dict
         env["PATH"] = os.pathsep.join([bindir, *parts])
     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if rank_title:
+        env.setdefault(ENV_RANK_TITLE, rank_title)
     return env
 
 
@@ -138,7 +143,8 @@ class NodeAgent:
         # ${watchdog_boot}: this node's directory of the probe loader (sgl_seat.watchdog.boot_dir, issue 5).
         plan = plan.fill({Placeholder.AGENT_PYTHON: sys.executable, Placeholder.WATCHDOG_BOOT: boot_dir(),
                           Placeholder.REQUEST_LOG_DIR: str(self.request_log_dir),
-                          Placeholder.ENGINE_VENV: engine_venv(), Placeholder.SEAT_FILES: str(self.files_dir)})
+                          Placeholder.ENGINE_VENV: self.backend.engine_venv(),
+                          Placeholder.SEAT_FILES: str(self.files_dir)})
         self._write_files(plan)
         return plan, plan.nodes[self.node_rank]
 
@@ -193,7 +199,7 @@ class NodeAgent:
         left = [p.value for p in Placeholder if any(p.value in a for a in (*node.command, *dict(node.env).values()))]
         if left:
             raise RuntimeError(f"node {self.node_rank}: plan still has placeholders {left}")
-        env = engine_env(node, dict(os.environ), self._gpu_ids())
+        env = engine_env(node, dict(os.environ), self._gpu_ids(), rank_title=self.backend.words.rank_title)
         if str(self.request_log_dir) in node.command:  # request text may land there: owner only
             self.request_log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.request_log_dir, 0o700)
@@ -260,7 +266,7 @@ class NodeAgent:
         infos = [i for i in (processgroups.info(p) for p in live) if i is not None]
         for i in infos:
             self.known[i.pid] = i.create_time
-            if i.title.startswith("sglang::"):
+            if self.backend.words.is_engine_title(i.title):
                 self.rank_pids.setdefault(i.title, (i.pid, i.create_time))
         live_pids = {i.pid for i in infos}
         ranks = []
@@ -313,7 +319,7 @@ class NodeAgent:
         return json.dumps(self.state())
 
     def wait_listening(self, addr: str, port: int, timeout: float) -> str:
-        """Node 0: wait until the engine listens on its dist-init port; stop early if it dies."""
+        """Node 0: wait until the engine listens on ``port`` (its backend's startup port); stop early if it dies."""
         deadline = time.monotonic() + timeout
         err: str | None = "not tried"
         while time.monotonic() < deadline:

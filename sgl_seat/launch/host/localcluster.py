@@ -118,6 +118,20 @@ def _snapshot(pid: int) -> list[dict[str, Any]]:
 
 # -- the holder (runs in its own process) ----------------------------------------------------------
 
+#: What a one-host rehearsal cluster leaves out of Ray's head, none of which sgl-seat reads: the autoscaler's
+#: monitor (nothing scales: placement.py reports a group that cannot be placed itself), the log monitor (every
+#: driver connects with ``log_to_driver=False``; workers' logs stay in their files), Ray's own metrics and event
+#: statistics, and its task events but every 5 s (for Ray's state API, which sgl-seat does not call); and its raylets
+#: report resources each second, not each 100 ms. Idle, such a cluster (a head and two
+#: nodes) took 0.41 of a core here with Ray's defaults and 0.16 with these (30 s of CPU time summed per process,
+#: 2026-12-06): on the 2 cores a CI run shares among two or three clusters, engines and tests, that is CPU the
+#: tests' own deadlines need.
+QUIET_HEAD: dict[str, Any] = {
+    "no_monitor": True, "include_log_monitor": False,
+    "_system_config": {"enable_metrics_collection": False, "event_stats": False,
+                       "raylet_report_resources_period_milliseconds": 1000, "task_events_report_interval_ms": 5000},
+}
+
 #: Ray gives a new node a fixed 30 s to register with the GCS (``ray._private.node``, not configurable); on a
 #: loaded host (a CI machine running three test streams on 2 cores) a raylet can miss it. The holder then stops
 #: everything that attempt started and begins again, this many attempts in all.
@@ -143,7 +157,7 @@ def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_no
         try:
             cluster = cluster_cls(initialize_head=True, head_node_args={
                 "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
-                "node_ip_address": "127.0.0.1", "gcs_server_port": port or any_free_port(),
+                "node_ip_address": "127.0.0.1", "gcs_server_port": port or any_free_port(), **QUIET_HEAD,
             })
             host_gpus = host_gpu_count()
             for i in range(nodes):

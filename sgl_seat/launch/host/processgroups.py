@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import psutil
 
+from sgl_seat.engines import is_engine_title
 from sgl_seat.errors import FormatVersionError
 
 
@@ -42,12 +43,13 @@ class ProcInfo:
 
 
 def title_of(p: psutil.Process) -> str:
-    """SGLang-style title (``cmdline()[0]`` after setproctitle), else the command line."""
+    """An engine's title (``cmdline()[0]`` after setproctitle: any engine's :class:`EngineWords` title), else the
+    command line, else the name."""
     try:
         cmd = p.cmdline()
     except (psutil.Error, OSError):
         cmd = []
-    if cmd and cmd[0].startswith("sglang::"):
+    if cmd and is_engine_title(cmd[0]):
         return cmd[0]
     text = " ".join(c for c in cmd if c)
     if text:

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgl_seat.engines import hostlayout
-from sgl_seat.engines.packtargets import PackTarget, TrimRule
+from sgl_seat.engines.offline import hostlayout
+from sgl_seat.engines.offline.packtargets import PackTarget, TrimRule
 from sgl_seat.errors import UsageError
 
 MANIFEST_SCHEMA_VERSION = hostlayout.MANIFEST_SCHEMA_VERSION
@@ -74,7 +74,8 @@ def trim(site: Path, rules: Iterable[TrimRule]) -> list[LeftOut]:
         found = matches(site, rule)
         if not found:
             raise UsageError(f"trim rule {rule.pattern!r} matches nothing under {site}",
-                             fix="the pinned wheels changed: update the target's trim rules in engines/packtargets.py")
+                             fix="the pinned wheels changed: update the target's trim rules in "
+                                 "engines/offline/packtargets.py")
         out.append(LeftOut(rule.pattern, rule.reason, len(found), sum(f.stat().st_size for f in found)))
         for f in found:
             f.unlink()
@@ -147,7 +148,7 @@ def pip_fetch(t: PackTarget, wheels: Path, say: Callable[[str], None]) -> None:
 
 def checkout_wheel(wheels: Path, say: Callable[[str], None]) -> Path:
     """sgl-seat itself as a wheel, built from the checkout this code runs from (``pip wheel --no-deps``)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "pyproject.toml").is_file():
         raise UsageError("this target carries sgl-seat itself, built from a checkout, and this sgl-seat is installed "
                          "from a wheel", fix="run `sgl-seat engine pack` from a checkout of sgl-seat")
