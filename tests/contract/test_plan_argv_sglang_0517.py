@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,40 +33,66 @@ REPO = Path(__file__).resolve().parents[2]
 OVERLAY = Path(os.environ.get("SGLSEAT_CACHE", Path.home() / ".cache" / "sgl-seat")) / "sglang-0.5.17-parser"
 ENGINE = Path(engine_venv())
 ENGINE_PYTHON = ENGINE / "bin" / "python"
-#: Parses each argv list of stdin's JSON with 0.5.17's parser; one JSON answer: the version and, per list, the
-#: namespace or argparse's error.
+#: Parses each argv list of each stdin line's JSON with 0.5.17's parser; one JSON answer a line: the version and, per
+#: list, the namespace or argparse's error. One child serves the module's tests: SGLang's import is most of its cost.
 _CHILD = r"""
 import argparse, contextlib, io, json, sys
 import sglang
 from sglang.srt.server_args import ServerArgs
-out = {"version": sglang.__version__, "file": sglang.__file__, "parsed": []}
-for argv in json.load(sys.stdin):
-    p = argparse.ArgumentParser(prog="sglang.launch_server")
-    ServerArgs.add_cli_args(p)
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            ns = p.parse_args(argv)
-        out["parsed"].append({"ok": True, "ns": {k: v for k, v in vars(ns).items()
-                                                 if isinstance(v, (str, int, float, bool, type(None), list))}})
-    except SystemExit:
-        out["parsed"].append({"ok": False, "error": err.getvalue().strip().splitlines()[-1:]})
-print(json.dumps(out))
+for line in sys.stdin:
+    out = {"version": sglang.__version__, "file": sglang.__file__, "parsed": []}
+    for argv in json.loads(line):
+        p = argparse.ArgumentParser(prog="sglang.launch_server")
+        ServerArgs.add_cli_args(p)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                ns = p.parse_args(argv)
+            out["parsed"].append({"ok": True, "ns": {k: v for k, v in vars(ns).items()
+                                                     if isinstance(v, (str, int, float, bool, type(None), list))}})
+        except SystemExit:
+            out["parsed"].append({"ok": False, "error": err.getvalue().strip().splitlines()[-1:]})
+    print(json.dumps(out), flush=True)
 """
 
+Parse = Callable[[list[list[str]]], dict[str, Any]]
 
-def _parse_0517(argvs: list[list[str]]) -> dict[str, Any]:
+
+@pytest.fixture(scope="module")
+def parse_0517() -> Iterator[Parse]:
+    """0.5.17's parser in one child for the module: a call sends argv lists and reads their answer line."""
     require(OVERLAY.joinpath("sglang", "srt", "server_args.py").is_file() and ENGINE_PYTHON.is_file(),
             "SGLang 0.5.17's parser is not installed (scripts/install-sglang-0517-parser.sh; .venv-sglang)")
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(OVERLAY), "HOME": os.environ.get("HOME", "/root"),
            "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "LD_LIBRARY_PATH": str(ENGINE / "lib" / "sgl-seat-stub")}
-    res = subprocess.run([str(ENGINE_PYTHON), "-c", _CHILD], input=json.dumps(argvs), env=env, capture_output=True,
-                         text=True, timeout=CHILD_S, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
-    assert doc["version"] == "0.5.17" and doc["file"].startswith(str(OVERLAY)), doc
-    return doc
+    with tempfile.TemporaryFile("w+") as errors, subprocess.Popen(
+            [str(ENGINE_PYTHON), "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            env=env, text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+
+        def parse(argvs: list[list[str]]) -> dict[str, Any]:
+            stdin.write(json.dumps(argvs) + "\n")
+            stdin.flush()
+            ready, _, _ = select.select([stdout], [], [], CHILD_S)
+            line = stdout.readline() if ready else ""
+            if not line:
+                errors.seek(0)
+                pytest.fail(f"0.5.17's parser gave no answer within {CHILD_S} s:\n{errors.read()[-3000:]}")
+            doc: dict[str, Any] = json.loads(line)
+            assert doc["version"] == "0.5.17" and doc["file"].startswith(str(OVERLAY)), doc
+            return doc
+
+        try:
+            yield parse
+        finally:
+            stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
@@ -98,7 +127,7 @@ def _h200_plans(tmp_path: Path) -> list[tuple[str, Any, Any]]:
 
 
 def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parse_0517: Parse) -> None:
     monkeypatch.setenv("SGLSEAT_SIZING", "mirror")  # the lines are the point; sizing is held elsewhere
     plans = _h200_plans(tmp_path)
     argvs = []
@@ -106,7 +135,7 @@ def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
         (node,) = plan.nodes
         assert node.command[1:3] == ("-m", backend_for(spec.engine).module)
         argvs.append(list(node.command[3:]))
-    doc = _parse_0517(argvs)
+    doc = parse_0517(argvs)
     for (arm, spec, plan), got in zip(plans, doc["parsed"], strict=True):
         assert got["ok"], f"{arm}: SGLang 0.5.17 refuses the plan's line: {got['error']}"
         ns = got["ns"]
@@ -132,18 +161,18 @@ def test_every_h200_line_parses_with_sglang_0517_and_means_what_the_plan_meant(
             assert (ns["speculative_num_steps"], ns["speculative_eagle_topk"]) == (spec.draft.steps, 1)
 
 
-def test_sglang_0517s_parser_really_refuses_what_it_does_not_know() -> None:
+def test_sglang_0517s_parser_really_refuses_what_it_does_not_know(parse_0517: Parse) -> None:
     """The child is 0.5.17's parser, not a permissive stand-in: a flag only 0.5.23 has, an invented one and a
     backend outside 0.5.17's choices are refused."""
-    doc = _parse_0517([["--model-path", "/m", "--enable-hicache"],
+    doc = parse_0517([["--model-path", "/m", "--enable-hicache"],
                        ["--model-path", "/m", "--speculative-disable-by-batch-size", "8"],
                        ["--model-path", "/m", "--attention-backend", "no-such-backend"],
                        ["--model-path", "/m", "--cuda-graph-max-bs-decode", "8"]])
     assert [p["ok"] for p in doc["parsed"]] == [False, False, False, True]
 
 
-def test_the_tp2_seats_lines_parse_on_both_nodes_with_sglang_0517(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tp2_seats_lines_parse_on_both_nodes_with_sglang_0517(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  parse_0517: Parse) -> None:
     """h200x2-tp2 (TP2 across two Ray nodes of one H200 each): both nodes' lines, draft off, EAGLE and STANDALONE,
     parse with 0.5.17's parser as the plan meant them (node rank, nnodes, dist-init, the draft), and every engine's
     environment keeps NVLink multicast off."""
@@ -173,7 +202,7 @@ def test_the_tp2_seats_lines_parse_on_both_nodes_with_sglang_0517(tmp_path: Path
                 == ("0", "1", "1")
             lines.append(list(node.command[3:]))
             meant.append((arm, node.node_rank, spec))
-    doc = _parse_0517(lines)
+    doc = parse_0517(lines)
     for (arm, rank, spec), got in zip(meant, doc["parsed"], strict=True):
         assert got["ok"], f"{arm} node {rank}: SGLang 0.5.17 refuses the plan's line: {got['error']}"
         ns = got["ns"]

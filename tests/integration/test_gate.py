@@ -215,6 +215,7 @@ def _tuned_seat(tmp: Path) -> Path:
     return tmp / "seats" / "local-sim.yaml"
 
 
+@pytest.mark.slow  # full tier only (README, "The tests")
 def test_gate_tune_plan_then_gate_the_hybrid(battery: tuple[Path, dict, str], engines: dict[str, str],
                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GIVEN the battery's report (draft on vs off, a crossover) WHEN `tune draft` writes the seat's policy, `plan

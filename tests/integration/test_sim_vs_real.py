@@ -57,7 +57,7 @@ from sgl_seat.spec import WatchdogSpec, load_spec, parse_spec
 from sgl_seat.watchdog.pyspy import find_pyspy, pyspy_dump
 from sgl_seat.watchdog.sources import parse_metrics_text
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # full tier only (README, "The tests")
 
 WORDS = words_for("sglang")
 
