@@ -45,19 +45,20 @@ marker=(-m "not slow"); [ "$tier" = full ] && marker=()
 # Two slots at once, each part's output in its own log, printed when all have ended (tests/integration/conftest.py
 # says why the streams are cut this way):
 # - slot A: stream 'sglang' (the real SGLang and vLLM seats, each through a local Ray cluster of its own), then stream
-#   'ray' (the sim seats through local Ray clusters, then the gate's module);
-# - slot B, at niceness 10: ruff and mypy beside the unit and contract tests (two pytest-xdist workers; --dist
-#   loadfile keeps a module on one worker, so a contract module's fixtures are computed once:
-#   tests/contract/conftest.py); then, at the usual niceness, stream 'other' (the other integration modules without
-#   a local Ray cluster).
+#   'ray' (the sim seats through local Ray clusters);
+# - slot B: the unit and contract tests at niceness 10 (two pytest-xdist workers; --dist loadfile keeps a module on
+#   one worker, so a contract module's fixtures are computed once: tests/contract/conftest.py); then stream 'other'
+#   (the other integration modules, the gate's last) with ruff and mypy beside it at niceness 10.
 # The streams' tests have deadlines (a bundle within 10 s of a fault, an engine READY within its timeout, the gate's
 # timed arms), lint and the unit tests have none: so the streams run one after the other, never beside each other,
-# and slot B yields the CPU to them. With streams 'sglang' and 'ray' side by side beside slot B (load average 15-28
-# on the 2 cores, a stream's process getting 8 % of a core), real answers took over 120 s and the sim gate's arms
-# lost their shape (the CI runs of 2026-12-06 17:23 and 18:05); with all four at once, contract tests passed their
-# bounds. Each stream runs one module at a time.
-echo "== pytest ($tier tier): streams 'sglang' then 'ray', beside ruff, mypy, the unit and contract tests (niceness 10)" \
-  "then stream 'other' (printed when all end)"
+# and the rest yields the CPU to them. The first half (stream 'sglang' beside the unit tests) is what the CPU
+# limits; the second (streams 'ray' and 'other') mostly waits (about 40 % of both cores busy, the CI run of
+# 2026-12-06 21:27), so mypy runs there. With streams 'sglang' and 'ray' side by side beside the unit tests (load
+# average 15-28 on the 2 cores, a stream's process getting 8 % of a core), real answers took over 120 s and the sim
+# gate's arms lost their shape (the CI runs of 2026-12-06 17:23 and 18:05); with all four at once, contract tests
+# passed their bounds. Each stream runs one module at a time.
+echo "== pytest ($tier tier): streams 'sglang' then 'ray', beside the unit and contract tests (niceness 10) then" \
+  "stream 'other' with ruff and mypy (niceness 10) (printed when all end)"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
 title_of() {
@@ -86,8 +87,8 @@ stream() {
   SGLSEAT_STREAM=$1 python -m pytest -q -p no:cacheprovider "${marker[@]}" --junitxml="$run/$1.xml" tests/integration
 }
 ( run_part sglang stream sglang; run_part ray stream ray ) & pids+=($!)
-( ( renice -n 10 -p "$BASHPID" > /dev/null; run_part lint lint & run_part units units; wait ); run_part other stream other ) \
-  & pids+=($!)
+( ( renice -n 10 -p "$BASHPID" > /dev/null; run_part units units )
+  ( renice -n 10 -p "$BASHPID" > /dev/null; run_part lint lint ) & run_part other stream other; wait ) & pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid" || true; done
 rc=0
 for part in lint units sglang ray other; do

@@ -18,7 +18,8 @@ timeouts); one at a time they would not fit the CI tier's 20 minutes on 2 cores.
   side by side), and they take about a minute off the slot that runs ``sglang`` then ``ray``, the longer one.
 
 Stream ``sglang`` runs first, then ``ray``, in one slot; beside them the unit tests at niceness 10, then ``other``
-(scripts/test.sh says why: on a saturated 2-core box the streams' deadlines need the CPU). The port ranges of all
+with ruff and mypy at niceness 10 (scripts/test.sh says why: on a saturated 2-core box the streams' deadlines need
+the CPU). The port ranges of all
 three streams are disjoint, below Linux's ephemeral range (32768-60999: a fixed port in it can be taken at any moment
 as the local port of another process's outgoing connection) and above Ray's worker ports (10002-19999).
 
