@@ -13,11 +13,16 @@ Each step through the product's own commands:
 3. ``sgl-seat plan --seat COPY --draft on --json``: the adaptive flags and tier file the policy became, and what
    the hybrid keeps.
 
-THE MODEL IS RANDOM WEIGHTS (``--load-format dummy``): an 8B-shaped Llama (hidden 4096, 32 layers, 8 KV heads,
-vocabulary 1024) and a random one-layer EAGLE head, whose drafts are (almost) never accepted. Say so wherever a
-figure from here is shown. The spec copy takes the GPU's memory as measured here (draft_seat.gpu_facts).
+Without ``--trained`` THE MODEL IS RANDOM WEIGHTS (``--load-format dummy``): an 8B-shaped Llama (hidden 4096, 32
+layers, 8 KV heads, vocabulary 1024) and a random one-layer EAGLE head, whose drafts are (almost) never accepted.
+With ``--trained DIR --eagle-head HEAD`` the model is the trained SmolLM2-135M-Instruct (converted by
+``trainedmodel.py ensure``) and the draft the EAGLE-1 head ``sgl_seat/engines/eaglehead.py`` trained from the model's
+own answers (SGLang's flavour): the only trained draft the hybrid can run (SGLang's adaptive tiers take EAGLE with
+topk 1), on users' chat requests sampled as they are served (``bench/gpu/gate-workloads-trained.yaml``). Every
+figure names the model it came from. The spec copy takes the GPU's memory as measured here (draft_seat.gpu_facts).
 
     python bench/gpu/gate_seat.py --engine-venv ENG --out DIR [--home DIR] [--resume]
+        [--trained DIR --eagle-head HEAD] [--workloads FILE] [--arms A,B,...] [--hybrid-off-above N]
 
 Run by the image's Python with the seat package and this checkout on PYTHONPATH (docs/gpu-validation.md); it is
 long (about 17 minutes), so the device call starts it with setsid and later calls read DIR/progress.log. Writes
@@ -36,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import draft_seat  # a sibling script: the memory facts, the spec copy, the models, the CLI runner)
 
@@ -43,6 +50,15 @@ REPO = draft_seat.REPO
 ARMS = "baseline,candidate,hybrid"  # the control (A/A) too where the device time allows: --arms
 MODEL_NOTE = ("RANDOM WEIGHTS (--load-format dummy): 8B-shaped Llama, hidden 4096, 32 layers, vocabulary 1024; "
               "a random 1-layer EAGLE head (drafts almost never accepted); one H200, SGLang 0.5.17")
+
+
+def trained_note(head: Path, facts: dict[str, Any]) -> str:
+    """What the battery's figures come from, when the model is the trained one: the model, the draft, the GPU."""
+    from sgl_seat.engines import trainedmodel
+
+    return (f"TRAINED: {trainedmodel.TITLE} (bf16); draft: the EAGLE-1 head eaglehead.py trained from the model's own "
+            f"answers ({head.name}, 3 steps, topk 1, 4 draft tokens); {facts.get('device') or 'one GPU'}, "
+            "SGLang 0.5.17")
 
 
 def per_arm(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -75,31 +91,41 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true", help="continue the battery in OUT/battery")
     ap.add_argument("--arms", default=ARMS, help=f"the gate's --arms (default {ARMS})")
     ap.add_argument("--hybrid-off-above", type=int, default=4, help="the hybrid arm's draft.off_above")
+    ap.add_argument("--trained", type=Path, help="the trained model's directory on this host (trainedmodel.py's)")
+    ap.add_argument("--eagle-head", type=Path, help="with --trained: eaglehead.py's head for SGLang (its sglang/)")
+    ap.add_argument("--workloads", type=Path, help="the battery's workloads file (default: gate-workloads.yaml, or "
+                    "gate-workloads-trained.yaml with --trained)")
     ns = ap.parse_args()
+    if ns.trained is not None and ns.eagle_head is None:
+        ap.error("--trained needs --eagle-head: the hybrid runs an EAGLE draft (SGLang's adaptive tiers)")
     ns.out.mkdir(parents=True, exist_ok=True)
     eng = Path(ns.engine_venv).resolve()
     env = dict(os.environ, SGLSEAT_HOME=str(ns.home), SGLSEAT_ENGINE_VENV=str(eng),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1", NO_COLOR="1", COLUMNS="200")
-    doc: dict[str, Any] = {"model": MODEL_NOTE, "started": time.time()}
+    facts = draft_seat.gpu_facts(str(eng / "bin" / "python"))
+    model_note = MODEL_NOTE if ns.trained is None else trained_note(ns.eagle_head, facts)
+    doc: dict[str, Any] = {"model": model_note, "started": time.time(), "gpu_facts": facts}
+    if ns.eagle_head is not None:
+        doc["eagle_head"] = json.loads((ns.eagle_head / "sgl-seat-eagle-head.json").read_text())
     spec = ns.out / "h200-1-eagle.yaml"
     if not spec.is_file():  # a resumed run keeps its spec copy (and the policy tune may have written into it)
-        facts = draft_seat.gpu_facts(str(eng / "bin" / "python"))
-        doc["gpu_facts"] = facts
-        draft_seat.write_spec("eagle", facts, ns.out)
-        text = spec.read_text().replace("name: h200-1-eagle", "name: h200-gate")
+        draft_seat.write_spec("eagle", facts, ns.out, trained=ns.trained, eagle_head=ns.eagle_head)
+        seat = yaml.safe_load(spec.read_text())
+        seat["name"] = "h200-gate"
         # The hybrid arm's policy, set for this battery (the seat has none before its first gate): between the sweep's
         # first two levels, so the battery sees the hybrid drafting (1 request) and not (8, 32, 64). SGLang's default
         # tiers are not used: on this image 0.5.17 crashed capturing their 7-step state's graphs (run 1).
-        policy = f"\n  algorithm: EAGLE\n  off_above: {ns.hybrid_off_above}\n"
-        spec.write_text(text.replace("\n  algorithm: EAGLE\n", policy))
-    for m in draft_seat.MODELS[:2]:
+        seat["draft"]["off_above"] = ns.hybrid_off_above
+        spec.write_text(yaml.safe_dump(seat, sort_keys=False))
+    for m in draft_seat.MODELS[:2] if ns.trained is None else ():
         if not (eng / "models" / m / "config.json").is_file():
             made = draft_seat.cli(["model", "tiny", str(eng / "models" / m), "--config",
                                    str(REPO / "launch" / "models" / m)], env, 300)
             doc.setdefault("model_errors", []).append(made) if made["rc"] else None
     battery = ns.out / "battery"
-    args = ["gate", "--seat", str(spec), "--json", "--html", str(ns.out / "gate.html"), "--note", MODEL_NOTE]
-    workloads = REPO / "bench" / "gpu" / "gate-workloads.yaml"
+    args = ["gate", "--seat", str(spec), "--json", "--html", str(ns.out / "gate.html"), "--note", model_note]
+    workloads = ns.workloads or REPO / "bench" / "gpu" / ("gate-workloads.yaml" if ns.trained is None else
+                                                          "gate-workloads-trained.yaml")
     args += (["--resume", str(battery)] if ns.resume and battery.is_dir() else
              ["--arms", ns.arms, "--workloads", str(workloads), "--out", str(battery)])
     t0 = time.monotonic()
@@ -136,7 +162,7 @@ def main() -> int:
                               "command": (plan.get("nodes") or [{}])[0].get("command")}
     doc["finished"] = time.time()
     (ns.out / "gate_seat.json").write_text(json.dumps(doc, indent=1, default=str))
-    print(f"\nthe gate on the H200 ({MODEL_NOTE}):")
+    print(f"\nthe gate on {facts.get('device') or 'the GPU'} ({model_note}):")
     print(json.dumps(doc.get("verdict", {}).get("crossover")), doc.get("verdict", {}).get("verdict"),
           "hybrid:", doc.get("verdict", {}).get("hybrid"))
     for arm, f in (doc.get("arms") or {}).items():

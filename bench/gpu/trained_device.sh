@@ -14,11 +14,15 @@
 #                                                      in bf16, SGLang's sglang/ directory, 8 MB: it is kept in
 #                                                      /tmp/eaglehead, and ARGS may name --eagle-head /tmp/eaglehead
 #                                                      for the eagle arm)
+#   bash bench/gpu/trained_device.sh gate ARGS...      as start, but the gate's battery on the trained model
+#                                                      (bench/gpu/gate_seat.py --trained ... --eagle-head
+#                                                      /tmp/eaglehead ARGS: carry .carry/eaglehead with the GGUF's
+#                                                      last part), about 15 minutes: then poll
 #   bash bench/gpu/trained_device.sh poll [WAIT_S]     waits up to WAIT_S (default 540) for the bench to end
 # Each call ends by packing what there is into $OUT/trained-out.tgz. The GGUF (98 MB) is larger than one call's
 # carry, so it travels in three parts (split here with head/tail; their join is checked by the digest).
 set -u
-mode=${1:?engine, seat, start or poll}; shift
+mode=${1:?engine, seat, start, gate or poll}; shift
 out=/tmp/trained-out; parts=/tmp/gguf-parts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PY=/opt/torch/.venv/bin/python3
@@ -31,7 +35,7 @@ case $mode in
   seat)
     keep_parts
     $PY sgl_seat/engines/offline/hostlayout.py .carry/site /tmp/sgl-seat-site --no-check | tail -2 ;;
-  start)
+  start|gate)
     keep_parts
     rm -rf /tmp/repo && mkdir -p /tmp/repo $out
     tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
@@ -44,15 +48,16 @@ case $mode in
       2> $out/convert.log || { tail -20 $out/convert.log; }
     echo "converted in $((SECONDS - t0)) s: $(head -c 400 $out/convert.json)"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $out/gpu.txt
+    bench=draft_seat.py; [ "$mode" = gate ] && bench="gate_seat.py --eagle-head /tmp/eaglehead"
     (cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/sgl-seat-site/site PATH=/tmp/sgl-seat-site/site/bin:$PATH \
-       setsid nohup $PY bench/gpu/draft_seat.py --engine-venv /tmp/sgl-seat-eng --out $out \
+       setsid nohup $PY bench/gpu/$bench --engine-venv /tmp/sgl-seat-eng --out $out \
        --trained /tmp/models/smollm2-135m-instruct "$@" > /tmp/trained-run.log 2>&1 < /dev/null & echo $! > /tmp/trained.pid)
     set -- 420 ;;  # meant to end the call within its 600 s (one past it is killed, the bench with it); run 3 was
                    # still cut at 600 s with 420 here, not understood: draft_seat.py keeps each fault on disk as it comes
   poll) ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
-if [ "$mode" = start ] || [ "$mode" = poll ]; then
+if [ "$mode" = start ] || [ "$mode" = gate ] || [ "$mode" = poll ]; then
   wait_s=${1:-540}; deadline=$((SECONDS + wait_s))
   while [ $SECONDS -lt $deadline ] && kill -0 "$(cat /tmp/trained.pid 2>/dev/null)" 2>/dev/null; do sleep 5; done
   echo "== bench"; tail -25 /tmp/trained-run.log
