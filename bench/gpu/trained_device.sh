@@ -5,7 +5,10 @@
 #                                                      in /tmp/sgl-seat-eng, keeps the GGUF's first part
 #   bash bench/gpu/trained_device.sh seat              carry .carry/site .carry/gguf/b: lays out sgl-seat and Ray
 #                                                      in /tmp/sgl-seat-site, keeps the second part
-#   bash bench/gpu/trained_device.sh start ARGS...     carry .carry/gguf/c: joins the parts, checks the GGUF against
+#   bash bench/gpu/trained_device.sh parts             carry .carry/gguf/c (a GGUF part more, where the packages
+#                                                      and the working tree leave too little room in the calls
+#                                                      above: each call carries at most 64 MiB with the tree)
+#   bash bench/gpu/trained_device.sh start ARGS...     carry the last part: joins the parts, checks the GGUF against
 #                                                      the pinned sha256 and converts it to bf16 safetensors with the
 #                                                      engine package's own transformers (trainedmodel.py ensure),
 #                                                      then starts bench/gpu/draft_seat.py --trained with ARGS under
@@ -20,9 +23,9 @@
 #                                                      last part), about 15 minutes: then poll
 #   bash bench/gpu/trained_device.sh poll [WAIT_S]     waits up to WAIT_S (default 540) for the bench to end
 # Each call ends by packing what there is into $OUT/trained-out.tgz. The GGUF (98 MB) is larger than one call's
-# carry, so it travels in three parts (split here with head/tail; their join is checked by the digest).
+# carry, so it travels in parts (split here with head/tail; their join is checked by the digest).
 set -u
-mode=${1:?engine, seat, start, gate or poll}; shift
+mode=${1:?engine, seat, parts, start, gate or poll}; shift
 out=/tmp/trained-out; parts=/tmp/gguf-parts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PY=/opt/torch/.venv/bin/python3
@@ -32,6 +35,8 @@ case $mode in
   engine)
     keep_parts
     $PY sgl_seat/engines/offline/hostlayout.py .carry/eng /tmp/sgl-seat-eng --python $PY --no-check | tail -2 ;;
+  parts)
+    keep_parts ;;
   seat)
     keep_parts
     $PY sgl_seat/engines/offline/hostlayout.py .carry/site /tmp/sgl-seat-site --no-check | tail -2 ;;
@@ -40,7 +45,7 @@ case $mode in
     rm -rf /tmp/repo && mkdir -p /tmp/repo $out
     tar --exclude=./.carry --exclude=./.venv --exclude=./.venv-sglang -cf - . | tar -xf - -C /tmp/repo
     [ -d .carry/eaglehead ] && rm -rf /tmp/eaglehead && cp -r .carry/eaglehead/sglang /tmp/eaglehead
-    cat $parts/part-0 $parts/part-1 $parts/part-2 > /tmp/smollm2.gguf
+    cat $parts/part-* > /tmp/smollm2.gguf  # part-0, part-1, ... in order
     export SGLSEAT_CACHE=/tmp/sgl-seat-cache
     t0=$SECONDS
     (cd /tmp/repo && PYTHONPATH=/tmp/repo /tmp/sgl-seat-eng/bin/python sgl_seat/engines/trainedmodel.py ensure \
