@@ -112,8 +112,9 @@ def main() -> int:
         draft_seat.write_spec("eagle", facts, ns.out, trained=ns.trained, eagle_head=ns.eagle_head)
         seat = yaml.safe_load(spec.read_text())
         seat["name"] = "h200-gate"
-        # The hybrid arm's policy, set for this battery (the seat has none before its first gate): between the sweep's
-        # first two levels, so the battery sees the hybrid drafting (1 request) and not (8, 32, 64). SGLang's default
+        # The hybrid arm's policy, set for this battery (the seat has none before its first gate): low in the sweep,
+        # so the battery sees the hybrid drafting and not (the default 4: drafting at 1 request and not at 8, 32, 64
+        # in gate-workloads.yaml; at 1 and 4 and not at 16, 64 in gate-workloads-trained.yaml). SGLang's default
         # tiers are not used: on this image 0.5.17 crashed capturing their 7-step state's graphs (run 1).
         seat["draft"]["off_above"] = ns.hybrid_off_above
         spec.write_text(yaml.safe_dump(seat, sort_keys=False))
