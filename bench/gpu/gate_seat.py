@@ -141,6 +141,8 @@ def main() -> int:
     except ValueError:
         rep = None
         doc["gate"]["stdout"] = p.stdout[-4000:]
+    if rep is not None and "design" not in rep:  # the gate's --json error document, not a report
+        doc["gate"]["error"], rep = rep, None
     if rep is not None:
         from sgl_seat.gate.report_text import render_text
 

@@ -301,6 +301,12 @@ def write_for(head: _Head, report: dict[str, Any], model_dir: Path, out: Path, e
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg.update(num_hidden_layers=1, architectures=[ARCHITECTURE[engine]], dtype=dtype)
     cfg.pop("torch_dtype", None)
+    if engine == "sglang":
+        # SGLang's EAGLE worker hands the head the target's embedding and head (``set_embed_and_head``: ``del
+        # model.embed_tokens.weight`` then ``del lm_head.weight``); a tied config makes those one module, and the
+        # second ``del`` fails at start ("'VocabParallelEmbedding' object has no attribute 'weight'", 0.5.17 on an
+        # H100 with SmolLM2's tied config). The head holds neither, so untied costs nothing.
+        cfg["tie_word_embeddings"] = False
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=False)
     sd = {k: v.to(getattr(torch, dtype)) for k, v in head.state_dict(fc_bias=engine == "sglang").items()}

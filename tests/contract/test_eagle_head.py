@@ -91,7 +91,8 @@ def child(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("eagle")
     (out / "target").mkdir()
     (out / "target" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "torch_dtype": "float32"}))
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "torch_dtype": "float32",
+        "tie_word_embeddings": True}))  # as SmolLM2's
     res = subprocess.run([str(python), "-c", _CHILD, str(REPO / "sgl_seat" / "engines"), str(out)],
                          capture_output=True, text=True, timeout=CHILD_S, check=False,
                          env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"),
@@ -116,6 +117,9 @@ def test_each_engine_gets_the_names_and_the_architecture_it_loads(child: dict[st
     assert sglang["names"] == sorted(["fc.bias", "fc.weight", *layer]) and sglang["fc_bias_zero"] is True
     assert vllm["config"]["architectures"] == ["LlamaForCausalLM"]
     assert sglang["config"]["architectures"] == ["LlamaForCausalLMEagle"]
+    # SGLang replaces the head's embedding and head by the target's one after the other: tied, they are one module
+    # and its start fails (eaglehead.write_for); vLLM served the tied config (bench/vllm/eagle_acceptance.py)
+    assert sglang["config"]["tie_word_embeddings"] is False and vllm["config"]["tie_word_embeddings"] is True
     for w in (vllm, sglang):
         assert w["dtypes"] == ["torch.bfloat16"] and w["config"]["num_hidden_layers"] == 1
         assert w["config"]["dtype"] == "bfloat16" and "torch_dtype" not in w["config"]

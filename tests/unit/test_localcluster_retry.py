@@ -26,6 +26,7 @@ class FakeCluster:
 
     def __init__(self, *, initialize_head: bool, head_node_args: dict[str, Any]) -> None:
         assert initialize_head and head_node_args["node_ip_address"] == "127.0.0.1"
+        self.head_args = head_node_args
         self.nodes: list[dict[str, float]] = []
         self.shut = False
         FakeCluster.built.append(self)
@@ -78,3 +79,19 @@ def test_any_other_failure_is_not_retried(fake: list[int]) -> None:
     with pytest.raises(Exception, match="already in use"):
         _start()
     assert len(FakeCluster.built) == 1
+
+
+def test_a_drawn_gcs_port_is_never_one_ray_takes_for_another_component(fake: list[int],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # On an H100 host the free port drawn for the GCS was 52365, the dashboard agent's default, and Ray refused the
+    # head ("trying to use a port number 52365 that is used by other components").
+    drawn = iter([52365, 8265, 6379, 10001, 41234])
+    monkeypatch.setattr(lc, "any_free_port", lambda: next(drawn))
+    cluster = _start()
+    assert cluster.head_args["gcs_server_port"] == 41234
+
+
+def test_a_port_the_caller_names_is_kept(fake: list[int]) -> None:
+    cluster = lc.start_nodes(FakeCluster, nodes=1, gpus_per_node=0, cpus_per_node=1, port=45678,
+                             stop=threading.Event())
+    assert cluster.head_args["gcs_server_port"] == 45678

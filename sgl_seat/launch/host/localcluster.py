@@ -148,6 +148,18 @@ def _stop_descendants() -> None:
     psutil.wait_procs(kids, timeout=10)
 
 
+#: Ports Ray's head takes by default for its other components (``ray._private.ray_constants``: the dashboard agent's
+#: HTTP 52365, the dashboard 8265, the GCS 6379, the client server 10001): a GCS port drawn at random that is one of
+#: them stops the head ("trying to use a port number 52365 that is used by other components", an H100 host).
+RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 52365})
+
+
+def _gcs_port() -> int:
+    while (p := any_free_port()) in RAY_DEFAULT_PORTS:
+        pass
+    return p
+
+
 def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_node: int, port: int,
                 stop: threading.Event, attempts: int = START_ATTEMPTS) -> Any:
     """A ``cluster_cls`` (Ray's ``Cluster``) with a head and ``nodes`` simulated nodes, started over (up to
@@ -157,7 +169,7 @@ def start_nodes(cluster_cls: Any, *, nodes: int, gpus_per_node: int, cpus_per_no
         try:
             cluster = cluster_cls(initialize_head=True, head_node_args={
                 "num_cpus": 0, "num_gpus": 0, "include_dashboard": False, "dashboard_host": "127.0.0.1",
-                "node_ip_address": "127.0.0.1", "gcs_server_port": port or any_free_port(), **QUIET_HEAD,
+                "node_ip_address": "127.0.0.1", "gcs_server_port": port or _gcs_port(), **QUIET_HEAD,
             })
             host_gpus = host_gpu_count()
             for i in range(nodes):
