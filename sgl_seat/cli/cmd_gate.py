@@ -82,9 +82,9 @@ def gate(
     urls = parse_urls(url or [])
     spec = None
     if not urls:  # arms brought up from a spec (a resumed battery too)
-        path, note = choose_seat(seat)
-        if note:
-            err_console.print(note)
+        path, seat_note = choose_seat(seat)  # its own name: --note is the operator's words for the report
+        if seat_note:
+            err_console.print(seat_note)
         spec = load_spec(path).with_port_base(port_base)
     arm_list = parse_arms(arms)
     if urls:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 import sgl_seat.gate as gate_pkg
 from sgl_seat.cli.main import app
+from sgl_seat.errors import SeatError
 from sgl_seat.gate import EXIT_CODES, exit_code
 from sgl_seat.gate.design import schedule
 from sgl_seat.gate.runner import BatteryDir
@@ -142,3 +143,20 @@ def test_a_hybrid_arm_without_a_candidate_is_its_own_subject() -> None:
 
     assert parse_arms("baseline,hybrid,control") == ["baseline", "hybrid", "control"]
     assert parse_arms("baseline,candidate,hybrid,control") == ["baseline", "candidate", "hybrid", "control"]
+
+
+def test_the_operators_note_reaches_the_battery_with_arms_from_a_seat(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN `gate --seat SEAT --note WORDS` WHEN the gate starts THEN the battery gets the operator's words (the seat
+    chooser's own note once replaced them, so the trained model's battery on the GPU came back unnamed)."""
+    got: list[Any] = []
+
+    def run_gate(opts: Any, **_kw: Any) -> Any:
+        got.append(opts)
+        raise SeatError("stop here", fix="-")
+
+    monkeypatch.setattr(gate_pkg, "run_gate", run_gate)
+    res = CliRunner().invoke(app, ["gate", "--seat", "h200-1", "--note", "TRAINED: the model, the draft, the GPU",
+                                   "--out", str(tmp_path / "b")], env={"SGLSEAT_HOME": str(tmp_path / "home")})
+    assert isinstance(res.exception, SeatError) and got, res.output
+    assert got[0].note == "TRAINED: the model, the draft, the GPU" and got[0].spec is not None
