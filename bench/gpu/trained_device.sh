@@ -54,9 +54,13 @@ case $mode in
     echo "converted in $((SECONDS - t0)) s: $(head -c 400 $out/convert.json)"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $out/gpu.txt
     bench=draft_seat.py; [ "$mode" = gate ] && bench="gate_seat.py --eagle-head /tmp/eaglehead"
+    # The bench's end is a file it leaves (its exit status), not its pid: a pid kept by one call did not answer
+    # kill -0 in the next (2026-12-07: poll returned at once while the battery ran on).
+    rm -f /tmp/trained.done
     (cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/sgl-seat-site/site PATH=/tmp/sgl-seat-site/site/bin:$PATH \
-       setsid nohup $PY bench/gpu/$bench --engine-venv /tmp/sgl-seat-eng --out $out \
-       --trained /tmp/models/smollm2-135m-instruct "$@" > /tmp/trained-run.log 2>&1 < /dev/null & echo $! > /tmp/trained.pid)
+       setsid nohup bash -c '"$@"; echo $? > /tmp/trained.done' bench $PY bench/gpu/$bench \
+       --engine-venv /tmp/sgl-seat-eng --out $out --trained /tmp/models/smollm2-135m-instruct "$@" \
+       > /tmp/trained-run.log 2>&1 < /dev/null &)
     set -- 420 ;;  # meant to end the call within its 600 s (one past it is killed, the bench with it); run 3 was
                    # still cut at 600 s with 420 here, not understood: draft_seat.py keeps each fault on disk as it comes
   poll) ;;
@@ -64,8 +68,9 @@ case $mode in
 esac
 if [ "$mode" = start ] || [ "$mode" = gate ] || [ "$mode" = poll ]; then
   wait_s=${1:-540}; deadline=$((SECONDS + wait_s))
-  while [ $SECONDS -lt $deadline ] && kill -0 "$(cat /tmp/trained.pid 2>/dev/null)" 2>/dev/null; do sleep 5; done
-  echo "== bench"; tail -25 /tmp/trained-run.log
+  while [ $SECONDS -lt $deadline ] && [ ! -f /tmp/trained.done ]; do sleep 5; done
+  echo "== bench ($([ -f /tmp/trained.done ] && echo "ended, exit $(cat /tmp/trained.done)" || echo "still running"))"
+  tail -25 /tmp/trained-run.log
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   tar -czf "$OUT/trained-out.tgz" -C /tmp trained-out trained-run.log 2>/dev/null; ls -la "$OUT"
 fi
