@@ -16,6 +16,7 @@ counted. Prints, per kind: requests, accept length pooled (tokens over verify st
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import sys
@@ -26,25 +27,15 @@ import zstandard
 
 from sgl_seat.gate import workloads
 
-TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-
 
 def kinds_by_tokens(tokenizer: Path) -> tuple[dict[int, str], int]:
     """Prompt token count -> kind for the question, code and story kinds; and the largest of them."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer))
-
-    def n(text: str) -> int:
-        return len(tok.encode(TEMPLATE.format(text), add_special_tokens=False).ids)
-
-    sets = {"question": {n(f"{a} about {t}.") for a in ("Tell me", "Explain", "Give three facts")
-                         for t in workloads._TOPICS},
-            "code": {n(f"Write a Python function that {x}, with a short test.") for x in workloads._CODE},
-            "story": {n(f"Write a short story about {x}.") for x in workloads._STORY}}
     out: dict[int, str] = {}
-    for kind, counts in sets.items():
-        for c in counts:
+    for kind, texts in workloads.chat_texts().items():
+        for c in {len(tok.encode(workloads.chatml(t), add_special_tokens=False).ids) for t in texts}:
             if c in out:
                 raise SystemExit(f"prompt token count {c} is both {out[c]} and {kind}: the kinds cannot be told apart")
             out[c] = kind
@@ -63,11 +54,8 @@ def finished(path: Path) -> list[dict[str, Any]]:
         d = json.loads(line[i:])
         if d.get("event") != "request.finished":
             continue
-        out = d["out"] if isinstance(d["out"], dict) else None
-        if out is None:  # SGLang 0.5.17 logs ``out`` as a Python repr at this level
-            import ast
-
-            out = ast.literal_eval(d["out"])
+        # SGLang 0.5.17 logs ``out`` as a Python repr at this level
+        out = d["out"] if isinstance(d["out"], dict) else ast.literal_eval(d["out"])
         m, sp = out["meta_info"], d["obj"]["sampling_params"]
         rows.append({"temperature": sp.get("temperature"), "prompt_tokens": m.get("prompt_tokens"),
                      "completion_tokens": m.get("completion_tokens"), "verify": m.get("spec_verify_ct")})
@@ -94,10 +82,9 @@ def summarize(rows: list[dict[str, Any]], by_tokens: dict[int, str], top: int) -
         def q(p: float, per: list[float] = per) -> float:
             return round(per[min(len(per) - 1, int(p * len(per)))], 3)
 
-        out[kind] = {"requests": len(g), "tokens": sum(r["completion_tokens"] for r in g),
-                     "verify_steps": sum(r["verify"] for r in g),
-                     "accept_length": round(sum(r["completion_tokens"] for r in g) / sum(r["verify"] for r in g), 3),
-                     "per_request_p10_p50_p90": [q(0.1), q(0.5), q(0.9)]}
+        tokens, verify = sum(r["completion_tokens"] for r in g), sum(r["verify"] for r in g)
+        out[kind] = {"requests": len(g), "tokens": tokens, "verify_steps": verify,
+                     "accept_length": round(tokens / verify, 3), "per_request_p10_p50_p90": [q(0.1), q(0.5), q(0.9)]}
     return out
 
 

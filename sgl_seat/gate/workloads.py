@@ -140,7 +140,7 @@ def sweep_prompt(style: str, seed: int | str, n: int, *, tag: str) -> str:
     if style == "copy":
         return f"Repeat these words exactly, in the same order: {words}\nRepeated:"
     if style == "chatml":
-        return f"<|im_start|>user\n{chat_request(seed, n, tag=tag)}<|im_end|>\n<|im_start|>assistant\n"
+        return chatml(chat_request(seed, n, tag=tag))
     return words
 
 
@@ -153,6 +153,32 @@ _STORY = ("a cat who wants to fly", "an old clock that stops time", "a boy who f
           "a whale that sings to ships", "a tiny town on a cloud", "a knight who is afraid of horses")
 
 
+_OPENERS = ("Tell me", "Explain", "Give three facts")
+
+
+def chatml(text: str) -> str:
+    """A user's ``text`` in the ChatML template, the assistant's turn next (SmolLM2's template)."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _question(opener: str, topic: str) -> str:
+    return f"{opener} about {topic}."
+
+
+def _code(task: str) -> str:
+    return f"Write a Python function that {task}, with a short test."
+
+
+def _story(subject: str) -> str:
+    return f"Write a short story about {subject}."
+
+
+def chat_texts() -> dict[str, list[str]]:
+    """Every request :func:`chat_request` can make of the question, code and story kinds (a list's words vary)."""
+    return {"question": [_question(o, t) for o in _OPENERS for t in _TOPICS], "code": [_code(x) for x in _CODE],
+            "story": [_story(x) for x in _STORY]}
+
+
 def chat_request(seed: int | str, n: int, *, tag: str) -> str:
     """A user's request of one of four kinds (chosen by ``tag``'s seed): a list of ``n`` words to copy, a question,
     code, a story; deterministic in (``seed``, ``tag``)."""
@@ -161,10 +187,10 @@ def chat_request(seed: int | str, n: int, *, tag: str) -> str:
     if kind == 0:
         return f"Repeat this list exactly, one item per line: {', '.join(prompt_words(seed, n, tag=tag).split())}"
     if kind == 1:
-        return f"{rng.choice(('Tell me', 'Explain', 'Give three facts'))} about {rng.choice(_TOPICS)}."
+        return _question(rng.choice(_OPENERS), rng.choice(_TOPICS))
     if kind == 2:
-        return f"Write a Python function that {rng.choice(_CODE)}, with a short test."
-    return f"Write a short story about {rng.choice(_STORY)}."
+        return _code(rng.choice(_CODE))
+    return _story(rng.choice(_STORY))
 
 
 def prompt_words(seed: int | str, n: int, *, tag: str) -> str:
